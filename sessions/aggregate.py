@@ -1,0 +1,205 @@
+"""The session aggregate: state rebuilt by folding events, and commands that decide new events.
+
+Deciders are pure: they check the command against the transition table and the inputs, and
+return the events to append. The recorder appends them and only then applies them (DESIGN §3:
+validate, append, then apply), so a failed append never leaves the in-memory state ahead of the log.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from sessions import events as ev
+from sessions import machine
+from sessions.errors import InvalidInput
+from sessions.placeholder import PlaceholderPolicy
+
+NEW = "new"  # before SessionCreated; not a machine state
+
+
+@dataclass(slots=True)
+class TrajectoryInfo:
+    index: int
+    num_turns: int
+    prompt_len: int
+    response_len: int
+
+
+@dataclass(slots=True)
+class SessionView:
+    """Everything known about one session, derived from its events alone."""
+
+    session_id: str
+    state: str = NEW
+    version: int = 0
+    run: str = ""
+    uid: str = ""
+    session_index: int = 0
+    group_size: int = 1
+    partition: str = ""
+    global_step: int | None = None
+    data_source: str | None = None
+    runner: str | None = None
+    metadata: dict[str, Any] = field(default_factory=dict)
+    trajectories: list[TrajectoryInfo] = field(default_factory=list)
+    reward: float | None = None
+    reward_posted: bool = False
+    reward_info: dict[str, Any] = field(default_factory=dict)
+    selected: list[int] = field(default_factory=list)
+    trajectory_selection: str | None = None
+    score: float | None = None
+    score_source: str | None = None
+    failure_reason: str | None = None
+    error_type: str | None = None
+    message: str | None = None
+    placeholder_decision: str | None = None
+    placeholder_emitted: int = 0
+    placeholder_token_id: int | None = None
+
+    @property
+    def terminal(self) -> bool:
+        return self.state in machine.TERMINAL_STATES
+
+    def apply(self, event: ev.Event) -> None:
+        """Advance the view by one event (the events are trusted: they are the log)."""
+        handler = _APPLY.get(type(event))
+        if handler is None:
+            raise TypeError(f"no fold rule for {type(event).__name__}")
+        handler(self, event)
+        self.version += 1
+
+
+def fold(session_id: str, recorded: Iterable[ev.Event]) -> SessionView:
+    view = SessionView(session_id)
+    for event in recorded:
+        view.apply(event)
+    return view
+
+
+def _created(view: SessionView, e: ev.SessionCreated) -> None:
+    view.state = machine.CREATED
+    view.run, view.uid, view.session_index, view.group_size = e.run, e.uid, e.session_index, e.group_size
+    view.partition, view.global_step, view.data_source, view.runner = e.partition, e.global_step, e.data_source, e.runner
+    view.metadata = dict(e.metadata)
+
+
+def _started(view: SessionView, _e: ev.SessionStarted) -> None:
+    view.state = machine.RUNNING
+
+
+def _trajectory(view: SessionView, e: ev.TrajectoryRecorded) -> None:
+    view.trajectories.append(TrajectoryInfo(e.index, e.num_turns, e.prompt_len, e.response_len))
+
+
+def _reward(view: SessionView, e: ev.RewardPosted) -> None:
+    view.reward = e.reward
+    view.reward_posted = True
+    view.reward_info.update(e.info)
+    view.reward_info["reward"] = e.reward
+
+
+def _succeeded(view: SessionView, e: ev.SessionSucceeded) -> None:
+    view.state = machine.SUCCEEDED
+    view.selected = list(e.selected)
+    view.trajectory_selection = e.trajectory_selection
+    view.score, view.score_source = e.score, e.score_source
+
+
+def _failed(view: SessionView, e: ev.SessionFailed) -> None:
+    view.state = machine.FAILED
+    view.failure_reason, view.error_type, view.message = e.reason, e.error_type, e.message
+    view.placeholder_decision = e.placeholder
+
+
+def _placeholder(view: SessionView, e: ev.PlaceholderEmitted) -> None:
+    view.placeholder_emitted += 1
+    view.placeholder_token_id = e.token_id
+
+
+def _cancelled(view: SessionView, e: ev.SessionCancelled) -> None:
+    view.state = machine.CANCELLED
+    view.message = e.message
+
+
+_APPLY: dict[type, Any] = {
+    ev.SessionCreated: _created,
+    ev.SessionStarted: _started,
+    ev.TrajectoryRecorded: _trajectory,
+    ev.RewardPosted: _reward,
+    ev.SessionSucceeded: _succeeded,
+    ev.SessionFailed: _failed,
+    ev.PlaceholderEmitted: _placeholder,
+    ev.SessionCancelled: _cancelled,
+}
+
+
+# ---------------------------------------------------------------- deciders
+def decide_start(view: SessionView, *, attempt: int | None = None, timeout_s: float | None = None) -> list[ev.Event]:
+    machine.next_state(view.session_id, view.state, "start")
+    return [ev.SessionStarted(attempt=attempt, timeout_s=timeout_s)]
+
+
+def decide_trajectory(view: SessionView, event: ev.TrajectoryRecorded) -> list[ev.Event]:
+    machine.next_state(view.session_id, view.state, "record_trajectory")
+    return [event]
+
+
+def decide_reward(view: SessionView, reward: float | None, info: dict[str, Any]) -> list[ev.Event]:
+    machine.next_state(view.session_id, view.state, "post_reward")
+    return [ev.RewardPosted(reward=reward, info=info)]
+
+
+def decide_complete(
+    view: SessionView, policy: PlaceholderPolicy, *, score: float | None = None, selection: str = "all"
+) -> list[ev.Event]:
+    """Success if there is a trajectory; otherwise the session failed with `empty_output`."""
+    machine.next_state(view.session_id, view.state, "complete")
+    if selection not in ("all", "longest"):
+        raise InvalidInput(view.session_id, "trajectory_selection", f"must be 'all' or 'longest', got {selection!r}")
+    if not view.trajectories:
+        return decide_fail(view, policy, "empty_output", message="complete() with no recorded trajectory")
+    if selection == "all":
+        selected = [t.index for t in view.trajectories]
+    else:
+        longest = max(view.trajectories, key=lambda t: (t.prompt_len + t.response_len, t.index))
+        selected = [longest.index]
+    if score is not None:
+        source = "external"
+    elif view.reward_posted and view.reward is not None:
+        score, source = view.reward, "reward_info"
+    else:
+        source = "absent"
+    return [ev.SessionSucceeded(selected=selected, trajectory_selection=selection, score=score, score_source=source)]
+
+
+def decide_fail(
+    view: SessionView,
+    policy: PlaceholderPolicy,
+    reason: str,
+    *,
+    message: str = "",
+    error_type: str | None = None,
+) -> list[ev.Event]:
+    """SessionFailed plus, policy permitting, its PlaceholderEmitted — appended together."""
+    machine.next_state(view.session_id, view.state, "fail")
+    if reason not in ev.FAILURE_REASONS:
+        raise InvalidInput(view.session_id, "reason", f"unknown failure reason {reason!r}; use one of {', '.join(ev.FAILURE_REASONS)}")
+    decision = policy.decide(view.partition, reason)
+    failed = ev.SessionFailed(
+        reason=reason,
+        error_type=error_type,
+        message=(message or "")[: ev.MESSAGE_LIMIT],
+        discarded_trajectories=len(view.trajectories),
+        placeholder=decision,
+    )
+    if decision == "drop":
+        return [failed]
+    reward_info = {**view.reward_info, "reward": 0.0, "finished": False}
+    return [failed, ev.PlaceholderEmitted(reason=reason, token_id=policy.token_id, reward_info=reward_info)]
+
+
+def decide_cancel(view: SessionView, *, message: str | None = None) -> list[ev.Event]:
+    machine.next_state(view.session_id, view.state, "cancel")
+    return [ev.SessionCancelled(message=(message or None) and message[: ev.MESSAGE_LIMIT])]

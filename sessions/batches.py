@@ -1,0 +1,687 @@
+"""Projected rows -> verl-convention torch batches (DESIGN.md section 6).
+
+Two layouts of the same columns:
+
+* padded (``build_padded``): what verl's trainer consumes. Prompts are left-padded, responses
+  right-padded, ``input_ids = cat(prompts, responses)``, the reward sits on the last attended
+  response token of ``rm_scores``.
+* jagged (``build_jagged``): unpadded ``torch.jagged`` nested tensors, what row stores such as
+  TransferQueue hold. ``densify`` turns it into the padded layout.
+
+Every builder goes through one *flat* intermediate (all rows' tokens concatenated plus per-row
+lengths), so padding is index arithmetic over whole columns, never a per-token Python loop.
+
+Non-tensor columns (``NON_TENSOR_COLUMNS``) are stored as ``tensordict.NonTensorStack`` of
+length B. ``batch["uid"]`` returns a ``list`` subclass; ``non_tensor(batch, "uid")`` returns a
+plain ``list`` and also copes with a column set through ``set_non_tensor``. Indexing, boolean
+selection and ``torch.cat`` of batches keep these columns aligned with the rows.
+
+Decisions recorded here (the contract is silent on them):
+
+* ``rollout_log_probs`` exists iff at least one row carries logprobs; rows without logprobs get
+  zeros in it (they are then indistinguishable from logprob 0.0 -- check ``is_placeholder`` or
+  keep logprobs on all rows if that matters).
+* A row with an empty response (length 0) keeps its reward out of ``rm_scores`` (there is no
+  attended response token to put it on). verl reads such a row as "aborted" and excludes it from
+  score metrics anyway; the 1+1-token placeholder exists precisely to avoid this case.
+* A placeholder row must have an all-zero ``response_mask``; otherwise ``ValueError``.
+* An empty ``rows`` sequence gives ``batch_size=[0]`` with every tensor key present and width 0.
+  ``torch.cat`` needs equal widths for padded batches, so use ``concat_padded`` to concatenate
+  padded batches of different widths (including empty ones); jagged batches ``torch.cat`` as is.
+* ``meta`` keys outside ``NON_TENSOR_COLUMNS`` are ignored; numpy scalars are turned into Python
+  scalars so the columns stay ``torch.load(weights_only=True)``-safe.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+import torch
+from tensordict import NonTensorData, NonTensorStack, TensorDict, TensorDictBase
+
+__all__ = [
+    "BatchRow",
+    "BatchTooLongError",
+    "NON_TENSOR_COLUMNS",
+    "PROMPT_COLUMNS",
+    "RESPONSE_COLUMNS",
+    "SEQUENCE_COLUMNS",
+    "build_padded",
+    "build_jagged",
+    "densify",
+    "concat_padded",
+    "non_tensor",
+    "ROW_COLUMNS",
+    "to_plain_dict",
+    "from_plain_dict",
+]
+
+NON_TENSOR_COLUMNS: tuple[str, ...] = (
+    "run",
+    "uid",
+    "session_id",
+    "session_index",
+    "key",
+    "partition",
+    "global_step",
+    "data_source",
+    "failure_reason",
+    "materialization_reason",
+)
+
+#: token-level columns, by which side of the sequence they belong to
+PROMPT_COLUMNS: tuple[str, ...] = ("prompts",)
+RESPONSE_COLUMNS: tuple[str, ...] = ("responses", "response_mask", "rm_scores", "rollout_log_probs")
+SEQUENCE_COLUMNS: tuple[str, ...] = ("input_ids", "attention_mask", "position_ids")
+ROW_COLUMNS: tuple[str, ...] = ("prompt_length", "response_length", "is_placeholder")
+_TOKEN_COLUMNS = PROMPT_COLUMNS + RESPONSE_COLUMNS + SEQUENCE_COLUMNS
+
+#: separator of the plain-dict keys of jagged columns: ``"prompts.values"``, ``"prompts.offsets"``
+_VALUES_SUFFIX = ".values"
+_OFFSETS_SUFFIX = ".offsets"
+
+_PLAIN_SCALARS = (type(None), bool, int, float, str)
+
+
+@dataclass(frozen=True, slots=True)
+class BatchRow:
+    """One projected trajectory or placeholder, as numpy arrays (any int dtype for ids)."""
+
+    prompt_ids: np.ndarray
+    response_ids: np.ndarray
+    response_mask: np.ndarray
+    logprobs: np.ndarray | None
+    reward: float
+    is_placeholder: bool
+    meta: Mapping[str, Any] = field(default_factory=dict)
+
+
+class BatchTooLongError(ValueError):
+    """A row exceeds ``max_prompt_length``/``max_response_length`` and truncation was not asked."""
+
+    def __init__(self, key: Any, side: str, length: int, limit: int) -> None:
+        self.key, self.side, self.length, self.limit = key, side, length, limit
+        super().__init__(
+            f"row {key!r}: {side} length {length} exceeds max_{side}_length={limit}; "
+            f"pass truncate=True to cut it (prompts keep their last tokens, responses their "
+            f"first) or raise max_{side}_length"
+        )
+
+
+# --------------------------------------------------------------------------------------------
+# flat intermediate
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _Flat:
+    """All rows' tokens concatenated (row order) plus per-row lengths; the hub of every layout."""
+
+    prompt_ids: torch.Tensor  # [Np] int64
+    prompt_lengths: torch.Tensor  # [B] int64
+    response_ids: torch.Tensor  # [Nr] int64
+    response_lengths: torch.Tensor  # [B] int64
+    response_mask: torch.Tensor  # [Nr] int64
+    rm_scores: torch.Tensor  # [Nr] float32
+    rollout_log_probs: torch.Tensor | None  # [Nr] float32
+    is_placeholder: torch.Tensor  # [B] bool
+    non_tensor: dict[str, list[Any]]
+
+    @property
+    def batch_size(self) -> int:
+        return int(self.prompt_lengths.numel())
+
+
+def _row_key(row: BatchRow, index: int) -> Any:
+    """The name an error message uses for a row: its queue key, else its position."""
+    key = row.meta.get("key") if row.meta is not None else None
+    return key if key is not None else f"#{index}"
+
+
+def _plain_value(value: Any) -> Any:
+    """numpy scalars -> Python scalars, so non-tensor columns stay weights_only-loadable."""
+    return value.item() if isinstance(value, np.generic) else value
+
+
+def _as_1d(array: Any, key: Any, name: str, kinds: str) -> np.ndarray:
+    arr = np.asarray(array)
+    if arr.ndim != 1:
+        raise ValueError(f"row {key!r}: {name} must be 1-D, got shape {arr.shape}")
+    if arr.size and arr.dtype.kind not in kinds:
+        raise ValueError(f"row {key!r}: {name} has dtype {arr.dtype}, expected kind in {kinds!r}")
+    return arr
+
+
+def _concat(arrays: list[np.ndarray], dtype: type) -> np.ndarray:
+    return np.concatenate(arrays).astype(dtype, copy=False) if arrays else np.zeros(0, dtype)
+
+
+@dataclass(slots=True)
+class _Collected:
+    """Per-row numpy arrays gathered (and shape-checked) in the one allowed per-row loop."""
+
+    keys: list[Any]
+    prompts: list[np.ndarray]
+    responses: list[np.ndarray]
+    masks: list[np.ndarray]
+    logprobs: list[np.ndarray]
+    has_logprobs: bool
+    rewards: np.ndarray
+    placeholders: np.ndarray
+    non_tensor: dict[str, list[Any]]
+
+
+def _collect(rows: Sequence[BatchRow]) -> _Collected:
+    """Gather and shape-check each row's arrays; O(1) numpy work per row, none per token."""
+    keys, prompts, responses, masks, logprobs = [], [], [], [], []
+    has_logprobs = any(row.logprobs is not None for row in rows)
+    non_tensor: dict[str, list[Any]] = {name: [] for name in NON_TENSOR_COLUMNS}
+    for i, row in enumerate(rows):
+        key = _row_key(row, i)
+        prompt = _as_1d(row.prompt_ids, key, "prompt_ids", "iu")
+        response = _as_1d(row.response_ids, key, "response_ids", "iu")
+        mask = _as_1d(row.response_mask, key, "response_mask", "iub")
+        if mask.shape[0] != response.shape[0]:
+            raise ValueError(
+                f"row {key!r}: response_mask length {mask.shape[0]} != response length "
+                f"{response.shape[0]}"
+            )
+        if row.logprobs is not None:
+            lp = _as_1d(row.logprobs, key, "logprobs", "f")
+            if lp.shape[0] != response.shape[0]:
+                raise ValueError(
+                    f"row {key!r}: logprobs length {lp.shape[0]} != response length "
+                    f"{response.shape[0]}"
+                )
+            logprobs.append(lp)
+        elif has_logprobs:
+            logprobs.append(np.zeros(response.shape[0], np.float32))
+        keys.append(key)
+        prompts.append(prompt)
+        responses.append(response)
+        masks.append(mask)
+        meta = row.meta or {}
+        for name in NON_TENSOR_COLUMNS:
+            non_tensor[name].append(_plain_value(meta.get(name)))
+    return _Collected(
+        keys=keys,
+        prompts=prompts,
+        responses=responses,
+        masks=masks,
+        logprobs=logprobs,
+        has_logprobs=has_logprobs,
+        rewards=np.fromiter((float(r.reward) for r in rows), np.float32, count=len(rows)),
+        placeholders=np.fromiter((bool(r.is_placeholder) for r in rows), bool, count=len(rows)),
+        non_tensor=non_tensor,
+    )
+
+
+def _check_limit(keys: list[Any], lengths: np.ndarray, limit: int | None, side: str) -> None:
+    """Raise BatchTooLongError for the first row over ``limit`` (vectorised test)."""
+    if limit is None:
+        return
+    over = np.flatnonzero(lengths > limit)
+    if over.size:
+        i = int(over[0])
+        raise BatchTooLongError(keys[i], side, int(lengths[i]), limit)
+
+
+def _check_limit_arg(limit: int | None, side: str) -> None:
+    if limit is not None and (isinstance(limit, bool) or int(limit) != limit or limit < 1):
+        raise ValueError(f"max_{side}_length must be a positive int or None, got {limit!r}")
+
+
+def _row_ids_and_positions(lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """For flat tokens of rows with ``lengths``: each token's row id and position in its row."""
+    rows = torch.repeat_interleave(torch.arange(lengths.numel()), lengths)
+    starts = torch.cumsum(lengths, 0) - lengths
+    positions = torch.arange(rows.numel()) - starts[rows]
+    return rows, positions
+
+
+def _keep_mask(lengths: torch.Tensor, limit: int | None, keep_last: bool) -> torch.Tensor | None:
+    """Boolean mask over flat tokens keeping the first/last ``limit`` tokens of each row."""
+    if limit is None or not bool((lengths > limit).any()):
+        return None
+    rows, positions = _row_ids_and_positions(lengths)
+    if keep_last:
+        return positions >= lengths[rows] - limit
+    return positions < limit
+
+
+def _check_values(flat: _Flat, keys: list[Any]) -> None:
+    """Mask values must be 0/1 and placeholders fully masked; names the first bad row."""
+    rows, _ = _row_ids_and_positions(flat.response_lengths)
+    bad = (flat.response_mask != 0) & (flat.response_mask != 1)
+    if bool(bad.any()):
+        key = keys[int(rows[bad.nonzero()[0, 0]])]
+        raise ValueError(f"row {key!r}: response_mask values must be 0 or 1")
+    leaking = flat.is_placeholder[rows] & (flat.response_mask != 0)
+    if bool(leaking.any()):
+        key = keys[int(rows[leaking.nonzero()[0, 0]])]
+        raise ValueError(f"row {key!r}: a placeholder must have response_mask all 0")
+
+
+def _reward_at_last_token(rewards: torch.Tensor, response_lengths: torch.Tensor) -> torch.Tensor:
+    """Flat rm_scores: zeros, with each row's reward on its last response token (if any)."""
+    scores = torch.zeros(int(response_lengths.sum()), dtype=torch.float32)
+    has_response = response_lengths > 0
+    last = torch.cumsum(response_lengths, 0) - 1
+    scores[last[has_response]] = rewards[has_response]
+    return scores
+
+
+def _flat_from_rows(
+    rows: Sequence[BatchRow],
+    max_prompt_length: int | None,
+    max_response_length: int | None,
+    truncate: bool,
+) -> _Flat:
+    """Validate, concatenate once, truncate (vectorised) and place rewards."""
+    _check_limit_arg(max_prompt_length, "prompt")
+    _check_limit_arg(max_response_length, "response")
+    col = _collect(rows)
+    p_len = np.fromiter((a.shape[0] for a in col.prompts), np.int64, count=len(rows))
+    r_len = np.fromiter((a.shape[0] for a in col.responses), np.int64, count=len(rows))
+    if not truncate:
+        _check_limit(col.keys, p_len, max_prompt_length, "prompt")
+        _check_limit(col.keys, r_len, max_response_length, "response")
+
+    prompt_ids = torch.from_numpy(_concat(col.prompts, np.int64))
+    response_ids = torch.from_numpy(_concat(col.responses, np.int64))
+    mask = torch.from_numpy(_concat(col.masks, np.int64))
+    logprobs = torch.from_numpy(_concat(col.logprobs, np.float32)) if col.has_logprobs else None
+    p_lengths, r_lengths = torch.from_numpy(p_len), torch.from_numpy(r_len)
+
+    keep = _keep_mask(p_lengths, max_prompt_length, keep_last=True) if truncate else None
+    if keep is not None:
+        prompt_ids, p_lengths = prompt_ids[keep], p_lengths.clamp(max=max_prompt_length)
+    keep = _keep_mask(r_lengths, max_response_length, keep_last=False) if truncate else None
+    if keep is not None:
+        response_ids, mask = response_ids[keep], mask[keep]
+        logprobs = logprobs[keep] if logprobs is not None else None
+        r_lengths = r_lengths.clamp(max=max_response_length)
+
+    flat = _Flat(
+        prompt_ids=prompt_ids,
+        prompt_lengths=p_lengths,
+        response_ids=response_ids,
+        response_lengths=r_lengths,
+        response_mask=mask,
+        rm_scores=_reward_at_last_token(torch.from_numpy(col.rewards), r_lengths),
+        rollout_log_probs=logprobs,
+        is_placeholder=torch.from_numpy(col.placeholders),
+        non_tensor=col.non_tensor,
+    )
+    _check_values(flat, col.keys)
+    return flat
+
+
+# --------------------------------------------------------------------------------------------
+# flat -> padded / jagged
+# --------------------------------------------------------------------------------------------
+
+
+def _pad_right(values: torch.Tensor, lengths: torch.Tensor, width: int, fill: Any) -> torch.Tensor:
+    out = values.new_full((lengths.numel(), width), fill)
+    rows, positions = _row_ids_and_positions(lengths)
+    out[rows, positions] = values
+    return out
+
+
+def _pad_left(values: torch.Tensor, lengths: torch.Tensor, width: int, fill: Any) -> torch.Tensor:
+    out = values.new_full((lengths.numel(), width), fill)
+    rows, positions = _row_ids_and_positions(lengths)
+    out[rows, width - lengths[rows] + positions] = values
+    return out
+
+
+def _max_or_zero(lengths: torch.Tensor) -> int:
+    return int(lengths.max()) if lengths.numel() else 0
+
+
+def _set_non_tensor(batch: TensorDict, columns: Mapping[str, list[Any]]) -> None:
+    for name, values in columns.items():
+        batch.set(name, NonTensorStack.from_list(list(values)))
+
+
+def _row_columns(flat: _Flat) -> dict[str, torch.Tensor]:
+    return {
+        "prompt_length": flat.prompt_lengths.clone(),
+        "response_length": flat.response_lengths.clone(),
+        "is_placeholder": flat.is_placeholder.clone(),
+    }
+
+
+def _padded_from_flat(
+    flat: _Flat,
+    pad_token_id: int,
+    prompt_width: int | None = None,
+    response_width: int | None = None,
+) -> TensorDict:
+    """Section 6 padded columns; widths default to the longest row."""
+    p_len, r_len = flat.prompt_lengths, flat.response_lengths
+    P = _max_or_zero(p_len) if prompt_width is None else prompt_width
+    R = _max_or_zero(r_len) if response_width is None else response_width
+    prompts = _pad_left(flat.prompt_ids, p_len, P, pad_token_id)
+    responses = _pad_right(flat.response_ids, r_len, R, pad_token_id)
+    attention_mask = torch.cat(
+        [torch.arange(P) >= (P - p_len)[:, None], torch.arange(R) < r_len[:, None]], dim=1
+    ).to(torch.int64)
+    columns: dict[str, torch.Tensor] = {
+        "prompts": prompts,
+        "responses": responses,
+        "input_ids": torch.cat([prompts, responses], dim=1),
+        "attention_mask": attention_mask,
+        "position_ids": (attention_mask.cumsum(-1) - 1).clamp(min=0),
+        "response_mask": _pad_right(flat.response_mask, r_len, R, 0),
+        "rm_scores": _pad_right(flat.rm_scores, r_len, R, 0.0),
+    }
+    if flat.rollout_log_probs is not None:
+        columns["rollout_log_probs"] = _pad_right(flat.rollout_log_probs, r_len, R, 0.0)
+    columns.update(_row_columns(flat))
+    batch = TensorDict(columns, batch_size=[flat.batch_size])
+    _set_non_tensor(batch, flat.non_tensor)
+    return batch
+
+
+def _offsets(lengths: torch.Tensor) -> torch.Tensor:
+    return torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum(lengths, 0)])
+
+
+def _jagged(values: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+    return torch.nested.nested_tensor_from_jagged(values, offsets)
+
+
+def _jagged_from_flat(flat: _Flat) -> TensorDict:
+    """Section 6 columns as torch.jagged nested tensors; response-side columns share offsets."""
+    p_len, r_len = flat.prompt_lengths, flat.response_lengths
+    seq_len = p_len + r_len
+    p_off, r_off, s_off = _offsets(p_len), _offsets(r_len), _offsets(seq_len)
+    input_ids = torch.empty(int(seq_len.sum()), dtype=torch.int64)
+    rows, positions = _row_ids_and_positions(p_len)
+    input_ids[s_off[rows] + positions] = flat.prompt_ids
+    rows, positions = _row_ids_and_positions(r_len)
+    input_ids[s_off[rows] + p_len[rows] + positions] = flat.response_ids
+    _, seq_positions = _row_ids_and_positions(seq_len)
+    columns: dict[str, torch.Tensor] = {
+        "prompts": _jagged(flat.prompt_ids, p_off),
+        "responses": _jagged(flat.response_ids, r_off),
+        "input_ids": _jagged(input_ids, s_off),
+        "attention_mask": _jagged(torch.ones_like(input_ids), s_off),
+        "position_ids": _jagged(seq_positions, s_off),
+        "response_mask": _jagged(flat.response_mask, r_off),
+        "rm_scores": _jagged(flat.rm_scores, r_off),
+    }
+    if flat.rollout_log_probs is not None:
+        columns["rollout_log_probs"] = _jagged(flat.rollout_log_probs, r_off)
+    columns.update(_row_columns(flat))
+    batch = TensorDict(columns, batch_size=[flat.batch_size])
+    _set_non_tensor(batch, flat.non_tensor)
+    return batch
+
+
+# --------------------------------------------------------------------------------------------
+# batch -> flat (for densify / concat_padded)
+# --------------------------------------------------------------------------------------------
+
+
+def _is_jagged(value: Any) -> bool:
+    return isinstance(value, torch.Tensor) and value.is_nested and value.layout == torch.jagged
+
+
+def _jagged_parts(value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(values, offsets starting at 0) of a jagged nested tensor, whatever view it is."""
+    if value.lengths() is not None:  # a narrow()-style view with holes
+        value = value.contiguous()
+    offsets = value.offsets()
+    values = value.values()[int(offsets[0]) : int(offsets[-1])]
+    return values, offsets - offsets[0]
+
+
+def _split_columns(batch: TensorDictBase) -> tuple[dict[str, Any], dict[str, list[Any]]]:
+    """Tensor columns and non-tensor columns (as lists); rejects nested sub-TensorDicts."""
+    tensors: dict[str, Any] = {}
+    non_tensors: dict[str, list[Any]] = {}
+    for key in batch.keys():
+        value = batch.get(key)
+        if isinstance(value, (NonTensorStack, NonTensorData)):
+            non_tensors[key] = non_tensor(batch, key)
+        elif isinstance(value, torch.Tensor):
+            tensors[key] = value
+        else:
+            raise TypeError(f"column {key!r}: unsupported entry of type {type(value).__name__}")
+    return tensors, non_tensors
+
+
+def _reject_unknown(tensors: Mapping[str, Any]) -> None:
+    unknown = sorted(set(tensors) - set(_TOKEN_COLUMNS) - set(ROW_COLUMNS))
+    if unknown:
+        raise ValueError(f"unknown tensor columns {unknown}: only section 6 columns are re-laid out")
+
+
+def _flat_from_jagged(batch: TensorDictBase) -> _Flat:
+    tensors, non_tensors = _split_columns(batch)
+    _reject_unknown(tensors)
+    parts = {k: _jagged_parts(v) for k, v in tensors.items() if _is_jagged(v)}
+    missing = {"prompts", "responses", "response_mask", "rm_scores"} - set(parts)
+    if missing:
+        raise ValueError(f"not a jagged batch: missing jagged columns {sorted(missing)}")
+    prompt_ids, p_off = parts["prompts"]
+    response_ids, r_off = parts["responses"]
+    p_len, r_len = p_off.diff(), r_off.diff()
+    for name in RESPONSE_COLUMNS:
+        if name in parts and not torch.equal(parts[name][1], r_off):
+            raise ValueError(f"column {name!r}: row lengths differ from 'responses'")
+    lp = parts.get("rollout_log_probs")
+    return _Flat(
+        prompt_ids=prompt_ids.to(torch.int64),
+        prompt_lengths=p_len,
+        response_ids=response_ids.to(torch.int64),
+        response_lengths=r_len,
+        response_mask=parts["response_mask"][0].to(torch.int64),
+        rm_scores=parts["rm_scores"][0].to(torch.float32),
+        rollout_log_probs=lp[0].to(torch.float32) if lp is not None else None,
+        is_placeholder=tensors["is_placeholder"].to(torch.bool),
+        non_tensor=non_tensors,
+    )
+
+
+def _flat_from_padded(batch: TensorDictBase) -> _Flat:
+    tensors, non_tensors = _split_columns(batch)
+    _reject_unknown(tensors)
+    p_len, r_len = tensors["prompt_length"], tensors["response_length"]
+    P, R = tensors["prompts"].shape[1], tensors["responses"].shape[1]
+    in_prompt = torch.arange(P) >= (P - p_len)[:, None]
+    in_response = torch.arange(R) < r_len[:, None]
+    lp = tensors.get("rollout_log_probs")
+    return _Flat(
+        prompt_ids=tensors["prompts"][in_prompt],
+        prompt_lengths=p_len,
+        response_ids=tensors["responses"][in_response],
+        response_lengths=r_len,
+        response_mask=tensors["response_mask"][in_response],
+        rm_scores=tensors["rm_scores"][in_response],
+        rollout_log_probs=lp[in_response] if lp is not None else None,
+        is_placeholder=tensors["is_placeholder"],
+        non_tensor=non_tensors,
+    )
+
+
+def _flat_from_batch(batch: TensorDictBase) -> _Flat:
+    """Either layout -> flat, dispatching on whether ``prompts`` is jagged."""
+    if _is_jagged(batch.get("prompts")):
+        return _flat_from_jagged(batch)
+    return _flat_from_padded(batch)
+
+
+def _concat_flats(flats: Sequence[_Flat]) -> _Flat:
+    """Row-wise concatenation; missing logprobs -> zeros, missing non-tensor columns -> None."""
+    any_lp = any(f.rollout_log_probs is not None for f in flats)
+    names = list(dict.fromkeys(name for f in flats for name in f.non_tensor))
+    return _Flat(
+        prompt_ids=torch.cat([f.prompt_ids for f in flats]),
+        prompt_lengths=torch.cat([f.prompt_lengths for f in flats]),
+        response_ids=torch.cat([f.response_ids for f in flats]),
+        response_lengths=torch.cat([f.response_lengths for f in flats]),
+        response_mask=torch.cat([f.response_mask for f in flats]),
+        rm_scores=torch.cat([f.rm_scores for f in flats]),
+        rollout_log_probs=torch.cat(
+            [
+                f.rollout_log_probs
+                if f.rollout_log_probs is not None
+                else torch.zeros(f.response_ids.numel(), dtype=torch.float32)
+                for f in flats
+            ]
+        )
+        if any_lp
+        else None,
+        is_placeholder=torch.cat([f.is_placeholder for f in flats]),
+        non_tensor={
+            name: [v for f in flats for v in f.non_tensor.get(name, [None] * f.batch_size)]
+            for name in names
+        },
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# public API
+# --------------------------------------------------------------------------------------------
+
+
+def build_padded(
+    rows: Sequence[BatchRow],
+    *,
+    pad_token_id: int = 0,
+    max_prompt_length: int | None = None,
+    max_response_length: int | None = None,
+    truncate: bool = False,
+) -> TensorDict:
+    """Rows -> padded section 6 batch (prompts left-, responses right-padded).
+
+    Without ``truncate`` an over-long row raises ``BatchTooLongError`` before any tensor is
+    built; with it, prompts keep their last and responses their first tokens (mask and
+    logprobs cut alike) and the reward moves to the new last response token.
+    """
+    flat = _flat_from_rows(rows, max_prompt_length, max_response_length, truncate)
+    return _padded_from_flat(flat, pad_token_id)
+
+
+def build_jagged(
+    rows: Sequence[BatchRow],
+    *,
+    max_prompt_length: int | None = None,
+    max_response_length: int | None = None,
+    truncate: bool = False,
+) -> TensorDict:
+    """Rows -> unpadded batch: token columns are ``torch.jagged`` nested tensors [B, j]."""
+    flat = _flat_from_rows(rows, max_prompt_length, max_response_length, truncate)
+    return _jagged_from_flat(flat)
+
+
+def densify(jagged_td: TensorDictBase, pad_token_id: int = 0) -> TensorDict:
+    """Jagged batch -> padded batch, equal to ``build_padded`` on the same rows.
+
+    Re-derives ``input_ids``/``attention_mask``/``position_ids`` from the prompt/response
+    columns; unknown tensor columns raise rather than being silently dropped.
+    """
+    return _padded_from_flat(_flat_from_jagged(jagged_td), pad_token_id)
+
+
+def concat_padded(batches: Sequence[TensorDictBase], *, pad_token_id: int = 0) -> TensorDict:
+    """Concatenate batches of different widths (``torch.cat`` needs equal P and R).
+
+    Accepts padded or jagged batches (mixed); re-pads to the widest prompt/response; a batch lacking ``rollout_log_probs`` contributes
+    zeros when another has it; missing non-tensor columns become None.
+    """
+    if not batches:
+        return _padded_from_flat(_flat_from_rows([], None, None, False), pad_token_id)
+    return _padded_from_flat(_concat_flats([_flat_from_batch(b) for b in batches]), pad_token_id)
+
+
+def non_tensor(batch: TensorDictBase, name: str) -> list[Any]:
+    """A non-tensor column as a plain list of length B.
+
+    Handles both a ``NonTensorStack`` (what the builders write) and a single
+    ``NonTensorData`` (what ``set_non_tensor`` with a non-list writes), which is broadcast.
+    """
+    value = batch.get(name)
+    if isinstance(value, NonTensorStack):
+        return list(value.tolist())
+    if isinstance(value, NonTensorData):
+        data = value.data
+        if isinstance(data, list) and len(data) == batch.batch_size[0]:
+            return list(data)
+        return [data] * batch.batch_size[0]
+    raise TypeError(f"column {name!r} is not a non-tensor column ({type(value).__name__})")
+
+
+def _check_plain(name: str, values: list[Any]) -> None:
+    for v in values:
+        if not isinstance(v, _PLAIN_SCALARS):
+            raise TypeError(
+                f"non-tensor column {name!r} holds a {type(v).__name__}; only None/bool/int/"
+                "float/str survive torch.load(weights_only=True)"
+            )
+
+
+def to_plain_dict(batch: TensorDictBase) -> dict[str, Any]:
+    """Batch -> dict of tensors and lists, loadable with ``torch.load(weights_only=True)``.
+
+    Dense tensor columns keep their key. A jagged column ``c`` becomes two tensors,
+    ``"c.values"`` (all rows' tokens concatenated) and ``"c.offsets"`` (int64 [B+1], row i is
+    ``values[offsets[i]:offsets[i+1]]``). Non-tensor columns become Python lists of length B.
+    ``from_plain_dict`` inverts it.
+    """
+    tensors, non_tensors = _split_columns(batch)
+    plain: dict[str, Any] = {}
+    for key, value in tensors.items():
+        if _is_jagged(value):
+            values, offsets = _jagged_parts(value)
+            plain[key + _VALUES_SUFFIX] = values.clone()
+            plain[key + _OFFSETS_SUFFIX] = offsets.clone()
+        elif value.is_nested:
+            raise TypeError(f"column {key!r}: only torch.jagged nested tensors are supported")
+        else:
+            plain[key] = value.clone()
+    for key, values in non_tensors.items():
+        _check_plain(key, values)
+        plain[key] = list(values)
+    return plain
+
+
+def _plain_batch_size(plain: Mapping[str, Any]) -> int:
+    for key, value in plain.items():
+        if key.endswith(_OFFSETS_SUFFIX):
+            return int(value.numel()) - 1
+        if isinstance(value, torch.Tensor) and not key.endswith(_VALUES_SUFFIX):
+            return int(value.shape[0])
+    for value in plain.values():
+        return len(value)
+    return 0
+
+
+def from_plain_dict(plain: Mapping[str, Any]) -> TensorDict:
+    """Inverse of ``to_plain_dict``; jagged columns sharing row lengths share one offsets tensor."""
+    columns: dict[str, torch.Tensor] = {}
+    lists: dict[str, list[Any]] = {}
+    shared_offsets: list[torch.Tensor] = []
+    for key, value in plain.items():
+        if key.endswith(_OFFSETS_SUFFIX):
+            continue
+        if key.endswith(_VALUES_SUFFIX):
+            name = key[: -len(_VALUES_SUFFIX)]
+            offsets = plain[name + _OFFSETS_SUFFIX]
+            offsets = next((o for o in shared_offsets if torch.equal(o, offsets)), offsets)
+            if not any(o is offsets for o in shared_offsets):
+                shared_offsets.append(offsets)
+            columns[name] = _jagged(value, offsets)
+        elif isinstance(value, torch.Tensor):
+            columns[key] = value
+        else:
+            lists[key] = list(value)
+    batch = TensorDict(columns, batch_size=[_plain_batch_size(plain)])
+    _set_non_tensor(batch, lists)
+    return batch

@@ -1,0 +1,58 @@
+"""Errors a user of the ledger sees. Each message names what was wrong and what to do."""
+
+from __future__ import annotations
+
+from store.errors import ConcurrencyError, SchemaError, StoreError
+
+__all__ = [
+    "ConcurrencyError",
+    "InvalidInput",
+    "InvalidTransition",
+    "RolloutFailure",
+    "SandboxError",
+    "SchemaError",
+    "StoreError",
+    "UnknownEventError",
+]
+
+
+class InvalidTransition(Exception):
+    """A command that the session's current state does not allow; nothing was appended."""
+
+    def __init__(self, session_id: str, state: str, command: str, allowed: list[str] | None = None) -> None:
+        hint = f" (allowed in {state!r}: {', '.join(allowed)})" if allowed else " (the session is terminal)"
+        super().__init__(f"session {session_id!r} is {state!r}: cannot {command}{hint}")
+        self.session_id = session_id
+        self.state = state
+        self.command = command
+
+
+class InvalidInput(ValueError):
+    """Bad input from the caller (token ids, masks, rewards, identifiers); nothing was written."""
+
+    def __init__(self, session_id: str | None, field: str, problem: str) -> None:
+        where = f"session {session_id!r}: " if session_id else ""
+        super().__init__(f"{where}{field}: {problem}")
+        self.session_id = session_id
+        self.field = field
+
+
+class RolloutFailure(Exception):
+    """Raise from a runner to fail its session with an explicit failure reason."""
+
+    reason = "runner_error"
+
+    def __init__(self, message: str = "", *, reason: str | None = None) -> None:
+        super().__init__(message)
+        if reason is not None:
+            self.reason = reason
+
+
+class SandboxError(RolloutFailure):
+    """The tool/sandbox environment failed (infrastructure, not the policy): reason `sandbox_error`."""
+
+    reason = "sandbox_error"
+
+
+class UnknownEventError(StoreError):
+    """The log holds an event type or schema version this library cannot read."""

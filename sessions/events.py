@@ -1,0 +1,247 @@
+"""Domain events: immutable typed records, a registry by stable type name, and upcasters.
+
+An event's `TYPE` is its name in the log forever; `SCHEMA_VERSION` is bumped when its shape
+changes, and an upcaster registered for (type, old version) lifts old data to the new shape, so
+replaying old logs keeps working (DESIGN §4). Token arrays travel in the binary payload, not in
+the JSON data.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any, ClassVar
+
+from sessions import tokens
+from sessions.errors import UnknownEventError
+from store.records import NewEvent, StoredEvent
+
+MESSAGE_LIMIT = 512
+
+FAILURE_REASONS = (
+    "runner_error",
+    "timeout",
+    "sandbox_error",
+    "empty_output",
+    "finalize_error",
+    "invalid_output",
+    "orphaned",
+)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Event:
+    """Base of all domain events (the data part; the envelope is `Recorded`)."""
+
+    TYPE: ClassVar[str] = ""
+    SCHEMA_VERSION: ClassVar[int] = 1
+
+    def to_data(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+    def to_payload(self) -> bytes | None:
+        return None
+
+    @classmethod
+    def from_data(cls, data: Mapping[str, Any], payload: bytes | None) -> Event:
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in names})
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SessionCreated(Event):
+    TYPE: ClassVar[str] = "SessionCreated"
+    run: str
+    uid: str
+    session_index: int
+    group_size: int
+    partition: str
+    global_step: int | None
+    data_source: str | None = None
+    runner: str | None = None
+    sample_index: int | None = None
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SessionStarted(Event):
+    TYPE: ClassVar[str] = "SessionStarted"
+    attempt: int | None = None
+    timeout_s: float | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TrajectoryRecorded(Event):
+    """One trajectory; its token arrays are the payload (decoded lazily: folds never need them)."""
+
+    TYPE: ClassVar[str] = "TrajectoryRecorded"
+    index: int
+    num_turns: int
+    prompt_len: int
+    response_len: int
+    has_logprobs: bool
+    materialization_reason: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+    payload: bytes = field(default=b"", repr=False)
+
+    def to_data(self) -> dict[str, Any]:
+        data = Event.to_data(self)
+        del data["payload"]
+        return data
+
+    def to_payload(self) -> bytes | None:
+        return self.payload
+
+    @classmethod
+    def from_data(cls, data: Mapping[str, Any], payload: bytes | None) -> Event:
+        event = Event.from_data.__func__(cls, data, None)  # type: ignore[attr-defined]
+        return dataclasses.replace(event, payload=payload or b"")
+
+    def arrays(self) -> tokens.TokenArrays:
+        return tokens.decode(self.payload, self.prompt_len, self.response_len, self.has_logprobs)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RewardPosted(Event):
+    TYPE: ClassVar[str] = "RewardPosted"
+    reward: float | None
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SessionSucceeded(Event):
+    TYPE: ClassVar[str] = "SessionSucceeded"
+    selected: list[int]
+    trajectory_selection: str
+    score: float | None
+    score_source: str
+    finished: bool = True
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SessionFailed(Event):
+    TYPE: ClassVar[str] = "SessionFailed"
+    reason: str
+    error_type: str | None
+    message: str
+    discarded_trajectories: int
+    placeholder: str = "emit"  # the policy decision, recorded so replay never consults config
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PlaceholderEmitted(Event):
+    TYPE: ClassVar[str] = "PlaceholderEmitted"
+    reason: str
+    token_id: int
+    reward: float = 0.0
+    finished: bool = False
+    materialization_reason: str = "session_failed"
+    reward_info: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SessionCancelled(Event):
+    TYPE: ClassVar[str] = "SessionCancelled"
+    message: str | None = None
+
+
+EVENT_TYPES: dict[str, type[Event]] = {
+    cls.TYPE: cls
+    for cls in (
+        SessionCreated,
+        SessionStarted,
+        TrajectoryRecorded,
+        RewardPosted,
+        SessionSucceeded,
+        SessionFailed,
+        PlaceholderEmitted,
+        SessionCancelled,
+    )
+}
+TERMINAL_EVENTS = frozenset({"SessionSucceeded", "SessionFailed", "SessionCancelled"})
+
+Upcaster = Callable[[dict[str, Any]], dict[str, Any]]
+#: (type, from_version) -> function lifting data from that version to from_version + 1.
+UPCASTERS: dict[tuple[str, int], Upcaster] = {}
+
+
+def upcaster(event_type: str, from_version: int) -> Callable[[Upcaster], Upcaster]:
+    """Register a function that lifts `event_type` data from `from_version` to the next version."""
+
+    def register(fn: Upcaster) -> Upcaster:
+        UPCASTERS[(event_type, from_version)] = fn
+        return fn
+
+    return register
+
+
+@dataclass(frozen=True, slots=True)
+class Recorded:
+    """An event with its envelope, as read from (or about to go to) the log."""
+
+    event: Event
+    event_id: str
+    session_id: str
+    version: int
+    recorded_at: datetime
+    position: int | None = None
+
+    @property
+    def type(self) -> str:
+        return self.event.TYPE
+
+
+def upcast(event_type: str, schema_version: int, data: dict[str, Any]) -> dict[str, Any]:
+    cls = EVENT_TYPES.get(event_type)
+    if cls is None:
+        raise UnknownEventError(
+            f"unknown event type {event_type!r} (schema_version {schema_version}): this log was written by "
+            "another version of rollout-ledger; upgrade the package to read it"
+        )
+    if schema_version > cls.SCHEMA_VERSION:
+        raise UnknownEventError(
+            f"event type {event_type!r} has schema_version {schema_version}, newer than this library's "
+            f"{cls.SCHEMA_VERSION}; upgrade rollout-ledger to read it"
+        )
+    version = schema_version
+    while version < cls.SCHEMA_VERSION:
+        step = UPCASTERS.get((event_type, version))
+        if step is None:
+            raise UnknownEventError(
+                f"event type {event_type!r} schema_version {version} has no upcaster to {version + 1}"
+            )
+        data = step(dict(data))
+        version += 1
+    return data
+
+
+def decode(stored: StoredEvent) -> Recorded:
+    data = upcast(stored.type, stored.schema_version, stored.data)
+    try:
+        event = EVENT_TYPES[stored.type].from_data(data, stored.payload)
+    except TypeError as error:
+        raise UnknownEventError(
+            f"event at position {stored.position} ({stored.type} v{stored.schema_version}) has malformed data: {error}"
+        ) from error
+    return Recorded(event, stored.event_id, stored.session_id, stored.version, stored.recorded_at, stored.position)
+
+
+def envelope(event: Event, *, session_id: str, version: int, run: str, uid: str, partition: str, global_step: int | None) -> NewEvent:
+    """Wrap a domain event for the store, with a fresh event id and a UTC timestamp."""
+    return NewEvent(
+        event_id=str(uuid.uuid4()),
+        session_id=session_id,
+        version=version,
+        type=event.TYPE,
+        schema_version=event.SCHEMA_VERSION,
+        run=run,
+        uid=uid,
+        partition=partition,
+        global_step=global_step,
+        data=event.to_data(),
+        payload=event.to_payload(),
+        recorded_at=datetime.now(timezone.utc),
+    )

@@ -1,0 +1,264 @@
+"""`Ledger`: the embedded entry point — open a database, record sessions, project, read batches."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from sessions import aggregate as agg
+from sessions import events as ev
+from sessions import validation
+from sessions.batches import build_jagged, build_padded
+from sessions.errors import ConcurrencyError, InvalidInput
+from sessions.metrics import MetricRow
+from sessions.placeholder import PARTITIONS, PlaceholderPolicy
+from sessions.projector import Projector
+from sessions.queues import QueueSink
+from sessions.recorder import SessionHandle, SessionOutcome, append_then_apply, failure_reason
+from sessions.rows import materialise
+from store import EventStore, create_engine, normalize_url
+from store import read_models as rm
+from store.migrate import check_schema, upgrade
+
+DEFAULT_RUN = "default"
+
+Runner = Callable[[SessionHandle], Awaitable[Any]]
+
+
+class Ledger:
+    """One database, one event store, one placeholder policy. Use `Ledger.open(...)`."""
+
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        *,
+        run: str = DEFAULT_RUN,
+        placeholder_policy: PlaceholderPolicy | None = None,
+        trajectory_selection: str = "all",
+        sinks: tuple[QueueSink, ...] | list[QueueSink] = (),
+    ) -> None:
+        self.engine = engine
+        self.store = EventStore(engine)
+        self.run = run
+        self.policy = placeholder_policy or PlaceholderPolicy()
+        self.trajectory_selection = trajectory_selection
+        self.projector = Projector(engine, sinks=sinks, store=self.store)
+
+    @classmethod
+    @asynccontextmanager
+    async def open(
+        cls,
+        url: str | None = None,
+        *,
+        migrate: bool = True,
+        run: str = DEFAULT_RUN,
+        placeholder_policy: PlaceholderPolicy | None = None,
+        trajectory_selection: str = "all",
+        sinks: tuple[QueueSink, ...] | list[QueueSink] = (),
+        **engine_kwargs: Any,
+    ) -> AsyncIterator[Ledger]:
+        """Open (and by default migrate) the database at `url`; a bare path means a SQLite file."""
+        engine = create_engine(normalize_url(url), **engine_kwargs)
+        try:
+            if migrate:
+                await upgrade(engine)
+            else:
+                await check_schema(engine)
+            ledger = cls(
+                engine, run=run, placeholder_policy=placeholder_policy,
+                trajectory_selection=trajectory_selection, sinks=sinks,
+            )
+            try:
+                yield ledger
+            finally:
+                await ledger.close()
+        finally:
+            await engine.dispose()
+
+    async def close(self) -> None:
+        await self.store.close()
+
+    # ------------------------------------------------------------- sessions
+    async def create_session(
+        self,
+        session_id: str,
+        *,
+        uid: str,
+        session_index: int,
+        group_size: int,
+        partition: str,
+        global_step: int | None = None,
+        run: str | None = None,
+        data_source: str | None = None,
+        runner: str | None = None,
+        sample_index: int | None = None,
+        metadata: dict[str, Any] | None = None,
+        attempt: int | None = None,
+        timeout_s: float | None = None,
+        start: bool = True,
+    ) -> SessionHandle:
+        """Append SessionCreated (and SessionStarted unless start=False) in one atomic append."""
+        run = self.run if run is None else run
+        validation.check_identity(
+            session_id, run=run, uid=uid, session_index=session_index, group_size=group_size,
+            partition=partition, global_step=global_step,
+        )
+        metadata = validation.json_dict(session_id, "metadata", metadata)
+        view = agg.SessionView(session_id)
+        decided: list[ev.Event] = [
+            ev.SessionCreated(
+                run=run, uid=uid, session_index=int(session_index), group_size=int(group_size), partition=partition,
+                global_step=None if global_step is None else int(global_step), data_source=data_source,
+                runner=runner, sample_index=sample_index, metadata=metadata,
+            )
+        ]
+        if start:
+            decided.append(ev.SessionStarted(attempt=attempt, timeout_s=timeout_s))
+        envelopes = [
+            ev.envelope(e, session_id=session_id, version=i, run=run, uid=uid, partition=partition, global_step=global_step)
+            for i, e in enumerate(decided, start=1)
+        ]
+        try:
+            await append_then_apply(self.store, view, decided, envelopes)
+        except ConcurrencyError:
+            raise InvalidInput(
+                session_id, "session_id", "already exists in this database; session ids must be unique — use a fresh id"
+            ) from None
+        return SessionHandle(self.store, view, self.policy, self.trajectory_selection)
+
+    async def load_session(self, session_id: str) -> SessionHandle:
+        """A handle on an existing session, folded from its events (e.g. to fail an orphan)."""
+        stored = await self.store.read_stream(session_id)
+        if not stored:
+            raise InvalidInput(session_id, "session_id", "no such session in this database")
+        view = agg.fold(session_id, (ev.decode(s).event for s in stored))
+        return SessionHandle(self.store, view, self.policy, self.trajectory_selection)
+
+    @asynccontextmanager
+    async def session(self, session_id: str, **kwargs: Any) -> AsyncIterator[SessionHandle]:
+        """A session as a context: normal exit completes it, an exception fails it (and re-raises),
+        cancellation or shutdown cancels it (and re-raises)."""
+        handle = await self.create_session(session_id, **kwargs)
+        try:
+            yield handle
+        except Exception as error:
+            if not handle.terminal:
+                await _settle_or_note(handle.fail_with(error), error)
+            raise
+        except BaseException as error:  # CancelledError, KeyboardInterrupt, SystemExit
+            if not handle.terminal:
+                await _settle_or_note(asyncio.shield(handle.cancel(f"{type(error).__name__}: {error}")), error)
+            raise
+        else:
+            if not handle.terminal:
+                await handle.complete()
+
+    async def run_session(self, runner: Runner, session_id: str, *, timeout: float | None = None, **kwargs: Any) -> SessionOutcome:
+        """Run `runner(handle)` as a session under an asyncio timeout.
+
+        A runner's failure or timeout is recorded and reported in the outcome, never raised;
+        cancellation is recorded and re-raised. Errors of the ledger itself (bad identifiers,
+        database failures) do raise.
+        """
+        handle = await self.create_session(session_id, timeout_s=timeout, **kwargs)
+        try:
+            if timeout is None:
+                await runner(handle)
+            else:
+                await asyncio.wait_for(runner(handle), timeout)
+        except Exception as error:
+            if not handle.terminal:
+                await _settle_or_note(handle.fail_with(error), error)
+            return SessionOutcome(session_id, handle.state, handle.view.failure_reason, error)
+        except BaseException as error:
+            if not handle.terminal:
+                await _settle_or_note(asyncio.shield(handle.cancel(f"{type(error).__name__}: {error}")), error)
+            raise
+        if not handle.terminal:
+            await handle.complete()
+        return SessionOutcome(session_id, handle.state, handle.view.failure_reason)
+
+
+    # ----------------------------------------------------------- projection
+    async def project(self) -> int:
+        """Project the log to its current end; returns the number of events projected."""
+        return await self.projector.run()
+
+    async def batch(
+        self,
+        partition: str,
+        global_step: int | None,
+        *,
+        run: str | None = None,
+        timeout: float | None = 60.0,
+        jagged: bool = False,
+        pad_token_id: int = 0,
+        max_prompt_length: int | None = None,
+        max_response_length: int | None = None,
+        truncate: bool = False,
+        poll_interval: float = 0.5,
+    ) -> Any:
+        """The step's batch (a TensorDict) once every group of the step is settled.
+
+        Projects as it waits. Raises TimeoutError naming the unsettled groups after `timeout`
+        seconds (None waits forever): a group that never settles is a session someone must
+        fail or cancel (see `recover`), not a reason to hang.
+        """
+        if partition not in PARTITIONS:
+            raise ValueError(f"partition must be 'train' or 'val', got {partition!r}")
+        run = self.run if run is None else run
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        while True:
+            await self.project()
+            async with self.engine.connect() as conn:
+                status = await rm.group_status(conn, run, partition, global_step)
+                if status and not status.get("pending"):
+                    queue = await rm.queue_rows_for(conn, run, partition, global_step)
+                    sources = await rm.source_events(conn, [q["source_position"] for q in queue])
+                    break
+            remaining = None if deadline is None else deadline - loop.time()
+            if remaining is not None and remaining <= 0:
+                raise TimeoutError(
+                    f"run {run!r} {partition} step {global_step}: {status.get('pending', 0)} of "
+                    f"{sum(status.values())} groups still unsettled after {timeout}s; their sessions are "
+                    "still open — fail or cancel them (or wait longer)"
+                    if status else
+                    f"run {run!r} {partition} step {global_step}: no sessions recorded after {timeout}s"
+                )
+            wait = poll_interval if remaining is None else min(poll_interval, remaining)
+            await self.store.wait_for_commit(wait)
+        rows = materialise(queue, sources)
+        if jagged:
+            return build_jagged(rows, max_prompt_length=max_prompt_length, max_response_length=max_response_length, truncate=truncate)
+        return build_padded(
+            rows, pad_token_id=pad_token_id, max_prompt_length=max_prompt_length,
+            max_response_length=max_response_length, truncate=truncate,
+        )
+
+    async def metrics(
+        self, partition: str | None = None, global_step: int | None = None, *, run: str | None = None, project: bool = True
+    ) -> list[MetricRow]:
+        """Metric counts of a run (default: this ledger's), optionally one partition and step."""
+        if project:
+            await self.project()
+        async with self.engine.connect() as conn:
+            rows = await rm.metric_rows(conn, run=self.run if run is None else run, partition=partition, global_step=global_step)
+        return [MetricRow(r["run"], r["partition"], r["global_step"], r["data_source"], r["metric"], r["value"]) for r in rows]
+
+
+async def _settle_or_note(settle: Awaitable[Any], original: BaseException) -> None:
+    """Record the session's end; if even that fails, keep the original error as the one raised."""
+    try:
+        await settle
+    except Exception as error:  # noqa: BLE001
+        if hasattr(original, "add_note"):
+            original.add_note(f"rollout-ledger could not record the session's end: {error}")
+        raise original from error
+
+
+__all__ = ["DEFAULT_RUN", "Ledger", "Runner", "failure_reason"]

@@ -1,0 +1,176 @@
+"""The embedded recorder: a handle per live session that turns commands into appended events."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sessions import aggregate as agg
+from sessions import events as ev
+from sessions import tokens, validation
+from sessions.errors import InvalidInput, RolloutFailure
+from sessions.placeholder import PlaceholderPolicy
+from store.event_store import EventStore
+
+
+def failure_reason(error: BaseException) -> str:
+    """Map an exception raised inside a session to a failure reason (DESIGN §4)."""
+    if isinstance(error, RolloutFailure):
+        return error.reason
+    if isinstance(error, (TimeoutError, asyncio.TimeoutError)):
+        return "timeout"
+    if isinstance(error, InvalidInput):
+        return "invalid_output"
+    return "runner_error"
+
+
+class SessionHandle:
+    """Commands on one session. Each validates, appends its events, then applies them.
+
+    Commands on one handle are serialised (a lock), so concurrent calls from one runner cannot
+    race each other into a version conflict.
+    """
+
+    def __init__(self, store: EventStore, view: agg.SessionView, policy: PlaceholderPolicy, selection: str = "all") -> None:
+        self._store = store
+        self._view = view
+        self._policy = policy
+        self._selection = selection
+        self._lock = asyncio.Lock()
+
+    # ----------------------------------------------------------- properties
+    @property
+    def session_id(self) -> str:
+        return self._view.session_id
+
+    @property
+    def state(self) -> str:
+        return self._view.state
+
+    @property
+    def version(self) -> int:
+        return self._view.version
+
+    @property
+    def terminal(self) -> bool:
+        return self._view.terminal
+
+    @property
+    def view(self) -> agg.SessionView:
+        """The folded state (read-only by convention)."""
+        return self._view
+
+    # -------------------------------------------------------------- commands
+    async def record_trajectory(
+        self,
+        *,
+        prompt_ids: Any,
+        response_ids: Any,
+        response_mask: Any | None = None,
+        response_logprobs: Any | None = None,
+        num_turns: int = 1,
+        materialization_reason: str | None = None,
+        extra: dict[str, Any] | None = None,
+    ) -> int:
+        """Record one trajectory; returns its index. Mask defaults to all 1 (every token trainable)."""
+        sid = self.session_id
+        arrays = validation.trajectory(sid, prompt_ids, response_ids, response_mask, response_logprobs)
+        if not isinstance(num_turns, int) or isinstance(num_turns, bool) or num_turns < 0:
+            raise InvalidInput(sid, "num_turns", f"must be an integer >= 0, got {num_turns!r}")
+        extra = validation.json_dict(sid, "extra", extra)
+        async with self._lock:
+            event = ev.TrajectoryRecorded(
+                index=len(self._view.trajectories),
+                num_turns=num_turns,
+                prompt_len=arrays.prompt_len,
+                response_len=arrays.response_len,
+                has_logprobs=arrays.logprobs is not None,
+                materialization_reason=materialization_reason,
+                extra=extra,
+                payload=tokens.encode(arrays),
+            )
+            await self._commit(agg.decide_trajectory(self._view, event))
+            return event.index
+
+    async def post_reward(self, reward: float | None, **info: Any) -> None:
+        """Post the reward (None = absent) and diagnostics; info merges into reward_info by key."""
+        reward = validation.reward(self.session_id, "reward", reward)
+        info = validation.json_dict(self.session_id, "info", info)
+        async with self._lock:
+            await self._commit(agg.decide_reward(self._view, reward, info))
+
+    async def complete(self, *, score: float | None = None, trajectory_selection: str | None = None) -> str:
+        """End the session: `succeeded`, or `failed`/`empty_output` without a trajectory. Returns the state."""
+        score = validation.reward(self.session_id, "score", score)
+        async with self._lock:
+            decided = agg.decide_complete(
+                self._view, self._policy, score=score, selection=trajectory_selection or self._selection
+            )
+            await self._commit(decided)
+        return self.state
+
+    async def fail(self, reason: str = "runner_error", *, message: str = "", error_type: str | None = None) -> None:
+        async with self._lock:
+            await self._commit(agg.decide_fail(self._view, self._policy, reason, message=message, error_type=error_type))
+
+    async def fail_with(self, error: BaseException) -> None:
+        """Fail the session because `error` was raised inside it."""
+        await self.fail(failure_reason(error), message=str(error) or repr(error), error_type=type(error).__qualname__)
+
+    async def cancel(self, message: str | None = None) -> None:
+        async with self._lock:
+            await self._commit(agg.decide_cancel(self._view, message=message))
+
+    # -------------------------------------------------------------- internals
+    async def _commit(self, decided: Sequence[ev.Event]) -> None:
+        view = self._view
+        envelopes = [
+            ev.envelope(
+                event,
+                session_id=view.session_id,
+                version=view.version + offset,
+                run=view.run,
+                uid=view.uid,
+                partition=view.partition,
+                global_step=view.global_step,
+            )
+            for offset, event in enumerate(decided, start=1)
+        ]
+        await append_then_apply(self._store, view, decided, envelopes)
+
+
+async def append_then_apply(store: EventStore, view: agg.SessionView, decided: Sequence[ev.Event], envelopes: list[Any]) -> None:
+    """Append, and apply to the view only once the append committed.
+
+    A caller cancelled while its append is in flight still learns the append's fate before the
+    cancellation propagates, so the view never falls behind (or runs ahead of) the log.
+    """
+    append = asyncio.ensure_future(store.append(view.session_id, view.version, envelopes))
+    try:
+        await asyncio.shield(append)
+    except asyncio.CancelledError:
+        try:
+            await append
+        except Exception:  # noqa: BLE001 - the append failed: nothing to apply
+            raise asyncio.CancelledError from None
+        for event in decided:
+            view.apply(event)
+        raise
+    for event in decided:
+        view.apply(event)
+
+
+@dataclass(frozen=True, slots=True)
+class SessionOutcome:
+    """What `run_session` reports: the terminal state and, for failures, why."""
+
+    session_id: str
+    state: str
+    failure_reason: str | None = None
+    error: BaseException | None = None
+
+    @property
+    def succeeded(self) -> bool:
+        return self.state == "succeeded"

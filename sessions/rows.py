@@ -1,0 +1,57 @@
+"""Queue rows -> `BatchRow`s: the token arrays behind each row, read from the event payloads.
+
+A queue row stores no tokens of its own: it points at the event that holds them (the
+trajectory's `TrajectoryRecorded`, or the failed session's `PlaceholderEmitted`). So the queue
+table costs a few dozen bytes per row, and the log stays the one copy of every token.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from sessions import events as ev
+from sessions import tokens
+from sessions.batches import BatchRow
+from store.read_models import SourceEvent
+
+META_COLUMNS = ("run", "uid", "session_id", "session_index", "key", "partition", "global_step", "data_source", "failure_reason", "materialization_reason")
+
+
+def placeholder_arrays(token_id: int) -> tokens.TokenArrays:
+    """DESIGN §5: one prompt token, one response token with mask 0."""
+    ids = np.array([token_id], dtype="<i4")
+    return tokens.TokenArrays(ids, ids.copy(), np.zeros(1, dtype=np.uint8), None)
+
+
+def materialise(
+    queue_rows: Sequence[Mapping[str, Any]], sources: Mapping[int, SourceEvent]
+) -> list[BatchRow]:
+    """Build one BatchRow per queue row of kind 'row', in the given order."""
+    out: list[BatchRow] = []
+    for row in queue_rows:
+        if row["kind"] != "row":
+            continue
+        source = sources.get(row["source_position"])
+        if source is None:
+            raise LookupError(f"queue row {row['key']!r} points at event position {row['source_position']}, which is missing")
+        type_, schema_version, data, payload = source
+        data = ev.upcast(type_, schema_version, data)
+        if row["is_placeholder"]:
+            arrays = placeholder_arrays(int(data["token_id"]))
+        else:
+            arrays = tokens.decode(payload or b"", int(data["prompt_len"]), int(data["response_len"]), bool(data["has_logprobs"]))
+        out.append(
+            BatchRow(
+                prompt_ids=arrays.prompt_ids,
+                response_ids=arrays.response_ids,
+                response_mask=arrays.response_mask,
+                logprobs=arrays.logprobs,
+                reward=float(row["reward"] or 0.0),
+                is_placeholder=bool(row["is_placeholder"]),
+                meta={name: row.get(name) for name in META_COLUMNS},
+            )
+        )
+    return out

@@ -1,0 +1,131 @@
+"""Input checks at the edge: reject bad identifiers, tokens, masks and rewards before any write."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from sessions.errors import InvalidInput
+from sessions.placeholder import PARTITIONS
+from sessions.tokens import TokenArrays
+
+MAX_ID_LEN = 128
+TOKEN_LIMIT = 2**31
+
+
+def check_identity(
+    session_id: str, *, run: str, uid: str, session_index: int, group_size: int, partition: str, global_step: int | None
+) -> None:
+    if not isinstance(session_id, str) or not session_id or len(session_id) > MAX_ID_LEN:
+        raise InvalidInput(None, "session_id", f"must be a non-empty string of at most {MAX_ID_LEN} characters, got {session_id!r}")
+    for name, value in (("run", run), ("uid", uid)):
+        if not isinstance(value, str) or not value or len(value) > MAX_ID_LEN:
+            raise InvalidInput(session_id, name, f"must be a non-empty string of at most {MAX_ID_LEN} characters, got {value!r}")
+    if "_" in uid:
+        raise InvalidInput(session_id, "uid", f"{uid!r} contains '_'; queue keys are {{uid}}_{{session_index}}_{{i}}, so use another separator")
+    if not _is_int(group_size) or group_size < 1:
+        raise InvalidInput(session_id, "group_size", f"must be an integer >= 1, got {group_size!r}")
+    if not _is_int(session_index) or not 0 <= session_index < group_size:
+        raise InvalidInput(session_id, "session_index", f"must be an integer in [0, group_size={group_size}), got {session_index!r}")
+    if partition not in PARTITIONS:
+        raise InvalidInput(session_id, "partition", f"must be 'train' or 'val', got {partition!r}")
+    if global_step is not None and (not _is_int(global_step) or global_step < 0):
+        raise InvalidInput(session_id, "global_step", f"must be an integer >= 0 or None, got {global_step!r}")
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+
+
+def token_array(session_id: str, field: str, values: Any) -> np.ndarray:
+    """A 1-D int32 array of token ids in [0, 2**31); non-empty."""
+    array = _as_1d(session_id, field, values)
+    if array.size == 0:
+        raise InvalidInput(session_id, field, "is empty; a trajectory needs at least one prompt and one response token")
+    if array.dtype.kind not in "iu":
+        if array.dtype.kind == "f" and np.all(np.isfinite(array)) and np.all(array == np.floor(array)):
+            array = array.astype(np.int64)
+        else:
+            raise InvalidInput(session_id, field, f"must hold integer token ids, got dtype {array.dtype}")
+    low, high = int(array.min()), int(array.max())
+    if low < 0 or high >= TOKEN_LIMIT:
+        bad = low if low < 0 else high
+        raise InvalidInput(session_id, field, f"token id {bad} is outside [0, 2**31)")
+    return array.astype("<i4", copy=False)
+
+
+def mask_array(session_id: str, values: Any, length: int) -> np.ndarray:
+    array = _as_1d(session_id, "response_mask", values)
+    if array.shape[0] != length:
+        raise InvalidInput(session_id, "response_mask", f"has length {array.shape[0]} but response_ids has {length}")
+    if array.dtype == np.bool_:
+        return array.astype(np.uint8)
+    if not np.all((array == 0) | (array == 1)):
+        bad = array[(array != 0) & (array != 1)][0]
+        raise InvalidInput(session_id, "response_mask", f"values must be 0 or 1, found {bad!r}")
+    return array.astype(np.uint8)
+
+
+def logprob_array(session_id: str, values: Any, length: int) -> np.ndarray:
+    array = _as_1d(session_id, "response_logprobs", values).astype(np.float32)
+    if array.shape[0] != length:
+        raise InvalidInput(session_id, "response_logprobs", f"has length {array.shape[0]} but response_ids has {length}")
+    if not np.all(np.isfinite(array)):
+        raise InvalidInput(session_id, "response_logprobs", "holds NaN or infinite values")
+    return array
+
+
+def trajectory(
+    session_id: str, prompt_ids: Any, response_ids: Any, response_mask: Any | None, response_logprobs: Any | None
+) -> TokenArrays:
+    prompt = token_array(session_id, "prompt_ids", prompt_ids)
+    response = token_array(session_id, "response_ids", response_ids)
+    if response_mask is None:
+        mask = np.ones(response.shape[0], dtype=np.uint8)
+    else:
+        mask = mask_array(session_id, response_mask, response.shape[0])
+    logprobs = None if response_logprobs is None else logprob_array(session_id, response_logprobs, response.shape[0])
+    return TokenArrays(prompt, response, mask, logprobs)
+
+
+def reward(session_id: str, field: str, value: Any) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise InvalidInput(session_id, field, f"must be a finite number or None, got {type(value).__name__} {value!r}")
+    number = float(value)
+    if not math.isfinite(number):
+        raise InvalidInput(session_id, field, f"must be finite, got {number}")
+    return number
+
+
+def json_dict(session_id: str, field: str, value: Mapping[str, Any] | None) -> dict[str, Any]:
+    """A JSON-serialisable dict with finite numbers (JSON has no NaN)."""
+    import json
+
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise InvalidInput(session_id, field, f"must be a mapping, got {type(value).__name__}")
+    try:
+        json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError) as error:
+        raise InvalidInput(session_id, field, f"must be JSON-serialisable with finite numbers: {error}") from None
+    return dict(value)
+
+
+def _as_1d(session_id: str, field: str, values: Any) -> np.ndarray:
+    if hasattr(values, "detach"):  # torch tensor
+        values = values.detach().cpu().numpy()
+    try:
+        array = np.asarray(values)
+    except (TypeError, ValueError) as error:
+        raise InvalidInput(session_id, field, f"cannot be read as an array: {error}") from None
+    if array.ndim != 1:
+        raise InvalidInput(session_id, field, f"must be 1-D, got shape {tuple(array.shape)}")
+    if array.dtype == object:
+        raise InvalidInput(session_id, field, "must hold numbers only")
+    return array

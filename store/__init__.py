@@ -1,0 +1,27 @@
+"""Persistence for rollout-ledger: engines, tables, the event store, read models and queues.
+
+`store` never imports `sessions`: it stores envelopes and rows, it does not know what a
+session is. The domain talks to it through `EventStore`, `NewEvent` and `StoredEvent`.
+"""
+
+from store.engine import create_engine, normalize_url, is_postgres, is_sqlite
+from store.errors import ConcurrencyError, SchemaError, StoreError
+from store.event_store import EventStore
+from store.migrate import current_revision, head_revision, upgrade
+from store.records import NewEvent, StoredEvent
+
+__all__ = [
+    "ConcurrencyError",
+    "EventStore",
+    "NewEvent",
+    "SchemaError",
+    "StoreError",
+    "StoredEvent",
+    "create_engine",
+    "current_revision",
+    "head_revision",
+    "is_postgres",
+    "is_sqlite",
+    "normalize_url",
+    "upgrade",
+]

@@ -1,0 +1,365 @@
+"""The append-only event log with optimistic concurrency and group commit.
+
+Appends from many concurrent sessions are queued and committed together: one transaction and
+one multi-row INSERT per batch, because on the async stack the cost is round trips, not rows.
+Each caller's `await` returns only once its own events are durable; a caller whose expected
+version is stale gets `ConcurrencyError` without affecting the others in the batch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from datetime import timezone
+from typing import Any
+
+from sqlalchemy import func, select, text
+from sqlalchemy.exc import DBAPIError, IntegrityError
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from store.engine import WRITE_LOCK
+from store.errors import ConcurrencyError, StoreError
+from store.records import NewEvent, StoredEvent
+from store.tables import events
+
+log = logging.getLogger(__name__)
+
+#: Bound parameters per IN (...) list; well below SQLite's and asyncpg's limits.
+_CHUNK = 500
+#: PostgreSQL: give up waiting for the append lock after this long rather than hang forever.
+PG_LOCK_TIMEOUT = "10s"
+
+
+_Outcome = tuple[int, bool] | Exception
+
+
+@dataclass(slots=True)
+class _Append:
+    session_id: str
+    expected_version: int
+    events: Sequence[NewEvent]
+    future: asyncio.Future[int] = field(repr=False)
+
+
+class EventStore:
+    """Append and read events. One instance per engine and event loop."""
+
+    def __init__(self, engine: AsyncEngine, *, max_batch_events: int = 4096) -> None:
+        self.engine = engine
+        self.max_batch_events = max_batch_events
+        self._pending: list[_Append] = []
+        self._wakeup = asyncio.Event()
+        self._committed = asyncio.Event()
+        self._worker: asyncio.Task[None] | None = None
+        self._closed = False
+        self.batches_committed = 0
+        self.events_committed = 0
+
+    # ------------------------------------------------------------------ append
+    async def append(self, session_id: str, expected_version: int, new_events: Sequence[NewEvent]) -> int:
+        """Append `new_events` to a session's stream if it is at `expected_version`.
+
+        Returns the stream's new version. Re-sending events whose ids are all stored already is a
+        no-op that returns the current version. Raises ConcurrencyError on a version conflict.
+        """
+        if self._closed:
+            raise StoreError("the event store is closed; open the ledger again")
+        _check_versions(session_id, expected_version, new_events)
+        if not new_events:
+            return expected_version
+        future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        self._pending.append(_Append(session_id, expected_version, new_events, future))
+        self._ensure_worker()
+        self._wakeup.set()
+        # Shielded: a cancelled caller must not abandon a write that may still commit.
+        return await asyncio.shield(future)
+
+    def _ensure_worker(self) -> None:
+        if self._worker is None or self._worker.done():
+            self._worker = asyncio.get_running_loop().create_task(self._run(), name="rollout-ledger-group-commit")
+
+    async def _run(self) -> None:
+        while True:
+            if not self._pending:
+                self._wakeup.clear()
+                if self._closed:
+                    return
+                await self._wakeup.wait()
+                continue
+            batch = self._take_batch()
+            await self._commit(batch)
+
+    def _take_batch(self) -> list[_Append]:
+        taken: list[_Append] = []
+        count = 0
+        while self._pending and (not taken or count + len(self._pending[0].events) <= self.max_batch_events):
+            request = self._pending.pop(0)
+            taken.append(request)
+            count += len(request.events)
+        return taken
+
+    async def _commit(self, batch: list[_Append]) -> None:
+        try:
+            outcomes = await self._commit_together(batch)
+        except (IntegrityError, DBAPIError) as error:
+            if len(batch) == 1:
+                _settle(batch[0], _wrap(error, batch[0]))
+                return
+            # Another process won a race inside our batch: isolate the requests so one
+            # caller's conflict never fails another's events.
+            log.debug("group commit of %d appends failed (%s); retrying one by one", len(batch), error)
+            for request in batch:
+                await self._commit([request])
+            return
+        except BaseException as error:  # noqa: BLE001 - every waiter must hear about it
+            for request in batch:
+                _settle(request, error if isinstance(error, Exception) else StoreError(repr(error)))
+            if not isinstance(error, Exception):
+                raise
+            return
+        self.batches_committed += 1
+        for request, outcome in zip(batch, outcomes):
+            if isinstance(outcome, Exception):
+                _settle(request, outcome)
+            else:
+                version, accepted = outcome
+                self.events_committed += len(request.events) if accepted else 0
+                _settle(request, version)
+        self._committed.set()
+        self._committed = asyncio.Event()
+
+    async def _commit_together(self, batch: list[_Append]) -> list[_Outcome]:
+        async with self.engine.connect() as conn:
+            conn = await conn.execution_options(**{WRITE_LOCK: True})
+            async with conn.begin():
+                if conn.dialect.name == "postgresql":
+                    await _lock_for_append(conn)
+                outcomes, rows = await _resolve(conn, batch)
+                if rows:
+                    await conn.execute(events.insert(), rows)
+        return outcomes
+
+    async def wait_for_commit(self, timeout: float | None = None) -> bool:
+        """Wait until this process commits another batch (for followers). False on timeout."""
+        committed = self._committed
+        try:
+            await asyncio.wait_for(committed.wait(), timeout)
+        except asyncio.TimeoutError:
+            return False
+        return True
+
+    async def close(self) -> None:
+        """Commit what is queued, then stop the group-commit worker."""
+        self._closed = True
+        self._wakeup.set()
+        if self._worker is not None:
+            await self._worker
+            self._worker = None
+
+    # ------------------------------------------------------------------- reads
+    async def read_stream(self, session_id: str, *, at_position: int | None = None) -> list[StoredEvent]:
+        """All events of one session in version order, optionally only those at or before a position."""
+        query = select(events).where(events.c.session_id == session_id)
+        if at_position is not None:
+            query = query.where(events.c.position <= at_position)
+        async with self.engine.connect() as conn:
+            result = await conn.execute(query.order_by(events.c.version))
+            return [to_stored(row) for row in result.mappings()]
+
+    async def read_streams(self, session_ids: Sequence[str]) -> dict[str, list[StoredEvent]]:
+        """Several sessions' streams in one round trip per chunk."""
+        out: dict[str, list[StoredEvent]] = {sid: [] for sid in session_ids}
+        async with self.engine.connect() as conn:
+            for start in range(0, len(session_ids), _CHUNK):
+                chunk = list(session_ids[start : start + _CHUNK])
+                result = await conn.execute(
+                    select(events).where(events.c.session_id.in_(chunk)).order_by(events.c.session_id, events.c.version)
+                )
+                for row in result.mappings():
+                    out[row["session_id"]].append(to_stored(row))
+        return out
+
+    async def read_from(self, after_position: int = 0, *, limit: int = 1000) -> list[StoredEvent]:
+        """Up to `limit` events with position > after_position, in position order."""
+        async with self.engine.connect() as conn:
+            return await read_page(conn, after_position, limit)
+
+    async def iter_from(self, after_position: int = 0, *, page_size: int = 1000) -> AsyncIterator[list[StoredEvent]]:
+        """Pages of the global log from a position to its current end."""
+        position = after_position
+        while True:
+            page = await self.read_from(position, limit=page_size)
+            if not page:
+                return
+            yield page
+            position = page[-1].position
+
+    async def last_position(self) -> int:
+        async with self.engine.connect() as conn:
+            return int((await conn.execute(select(func.coalesce(func.max(events.c.position), 0)))).scalar_one())
+
+    async def stream_version(self, session_id: str) -> int:
+        async with self.engine.connect() as conn:
+            query = select(func.coalesce(func.max(events.c.version), 0)).where(events.c.session_id == session_id)
+            return int((await conn.execute(query)).scalar_one())
+
+
+_NO_PAYLOAD = [c for c in events.c if c.name != "payload"]
+
+
+async def read_page(conn: AsyncConnection, after_position: int, limit: int, *, with_payload: bool = True) -> list[StoredEvent]:
+    """Events after a position; without payloads when the reader only needs the JSON data."""
+    columns = list(events.c) if with_payload else _NO_PAYLOAD
+    result = await conn.execute(
+        select(*columns).where(events.c.position > after_position).order_by(events.c.position).limit(limit)
+    )
+    return [to_stored(row) for row in result.mappings()]
+
+
+def to_stored(row: Any) -> StoredEvent:
+    recorded_at = row["recorded_at"]
+    if recorded_at.tzinfo is None:  # SQLite keeps no zone; we only ever write UTC
+        recorded_at = recorded_at.replace(tzinfo=timezone.utc)
+    payload = row.get("payload")
+    return StoredEvent(
+        position=row["position"],
+        event_id=row["event_id"],
+        session_id=row["session_id"],
+        version=row["version"],
+        type=row["type"],
+        schema_version=row["schema_version"],
+        run=row["run"],
+        uid=row["uid"],
+        partition=row["partition"],
+        global_step=row["global_step"],
+        data=row["data"],
+        payload=bytes(payload) if payload is not None else None,
+        recorded_at=recorded_at,
+    )
+
+
+async def _lock_for_append(conn: AsyncConnection) -> None:
+    """Serialise appends so positions become visible in commit order (no skipped events).
+
+    EXCLUSIVE mode blocks other writers but not readers; the lock lives only for the insert
+    transaction, and a lock timeout turns a stuck writer elsewhere into an error, not a hang.
+    """
+    await conn.execute(text(f"SET LOCAL lock_timeout = '{PG_LOCK_TIMEOUT}'"))
+    await conn.execute(text("LOCK TABLE events IN EXCLUSIVE MODE"))
+
+
+async def _resolve(conn: AsyncConnection, batch: list[_Append]) -> tuple[list[_Outcome], list[dict[str, Any]]]:
+    """Decide each request's fate against the stored log; return outcomes and rows to insert.
+
+    Outcome: (stream version, accepted) — accepted is False for an idempotent re-send — or an
+    exception for that request alone.
+    """
+    session_ids = list({request.session_id for request in batch})
+    versions = await _current_versions(conn, session_ids)
+    event_ids = [event.event_id for request in batch for event in request.events]
+    known = await _known_event_ids(conn, event_ids)
+    outcomes: list[_Outcome] = []
+    rows: list[dict[str, Any]] = []
+    for request in batch:
+        current = versions.get(request.session_id, 0)
+        ids = [event.event_id for event in request.events]
+        seen = [known.get(event_id) for event_id in ids]
+        if all(owner is not None for owner in seen):
+            if any(owner != request.session_id for owner in seen):
+                outcomes.append(_foreign_ids(request, seen))
+            else:
+                outcomes.append((current, False))
+            continue
+        if any(owner is not None for owner in seen):
+            outcomes.append(
+                StoreError(
+                    f"session {request.session_id!r}: some but not all of the appended event ids are "
+                    "already stored; re-send the original batch unchanged or use fresh event ids"
+                )
+            )
+            continue
+        if request.expected_version != current:
+            outcomes.append(ConcurrencyError(request.session_id, request.expected_version, current))
+            continue
+        versions[request.session_id] = current + len(request.events)
+        for event in request.events:
+            known[event.event_id] = request.session_id
+            rows.append(_row(event))
+        outcomes.append((versions[request.session_id], True))
+    return outcomes, rows
+
+
+def _foreign_ids(request: _Append, owners: list[str | None]) -> StoreError:
+    other = next(owner for owner in owners if owner != request.session_id)
+    return StoreError(
+        f"session {request.session_id!r}: event id already used by session {other!r}; event ids must be unique"
+    )
+
+
+async def _current_versions(conn: AsyncConnection, session_ids: list[str]) -> dict[str, int]:
+    versions: dict[str, int] = {}
+    for start in range(0, len(session_ids), _CHUNK):
+        chunk = session_ids[start : start + _CHUNK]
+        result = await conn.execute(
+            select(events.c.session_id, func.max(events.c.version))
+            .where(events.c.session_id.in_(chunk))
+            .group_by(events.c.session_id)
+        )
+        versions.update({sid: int(version) for sid, version in result})
+    return versions
+
+
+async def _known_event_ids(conn: AsyncConnection, event_ids: list[str]) -> dict[str, str | None]:
+    known: dict[str, str | None] = {}
+    for start in range(0, len(event_ids), _CHUNK):
+        chunk = event_ids[start : start + _CHUNK]
+        result = await conn.execute(select(events.c.event_id, events.c.session_id).where(events.c.event_id.in_(chunk)))
+        known.update({event_id: session_id for event_id, session_id in result})
+    return known
+
+
+def _row(event: NewEvent) -> dict[str, Any]:
+    return {
+        "event_id": event.event_id,
+        "session_id": event.session_id,
+        "version": event.version,
+        "type": event.type,
+        "schema_version": event.schema_version,
+        "run": event.run,
+        "uid": event.uid,
+        "partition": event.partition,
+        "global_step": event.global_step,
+        "data": event.data,
+        "payload": event.payload,
+        "recorded_at": event.recorded_at,
+    }
+
+
+def _check_versions(session_id: str, expected_version: int, new_events: Sequence[NewEvent]) -> None:
+    for offset, event in enumerate(new_events, start=1):
+        if event.session_id != session_id:
+            raise ValueError(f"event {event.event_id} belongs to session {event.session_id!r}, not {session_id!r}")
+        if event.version != expected_version + offset:
+            raise ValueError(
+                f"session {session_id!r}: event {event.event_id} has version {event.version}, "
+                f"expected {expected_version + offset} (versions continue the stream without gaps)"
+            )
+
+
+def _settle(request: _Append, outcome: int | BaseException) -> None:
+    if request.future.done():
+        return
+    if isinstance(outcome, BaseException):
+        request.future.set_exception(outcome)
+    else:
+        request.future.set_result(outcome)
+
+
+def _wrap(error: Exception, request: _Append) -> Exception:
+    if isinstance(error, IntegrityError):
+        # A concurrent writer in another process took the same version between our read and
+        # insert (possible only where the backend did not serialise us).
+        return ConcurrencyError(request.session_id, request.expected_version, -1)
+    return StoreError(f"append to session {request.session_id!r} failed: {error}")
