@@ -12,14 +12,12 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from sessions import aggregate as agg
 from sessions import events as ev
 from sessions import validation
-from sessions.batches import build_jagged, build_padded
 from sessions.errors import ConcurrencyError, InvalidInput
 from sessions.metrics import MetricRow
 from sessions.placeholder import PARTITIONS, PlaceholderPolicy
 from sessions.projector import Projector
 from sessions.queues import QueueSink
 from sessions.recorder import SessionHandle, SessionOutcome, append_then_apply, failure_reason
-from sessions.rows import materialise
 from store import EventStore, create_engine, normalize_url
 from store import read_models as rm
 from store.migrate import check_schema, upgrade
@@ -122,13 +120,18 @@ class Ledger:
             ev.envelope(e, session_id=session_id, version=i, run=run, uid=uid, partition=partition, global_step=global_step)
             for i, e in enumerate(decided, start=1)
         ]
+        handle = SessionHandle(self.store, view, self.policy, self.trajectory_selection)
         try:
             await append_then_apply(self.store, view, decided, envelopes)
         except ConcurrencyError:
             raise InvalidInput(
                 session_id, "session_id", "already exists in this database; session ids must be unique — use a fresh id"
             ) from None
-        return SessionHandle(self.store, view, self.policy, self.trajectory_selection)
+        except asyncio.CancelledError:
+            if view.state != agg.NEW:  # created, then cancelled before the caller got the handle
+                await asyncio.shield(handle.cancel("cancelled while being created"))
+            raise
+        return handle
 
     async def load_session(self, session_id: str) -> SessionHandle:
         """A handle on an existing session, folded from its events (e.g. to fail an orphan)."""
@@ -157,7 +160,9 @@ class Ledger:
             if not handle.terminal:
                 await handle.complete()
 
-    async def run_session(self, runner: Runner, session_id: str, *, timeout: float | None = None, **kwargs: Any) -> SessionOutcome:
+    async def run_session(
+        self, runner: Runner, session_id: str, /, *, timeout: float | None = None, **kwargs: Any
+    ) -> SessionOutcome:
         """Run `runner(handle)` as a session under an asyncio timeout.
 
         A runner's failure or timeout is recorded and reported in the outcome, never raised;
@@ -232,6 +237,9 @@ class Ledger:
                 )
             wait = poll_interval if remaining is None else min(poll_interval, remaining)
             await self.store.wait_for_commit(wait)
+        from sessions.batches import build_jagged, build_padded  # torch: imported only when batches are built
+        from sessions.rows import materialise
+
         rows = materialise(queue, sources)
         if jagged:
             return build_jagged(rows, max_prompt_length=max_prompt_length, max_response_length=max_response_length, truncate=truncate)

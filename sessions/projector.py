@@ -23,7 +23,6 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from sessions import events as ev
 from sessions import metrics as m
-from sessions import rows as row_builder
 from sessions.queues import QueueItem, QueueSink
 from store import read_models as rm
 from store.engine import WRITE_LOCK
@@ -366,6 +365,8 @@ class _Page:
 
     async def queue_items(self) -> list[QueueItem]:
         """The page's queue rows with their token arrays, for external sinks."""
+        from sessions import rows as row_builder  # torch: imported only when a sink needs arrays
+
         positions = [q["source_position"] for q in self.queue if q["kind"] == "row"]
         sources = await rm.source_events(self.conn, positions)
         built = iter(row_builder.materialise(self.queue, sources))

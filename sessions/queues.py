@@ -11,9 +11,10 @@ import asyncio
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from sessions.batches import BatchRow
+if TYPE_CHECKING:
+    from sessions.batches import BatchRow
 
 
 @dataclass(frozen=True, slots=True)

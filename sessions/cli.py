@@ -1,0 +1,232 @@
+"""`rollout-ledger`: the command line (DESIGN §11). Exit 0 on success; otherwise a one-line
+reason on stderr and a non-zero status."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from sessions.errors import StoreError, UnknownEventError
+from sessions.placeholder import PARTITIONS
+from store.engine import default_url, normalize_url
+
+EXIT_ERROR = 1
+
+
+def _step(text: str) -> int | None:
+    if text.lower() in ("none", "null", "-"):
+        return None
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError("a step is an integer >= 0 (or 'none')")
+    return value
+
+
+def _rate(text: str) -> float:
+    value = float(text)
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"{text} is not a rate in [0, 1]")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--db", default=None, help=f"database URL or SQLite file path (default: $ROLLOUT_LEDGER_DB or {default_url()})")
+    parser = argparse.ArgumentParser(prog="rollout-ledger", description="Event-sourced rollout sessions for agentic RL.")
+    verbs = parser.add_subparsers(dest="verb", required=True, metavar="VERB")
+
+    demo = verbs.add_parser("demo", parents=[common], help="simulated agent rollouts, recorded and projected")
+    demo.add_argument("--steps", type=int, default=2)
+    demo.add_argument("--prompts", type=int, default=16)
+    demo.add_argument("--group-size", type=int, default=4)
+    demo.add_argument("--fail-rate", type=_rate, default=0.2)
+    demo.add_argument("--cancel-rate", type=_rate, default=0.05)
+    demo.add_argument("--seed", type=int, default=0)
+    demo.add_argument("--run", default=None, help="run name (default: a new unique name)")
+
+    project = verbs.add_parser("project", parents=[common], help="run the projector to the end of the log")
+    project.add_argument("--follow", action="store_true", help="keep tailing the log until interrupted")
+    project.add_argument("--poll", type=float, default=0.5, help="seconds between polls when following")
+
+    metrics = verbs.add_parser("metrics", parents=[common], help="metric counts")
+    metrics.add_argument("--run", default=None, help="default: the most recent run")
+    metrics.add_argument("--partition", choices=PARTITIONS)
+    metrics.add_argument("--step", type=_step)
+    metrics.add_argument("--json", action="store_true")
+
+    export = verbs.add_parser("export", parents=[common], help="write one projected batch with torch.save")
+    export.add_argument("--run", default=None)
+    export.add_argument("--partition", choices=PARTITIONS, required=True)
+    export.add_argument("--step", type=_step, required=True)
+    export.add_argument("--out", required=True)
+    export.add_argument("--jagged", action="store_true")
+    export.add_argument("--timeout", type=float, default=0.0, help="seconds to wait for unsettled groups (default: none)")
+
+    history = verbs.add_parser("history", parents=[common], help="a session's events and state")
+    history.add_argument("session_id")
+    history.add_argument("--at", type=int, default=None, metavar="POSITION")
+
+    verbs.add_parser("migrate", parents=[common], help="upgrade the schema to head")
+
+    diagram = verbs.add_parser("diagram", help="the state machine, drawn from the machine itself")
+    diagram.add_argument("--format", choices=("mermaid",), default="mermaid")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return asyncio.run(_dispatch(args))
+    except KeyboardInterrupt:
+        print("rollout-ledger: interrupted", file=sys.stderr)
+        return 130
+    except (ValueError, LookupError, TimeoutError, StoreError, UnknownEventError, OSError) as error:
+        message = " ".join(str(error).split()) or type(error).__name__
+        print(f"rollout-ledger: error: {message}", file=sys.stderr)
+        return EXIT_ERROR
+
+
+async def _dispatch(args: argparse.Namespace) -> int:
+    handler = globals()[f"_cmd_{args.verb}"]
+    return await handler(args)
+
+
+async def _resolve_run(ledger: Any, requested: str | None) -> str:
+    from store import read_models as rm
+
+    if requested:
+        return requested
+    async with ledger.engine.connect() as conn:
+        latest = await rm.latest_run(conn)
+    if latest is None:
+        raise LookupError("the database has no events yet; record sessions (or run `rollout-ledger demo`) first")
+    return latest
+
+
+async def _cmd_demo(args: argparse.Namespace) -> int:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from sessions.demo import DemoConfig, new_run_name, run_demo
+    from sessions.ledger import Ledger
+    from sessions.report import console as make_console
+    from sessions.report import summary_table
+
+    config = DemoConfig(args.steps, args.prompts, args.group_size, args.fail_rate, args.cancel_rate, args.seed)
+    run = args.run or new_run_name()
+    console = make_console()
+    total = config.steps * 2 * config.prompts * config.group_size
+    async with Ledger.open(args.db, run=run) as ledger:
+        with Progress(
+            TextColumn("[bold]rollouts"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console, transient=False
+        ) as progress:
+            task = progress.add_task("sessions", total=total)
+            figures = await run_demo(ledger, config, on_session=lambda: progress.advance(task))
+        projected = await ledger.project()
+        rows = await ledger.metrics()
+    console.print(summary_table(rows, f"run {run} — db {_display(args.db)}"))
+    console.print(
+        f"recorded {int(figures['events'])} events from {total} sessions in {figures['seconds']:.2f}s "
+        f"({figures['events_per_second']:.0f} events/s appended); projected {projected} events"
+    )
+    console.print(
+        "reward/mean counts failed sessions as zeros (placeholders); reward/mean_success_only is the "
+        "survivors-only figure other frameworks report."
+    )
+    return 0
+
+
+def _display(db: str | None) -> str:
+    from sqlalchemy.engine import make_url
+
+    return make_url(normalize_url(db)).render_as_string(hide_password=True)
+
+
+async def _cmd_project(args: argparse.Namespace) -> int:
+    from sessions.ledger import Ledger
+
+    async with Ledger.open(args.db) as ledger:
+        if not args.follow:
+            count = await ledger.project()
+            print(f"projected {count} events")
+            return 0
+        stop = asyncio.Event()
+        total = await ledger.projector.follow(
+            stop, poll_interval=args.poll, on_page=lambda r: print(f"projected {r.events} events up to position {r.last_position}", flush=True)
+        )
+        print(f"projected {total} events")
+    return 0
+
+
+async def _cmd_metrics(args: argparse.Namespace) -> int:
+    from sessions.ledger import Ledger
+    from sessions.report import metrics_table, print_table
+
+    async with Ledger.open(args.db) as ledger:
+        run = await _resolve_run(ledger, args.run)
+        rows = await ledger.metrics(args.partition, args.step, run=run)
+    if args.json:
+        print(json.dumps([row.as_json() for row in rows], indent=1))
+    elif not rows:
+        print(f"no metrics for run {run!r} with these filters")
+    else:
+        print_table(metrics_table(rows))
+    return 0
+
+
+async def _cmd_export(args: argparse.Namespace) -> int:
+    import torch
+
+    from sessions.batches import to_plain_dict
+    from sessions.ledger import Ledger
+
+    async with Ledger.open(args.db) as ledger:
+        run = await _resolve_run(ledger, args.run)
+        batch = await ledger.batch(args.partition, args.step, run=run, timeout=args.timeout, jagged=args.jagged)
+    torch.save(to_plain_dict(batch), args.out)
+    placeholders = int(batch["is_placeholder"].sum())
+    print(f"wrote {batch.batch_size[0]} rows ({placeholders} placeholders) of run {run!r} {args.partition} step {args.step} to {args.out}")
+    return 0
+
+
+async def _cmd_history(args: argparse.Namespace) -> int:
+    from sessions.history import session_history
+    from sessions.ledger import Ledger
+    from sessions.report import history_table, print_table
+
+    async with Ledger.open(args.db) as ledger:
+        rows, view = await session_history(ledger.store, args.session_id, at_position=args.at)
+    print_table(history_table(args.session_id, rows))
+    where = "now" if args.at is None else f"as of position {args.at}"
+    reason = f" ({view.failure_reason})" if view.failure_reason else ""
+    print(f"state {where}: {view.state}{reason}; version {view.version}; trajectories {len(view.trajectories)}; reward {view.reward}")
+    return 0
+
+
+async def _cmd_migrate(args: argparse.Namespace) -> int:
+    from store import create_engine
+    from store.migrate import current_revision, upgrade
+
+    engine = create_engine(args.db)
+    try:
+        before = await current_revision(engine)
+        await upgrade(engine)
+        after = await current_revision(engine)
+    finally:
+        await engine.dispose()
+    print(f"schema at {after}" + ("" if before == after else f" (was {before or 'empty'})"))
+    return 0
+
+
+async def _cmd_diagram(args: argparse.Namespace) -> int:
+    from sessions.machine import mermaid
+
+    print(mermaid())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

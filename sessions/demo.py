@@ -1,0 +1,148 @@
+"""`rollout-ledger demo`: simulated multi-turn agent rollouts through the real recorder.
+
+Every session is a real asyncio task running a simulated agent: a prompt of tens to hundreds of
+tokens, 1-6 turns of model output (mask 1) interleaved with tool output (mask 0), real
+`asyncio.wait_for` timeouts, and injected runner errors, sandbox failures and cancellations at the
+requested rates. Outcomes are drawn from `--seed`, so a run is reproducible.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from sessions.errors import SandboxError
+from sessions.ledger import Ledger
+from sessions.recorder import SessionHandle
+
+DATA_SOURCES = ("gsm8k", "swe-lite")
+VOCAB = 32_000
+TIMEOUT_S = 0.25
+HANG_S = 5.0
+
+
+@dataclass(frozen=True)
+class DemoConfig:
+    steps: int = 2
+    prompts: int = 16
+    group_size: int = 4
+    fail_rate: float = 0.2
+    cancel_rate: float = 0.05
+    seed: int = 0
+    concurrency: int = 256
+
+    def __post_init__(self) -> None:
+        for name in ("steps", "prompts", "group_size", "concurrency"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+        for name in ("fail_rate", "cancel_rate"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ValueError(f"--{name.replace('_', '-')} must be in [0, 1], got {getattr(self, name)}")
+        if self.fail_rate + self.cancel_rate > 1.0:
+            raise ValueError("--fail-rate plus --cancel-rate must not exceed 1")
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What will happen to one session, drawn up front from the seed."""
+
+    outcome: str  # ok | runner_error | sandbox_error | timeout | cancel
+    turns: int
+    prompt_len: int
+    difficulty: float
+    seed: int
+
+
+def new_run_name() -> str:
+    return f"demo-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
+
+
+def plan_session(rng: random.Random, config: DemoConfig, difficulty: float) -> Plan:
+    x = rng.random()
+    if x < config.cancel_rate:
+        outcome = "cancel"
+    elif x < config.cancel_rate + config.fail_rate:
+        outcome = rng.choice(("runner_error", "sandbox_error", "timeout"))
+    else:
+        outcome = "ok"
+    return Plan(outcome, rng.randint(1, 6), rng.randint(24, 400), difficulty, rng.randrange(2**31))
+
+
+async def agent(handle: SessionHandle, plan: Plan) -> None:
+    """One simulated agent episode; failures are raised the way real runners raise them."""
+    rng = np.random.default_rng(plan.seed)
+    prompt = rng.integers(0, VOCAB, plan.prompt_len)
+    pieces, masks = [], []
+    for turn in range(plan.turns):
+        await asyncio.sleep(float(rng.uniform(0.0005, 0.003)))  # the model generating
+        model_tokens = int(rng.integers(16, 180))
+        pieces.append(rng.integers(0, VOCAB, model_tokens))
+        masks.append(np.ones(model_tokens, dtype=np.uint8))
+        if turn < plan.turns - 1:
+            tool_tokens = int(rng.integers(8, 120))
+            pieces.append(rng.integers(0, VOCAB, tool_tokens))
+            masks.append(np.zeros(tool_tokens, dtype=np.uint8))
+        if plan.outcome == "sandbox_error" and turn == plan.turns // 2:
+            raise SandboxError("sandbox container exited with code 137 (OOM-killed)")
+        if plan.outcome == "runner_error" and turn == plan.turns // 2:
+            raise RuntimeError("tool call parser: unterminated JSON in model output")
+        if plan.outcome in ("timeout", "cancel") and turn == plan.turns // 2:
+            await asyncio.sleep(HANG_S)  # a stuck tool call: the timeout (or a cancel) ends it
+    response = np.concatenate(pieces)[:1024]
+    mask = np.concatenate(masks)[:1024]
+    logprobs = -rng.exponential(0.7, response.shape[0]).astype(np.float32)
+    await handle.record_trajectory(
+        prompt_ids=prompt, response_ids=response, response_mask=mask, response_logprobs=logprobs, num_turns=plan.turns
+    )
+    correct = float(rng.random() < plan.difficulty)
+    await handle.post_reward(correct, acc=correct, turns=plan.turns)
+
+
+async def run_demo(ledger: Ledger, config: DemoConfig, *, on_session: Callable[[], None] | None = None) -> dict[str, float]:
+    """Run all steps; returns timing figures (seconds, events, events per second)."""
+    rng = random.Random(config.seed)
+    limit = asyncio.Semaphore(config.concurrency)
+    run_tag = ledger.run.replace("_", "-")
+    started = time.perf_counter()
+    events_before = ledger.store.events_committed
+
+    async def one(session_id: str, plan: Plan, **identity: object) -> None:
+        async with limit:
+            task = asyncio.ensure_future(
+                ledger.run_session(lambda h: agent(h, plan), session_id, timeout=TIMEOUT_S, **identity)
+            )
+            if plan.outcome == "cancel":
+                await asyncio.sleep(0.01)
+                task.cancel()
+            try:
+                await task
+            except asyncio.CancelledError:
+                if not task.cancelled():
+                    raise
+            finally:
+                if on_session is not None:
+                    on_session()
+
+    for step in range(config.steps):
+        jobs = []
+        for partition in ("train", "val"):
+            for p in range(config.prompts):
+                uid = f"{run_tag}-{partition}{step}-p{p}"
+                difficulty = rng.betavariate(2, 2)
+                source = DATA_SOURCES[p % len(DATA_SOURCES)]
+                for k in range(config.group_size):
+                    plan = plan_session(rng, config, difficulty)
+                    jobs.append(one(
+                        f"{uid}-s{k}", plan, uid=uid, session_index=k, group_size=config.group_size,
+                        partition=partition, global_step=step, data_source=source, runner="demo-agent",
+                    ))
+        await asyncio.gather(*jobs)
+    elapsed = time.perf_counter() - started
+    appended = ledger.store.events_committed - events_before
+    return {"seconds": elapsed, "events": appended, "events_per_second": appended / elapsed if elapsed else 0.0}
