@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import signal
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -154,6 +155,9 @@ async def _cmd_project(args: argparse.Namespace) -> int:
             print(f"projected {count} events")
             return 0
         stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(signum, stop.set)  # finish the page in hand, then exit 0
         total = await ledger.projector.follow(
             stop, poll_interval=args.poll, on_page=lambda r: print(f"projected {r.events} events up to position {r.last_position}", flush=True)
         )

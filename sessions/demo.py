@@ -23,7 +23,7 @@ from sessions.recorder import SessionHandle
 
 DATA_SOURCES = ("gsm8k", "swe-lite")
 VOCAB = 32_000
-TIMEOUT_S = 0.25
+TIMEOUT_S = 1.5  # generous: only the injected hangs should time out, never the ledger
 HANG_S = 5.0
 
 

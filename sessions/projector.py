@@ -13,8 +13,9 @@ page twice: they take turns.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,13 +27,14 @@ from sessions import metrics as m
 from sessions.queues import QueueItem, QueueSink
 from store import read_models as rm
 from store.engine import WRITE_LOCK
-from store.event_store import EventStore, read_page
+from store.event_store import EventStore, read_page, retry_transient
 from store.tables import groups as groups_table
 from store.tables import sessions as sessions_table
 
 log = logging.getLogger(__name__)
 
-PG_PROJECTOR_LOCK = 0x524C5052  # "RLPR"
+PG_PROJECTOR_LOCK = 0x524C5052  # "RLPR": held for one page's transaction
+PG_LEADER_LOCK = 0x524C4C44  # "RLLD": held by the leading follower for as long as it follows
 
 
 class ProjectionError(RuntimeError):
@@ -64,7 +66,13 @@ class Projector:
         self.store = store
 
     async def step(self) -> PageResult:
-        """Project one page; `events == 0` means the projector is at the end of the log."""
+        """Project one page; `events == 0` means the projector is at the end of the log.
+
+        A transient database error (lost connection, busy file) rolls the page back and retries it.
+        """
+        return await retry_transient(self._step, what="projection")
+
+    async def _step(self) -> PageResult:
         async with self.engine.connect() as conn:
             conn = await conn.execution_options(**{WRITE_LOCK: True})
             async with conn.begin():
@@ -96,11 +104,51 @@ class Projector:
             if on_page is not None:
                 on_page(result)
 
-    async def follow(self, stop: asyncio.Event, *, poll_interval: float = 0.5, on_page: Callable[[PageResult], None] | None = None) -> int:
+    async def follow(
+        self,
+        stop: asyncio.Event,
+        *,
+        poll_interval: float = 0.5,
+        on_page: Callable[[PageResult], None] | None = None,
+        on_leader: Callable[[], None] | None = None,
+    ) -> int:
         """Keep projecting until `stop` is set; sleeps between polls instead of busy-looping.
 
         In-process appends wake it at once; appends from other processes are seen at the next poll.
+        On PostgreSQL only one follower leads (a session-level advisory lock); the others wait and
+        take over from the checkpoint when the leader's connection goes away. (Pages are safe
+        without it — each takes a transaction lock — the lead just stops followers contending.)
         """
+        async with self._leadership(stop, poll_interval) as leading:
+            if not leading:
+                return 0
+            if on_leader is not None:
+                on_leader()
+            return await self._follow(stop, poll_interval, on_page)
+
+    @contextlib.asynccontextmanager
+    async def _leadership(self, stop: asyncio.Event, poll_interval: float) -> AsyncIterator[bool]:
+        if self.engine.dialect.name != "postgresql":
+            yield True
+            return
+        async with self.engine.connect() as conn:
+            while not stop.is_set():
+                got = (await conn.execute(text("SELECT pg_try_advisory_lock(:k)"), {"k": PG_LEADER_LOCK})).scalar_one()
+                await conn.commit()
+                if got:
+                    try:
+                        yield True
+                    finally:
+                        await conn.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": PG_LEADER_LOCK})
+                        await conn.commit()
+                    return
+                try:
+                    await asyncio.wait_for(stop.wait(), poll_interval)
+                except asyncio.TimeoutError:
+                    pass
+            yield False
+
+    async def _follow(self, stop: asyncio.Event, poll_interval: float, on_page: Callable[[PageResult], None] | None) -> int:
         total = 0
         while not stop.is_set():
             total += await self.run(on_page=on_page)

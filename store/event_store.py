@@ -102,7 +102,7 @@ class EventStore:
 
     async def _commit(self, batch: list[_Append]) -> None:
         try:
-            outcomes = await self._commit_together(batch)
+            outcomes = await retry_transient(lambda: self._commit_together(batch), what="append")
         except (IntegrityError, DBAPIError) as error:
             if len(batch) == 1:
                 _settle(batch[0], _wrap(error, batch[0]))
@@ -207,6 +207,43 @@ class EventStore:
 
 
 _NO_PAYLOAD = [c for c in events.c if c.name != "payload"]
+
+
+#: Attempts for an operation that failed transiently (lost connection, lock timeout, busy file).
+RETRY_ATTEMPTS = 4
+RETRY_BASE_DELAY = 0.05
+
+
+def is_transient(error: BaseException) -> bool:
+    """Errors worth retrying: the connection dropped, or a lock could not be had in time.
+
+    Retrying an append is safe even when the failure hid a successful commit: the retry finds
+    the event ids stored and becomes an idempotent no-op.
+    """
+    if not isinstance(error, DBAPIError) or isinstance(error, IntegrityError):
+        return False
+    if error.connection_invalidated:
+        return True
+    text_ = str(error.orig).lower()
+    return any(
+        marker in text_
+        for marker in ("database is locked", "lock timeout", "lock_timeout", "connection was closed", "terminating connection",
+                       "connection is closed", "connection refused", "server closed the connection")
+    )
+
+
+async def retry_transient(operation: Any, *, what: str, attempts: int = RETRY_ATTEMPTS) -> Any:
+    """Run `operation()` (a coroutine factory), retrying transient database errors with backoff."""
+    for attempt in range(attempts):
+        try:
+            return await operation()
+        except DBAPIError as error:
+            if attempt == attempts - 1 or not is_transient(error):
+                raise
+            delay = RETRY_BASE_DELAY * (2**attempt)
+            log.warning("%s failed transiently (%s); retry %d/%d in %.2fs", what, error.orig, attempt + 1, attempts - 1, delay)
+            await asyncio.sleep(delay)
+    raise AssertionError("unreachable")
 
 
 async def read_page(conn: AsyncConnection, after_position: int, limit: int, *, with_payload: bool = True) -> list[StoredEvent]:
