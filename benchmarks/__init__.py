@@ -1,0 +1,1 @@
+"""Reproducible throughput benchmarks against named baselines."""
