@@ -76,6 +76,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     verbs.add_parser("audit", parents=[common], help="replay in isolation and compare with what is stored")
 
+    recover = verbs.add_parser("recover", parents=[common], help="fail sessions left open by a dead process (reason orphaned)")
+    recover.add_argument("--older-than", required=True, metavar="DURATION", help="idle time, e.g. 30m, 2h")
+    recover.add_argument("--run", default=None, help="only this run (default: all runs)")
+
     verbs.add_parser("migrate", parents=[common], help="upgrade the schema to head")
 
     diagram = verbs.add_parser("diagram", help="the state machine, drawn from the machine itself")
@@ -257,6 +261,18 @@ async def _cmd_audit(args: argparse.Namespace) -> int:
         return 0
     print(f"audit FAILED: {len(report.divergences)} divergence(s); first: {report.divergences[0]}", file=sys.stderr)
     return EXIT_ERROR
+
+
+async def _cmd_recover(args: argparse.Namespace) -> int:
+    from sessions.ledger import Ledger
+    from sessions.recovery import parse_duration, recover
+
+    older_than = parse_duration(args.older_than)
+    async with Ledger.open(args.db) as ledger:
+        failed = await recover(ledger, older_than, run=args.run)
+        await ledger.project()
+    print(f"failed {len(failed)} orphaned session(s)" + (": " + ", ".join(failed[:20]) + (" …" if len(failed) > 20 else "") if failed else ""))
+    return 0
 
 
 async def _cmd_migrate(args: argparse.Namespace) -> int:

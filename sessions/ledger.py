@@ -231,7 +231,7 @@ class Ledger:
                 raise TimeoutError(
                     f"run {run!r} {partition} step {global_step}: {status.get('pending', 0)} of "
                     f"{sum(status.values())} groups still unsettled after {timeout}s; their sessions are "
-                    "still open — fail or cancel them (or wait longer)"
+                    "still open — fail or cancel them, or run `rollout-ledger recover --older-than DURATION`"
                     if status else
                     f"run {run!r} {partition} step {global_step}: no sessions recorded after {timeout}s"
                 )
