@@ -27,7 +27,8 @@ Decisions recorded here (the contract is silent on them):
 * A placeholder row must have an all-zero ``response_mask``; otherwise ``ValueError``.
 * An empty ``rows`` sequence gives ``batch_size=[0]`` with every tensor key present and width 0.
   ``torch.cat`` needs equal widths for padded batches, so use ``concat_padded`` to concatenate
-  padded batches of different widths (including empty ones); jagged batches ``torch.cat`` as is.
+  padded batches of different widths (including empty ones); jagged batches with the same keys
+  ``torch.cat`` as is (``concat_padded`` also takes them, with or without ``rollout_log_probs``).
 * ``meta`` keys outside ``NON_TENSOR_COLUMNS`` are ignored; numpy scalars are turned into Python
   scalars so the columns stay ``torch.load(weights_only=True)``-safe.
 """
@@ -234,11 +235,15 @@ def _check_limit_arg(limit: int | None, side: str) -> None:
 
 
 def _row_ids_and_positions(lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """For flat tokens of rows with ``lengths``: each token's row id and position in its row."""
-    rows = torch.repeat_interleave(torch.arange(lengths.numel()), lengths)
-    starts = torch.cumsum(lengths, 0) - lengths
-    positions = torch.arange(rows.numel()) - starts[rows]
-    return rows, positions
+    """For flat tokens of rows with ``lengths``: each token's row id and position in its row.
+
+    Done in numpy: ``torch.repeat_interleave`` enters a parallel region even for a handful of
+    elements and costs milliseconds per call on a busy 2-core host.
+    """
+    n = lengths.numpy().astype(np.int64, copy=False)
+    rows = np.repeat(np.arange(n.size), n)
+    positions = np.arange(rows.size) - (np.cumsum(n) - n)[rows]
+    return torch.from_numpy(rows), torch.from_numpy(positions)
 
 
 def _keep_mask(lengths: torch.Tensor, limit: int | None, keep_last: bool) -> torch.Tensor | None:
@@ -459,7 +464,9 @@ def _split_columns(batch: TensorDictBase) -> tuple[dict[str, Any], dict[str, lis
 def _reject_unknown(tensors: Mapping[str, Any]) -> None:
     unknown = sorted(set(tensors) - set(_TOKEN_COLUMNS) - set(ROW_COLUMNS))
     if unknown:
-        raise ValueError(f"unknown tensor columns {unknown}: only section 6 columns are re-laid out")
+        raise ValueError(
+            f"unknown tensor columns {unknown}: only section 6 columns are re-laid out"
+        )
 
 
 def _flat_from_jagged(batch: TensorDictBase) -> _Flat:
@@ -593,8 +600,9 @@ def densify(jagged_td: TensorDictBase, pad_token_id: int = 0) -> TensorDict:
 def concat_padded(batches: Sequence[TensorDictBase], *, pad_token_id: int = 0) -> TensorDict:
     """Concatenate batches of different widths (``torch.cat`` needs equal P and R).
 
-    Accepts padded or jagged batches (mixed); re-pads to the widest prompt/response; a batch lacking ``rollout_log_probs`` contributes
-    zeros when another has it; missing non-tensor columns become None.
+    Accepts padded or jagged batches (mixed) and re-pads to the widest prompt/response; a
+    batch lacking ``rollout_log_probs`` contributes zeros when another has it; missing
+    non-tensor columns become None.
     """
     if not batches:
         return _padded_from_flat(_flat_from_rows([], None, None, False), pad_token_id)
@@ -633,7 +641,9 @@ def to_plain_dict(batch: TensorDictBase) -> dict[str, Any]:
     Dense tensor columns keep their key. A jagged column ``c`` becomes two tensors,
     ``"c.values"`` (all rows' tokens concatenated) and ``"c.offsets"`` (int64 [B+1], row i is
     ``values[offsets[i]:offsets[i+1]]``). Non-tensor columns become Python lists of length B.
-    ``from_plain_dict`` inverts it.
+    ``from_plain_dict`` inverts it. Plain values/offsets rather than pickled nested tensors:
+    readable by any consumer (numpy, other torch versions) without nested-tensor internals
+    (torch 2.13 does load jagged tensors with ``weights_only=True``; that is not a stable promise).
     """
     tensors, non_tensors = _split_columns(batch)
     plain: dict[str, Any] = {}
