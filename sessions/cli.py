@@ -76,6 +76,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     verbs.add_parser("audit", parents=[common], help="replay in isolation and compare with what is stored")
 
+    sql = verbs.add_parser("sql", parents=[common], help="run a read-only SQL query and print a table")
+    sql.add_argument("query")
+    sql.add_argument("--limit", type=int, default=None, help="print at most this many rows")
+    sql.add_argument("--json", action="store_true", help="print rows as JSON objects")
+
     recover = verbs.add_parser("recover", parents=[common], help="fail sessions left open by a dead process (reason orphaned)")
     recover.add_argument("--older-than", required=True, metavar="DURATION", help="idle time, e.g. 30m, 2h")
     recover.add_argument("--run", default=None, help="only this run (default: all runs)")
@@ -261,6 +266,31 @@ async def _cmd_audit(args: argparse.Namespace) -> int:
         return 0
     print(f"audit FAILED: {len(report.divergences)} divergence(s); first: {report.divergences[0]}", file=sys.stderr)
     return EXIT_ERROR
+
+
+async def _cmd_sql(args: argparse.Namespace) -> int:
+    from rich.table import Table
+
+    from sessions.report import print_table
+    from sessions.sql import run_query
+    from store import create_engine
+    from store.migrate import check_schema
+
+    engine = create_engine(args.db)
+    try:
+        await check_schema(engine)
+        columns, rows = await run_query(engine, args.query, limit=args.limit)
+    finally:
+        await engine.dispose()
+    if args.json:
+        print(json.dumps([dict(zip(columns, row)) for row in rows], default=str, indent=1))
+        return 0
+    table = Table(*columns)
+    for row in rows:
+        table.add_row(*("NULL" if v is None else str(v) for v in row))
+    print_table(table)
+    print(f"{len(rows)} row(s)")
+    return 0
 
 
 async def _cmd_recover(args: argparse.Namespace) -> int:
