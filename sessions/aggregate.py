@@ -189,7 +189,7 @@ def decide_fail(
     decision = policy.decide(view.partition, reason)
     failed = ev.SessionFailed(
         reason=reason,
-        error_type=error_type,
+        error_type=None if error_type is None else error_type[: ev.ERROR_TYPE_LIMIT],
         message=(message or "")[: ev.MESSAGE_LIMIT],
         discarded_trajectories=len(view.trajectories),
         placeholder=decision,

@@ -20,6 +20,8 @@ from sessions.errors import UnknownEventError
 from store.records import NewEvent, StoredEvent
 
 MESSAGE_LIMIT = 512
+#: error_type is a class name; the sessions read model stores it in VARCHAR(128).
+ERROR_TYPE_LIMIT = 128
 
 FAILURE_REASONS = (
     "runner_error",

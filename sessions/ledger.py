@@ -106,6 +106,8 @@ class Ledger:
             partition=partition, global_step=global_step,
         )
         metadata = validation.json_dict(session_id, "metadata", metadata)
+        data_source = validation.optional_name(session_id, "data_source", data_source)
+        runner = validation.optional_name(session_id, "runner", runner)
         view = agg.SessionView(session_id)
         decided: list[ev.Event] = [
             ev.SessionCreated(
@@ -228,12 +230,16 @@ class Ledger:
                     break
             remaining = None if deadline is None else deadline - loop.time()
             if remaining is not None and remaining <= 0:
+                if not status:
+                    raise TimeoutError(f"run {run!r} {partition} step {global_step}: no sessions recorded after {timeout}s")
+                async with self.engine.connect() as conn:
+                    uids = await rm.pending_uids(conn, run, partition, global_step)
+                pending = status.get("pending", 0)
+                named = ", ".join(uids) + (" …" if pending > len(uids) else "")
                 raise TimeoutError(
-                    f"run {run!r} {partition} step {global_step}: {status.get('pending', 0)} of "
-                    f"{sum(status.values())} groups still unsettled after {timeout}s; their sessions are "
-                    "still open — fail or cancel them, or run `rollout-ledger recover --older-than DURATION`"
-                    if status else
-                    f"run {run!r} {partition} step {global_step}: no sessions recorded after {timeout}s"
+                    f"run {run!r} {partition} step {global_step}: {pending} of {sum(status.values())} groups still "
+                    f"unsettled after {timeout}s (uids: {named}); their sessions are still open — fail or cancel "
+                    "them, or run `rollout-ledger recover --older-than DURATION`"
                 )
             wait = poll_interval if remaining is None else min(poll_interval, remaining)
             await self.store.wait_for_commit(wait)

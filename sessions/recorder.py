@@ -63,6 +63,11 @@ class SessionHandle:
         return self._view
 
     # -------------------------------------------------------------- commands
+    async def start(self, *, attempt: int | None = None, timeout_s: float | None = None) -> None:
+        """Start a session created with `start=False` (created -> running)."""
+        async with self._lock:
+            await self._commit(agg.decide_start(self._view, attempt=attempt, timeout_s=timeout_s))
+
     async def record_trajectory(
         self,
         *,

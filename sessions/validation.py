@@ -36,6 +36,15 @@ def check_identity(
         raise InvalidInput(session_id, "global_step", f"must be an integer >= 0 or None, got {global_step!r}")
 
 
+def optional_name(session_id: str, field: str, value: Any) -> str | None:
+    """An optional short label (data_source, runner): None or a string of at most 128 characters."""
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value or len(value) > MAX_ID_LEN:
+        raise InvalidInput(session_id, field, f"must be None or a non-empty string of at most {MAX_ID_LEN} characters, got {value!r:.60}")
+    return value
+
+
 def _is_int(value: Any) -> bool:
     return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
 

@@ -375,6 +375,8 @@ def _row(event: NewEvent) -> dict[str, Any]:
 
 
 def _check_versions(session_id: str, expected_version: int, new_events: Sequence[NewEvent]) -> None:
+    if len({event.event_id for event in new_events}) != len(new_events):
+        raise ValueError(f"session {session_id!r}: the appended events repeat an event id; each event needs its own")
     for offset, event in enumerate(new_events, start=1):
         if event.session_id != session_id:
             raise ValueError(f"event {event.event_id} belongs to session {event.session_id!r}, not {session_id!r}")

@@ -198,3 +198,10 @@ async def latest_run(conn: AsyncConnection) -> str | None:
     """The run of the most recent event (the CLI's default --run)."""
     result = await conn.execute(select(events.c.run).order_by(events.c.position.desc()).limit(1))
     return result.scalar_one_or_none()
+
+
+async def pending_uids(conn: AsyncConnection, run: str, partition: str, global_step: int | None, *, limit: int = 10) -> list[str]:
+    """Some of a step's unsettled groups, to name them in a timeout."""
+    query = select(groups.c.uid).where(groups.c.run == run, groups.c.partition == partition, groups.c.status == "pending")
+    query = query.where(groups.c.global_step.is_(None) if global_step is None else groups.c.global_step == global_step)
+    return list((await conn.execute(query.order_by(groups.c.uid).limit(limit))).scalars())
