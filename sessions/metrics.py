@@ -49,6 +49,12 @@ REWARD_MEAN_AT = "reward/mean@{n}"
 RESPONSE_LENGTH_MEAN = "response_length/mean"
 COVERAGE = "coverage"
 
+#: Counts every scope reports, zero included (DESIGN §7 lists them per scope).
+ZERO_FILLED = (
+    SESSIONS_TOTAL, SESSIONS_SUCCEEDED, SESSIONS_FAILED, SESSIONS_CANCELLED, PLACEHOLDERS,
+    GROUPS_TOTAL, GROUPS_FINISHED, GROUPS_FAILURE, REWARD_ABSENT,
+)
+
 
 def scopes(run: str, partition: str, global_step: int | None, data_source: str | None) -> list[Scope]:
     """The per-data-source scope and the all-data-sources scope (data_source None)."""
@@ -79,6 +85,8 @@ class MetricTable:
     def derive(self) -> None:
         """Recompute the derived metrics from the counters."""
         v = self.values
+        for name in ZERO_FILLED:  # a count that is zero is reported as 0, not left out
+            v.setdefault(name, 0.0)
         v[GROUPS_UNSETTLED] = self.get(GROUPS_TOTAL) - self.get(GROUPS_FINISHED) - self.get(GROUPS_FAILURE)
         v[SESSIONS_OPEN] = (
             self.get(SESSIONS_TOTAL) - self.get(SESSIONS_SUCCEEDED) - self.get(SESSIONS_FAILED) - self.get(SESSIONS_CANCELLED)

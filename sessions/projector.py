@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import text
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from sessions import events as ev
@@ -27,7 +28,7 @@ from sessions import metrics as m
 from sessions.queues import QueueItem, QueueSink
 from store import read_models as rm
 from store.engine import WRITE_LOCK
-from store.event_store import EventStore, read_page, retry_transient
+from store.event_store import EventStore, is_transient, read_page, retry_transient
 from store.tables import groups as groups_table
 from store.tables import sessions as sessions_table
 
@@ -133,14 +134,27 @@ class Projector:
             return
         async with self.engine.connect() as conn:
             while not stop.is_set():
-                got = (await conn.execute(text("SELECT pg_try_advisory_lock(:k)"), {"k": PG_LEADER_LOCK})).scalar_one()
-                await conn.commit()
+                try:
+                    got = (await conn.execute(text("SELECT pg_try_advisory_lock(:k)"), {"k": PG_LEADER_LOCK})).scalar_one()
+                    await conn.commit()
+                except DBAPIError as error:
+                    if not is_transient(error):
+                        raise
+                    # A dropped connection must not end a waiting follower: poll again on a new one.
+                    log.warning("leader election: %s; trying again", error.orig)
+                    await conn.rollback()
+                    got = False
                 if got:
                     try:
                         yield True
                     finally:
-                        await conn.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": PG_LEADER_LOCK})
-                        await conn.commit()
+                        try:
+                            await conn.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": PG_LEADER_LOCK})
+                            await conn.commit()
+                        except DBAPIError as error:  # the lock went with the lost connection
+                            if not is_transient(error):
+                                raise
+                            await conn.rollback()
                     return
                 try:
                     await asyncio.wait_for(stop.wait(), poll_interval)
@@ -151,13 +165,17 @@ class Projector:
     async def _follow(self, stop: asyncio.Event, poll_interval: float, on_page: Callable[[PageResult], None] | None) -> int:
         total = 0
         while not stop.is_set():
-            total += await self.run(on_page=on_page)
             waiters = [asyncio.ensure_future(stop.wait())]
             if self.store is not None:
+                # Armed before reading the log: a commit landing after the read still wakes us.
                 waiters.append(asyncio.ensure_future(self.store.wait_for_commit()))
-            done, pending = await asyncio.wait(waiters, timeout=poll_interval, return_when=asyncio.FIRST_COMPLETED)
-            for task in pending:
-                task.cancel()
+                await asyncio.sleep(0)  # let the waiter take hold of the current commit signal
+            try:
+                total += await self.run(on_page=on_page)
+                await asyncio.wait(waiters, timeout=poll_interval, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for task in waiters:
+                    task.cancel()
         return total
 
 
