@@ -17,7 +17,10 @@ from sessions import tokens
 from sessions.batches import BatchRow
 from store.read_models import SourceEvent
 
-META_COLUMNS = ("run", "uid", "session_id", "session_index", "key", "partition", "global_step", "data_source", "failure_reason", "materialization_reason")
+META_COLUMNS = (
+    "run", "uid", "session_id", "session_index", "key", "partition", "global_step", "data_source",
+    "failure_reason", "materialization_reason", "num_turns",
+)
 
 
 def placeholder_arrays(token_id: int) -> tokens.TokenArrays:
