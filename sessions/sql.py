@@ -39,7 +39,8 @@ async def run_query(engine: AsyncEngine, statement: str, *, limit: int | None = 
         else:
             await conn.exec_driver_sql("PRAGMA query_only = ON")
         try:
-            result = await conn.execute(text(statement))
+            # Sent as written: text() would read ` :name` inside a literal as a bind parameter.
+            result = await conn.exec_driver_sql(statement)
             columns = list(result.keys())
             rows = [tuple(row) for row in (result.fetchmany(limit) if limit else result.fetchall())]
         except DBAPIError as error:

@@ -1,0 +1,16 @@
+"""The documented SQL views (created by Alembic revision 0002, described in docs/sql.md).
+
+Views are pure SQL over `events` and the read models, so they are as rebuildable as the tables
+they read. They are not part of `store.tables.metadata` (Alembic's autogenerate compares tables
+only), so this module is where code and tests enumerate them. No import of `sessions` here.
+"""
+
+from __future__ import annotations
+
+SESSION_TIMELINE = "session_timeline"
+FAILURE_BREAKDOWN = "failure_breakdown"
+REWARD_BY_STEP = "reward_by_step"
+GROUP_STATUS = "group_status"
+
+#: Every view the schema defines at head, in creation order.
+VIEWS = (SESSION_TIMELINE, FAILURE_BREAKDOWN, REWARD_BY_STEP, GROUP_STATUS)
