@@ -77,14 +77,21 @@ class SessionStarted(Event):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TrajectoryRecorded(Event):
-    """One trajectory; its token arrays are the payload (decoded lazily: folds never need them)."""
+    """One trajectory; its token arrays are the payload (decoded lazily: folds never need them).
+
+    Schema 2 added `trainable_tokens`, the count of response tokens with mask 1, so metrics,
+    `history` and audits read it without decoding the payload. `None` means unknown: an event
+    built without it, or schema-1 data upcast by a reader that did not load the payload.
+    """
 
     TYPE: ClassVar[str] = "TrajectoryRecorded"
+    SCHEMA_VERSION: ClassVar[int] = 2
     index: int
     num_turns: int
     prompt_len: int
     response_len: int
     has_logprobs: bool
+    trainable_tokens: int | None = None
     materialization_reason: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
     payload: bytes = field(default=b"", repr=False)
@@ -166,18 +173,59 @@ EVENT_TYPES: dict[str, type[Event]] = {
 TERMINAL_EVENTS = frozenset({"SessionSucceeded", "SessionFailed", "SessionCancelled"})
 
 Upcaster = Callable[[dict[str, Any]], dict[str, Any]]
+#: An upcaster that also reads the event's binary payload (None when the reader did not load it).
+PayloadUpcaster = Callable[[dict[str, Any], "bytes | None"], dict[str, Any]]
+
+
+@dataclass(frozen=True, slots=True)
+class _WithPayload:
+    """Registry entry of an upcaster registered with `with_payload=True`."""
+
+    fn: PayloadUpcaster
+
+    def __call__(self, data: dict[str, Any], payload: bytes | None) -> dict[str, Any]:
+        return self.fn(data, payload)
+
+
 #: (type, from_version) -> function lifting data from that version to from_version + 1.
-UPCASTERS: dict[tuple[str, int], Upcaster] = {}
+UPCASTERS: dict[tuple[str, int], Upcaster | _WithPayload] = {}
 
 
-def upcaster(event_type: str, from_version: int) -> Callable[[Upcaster], Upcaster]:
-    """Register a function that lifts `event_type` data from `from_version` to the next version."""
+def upcaster(event_type: str, from_version: int, *, with_payload: bool = False) -> Callable[[Any], Any]:
+    """Register a function that lifts `event_type` data from `from_version` to the next version.
 
-    def register(fn: Upcaster) -> Upcaster:
-        UPCASTERS[(event_type, from_version)] = fn
+    The function gets a copy of the data (it may change it in place) and returns the new data.
+    With `with_payload=True` it is called as `fn(data, payload)`: for fields derived from the
+    token arrays. `payload` is None when the reader skipped payloads (the projector reads pages
+    without them), so such an upcaster must then fill the field with a value meaning "unknown" —
+    and no reader that skips payloads may depend on that field.
+    """
+
+    def register(fn: Any) -> Any:
+        UPCASTERS[(event_type, from_version)] = _WithPayload(fn) if with_payload else fn
         return fn
 
     return register
+
+
+def count_trainable(payload: bytes | None, prompt_len: int, response_len: int, has_logprobs: bool) -> int | None:
+    """Tokens with response_mask == 1 in a trajectory payload; None if it is absent or malformed."""
+    if payload is None:
+        return None
+    try:
+        arrays = tokens.decode(payload, prompt_len, response_len, has_logprobs)
+    except ValueError:
+        return None  # a damaged payload is the audit's to report, not the upcaster's
+    return int((arrays.response_mask == 1).sum())
+
+
+@upcaster("TrajectoryRecorded", 1, with_payload=True)
+def _trajectory_v1_to_v2(data: dict[str, Any], payload: bytes | None) -> dict[str, Any]:
+    """v2 added `trainable_tokens`: counted from the payload's mask when the reader has it."""
+    data["trainable_tokens"] = count_trainable(
+        payload, int(data["prompt_len"]), int(data["response_len"]), bool(data["has_logprobs"])
+    )
+    return data
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,7 +244,12 @@ class Recorded:
         return self.event.TYPE
 
 
-def upcast(event_type: str, schema_version: int, data: dict[str, Any]) -> dict[str, Any]:
+def upcast(event_type: str, schema_version: int, data: dict[str, Any], payload: bytes | None = None) -> dict[str, Any]:
+    """`data` of `event_type` at `schema_version`, lifted to the current schema (never mutated).
+
+    `payload` is the event's binary payload, for upcasters registered `with_payload`; pass None
+    when it was not read (those upcasters then fill "unknown").
+    """
     cls = EVENT_TYPES.get(event_type)
     if cls is None:
         raise UnknownEventError(
@@ -213,15 +266,22 @@ def upcast(event_type: str, schema_version: int, data: dict[str, Any]) -> dict[s
         step = UPCASTERS.get((event_type, version))
         if step is None:
             raise UnknownEventError(
-                f"event type {event_type!r} schema_version {version} has no upcaster to {version + 1}"
+                f"event type {event_type!r} schema_version {version} has no upcaster to {version + 1} "
+                f"(this library reads {event_type} up to schema_version {cls.SCHEMA_VERSION})"
             )
-        data = step(dict(data))
+        try:
+            data = step(dict(data), payload) if isinstance(step, _WithPayload) else step(dict(data))
+        except (KeyError, TypeError, ValueError) as error:
+            raise UnknownEventError(
+                f"event type {event_type!r} schema_version {version} has malformed data: upcasting it to "
+                f"{version + 1} failed ({type(error).__name__}: {error})"
+            ) from error
         version += 1
     return data
 
 
 def decode(stored: StoredEvent) -> Recorded:
-    data = upcast(stored.type, stored.schema_version, stored.data)
+    data = upcast(stored.type, stored.schema_version, stored.data, stored.payload)
     try:
         event = EVENT_TYPES[stored.type].from_data(data, stored.payload)
     except TypeError as error:

@@ -17,9 +17,9 @@ def describe(event: ev.Event) -> str:
         return (f"run={event.run} uid={event.uid} index={event.session_index}/{event.group_size} "
                 f"{event.partition} step={step} source={event.data_source or '-'}")
     if isinstance(event, ev.SessionStarted):
-        return f"attempt={event.attempt or 1} timeout={event.timeout_s if event.timeout_s is not None else '-'}s"
+        return f"attempt={event.attempt or 1} timeout=" + ("-" if event.timeout_s is None else f"{event.timeout_s}s")
     if isinstance(event, ev.TrajectoryRecorded):
-        trainable = int(event.arrays().response_mask.sum()) if event.payload else "?"
+        trainable = "?" if event.trainable_tokens is None else event.trainable_tokens  # from the data: no decode
         return (f"#{event.index} prompt {event.prompt_len} + response {event.response_len} tokens "
                 f"({trainable} trainable), {event.num_turns} turns" + (", logprobs" if event.has_logprobs else ""))
     if isinstance(event, ev.RewardPosted):

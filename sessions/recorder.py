@@ -92,6 +92,7 @@ class SessionHandle:
                 prompt_len=arrays.prompt_len,
                 response_len=arrays.response_len,
                 has_logprobs=arrays.logprobs is not None,
+                trainable_tokens=int((arrays.response_mask == 1).sum()),
                 materialization_reason=materialization_reason,
                 extra=extra,
                 payload=tokens.encode(arrays),

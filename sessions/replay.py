@@ -26,16 +26,28 @@ class ReplayReport:
 
 
 async def copy_events(
-    source: AsyncEngine, target: AsyncEngine, *, page_size: int = PAGE, on_page: Callable[[int], None] | None = None
+    source: AsyncEngine,
+    target: AsyncEngine,
+    *,
+    page_size: int = PAGE,
+    on_page: Callable[[int], None] | None = None,
+    up_to: int | None = None,
 ) -> int:
-    """Copy the log verbatim — positions, ids, payloads — into an empty `events` table."""
+    """Copy the log verbatim — positions, ids, payloads — into an empty `events` table.
+
+    `up_to` stops at that position (inclusive): the audit replays exactly what the stored read
+    models have projected, so events appended since are not mistaken for divergences.
+    """
     async with target.connect() as conn:
         if (await conn.execute(select(func.count()).select_from(events))).scalar_one():
             raise ValueError("the target database already has events; replay needs an empty one")
     copied, position = 0, 0
     async with source.connect() as src:
         while True:
-            result = await src.execute(select(events).where(events.c.position > position).order_by(events.c.position).limit(page_size))
+            query = select(events).where(events.c.position > position)
+            if up_to is not None:
+                query = query.where(events.c.position <= up_to)
+            result = await src.execute(query.order_by(events.c.position).limit(page_size))
             rows = [dict(row) for row in result.mappings()]
             if not rows:
                 break
@@ -54,13 +66,19 @@ async def copy_events(
 
 
 async def replay(
-    source: AsyncEngine, target: AsyncEngine, *, on_events: Callable[[int], None] | None = None, page_size: int = PAGE
+    source: AsyncEngine,
+    target: AsyncEngine,
+    *,
+    on_events: Callable[[int], None] | None = None,
+    page_size: int = PAGE,
+    up_to: int | None = None,
 ) -> ReplayReport:
-    """Copy the events into `target` (migrated, empty) and project them there from scratch."""
+    """Copy the events (all, or those at positions <= `up_to`) into `target` (migrated, empty)
+    and project them there from scratch."""
     import time
 
     started = time.perf_counter()
-    count = await copy_events(source, target, page_size=page_size)
+    count = await copy_events(source, target, page_size=page_size, up_to=up_to)
     projector = Projector(target, page_size=page_size)
     await projector.run(on_page=(lambda r: on_events(r.events)) if on_events else None)
     return ReplayReport(count, time.perf_counter() - started)

@@ -1,0 +1,135 @@
+"""Golden event logs: fixed `events` tables kept as JSON Lines under tests/fixtures/ (DESIGN §9).
+
+One line per event, every column of the `events` table: `payload` base64 (or null), `recorded_at`
+ISO 8601 with its UTC offset, the rest as stored. A golden log is loaded *verbatim* — positions,
+event ids and schema versions included — into a fresh, migrated database, so replay and audit see
+exactly the bytes an older rollout-ledger wrote.
+
+The files are written only by `tests/fixtures/make_golden.py` (see its docstring), never by tests.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import func, select, text
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from store import read_models as rm
+from store.engine import WRITE_LOCK
+from store.migrate import upgrade
+from store.records import StoredEvent
+from store.tables import events, groups, queue_rows
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+COLUMNS = tuple(c.name for c in events.c)
+
+#: Metrics recorded in the expectation files (per scope): the headline figures and the counts
+#: that a wrong fold of any event type would move.
+EXPECTED_METRICS = (
+    "sessions/total", "sessions/succeeded", "sessions/failed", "sessions/cancelled", "placeholders",
+    "groups/total", "groups/finished", "groups/failure", "reward/absent", "rows/total",
+    "reward/mean", "reward/mean_success_only", "response_length/max",
+)
+
+
+def golden_logs() -> list[Path]:
+    """Every golden log, oldest schema first."""
+    return sorted(FIXTURES.glob("golden_v*.jsonl"))
+
+
+def expectation_path(log: Path) -> Path:
+    return log.with_name(log.name.removesuffix(".jsonl") + ".expected.json")
+
+
+# ------------------------------------------------------------------ file format
+def to_line(row: dict[str, Any]) -> str:
+    """One `events` row as a JSON line (columns in table order)."""
+    out: dict[str, Any] = {}
+    for name in COLUMNS:
+        value = row[name]
+        if name == "payload":
+            value = None if value is None else base64.b64encode(bytes(value)).decode("ascii")
+        elif name == "recorded_at":
+            value = value.isoformat()
+        out[name] = value
+    return json.dumps(out, sort_keys=False, separators=(",", ":"), allow_nan=False)
+
+
+def from_line(line: str) -> dict[str, Any]:
+    """A JSON line back to an `events` row (bytes payload, aware datetime)."""
+    raw = json.loads(line)
+    missing = set(COLUMNS) - raw.keys()
+    if missing:
+        raise ValueError(f"golden line lacks columns {sorted(missing)}: {line[:120]}")
+    row = {name: raw[name] for name in COLUMNS}
+    if row["payload"] is not None:
+        row["payload"] = base64.b64decode(row["payload"])
+    row["recorded_at"] = datetime.fromisoformat(row["recorded_at"])
+    if row["recorded_at"].tzinfo is None:
+        raise ValueError(f"golden line at position {row['position']}: recorded_at has no UTC offset")
+    return row
+
+
+def read_rows(path: Path) -> list[dict[str, Any]]:
+    return [from_line(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def stored_events(path: Path) -> list[StoredEvent]:
+    """The golden log as the store would hand it back (for decoding without a database)."""
+    return [StoredEvent(**row) for row in read_rows(path)]
+
+
+# ------------------------------------------------------------------ databases
+async def load_golden(engine: AsyncEngine, path: Path) -> int:
+    """Migrate `engine`'s empty database and insert the golden log verbatim; returns the count."""
+    rows = read_rows(path)
+    await upgrade(engine)
+    async with engine.connect() as conn:
+        if (await conn.execute(select(func.count()).select_from(events))).scalar_one():
+            raise ValueError(f"cannot load {path.name}: the database already has events")
+    async with engine.connect() as conn:
+        conn = await conn.execution_options(**{WRITE_LOCK: True})
+        async with conn.begin():
+            await conn.execute(events.insert(), rows)
+    if engine.dialect.name == "postgresql" and rows:
+        async with engine.begin() as conn:  # explicit positions bypass the identity: move it past them
+            await conn.execute(
+                text("SELECT setval(pg_get_serial_sequence('events', 'position'), :p)"), {"p": max(r["position"] for r in rows)}
+            )
+    return len(rows)
+
+
+async def dump_rows(engine: AsyncEngine) -> list[dict[str, Any]]:
+    """The whole `events` table in position order."""
+    async with engine.connect() as conn:
+        result = await conn.execute(select(events).order_by(events.c.position))
+        return [dict(row) for row in result.mappings()]
+
+
+async def projection_summary(engine: AsyncEngine) -> dict[str, Any]:
+    """What an expectation file pins: queue order, group tags and a few metric values."""
+    async with engine.connect() as conn:
+        queue = [dict(r) for r in (await conn.execute(select(queue_rows).order_by(queue_rows.c.id))).mappings()]
+        group_rows = [dict(r) for r in (await conn.execute(select(groups).order_by(groups.c.run, groups.c.uid))).mappings()]
+        metrics = await rm.metric_rows(conn)
+    scoped: dict[str, dict[str, float]] = {}
+    for row in metrics:
+        if row["metric"] in EXPECTED_METRICS or row["metric"].startswith(("reward/mean@", "failed/")):
+            scope = f"{row['run']}/{row['partition']}/{row['global_step']}/{row['data_source'] or '*'}"
+            scoped.setdefault(scope, {})[row["metric"]] = row["value"]
+    return {
+        "queue": [
+            {"partition": q["partition"], "global_step": q["global_step"], "kind": q["kind"], "key": q["key"],
+             "session_id": q["session_id"], "source_position": q["source_position"], "reward": q["reward"],
+             "is_placeholder": q["is_placeholder"]}
+            for q in queue
+        ],
+        "group_tags": {q["key"]: q["tags"]["status"] for q in queue if q["kind"] == "tag"},
+        "groups": {g["uid"]: {"status": g["status"], "settled_position": g["settled_position"]} for g in group_rows},
+        "metrics": {scope: dict(sorted(values.items())) for scope, values in sorted(scoped.items())},
+    }
