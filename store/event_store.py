@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 from datetime import timezone
 from typing import Any
 
-from sqlalchemy import func, select, text
+from sqlalchemy import String, any_, bindparam, func, select, text
+from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
@@ -100,18 +101,22 @@ class EventStore:
             count += len(request.events)
         return taken
 
-    async def _commit(self, batch: list[_Append]) -> None:
+    async def _commit(self, batch: list[_Append], *, careful: bool = False) -> None:
+        """Commit a batch. The fast path trusts the unique constraints to catch re-sent event ids;
+        if they fire, each request is redone on its own, carefully: ids looked up first, so a
+        re-send is an idempotent no-op and a conflict fails only its own caller."""
         try:
-            outcomes = await retry_transient(lambda: self._commit_together(batch), what="append")
+            outcomes = await retry_transient(lambda: self._commit_together(batch, careful), what="append")
         except (IntegrityError, DBAPIError) as error:
-            if len(batch) == 1:
+            if careful and len(batch) == 1:
                 _settle(batch[0], _wrap(error, batch[0]))
                 return
-            # Another process won a race inside our batch: isolate the requests so one
-            # caller's conflict never fails another's events.
-            log.debug("group commit of %d appends failed (%s); retrying one by one", len(batch), error)
+            if not isinstance(error, IntegrityError) and len(batch) == 1:
+                _settle(batch[0], _wrap(error, batch[0]))
+                return
+            log.debug("group commit of %d appends failed (%s); redoing them one by one", len(batch), error)
             for request in batch:
-                await self._commit([request])
+                await self._commit([request], careful=True)
             return
         except BaseException as error:  # noqa: BLE001 - every waiter must hear about it
             for request in batch:
@@ -130,13 +135,13 @@ class EventStore:
         self._committed.set()
         self._committed = asyncio.Event()
 
-    async def _commit_together(self, batch: list[_Append]) -> list[_Outcome]:
+    async def _commit_together(self, batch: list[_Append], careful: bool) -> list[_Outcome]:
         async with self.engine.connect() as conn:
             conn = await conn.execution_options(**{WRITE_LOCK: True})
             async with conn.begin():
                 if conn.dialect.name == "postgresql":
                     await _lock_for_append(conn)
-                outcomes, rows = await _resolve(conn, batch)
+                outcomes, rows = await _resolve(conn, batch, check_ids=careful)
                 if rows:
                     await conn.execute(events.insert(), rows)
         return outcomes
@@ -287,7 +292,9 @@ async def _lock_for_append(conn: AsyncConnection) -> None:
     await conn.execute(text("LOCK TABLE events IN EXCLUSIVE MODE"))
 
 
-async def _resolve(conn: AsyncConnection, batch: list[_Append]) -> tuple[list[_Outcome], list[dict[str, Any]]]:
+async def _resolve(
+    conn: AsyncConnection, batch: list[_Append], *, check_ids: bool = True
+) -> tuple[list[_Outcome], list[dict[str, Any]]]:
     """Decide each request's fate against the stored log; return outcomes and rows to insert.
 
     Outcome: (stream version, accepted) — accepted is False for an idempotent re-send — or an
@@ -295,8 +302,16 @@ async def _resolve(conn: AsyncConnection, batch: list[_Append]) -> tuple[list[_O
     """
     session_ids = list({request.session_id for request in batch})
     versions = await _current_versions(conn, session_ids)
-    event_ids = [event.event_id for request in batch for event in request.events]
-    known = await _known_event_ids(conn, event_ids)
+    # Event ids are fresh UUIDs in the normal case and looking them all up costs a query per batch:
+    # the fast path looks up only the ids of requests whose version does not match (a re-send
+    # always looks stale) and leaves the rest to the unique constraint (see EventStore._commit).
+    event_ids = [
+        event.event_id
+        for request in batch
+        if check_ids or request.expected_version != versions.get(request.session_id, 0)
+        for event in request.events
+    ]
+    known: dict[str, str | None] = await _known_event_ids(conn, event_ids) if event_ids else {}
     outcomes: list[_Outcome] = []
     rows: list[dict[str, Any]] = []
     for request in batch:
@@ -335,13 +350,20 @@ def _foreign_ids(request: _Append, owners: list[str | None]) -> StoreError:
     )
 
 
+def _member_of(column: Any, values: list[str], dialect: str) -> Any:
+    """`column IN (…)`; on PostgreSQL `= ANY(array)`: one parameter, one cached plan, whatever the count."""
+    if dialect == "postgresql":
+        return column == any_(bindparam("members", values, type_=ARRAY(String())))
+    return column.in_(values)
+
+
 async def _current_versions(conn: AsyncConnection, session_ids: list[str]) -> dict[str, int]:
     versions: dict[str, int] = {}
     for start in range(0, len(session_ids), _CHUNK):
         chunk = session_ids[start : start + _CHUNK]
         result = await conn.execute(
             select(events.c.session_id, func.max(events.c.version))
-            .where(events.c.session_id.in_(chunk))
+            .where(_member_of(events.c.session_id, chunk, conn.dialect.name))
             .group_by(events.c.session_id)
         )
         versions.update({sid: int(version) for sid, version in result})
@@ -352,7 +374,9 @@ async def _known_event_ids(conn: AsyncConnection, event_ids: list[str]) -> dict[
     known: dict[str, str | None] = {}
     for start in range(0, len(event_ids), _CHUNK):
         chunk = event_ids[start : start + _CHUNK]
-        result = await conn.execute(select(events.c.event_id, events.c.session_id).where(events.c.event_id.in_(chunk)))
+        result = await conn.execute(
+            select(events.c.event_id, events.c.session_id).where(_member_of(events.c.event_id, chunk, conn.dialect.name))
+        )
         known.update({event_id: session_id for event_id, session_id in result})
     return known
 
