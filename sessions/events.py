@@ -9,6 +9,7 @@ the JSON data.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -34,6 +35,12 @@ FAILURE_REASONS = (
 )
 
 
+@functools.cache
+def _field_names(cls: type) -> tuple[str, ...]:
+    """Field names per event class, computed once: `dataclasses.fields` is slow on the hot path."""
+    return tuple(f.name for f in dataclasses.fields(cls))
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Event:
     """Base of all domain events (the data part; the envelope is `Recorded`)."""
@@ -42,7 +49,7 @@ class Event:
     SCHEMA_VERSION: ClassVar[int] = 1
 
     def to_data(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        return {name: getattr(self, name) for name in _field_names(type(self))}
 
     def to_payload(self) -> bytes | None:
         return None

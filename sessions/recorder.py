@@ -153,7 +153,7 @@ async def append_then_apply(store: EventStore, view: agg.SessionView, decided: S
     A caller cancelled while its append is in flight still learns the append's fate before the
     cancellation propagates, so the view never falls behind (or runs ahead of) the log.
     """
-    append = asyncio.ensure_future(store.append(view.session_id, view.version, envelopes))
+    append = store.submit(view.session_id, view.version, envelopes)
     try:
         await asyncio.shield(append)
     except asyncio.CancelledError:

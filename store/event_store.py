@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import deque
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from datetime import timezone
@@ -50,7 +51,7 @@ class EventStore:
     def __init__(self, engine: AsyncEngine, *, max_batch_events: int = 4096) -> None:
         self.engine = engine
         self.max_batch_events = max_batch_events
-        self._pending: list[_Append] = []
+        self._pending: deque[_Append] = deque()
         self._wakeup = asyncio.Event()
         self._committed = asyncio.Event()
         self._worker: asyncio.Task[None] | None = None
@@ -65,17 +66,26 @@ class EventStore:
         Returns the stream's new version. Re-sending events whose ids are all stored already is a
         no-op that returns the current version. Raises ConcurrencyError on a version conflict.
         """
+        # Shielded: a cancelled caller must not abandon a write that may still commit.
+        return await asyncio.shield(self.submit(session_id, expected_version, new_events))
+
+    def submit(self, session_id: str, expected_version: int, new_events: Sequence[NewEvent]) -> asyncio.Future[int]:
+        """Queue an append for the next group commit; the future resolves once it is durable.
+
+        For callers that must learn an append's fate even when cancelled (see
+        `sessions.recorder.append_then_apply`): they shield the future and, if cancelled, await it.
+        """
         if self._closed:
             raise StoreError("the event store is closed; open the ledger again")
         _check_versions(session_id, expected_version, new_events)
-        if not new_events:
-            return expected_version
         future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        if not new_events:
+            future.set_result(expected_version)
+            return future
         self._pending.append(_Append(session_id, expected_version, new_events, future))
         self._ensure_worker()
         self._wakeup.set()
-        # Shielded: a cancelled caller must not abandon a write that may still commit.
-        return await asyncio.shield(future)
+        return future
 
     def _ensure_worker(self) -> None:
         if self._worker is None or self._worker.done():
@@ -96,7 +106,7 @@ class EventStore:
         taken: list[_Append] = []
         count = 0
         while self._pending and (not taken or count + len(self._pending[0].events) <= self.max_batch_events):
-            request = self._pending.pop(0)
+            request = self._pending.popleft()
             taken.append(request)
             count += len(request.events)
         return taken
