@@ -56,7 +56,7 @@ class Event:
 
     @classmethod
     def from_data(cls, data: Mapping[str, Any], payload: bytes | None) -> Event:
-        names = {f.name for f in dataclasses.fields(cls)}
+        names = _field_names(cls)
         return cls(**{k: v for k, v in data.items() if k in names})
 
 

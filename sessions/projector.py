@@ -243,7 +243,13 @@ class _Page:
         return session
 
     def _scoped(self, run: str, partition: str, step: int | None, source: str | None) -> list[m.MetricTable]:
-        return [self.metrics.setdefault(scope, m.MetricTable()) for scope in m.scopes(run, partition, step, source)]
+        tables = []
+        for scope in m.scopes(run, partition, step, source):
+            table = self.metrics.get(scope)
+            if table is None:
+                table = self.metrics[scope] = m.MetricTable()
+            tables.append(table)
+        return tables
 
     def _session_metrics(self, s: dict[str, Any]) -> list[m.MetricTable]:
         return self._scoped(s["run"], s["partition"], s["global_step"], s["data_source"])

@@ -221,8 +221,9 @@ class EventStore:
             return int((await conn.execute(query)).scalar_one())
 
 
-_NO_PAYLOAD = [c for c in events.c if c.name != "payload"]
-
+#: Column order of a page row: positional access is markedly cheaper than mappings on long pages.
+_PAGE_COLUMNS = [c for c in events.c if c.name != "payload"] + [events.c.payload]
+_PAGE_NO_PAYLOAD = _PAGE_COLUMNS[:-1]
 
 #: Attempts for an operation that failed transiently (lost connection, lock timeout, busy file).
 RETRY_ATTEMPTS = 4
@@ -263,14 +264,26 @@ async def retry_transient(operation: Any, *, what: str, attempts: int = RETRY_AT
 
 async def read_page(conn: AsyncConnection, after_position: int, limit: int, *, with_payload: bool = True) -> list[StoredEvent]:
     """Events after a position; without payloads when the reader only needs the JSON data."""
-    columns = list(events.c) if with_payload else _NO_PAYLOAD
+    columns = _PAGE_COLUMNS if with_payload else _PAGE_NO_PAYLOAD
     result = await conn.execute(
         select(*columns).where(events.c.position > after_position).order_by(events.c.position).limit(limit)
     )
-    return [to_stored(row) for row in result.mappings()]
+    return [_from_page_row(row, with_payload) for row in result]
+
+
+def _from_page_row(row: Any, with_payload: bool) -> StoredEvent:
+    position, event_id, session_id, version, type_, schema, run, uid, partition, step, data, recorded_at = row[:12]
+    payload = row[12] if with_payload else None
+    if recorded_at.tzinfo is None:  # SQLite keeps no zone; we only ever write UTC
+        recorded_at = recorded_at.replace(tzinfo=timezone.utc)
+    return StoredEvent(
+        position, event_id, session_id, version, type_, schema, run, uid, partition, step, data,
+        bytes(payload) if payload is not None else None, recorded_at,
+    )
 
 
 def to_stored(row: Any) -> StoredEvent:
+    """A StoredEvent from a mapping row of `events` (any column order; payload optional)."""
     recorded_at = row["recorded_at"]
     if recorded_at.tzinfo is None:  # SQLite keeps no zone; we only ever write UTC
         recorded_at = recorded_at.replace(tzinfo=timezone.utc)

@@ -50,11 +50,16 @@ async def load_sessions(conn: AsyncConnection, session_ids: Sequence[str]) -> di
 
 
 async def load_groups(conn: AsyncConnection, keys: Sequence[tuple[str, str]]) -> dict[tuple[str, str], dict[str, Any]]:
+    # Select by uid alone (one IN list; a tree of OR-ed ANDs costs more to build than to run),
+    # then keep the wanted (run, uid) pairs.
+    wanted = set(keys)
     out: dict[tuple[str, str], dict[str, Any]] = {}
-    for chunk in _chunks(list(keys)):
-        condition = or_(*(and_(groups.c.run == run, groups.c.uid == uid) for run, uid in chunk))
-        result = await conn.execute(select(groups).where(condition))
-        out.update({(row["run"], row["uid"]): dict(row) for row in result.mappings()})
+    for chunk in _chunks(sorted({uid for _run, uid in wanted})):
+        result = await conn.execute(select(groups).where(groups.c.uid.in_(chunk)))
+        for row in result.mappings():
+            key = (row["run"], row["uid"])
+            if key in wanted:
+                out[key] = dict(row)
     return out
 
 
