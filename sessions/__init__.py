@@ -3,7 +3,15 @@
 Public API::
 
     from sessions import Ledger, SandboxError, InvalidTransition, ConcurrencyError
+
+Names that need torch (batch building, the GRPO reference advantage, the TransferQueue sink) are
+imported on first use, so recording sessions never pays torch's import time.
 """
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
 
 from sessions.errors import (
     ConcurrencyError,
@@ -16,16 +24,46 @@ from sessions.errors import (
     UnknownEventError,
 )
 from sessions.ledger import DEFAULT_RUN, Ledger
+from sessions.metrics import MetricRow
 from sessions.placeholder import PlaceholderPolicy
+from sessions.projector import Projector, ProjectionError
+from sessions.queues import InProcessQueue, QueueItem, QueueSink
 from sessions.recorder import SessionHandle, SessionOutcome
+
+_LAZY = {
+    "BatchRow": "sessions.batches",
+    "BatchTooLongError": "sessions.batches",
+    "build_padded": "sessions.batches",
+    "build_jagged": "sessions.batches",
+    "densify": "sessions.batches",
+    "to_plain_dict": "sessions.batches",
+    "grpo_outcome_advantage": "sessions.advantage",
+    "QueueConsumer": "sessions.consumer",
+    "TransferQueueSink": "sessions.transferqueue",
+    "start_transferqueue": "sessions.transferqueue",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'sessions' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)
+
 
 __all__ = [
     "DEFAULT_RUN",
     "ConcurrencyError",
+    "InProcessQueue",
     "InvalidInput",
     "InvalidTransition",
     "Ledger",
+    "MetricRow",
     "PlaceholderPolicy",
+    "ProjectionError",
+    "Projector",
+    "QueueItem",
+    "QueueSink",
     "RolloutFailure",
     "SandboxError",
     "SchemaError",
@@ -33,4 +71,5 @@ __all__ = [
     "SessionOutcome",
     "StoreError",
     "UnknownEventError",
+    *_LAZY,
 ]
