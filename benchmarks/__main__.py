@@ -1,0 +1,142 @@
+"""Throughput benchmarks against named baselines: ``python -m benchmarks --quick|--full [--json OUT]``.
+
+Each workload runs its subject and its baselines side by side in this one process, repeated
+(>= 3 times) with the median reported, and prints absolute figures, ratios, peak memory and the
+targets (goals, not assertions) beside them:
+
+1. append        ledger public API vs eventsourcing and raw sqlite3 executemany (SQLite file)
+2. projection    Projector + ledger.batch, and build_padded vs a per-row baseline and the
+                 memory-bandwidth bound
+3. replay/audit  sessions.replay.replay and sessions.audit.audit over a recorded log
+4. pg append     1, 4, 8 writer processes via benchmarks/pg_append.py (if present and the server answers)
+5. overhead      recorder wall time per session in a loop of 1,000 concurrent simulated sessions
+6. memory        per workload: RSS high-water growth and tracemalloc peak (see benchmarks/common.py)
+
+``--quick`` is the CI smoke size (< 2 minutes on 2 cores), ``--full`` the size of the figures
+in docs/benchmarks.md, ``--tiny`` a few seconds (the pytest smoke test). Size flags override a
+preset; ``--only append,overhead`` runs a subset.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+from benchmarks.common import Report, load_average, log, machine_info, machine_lines, preset, table
+
+WORKLOADS = ("append", "projection", "replay", "pg", "overhead")
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    size = parser.add_mutually_exclusive_group()
+    size.add_argument("--quick", dest="mode", action="store_const", const="quick", help="CI smoke size (default)")
+    size.add_argument("--full", dest="mode", action="store_const", const="full", help="the documented figures")
+    size.add_argument("--tiny", dest="mode", action="store_const", const="tiny", help="a few seconds (tests)")
+    parser.add_argument("--json", dest="json_out", metavar="OUT", help="also write the results as JSON")
+    parser.add_argument("--only", help=f"comma-separated subset of {', '.join(WORKLOADS)}")
+    parser.add_argument("--reps", type=int, help="repetitions per workload (>= 3 for the median to mean much)")
+    parser.add_argument("--append-sessions", type=int)
+    parser.add_argument("--append-concurrency", type=int)
+    parser.add_argument("--projection-steps", type=int)
+    parser.add_argument("--projection-uids", type=int, help="groups per step (x group size = sessions per batch)")
+    parser.add_argument("--replay-sessions", type=int)
+    parser.add_argument("--pg-writers", help="comma-separated writer process counts, e.g. 1,4,8")
+    parser.add_argument("--pg-sessions-per-writer", type=int)
+    parser.add_argument("--overhead-sessions", type=int)
+    parser.add_argument("--no-tracemalloc", action="store_true", help="skip the extra traced repetitions")
+    parser.add_argument("--workdir", help="folder for the scratch databases (default: the system temp folder)")
+    parser.set_defaults(mode="quick")
+    args = parser.parse_args(argv)
+    if args.only:
+        unknown = set(args.only.split(",")) - set(WORKLOADS)
+        if unknown:
+            parser.error(f"--only: unknown workload(s) {sorted(unknown)}; choose from {', '.join(WORKLOADS)}")
+    if args.reps is not None and args.reps < 1:
+        parser.error("--reps must be >= 1")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    cfg = preset(
+        args.mode,
+        reps=args.reps,
+        append_sessions=args.append_sessions,
+        append_concurrency=args.append_concurrency,
+        projection_steps=args.projection_steps,
+        projection_uids=args.projection_uids,
+        replay_sessions=args.replay_sessions,
+        pg_writers=tuple(int(w) for w in args.pg_writers.split(",")) if args.pg_writers else None,
+        pg_sessions_per_writer=args.pg_sessions_per_writer,
+        overhead_sessions=args.overhead_sessions,
+        tracemalloc=False if args.no_tracemalloc else None,
+        only=tuple(args.only.split(",")) if args.only else None,
+        workdir=args.workdir,
+    )
+    started = time.perf_counter()
+    when = dt.datetime.now(dt.timezone.utc)
+    info = machine_info()
+    print(f"rollout-ledger benchmarks, --{cfg.mode}, {cfg.reps} repetitions (median), {when:%Y-%m-%d %H:%M} UTC")
+    for line in machine_lines(info):
+        print(line)
+    print(flush=True)
+
+    from benchmarks import append, overhead, pg, projection, replay_audit
+
+    modules = {"append": append, "projection": projection, "replay": replay_audit, "pg": pg, "overhead": overhead}
+    report = Report()
+    for name in WORKLOADS:
+        if not cfg.wants(name):
+            continue
+        log(f"{name} ...")
+        t0 = time.perf_counter()
+        modules[name].run(cfg, report)
+        report.seconds[name] = time.perf_counter() - t0
+        log(f"{name} done in {report.seconds[name]:.1f}s")
+    wall = time.perf_counter() - started
+
+    print(table(report.figures))
+    for note in report.notes:
+        print(f"note: {note}")
+    print(f"\nload average at end (1/5/15 min): {load_average()}")
+    print(f"wall time {wall:.1f}s (" + ", ".join(f"{k} {v:.1f}s" for k, v in report.seconds.items()) + ")")
+    missed = [f for f in report.figures if f.met is False]
+    if missed:
+        print(f"{len(missed)} of {sum(f.met is not None for f in report.figures)} targets missed (goals, not assertions)")
+
+    if args.json_out:
+        result = {
+            "command": "python -m benchmarks " + " ".join(sys.argv[1:] if argv is None else argv),
+            "mode": cfg.mode,
+            "date": when.isoformat(timespec="seconds"),
+            "machine": info,
+            "config": {k: v for k, v in vars(cfg).items() if k != "workdir"},
+            "figures": [f.as_dict() for f in report.figures],
+            "notes": report.notes,
+            "seconds": report.seconds,
+            "wall_seconds": wall,
+            "load_average_end": load_average(),
+        }
+        Path(args.json_out).write_text(json.dumps(result, indent=1, default=_json_default) + "\n")
+    bad = [f for f in report.figures if not math.isfinite(f.value)]
+    if bad:
+        print(f"error: non-finite figures: {[f.name for f in bad]}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _json_default(value: object) -> object:
+    if isinstance(value, tuple):
+        return list(value)
+    return str(value)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,390 @@
+"""Shared pieces of the benchmark suite: sizes, the machine, timing, memory probes, figures.
+
+Every workload module exposes ``run(cfg: Config, report: Report) -> None``: it repeats its
+subject and its baselines side by side ``cfg.reps`` times in this process, takes medians and adds
+`Figure`s (absolute figures, ratios, peak memory) to the report.
+
+Memory is measured two ways, and each figure says which:
+
+* ``RSS growth``: the process's resident-set high-water mark during one repetition minus its
+  resident set just before it (Linux ``VmHWM`` reset through ``/proc/self/clear_refs``, after a
+  ``gc.collect()`` and ``malloc_trim``). Includes everything: SQLite's page cache, torch's and
+  numpy's buffers, the aiosqlite thread. Where the reset is not allowed it falls back to the growth
+  of ``ru_maxrss`` (which only moves when the process exceeds its previous peak; said so).
+* ``tracemalloc peak``: the peak of Python-heap allocations (numpy buffers included, SQLite's
+  and torch's own allocators not) during one extra, untimed repetition — tracemalloc slows
+  Python code 2-3x, so it never runs inside a timed repetition.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import gc
+import math
+import os
+import platform
+import resource
+import shutil
+import statistics
+import sys
+import time
+import tracemalloc
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+MiB = 1024 * 1024
+
+
+# ----------------------------------------------------------------------------------- sizes
+@dataclass
+class Config:
+    """Sizes of every workload; the presets below are `--tiny`, `--quick` and `--full`."""
+
+    mode: str = "quick"
+    reps: int = 3
+    # 1. append
+    append_sessions: int = 300
+    append_concurrency: int = 1000
+    # 2. projection: steps x uids x group_size terminal sessions, one padded batch per step
+    projection_steps: int = 4
+    projection_uids: int = 16
+    # 3. replay / audit: sessions recorded once into a template log
+    replay_sessions: int = 1000
+    # 4. PostgreSQL append (benchmarks/pg_append.py)
+    pg_writers: tuple[int, ...] = (1, 4, 8)
+    pg_sessions_per_writer: int = 100
+    pg_reps: int | None = None  # None: `reps`
+    # 5. per-session overhead
+    overhead_sessions: int = 1000
+    # 6. memory
+    tracemalloc: bool = True
+    #: skip a traced repetition of replay/audit above this many events (RSS only): too slow traced
+    traced_events_max: int | None = None
+    # bandwidth bound: size of the tensor whose copy speed is measured
+    copy_mib: int = 256
+    # shared
+    group_size: int = 4
+    fail_rate: float = 0.1
+    seed: int = 0
+    only: tuple[str, ...] = ()
+    workdir: str | None = None
+
+    def wants(self, workload: str) -> bool:
+        return not self.only or workload in self.only
+
+
+PRESETS: dict[str, dict[str, Any]] = {
+    # a few seconds: for the pytest smoke test
+    "tiny": dict(
+        reps=3, append_sessions=24, append_concurrency=1000, projection_steps=2, projection_uids=2,
+        replay_sessions=24, pg_writers=(1,), pg_sessions_per_writer=8, pg_reps=1, overhead_sessions=40,
+        tracemalloc=False, copy_mib=64,
+    ),
+    # < 2 minutes on 2 cores: the CI smoke run (PostgreSQL: 1 repetition per writer count, since each
+    # spawns its writer processes afresh and every process pays ~1.5 s CPU importing the library)
+    "quick": dict(
+        reps=3, append_sessions=200, append_concurrency=1000, projection_steps=2, projection_uids=16,
+        replay_sessions=300, pg_writers=(1, 4, 8), pg_sessions_per_writer=25, pg_reps=1, overhead_sessions=1000,
+        tracemalloc=True,
+    ),
+    # several minutes: the figures in docs/benchmarks.md
+    "full": dict(
+        reps=3, append_sessions=10_000, append_concurrency=1000, projection_steps=16, projection_uids=64,
+        replay_sessions=17_000, pg_writers=(1, 4, 8), pg_sessions_per_writer=250, overhead_sessions=1000,
+        tracemalloc=True, traced_events_max=20_000,
+    ),
+}
+
+
+def preset(mode: str, **overrides: Any) -> Config:
+    values = dict(PRESETS[mode])
+    values.update({k: v for k, v in overrides.items() if v is not None})
+    return Config(mode=mode, **values)
+
+
+# --------------------------------------------------------------------------------- machine
+def _version(dist: str) -> str | None:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.lower().startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def machine_info() -> dict[str, Any]:
+    import sqlite3
+
+    import torch
+
+    try:
+        usable = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        usable = os.cpu_count()
+    try:
+        pages, page = os.sysconf("SC_PHYS_PAGES"), os.sysconf("SC_PAGE_SIZE")
+        memory_gib = round(pages * page / 1024**3, 1)
+    except (ValueError, OSError, AttributeError):
+        memory_gib = None
+    return {
+        "cpu": cpu_model(),
+        "cores": os.cpu_count(),
+        "usable_cores": usable,
+        "memory_gib": memory_gib,
+        "os": f"{platform.system()} {platform.release()} {platform.machine()}",
+        "python": f"{platform.python_implementation()} {platform.python_version()}",
+        "torch": torch.__version__,
+        "torch_threads": torch.get_num_threads(),
+        "sqlite": sqlite3.sqlite_version,
+        "numpy": _version("numpy"),
+        "sqlalchemy": _version("sqlalchemy"),
+        "aiosqlite": _version("aiosqlite"),
+        "tensordict": _version("tensordict"),
+        "eventsourcing": _version("eventsourcing"),
+        "asyncpg": _version("asyncpg"),
+        "load_average": load_average(),
+        "commit": source_commit(),
+    }
+
+
+def source_commit() -> str | None:
+    """The checkout's commit (with `+dirty` if the work tree differs), or None outside git."""
+    import subprocess
+
+    root = Path(__file__).resolve().parent.parent
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True,
+                              timeout=10, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root, capture_output=True,
+                               text=True, timeout=10, check=True).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return head + ("+dirty" if dirty else "")
+
+
+def load_average() -> list[float] | None:
+    """1/5/15-minute load averages: figures taken on a busy machine are not comparable."""
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return None
+
+
+# ---------------------------------------------------------------------------------- figures
+@dataclass
+class Figure:
+    """One number of the report. `goal` is (">=" | "<=", threshold) for targets, else None."""
+
+    workload: str
+    name: str
+    value: float
+    unit: str
+    target: str | None = None
+    goal: tuple[str, float] | None = None
+    kind: str = "figure"  # figure | ratio | memory
+
+    @property
+    def met(self) -> bool | None:
+        if self.goal is None or not math.isfinite(self.value):
+            return None
+        op, threshold = self.goal
+        return self.value >= threshold if op == ">=" else self.value <= threshold
+
+    def as_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["met"] = self.met
+        return out
+
+
+@dataclass
+class Report:
+    figures: list[Figure] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    def add(self, workload: str, name: str, value: float, unit: str, *, target: str | None = None,
+            goal: tuple[str, float] | None = None, kind: str = "figure") -> Figure:
+        figure = Figure(workload, name, float(value), unit, target, goal, kind)
+        self.figures.append(figure)
+        return figure
+
+    def note(self, workload: str, text: str) -> None:
+        self.notes.append(f"{workload}: {text}")
+
+    def for_workload(self, workload: str) -> list[Figure]:
+        return [f for f in self.figures if f.workload == workload]
+
+
+def fmt_value(value: float, unit: str) -> str:
+    if not math.isfinite(value):
+        return str(value)
+    if unit in ("x", "×"):
+        return f"{value:,.3g}" if value < 10 else f"{value:,.1f}"
+    if abs(value) >= 1000:
+        return f"{value:,.0f}"
+    if abs(value) >= 10:
+        return f"{value:,.1f}"
+    return f"{value:,.3g}"
+
+
+def table(figures: list[Figure]) -> str:
+    """A GitHub-flavoured Markdown table (readable as plain text too)."""
+    lines = ["| workload | measure | value | unit | target | status |", "| --- | --- | ---: | --- | --- | --- |"]
+    for f in figures:
+        status = {True: "met", False: "**missed**", None: ""}[f.met]
+        lines.append(f"| {f.workload} | {f.name} | {fmt_value(f.value, f.unit)} | {f.unit} | {f.target or ''} | {status} |")
+    return "\n".join(lines)
+
+
+def machine_lines(info: dict[str, Any]) -> list[str]:
+    usable = info["usable_cores"]
+    cores = f"{info['cores']} logical cores" + (f" ({usable} usable)" if usable != info["cores"] else "")
+    return [
+        f"CPU: {info['cpu']}, {cores}, {info['memory_gib']} GiB RAM; {info['os']}",
+        f"Python {info['python']}, torch {info['torch']} ({info['torch_threads']} threads), SQLite {info['sqlite']}, "
+        f"SQLAlchemy {info['sqlalchemy']}, aiosqlite {info['aiosqlite']}, numpy {info['numpy']}, "
+        f"tensordict {info['tensordict']}, eventsourcing {info['eventsourcing'] or 'not installed'}",
+        f"source: commit {info['commit']}; load average at start (1/5/15 min): {info['load_average']}",
+    ]
+
+
+# ----------------------------------------------------------------------------------- timing
+def median(values: list[float]) -> float:
+    return statistics.median(values)
+
+
+def log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+@contextlib.contextmanager
+def scratch_dir(cfg: Config, name: str) -> Iterator[Path]:
+    """A fresh directory for one workload's database files, removed afterwards."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix=f"bench-{name}-", dir=cfg.workdir) as tmp:
+        yield Path(tmp)
+
+
+def copy_db(source: Path, target: Path) -> None:
+    """Copy a SQLite file (checkpointed: no -wal/-shm beside it) to a new path."""
+    shutil.copyfile(source, target)
+
+
+def checkpoint_sqlite(path: Path) -> None:
+    """Fold the WAL into the main file so the file alone is the whole database."""
+    import sqlite3
+
+    conn = sqlite3.connect(path)
+    try:
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    finally:
+        conn.close()
+
+
+# ----------------------------------------------------------------------------------- memory
+def _status_kib(key: str) -> int | None:
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith(key + ":"):
+                    return int(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
+_LIBC: list[Any] = []
+
+
+def _trim() -> None:
+    """Collect young garbage and hand freed heap back to the OS, so RSS starts from live data.
+
+    Generations 0-1 only: a full collection walks every object torch and sympy created at
+    import (~0.5 s a probe on this machine); old cyclic garbage is rare between repetitions.
+    """
+    gc.collect(1)
+    if not _LIBC:
+        try:
+            _LIBC.append(ctypes.CDLL("libc.so.6"))
+        except OSError:
+            _LIBC.append(None)
+    if _LIBC[0] is not None:
+        with contextlib.suppress(AttributeError):
+            _LIBC[0].malloc_trim(0)
+
+
+class RssProbe:
+    """RSS high-water growth over a block (see the module docstring). `.mib` after the block."""
+
+    def __init__(self) -> None:
+        self.mib: float = 0.0
+        self.method = "VmHWM"
+
+    def __enter__(self) -> RssProbe:
+        _trim()
+        try:
+            with open("/proc/self/clear_refs", "w", encoding="ascii") as f:
+                f.write("5")
+            self._start = _status_kib("VmRSS")
+            if self._start is None:
+                raise OSError("no /proc/self/status")
+        except OSError:
+            self.method = "ru_maxrss"
+            self._start = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        end = _status_kib("VmHWM") if self.method == "VmHWM" else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        self.mib = max(0, (end or 0) - self._start) / 1024
+
+
+def rss_label(method: str) -> str:
+    return "RSS growth (VmHWM)" if method == "VmHWM" else "RSS growth (ru_maxrss delta)"
+
+
+def traced_peak_mib(run: Callable[[], Any]) -> float:
+    """Peak traced Python-heap allocation of `run()` in MiB."""
+    _trim()
+    tracemalloc.start()
+    try:
+        tracemalloc.reset_peak()
+        run()
+        _current, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    return peak / MiB
+
+
+def add_memory(report: Report, cfg: Config, workload: str, subject: str, rss: list[RssProbe],
+               traced: Callable[[], Any] | None) -> None:
+    """RSS growth (max over the timed repetitions) and, if enabled, one traced repetition."""
+    if rss:
+        report.add(workload, f"{subject}: peak {rss_label(rss[-1].method)}", max(p.mib for p in rss), "MiB", kind="memory")
+    if cfg.tracemalloc and traced is not None:
+        report.add(workload, f"{subject}: tracemalloc peak", traced_peak_mib(traced), "MiB", kind="memory")
+
+
+def timed(run: Callable[[], Any]) -> tuple[float, Any]:
+    start = time.perf_counter()
+    result = run()
+    return time.perf_counter() - start, result
+
+
+async def atimed(run: Callable[[], Awaitable[Any]]) -> tuple[float, Any]:
+    start = time.perf_counter()
+    result = await run()
+    return time.perf_counter() - start, result

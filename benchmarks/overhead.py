@@ -1,0 +1,83 @@
+"""Per-session overhead of the recorder inside an asyncio loop of simulated rollouts.
+
+N sessions run concurrently on one loop; each awaits 3 "model turns" (`asyncio.sleep` of
+1-5 ms, drawn once so both variants sleep identically), then ends. With the ledger each session
+runs inside `ledger.session(...)` and records one trajectory (256 prompt + 768 response tokens,
+num_turns=3) and a reward before completing: 5 events in 4 appends on a SQLite file. Without it
+the loop only sleeps. Overhead per session = (wall with ledger - wall without) / N, the
+amortised cost the recorder adds to a training loop's rollout phase.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import numpy as np
+
+from benchmarks.common import Config, Report, RssProbe, add_memory, log, median, scratch_dir
+
+WORKLOAD = "overhead"
+TURNS = 3
+
+
+def draw(sessions: int, seed: int) -> tuple[list[list[float]], np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed + 4)
+    sleeps = [list(rng.uniform(0.001, 0.005, TURNS)) for _ in range(sessions)]
+    prompt = rng.integers(0, 32_000, 256, dtype=np.int32)
+    response = rng.integers(0, 32_000, 768, dtype=np.int32)
+    return sleeps, prompt, response
+
+
+async def plain_loop(sleeps: list[list[float]]) -> float:
+    async def one(turns: list[float]) -> None:
+        for delay in turns:
+            await asyncio.sleep(delay)
+
+    start = time.perf_counter()
+    await asyncio.gather(*(one(turns) for turns in sleeps))
+    return time.perf_counter() - start
+
+
+async def ledger_loop(db: Path, sleeps: list[list[float]], prompt: np.ndarray, response: np.ndarray) -> tuple[float, int]:
+    from sessions import Ledger
+
+    async with Ledger.open(f"sqlite+aiosqlite:///{db}", run="bench") as ledger:
+        async def one(i: int, turns: list[float]) -> None:
+            async with ledger.session(f"o{i}", uid=f"o{i // 4}", session_index=i % 4, group_size=4, partition="train",
+                                      global_step=0) as s:
+                for delay in turns:
+                    await asyncio.sleep(delay)
+                await s.record_trajectory(prompt_ids=prompt, response_ids=response, num_turns=TURNS)
+                await s.post_reward(1.0)
+
+        start = time.perf_counter()
+        await asyncio.gather(*(one(i, turns) for i, turns in enumerate(sleeps)))
+        elapsed = time.perf_counter() - start
+        events = ledger.store.events_committed
+    return elapsed, events
+
+
+def run(cfg: Config, report: Report) -> None:
+    n = cfg.overhead_sessions
+    sleeps, prompt, response = draw(n, cfg.seed)
+    plain_s, ledger_s, rss = [], [], []
+    with scratch_dir(cfg, WORKLOAD) as tmp:
+        for rep in range(cfg.reps):
+            plain_s.append(asyncio.run(plain_loop(sleeps)))
+            with RssProbe() as probe:
+                elapsed, events = asyncio.run(ledger_loop(tmp / f"rep{rep}.db", sleeps, prompt, response))
+            rss.append(probe)
+            ledger_s.append(elapsed)
+            log(f"  overhead rep {rep + 1}/{cfg.reps}: plain {plain_s[-1]:.3f}s, with ledger {elapsed:.3f}s")
+        plain, led = median(plain_s), median(ledger_s)
+        report.add(WORKLOAD, f"loop of {n} concurrent sessions without the ledger", plain * 1e3, "ms")
+        report.add(WORKLOAD, f"same loop with the ledger ({events} events)", led * 1e3, "ms")
+        overhead = (led - plain) / n * 1e6
+        if overhead <= 0:
+            report.note(WORKLOAD, f"the ledger loop was not slower than the plain one ({overhead:.1f} µs/session): noise")
+        report.add(WORKLOAD, "recorder overhead per session (amortised)", overhead, "µs/session",
+                   target="<= 100 µs/session", goal=("<=", 100.0))
+        add_memory(report, cfg, WORKLOAD, "ledger loop", rss,
+                   lambda: asyncio.run(ledger_loop(tmp / "traced.db", sleeps, prompt, response)))

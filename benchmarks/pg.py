@@ -1,0 +1,87 @@
+"""PostgreSQL append with 1, 4, 8 writer processes: a thin adapter over `benchmarks/pg_append.py`.
+
+`pg_append.py` belongs to another workstream; this adapter only calls into it, and only when
+the module exists, exposes a function it can call, and PostgreSQL answers at 127.0.0.1:5432.
+Otherwise the workload is skipped with a note saying why.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import importlib.util
+import inspect
+import os
+import socket
+
+from benchmarks.common import Config, Report, log
+
+WORKLOAD = "pg append"
+HOST, PORT = "127.0.0.1", 5432
+#: the server the PostgreSQL tests use (tests/conftest.py); override with ROLLOUT_LEDGER_BENCH_PG
+DEFAULT_URL = "postgresql://postgres@127.0.0.1:5432/test"
+
+
+def pg_url() -> str:
+    return os.environ.get("ROLLOUT_LEDGER_BENCH_PG") or os.environ.get("ROLLOUT_LEDGER_TEST_PG") or DEFAULT_URL
+
+
+def server_answers(timeout: float = 2.0) -> str | None:
+    """None if a PostgreSQL server answers a query at 127.0.0.1:5432, else why not."""
+    try:
+        with socket.create_connection((HOST, PORT), timeout=timeout):
+            pass
+    except OSError as error:
+        return f"nothing listens at {HOST}:{PORT} ({error})"
+    try:
+        import asyncpg
+    except ImportError:
+        return "asyncpg is not installed"
+
+    async def ping() -> None:
+        from sqlalchemy.engine import make_url
+
+        dsn = make_url(pg_url()).set(drivername="postgresql").render_as_string(hide_password=False)
+        conn = await asyncpg.connect(dsn, timeout=timeout)
+        try:
+            await conn.execute("SELECT 1")
+        finally:
+            await conn.close()
+
+    try:
+        asyncio.run(ping())
+    except Exception as error:  # noqa: BLE001
+        return f"PostgreSQL at {HOST}:{PORT} did not answer a query ({type(error).__name__}: {error})"
+    return None
+
+
+def run(cfg: Config, report: Report) -> None:
+    if importlib.util.find_spec("benchmarks.pg_append") is None:
+        report.note(WORKLOAD, "skipped: benchmarks/pg_append.py does not exist (yet)")
+        return
+    why = server_answers()
+    if why is not None:
+        report.note(WORKLOAD, f"skipped: {why}")
+        return
+    module = importlib.import_module("benchmarks.pg_append")
+    measure = getattr(module, "measure", None)
+    if not callable(measure) or not {"writers", "sessions_per_writer", "url", "reps"} <= set(inspect.signature(measure).parameters):
+        report.note(WORKLOAD, "skipped: benchmarks/pg_append.py has no measure(writers, *, sessions_per_writer, url, reps)")
+        return
+    results = []
+    reps = cfg.pg_reps or cfg.reps
+    for writers in cfg.pg_writers:
+        log(f"  pg append: {writers} writer process(es), {cfg.pg_sessions_per_writer * writers} sessions, {reps} reps")
+        results.append(measure(writers, sessions_per_writer=cfg.pg_sessions_per_writer, url=pg_url(), reps=reps))
+    base = results[0]
+    for result in results:
+        w = result["writers"]
+        label = f"ledger, {w} writer process{'es' if w > 1 else ''} ({result['sessions']} sessions, {result['events']} events)"
+        report.add(WORKLOAD, label, result["events_per_s"], "events/s")
+        report.add(WORKLOAD, f"ledger, {w} writer process{'es' if w > 1 else ''}", result["tokens_per_s"], "tokens/s")
+        if result is not base:
+            report.add(WORKLOAD, f"scaling {w} writers / {base['writers']} writer (events/s)",
+                       result["events_per_s"] / base["events_per_s"], "x", kind="ratio")
+    report.note(WORKLOAD, "per session: create+start, one 256+512-token trajectory, reward, complete (5 events, "
+                "pg_append.measure defaults; 64 sessions in flight per process); raw asyncpg baselines: "
+                "`python -m benchmarks.pg_append`")

@@ -1,0 +1,105 @@
+"""Replay and audit over a recorded log.
+
+The log (sessions of the append workload's token sizes over several steps of `train` and `val`,
+a share of them failed with placeholders) is recorded once through the public API into a
+template file and projected there; every repetition copies the template.
+
+* `sessions.replay.replay(source, target)`: copy the events into a fresh, migrated SQLite file
+  (migration not timed) and project them there from scratch.
+* `sessions.audit.audit(engine)`: check the log, replay it into a scratch in-memory database and
+  compare every read model and queue row with the stored ones (it must find no divergence).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+from benchmarks.common import Config, Report, RssProbe, add_memory, checkpoint_sqlite, copy_db, log, median, scratch_dir
+from benchmarks.workload import layout_for, plan, tokens_of
+
+WORKLOAD = "replay/audit"
+
+
+async def replay_once(source: Path, target: Path) -> tuple[float, int]:
+    from sessions.replay import replay
+    from store import create_engine
+    from store.migrate import upgrade
+
+    src, dst = create_engine(f"sqlite+aiosqlite:///{source}"), create_engine(f"sqlite+aiosqlite:///{target}")
+    try:
+        await upgrade(dst)
+        start = time.perf_counter()
+        result = await replay(src, dst)
+        elapsed = time.perf_counter() - start
+    finally:
+        await src.dispose()
+        await dst.dispose()
+    return elapsed, result.events
+
+
+async def audit_once(db: Path) -> tuple[float, int]:
+    from sessions.audit import audit
+    from store import create_engine
+
+    engine = create_engine(f"sqlite+aiosqlite:///{db}")
+    try:
+        start = time.perf_counter()
+        result = await audit(engine)
+        elapsed = time.perf_counter() - start
+    finally:
+        await engine.dispose()
+    if not result.ok:
+        raise AssertionError(f"audit found divergences in an untouched log: {result.divergences[0]}")
+    return elapsed, result.events
+
+
+def run(cfg: Config, report: Report) -> None:
+    from benchmarks.workload import record_template
+
+    specs = layout_for(cfg.replay_sessions, cfg.group_size, fail_rate=cfg.fail_rate, seed=cfg.seed, prefix="r")
+    work = plan(len(specs), seed=cfg.seed + 3)
+    tokens = tokens_of(work)
+    with scratch_dir(cfg, "replay") as tmp:
+        template = tmp / "template.db"
+        started = time.perf_counter()
+        events = asyncio.run(record_template(template, specs, work, project=True))
+        checkpoint_sqlite(template)
+        log(f"  replay/audit: recorded and projected {len(specs)} sessions / {events} events in {time.perf_counter() - started:.1f}s")
+        replay_s, audit_s, replay_rss, audit_rss = [], [], [], []
+        for rep in range(cfg.reps):
+            source = tmp / f"source{rep}.db"
+            copy_db(template, source)
+            with RssProbe() as probe:
+                elapsed, replayed = asyncio.run(replay_once(source, tmp / f"target{rep}.db"))
+            replay_rss.append(probe)
+            replay_s.append(elapsed)
+            with RssProbe() as probe:
+                elapsed, audited = asyncio.run(audit_once(source))
+            audit_rss.append(probe)
+            audit_s.append(elapsed)
+            for path in tmp.iterdir():
+                if path.name != template.name:
+                    path.unlink()
+            log(f"  replay/audit rep {rep + 1}/{cfg.reps}: replay {replayed / replay_s[-1]:,.0f} events/s, "
+                f"audit {audited / audit_s[-1]:,.0f} events/s")
+        if replayed != events or audited != events:
+            report.note(WORKLOAD, f"log has {events} events; replay saw {replayed}, audit {audited}")
+        r, a = median(replay_s), median(audit_s)
+        report.add(WORKLOAD, f"replay into a fresh SQLite file ({events} events, {len(specs)} sessions)", replayed / r,
+                   "events/s", target=">= 200,000 events/s", goal=(">=", 200_000))
+        report.add(WORKLOAD, "replay into a fresh SQLite file", tokens / r, "tokens/s")
+        report.add(WORKLOAD, "audit (check log + replay in memory + compare)", audited / a, "events/s")
+        report.add(WORKLOAD, "audit", tokens / a, "tokens/s")
+
+        def traced_replay() -> None:
+            copy_db(template, tmp / "traced.db")
+            asyncio.run(replay_once(tmp / "traced.db", tmp / "traced-target.db"))
+
+        trace = cfg.traced_events_max is None or events <= cfg.traced_events_max
+        if cfg.tracemalloc and not trace:
+            report.note(WORKLOAD, f"tracemalloc repetitions skipped above {cfg.traced_events_max:,} events (traced, "
+                        "replay and audit run 2-3x slower): RSS growth only")
+        add_memory(report, cfg, WORKLOAD, "replay", replay_rss, traced_replay if trace else None)
+        add_memory(report, cfg, WORKLOAD, "audit", audit_rss, (lambda: asyncio.run(audit_once(template))) if trace else None)

@@ -1,0 +1,43 @@
+"""Smoke test of the benchmark suite (`python -m benchmarks`) at its tiny size.
+
+It asserts only that the suite completes and reports every figure as a finite positive number
+(RSS growth may legitimately be 0: a repetition can reuse memory the process already holds).
+Speed is never asserted: these numbers depend on the machine and on what else runs on it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from benchmarks.__main__ import main
+
+
+def test_quick_suite_at_tiny_size_reports_every_figure(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "bench.json"
+    assert main(["--tiny", "--json", str(out), "--workdir", str(tmp_path)]) == 0
+    printed = capsys.readouterr().out
+    result = json.loads(out.read_text())
+
+    assert result["machine"]["cpu"] and result["machine"]["python"] and result["machine"]["sqlite"]
+    figures = result["figures"]
+    workloads = {f["workload"] for f in figures}
+    assert {"append", "projection", "replay/audit", "overhead"} <= workloads
+    if not any(note.startswith("pg append: skipped") for note in result["notes"]):
+        assert "pg append" in workloads
+    for figure in figures:
+        value = figure["value"]
+        assert math.isfinite(value), figure
+        if figure["kind"] == "memory" and "RSS growth" in figure["name"]:
+            assert value >= 0, figure
+        else:
+            assert value > 0, figure
+        assert figure["name"] in printed
+    names = {(f["workload"], f["name"]) for f in figures}
+    assert ("overhead", "recorder overhead per session (amortised)") in names
+    assert any(w == "append" and n.startswith("ratio ledger / raw sqlite3") for w, n in names)
+    assert any(w == "projection" and n.startswith("bandwidth bound") for w, n in names)
+    assert any(w == "replay/audit" and n.startswith("audit") for w, n in names)
