@@ -536,19 +536,21 @@ async def test_dropped_connections_never_tear_sessions_or_move_the_checkpoint_al
     faults_off, stop = asyncio.Event(), asyncio.Event()
 
     async with Ledger.open(pg_url, run="faults") as ledger:
-        original = ledger.store.append
+        original = ledger.store.submit
 
-        async def recording_append(session_id: str, expected: int, new_events: Any) -> int:
+        def recording_submit(session_id: str, expected: int, new_events: Any) -> asyncio.Future[int]:
+            """Every append goes through submit (the recorder awaits its future): record its fate."""
             ids = [e.event_id for e in new_events]
-            try:
-                version = await original(session_id, expected, new_events)
-            except BaseException as error:
-                appends.append((session_id, ids, error))
-                raise
-            appends.append((session_id, ids, None))
-            return version
+            future = original(session_id, expected, new_events)
 
-        ledger.store.append = recording_append  # type: ignore[method-assign]
+            def settled(done: asyncio.Future[int]) -> None:
+                error = asyncio.CancelledError() if done.cancelled() else done.exception()
+                appends.append((session_id, ids, error))
+
+            future.add_done_callback(settled)
+            return future
+
+        ledger.store.submit = recording_submit  # type: ignore[method-assign]
 
         async def admin() -> None:
             """Kill the other backends every 0.2-0.5 s (the retries absorb these), and every 2.5 s
