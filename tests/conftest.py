@@ -8,6 +8,7 @@ fail in CI (CI=true): CI must never pass by skipping them.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -75,6 +76,17 @@ def drop_pg_database(name: str) -> None:
     asyncio.run(_pg_admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
 
 
+@contextlib.contextmanager
+def fresh_pg_database() -> Iterator[str]:
+    """A new PostgreSQL database for the block (skipped, or failed in CI, without a server); dropped after."""
+    require_pg()
+    name, url = new_pg_database()
+    try:
+        yield url
+    finally:
+        drop_pg_database(name)
+
+
 @pytest.fixture
 def sqlite_url(tmp_path) -> str:
     return f"sqlite+aiosqlite:///{tmp_path / 'ledger.db'}"
@@ -82,12 +94,8 @@ def sqlite_url(tmp_path) -> str:
 
 @pytest.fixture
 def pg_url() -> Iterator[str]:
-    require_pg()
-    name, url = new_pg_database()
-    try:
+    with fresh_pg_database() as url:
         yield url
-    finally:
-        drop_pg_database(name)
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
@@ -96,12 +104,8 @@ def db_url(request, tmp_path) -> Iterator[str]:
     if request.param == "sqlite":
         yield f"sqlite+aiosqlite:///{tmp_path / 'ledger.db'}"
         return
-    require_pg()
-    name, url = new_pg_database()
-    try:
+    with fresh_pg_database() as url:
         yield url
-    finally:
-        drop_pg_database(name)
 
 
 @pytest.fixture

@@ -25,7 +25,7 @@ import pytest
 from sqlalchemy import select, text
 
 from tests import pg_workers
-from tests.conftest import drop_pg_database, new_pg_database, require_pg
+from tests.conftest import fresh_pg_database
 
 pytestmark = pytest.mark.postgres
 
@@ -58,12 +58,8 @@ def kill_storm(dsn: str, seconds: float, spare: int) -> int:
 @pytest.fixture
 def second_pg_url() -> Iterator[str]:
     """Another fresh database, for projecting the same log from scratch."""
-    require_pg()
-    name, url = new_pg_database()
-    try:
+    with fresh_pg_database() as url:
         yield url
-    finally:
-        drop_pg_database(name)
 
 
 class Hub:

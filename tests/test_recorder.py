@@ -22,7 +22,7 @@ from sessions import InvalidInput, InvalidTransition, RolloutFailure, SandboxErr
 from sessions import aggregate as agg
 from sessions import events as ev
 from sessions.recorder import failure_reason
-from tests.conftest import drop_pg_database, new_pg_database, require_pg
+from tests.conftest import fresh_pg_database
 
 
 @pytest.fixture(scope="module", params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
@@ -31,12 +31,8 @@ def module_db_url(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempP
     if request.param == "sqlite":
         yield f"sqlite+aiosqlite:///{tmp_path_factory.mktemp('recorder') / 'ledger.db'}"
         return
-    require_pg()
-    name, url = new_pg_database()
-    try:
+    with fresh_pg_database() as url:
         yield url
-    finally:
-        drop_pg_database(name)
 
 
 @pytest.fixture
