@@ -17,8 +17,19 @@ from sessions.metrics import MetricRow
 from sessions.placeholder import PARTITIONS, PlaceholderPolicy
 from sessions.projector import Projector
 from sessions.queues import QueueSink
-from sessions.recorder import SessionHandle, SessionOutcome, append_then_apply, failure_reason
+from sessions.recorder import (
+    MAX_EVENT_BYTES,
+    MAX_SESSION_BYTES,
+    MAX_SESSION_EVENTS,
+    Limits,
+    SessionHandle,
+    SessionOutcome,
+    append_then_apply,
+    failure_reason,
+    stored_bytes,
+)
 from store import EventStore, create_engine, normalize_url
+from store.engine import StoredJSONError
 from store import read_models as rm
 from store.migrate import check_schema, upgrade
 
@@ -38,12 +49,14 @@ class Ledger:
         placeholder_policy: PlaceholderPolicy | None = None,
         trajectory_selection: str = "all",
         sinks: tuple[QueueSink, ...] | list[QueueSink] = (),
+        limits: Limits | None = None,
     ) -> None:
         self.engine = engine
         self.store = EventStore(engine)
         self.run = run
         self.policy = placeholder_policy or PlaceholderPolicy()
         self.trajectory_selection = trajectory_selection
+        self.limits = limits or Limits()
         self.projector = Projector(engine, sinks=sinks, store=self.store)
 
     @classmethod
@@ -57,9 +70,18 @@ class Ledger:
         placeholder_policy: PlaceholderPolicy | None = None,
         trajectory_selection: str = "all",
         sinks: tuple[QueueSink, ...] | list[QueueSink] = (),
+        max_event_bytes: int | None = MAX_EVENT_BYTES,
+        max_session_events: int | None = MAX_SESSION_EVENTS,
+        max_session_bytes: int | None = MAX_SESSION_BYTES,
         **engine_kwargs: Any,
     ) -> AsyncIterator[Ledger]:
-        """Open (and by default migrate) the database at `url`; a bare path means a SQLite file."""
+        """Open (and by default migrate) the database at `url`; a bare path means a SQLite file.
+
+        `max_event_bytes` / `max_session_events` / `max_session_bytes` cap what a session may
+        record (None: no cap); a command over a cap raises `InvalidInput` and writes nothing.
+        Other keywords go to the engine (e.g. `sqlite_busy_timeout=SECONDS`).
+        """
+        limits = Limits(max_event_bytes, max_session_events, max_session_bytes)
         engine = create_engine(normalize_url(url), **engine_kwargs)
         try:
             if migrate:
@@ -68,7 +90,7 @@ class Ledger:
                 await check_schema(engine)
             ledger = cls(
                 engine, run=run, placeholder_policy=placeholder_policy,
-                trajectory_selection=trajectory_selection, sinks=sinks,
+                trajectory_selection=trajectory_selection, sinks=sinks, limits=limits,
             )
             try:
                 yield ledger
@@ -122,7 +144,8 @@ class Ledger:
             ev.envelope(e, session_id=session_id, version=i, run=run, uid=uid, partition=partition, global_step=global_step)
             for i, e in enumerate(decided, start=1)
         ]
-        handle = SessionHandle(self.store, view, self.policy, self.trajectory_selection)
+        size = self.limits.check(session_id, "metadata", 0, 0, envelopes)
+        handle = SessionHandle(self.store, view, self.policy, self.trajectory_selection, limits=self.limits, stored_bytes=size)
         try:
             await append_then_apply(self.store, view, decided, envelopes)
         except ConcurrencyError:
@@ -137,11 +160,16 @@ class Ledger:
 
     async def load_session(self, session_id: str) -> SessionHandle:
         """A handle on an existing session, folded from its events (e.g. to fail an orphan)."""
-        stored = await self.store.read_stream(session_id)
+        try:
+            stored = await self.store.read_stream(session_id)
+        except StoredJSONError as error:
+            raise StoredJSONError(f"session {session_id!r}: {error}") from error
         if not stored:
             raise InvalidInput(session_id, "session_id", "no such session in this database")
         view = agg.fold(session_id, (ev.decode(s).event for s in stored))
-        return SessionHandle(self.store, view, self.policy, self.trajectory_selection)
+        return SessionHandle(
+            self.store, view, self.policy, self.trajectory_selection, limits=self.limits, stored_bytes=stored_bytes(stored)
+        )
 
     @asynccontextmanager
     async def session(self, session_id: str, **kwargs: Any) -> AsyncIterator[SessionHandle]:

@@ -50,8 +50,18 @@ class PageResult:
     last_position: int
 
 
+#: Seconds one external sink's `put` may take before the page is rolled back (None: no limit).
+#: A put that hangs would otherwise hold the page transaction — on SQLite the write lock — forever.
+SINK_TIMEOUT = 60.0
+
+
 class Projector:
-    """Projects the log of one database. Safe to run in several processes at once."""
+    """Projects the log of one database. Safe to run in several processes at once.
+
+    In follow mode a page that fails (a sink that raises or times out, a database error that
+    outlived its retries) is rolled back and retried with exponential backoff; `failures` counts
+    consecutive failed attempts, `failures_total` all of them, and `last_error` holds the latest.
+    """
 
     def __init__(
         self,
@@ -60,11 +70,16 @@ class Projector:
         sinks: Sequence[QueueSink] = (),
         page_size: int = 2000,
         store: EventStore | None = None,
+        sink_timeout: float | None = SINK_TIMEOUT,
     ) -> None:
         self.engine = engine
         self.sinks = list(sinks)
         self.page_size = page_size
         self.store = store
+        self.sink_timeout = sink_timeout
+        self.failures = 0
+        self.failures_total = 0
+        self.last_error: BaseException | None = None
 
     async def step(self) -> PageResult:
         """Project one page; `events == 0` means the projector is at the end of the log.
@@ -90,9 +105,31 @@ class Projector:
                 if self.sinks:
                     items = await work.queue_items()
                     for sink in self.sinks:
-                        await sink.put(items)
+                        await self._put(sink, items)
                 await rm.set_checkpoint(conn, page[-1].position, previous=checkpoint)
                 return PageResult(len(page), work.row_count, work.tag_count, page[-1].position)
+
+    async def _put(self, sink: QueueSink, items: list[QueueItem]) -> None:
+        """`sink.put` under `sink_timeout`; the sink's own errors (its own timeouts included) pass as they are."""
+        if self.sink_timeout is None:
+            await sink.put(items)
+            return
+        put = asyncio.ensure_future(sink.put(items))
+        try:
+            done, _ = await asyncio.wait({put}, timeout=self.sink_timeout)
+        except BaseException:
+            put.cancel()
+            raise
+        if not done:
+            put.cancel()
+            await asyncio.wait({put})  # let it unwind; never raises
+            if not put.cancelled():
+                put.exception()  # retrieved: the timeout is the error reported
+            raise TimeoutError(
+                f"queue sink {type(sink).__name__}.put of {len(items)} item(s) took longer than "
+                f"sink_timeout={self.sink_timeout}s; the page was rolled back and the checkpoint did not move"
+            )
+        put.result()
 
     async def run(self, *, on_page: Callable[[PageResult], None] | None = None) -> int:
         """Project to the current end of the log; returns the number of events projected."""
@@ -112,6 +149,9 @@ class Projector:
         poll_interval: float = 0.5,
         on_page: Callable[[PageResult], None] | None = None,
         on_leader: Callable[[], None] | None = None,
+        on_error: Callable[[BaseException, int, float], None] | None = None,
+        backoff: float = 0.5,
+        max_backoff: float = 30.0,
     ) -> int:
         """Keep projecting until `stop` is set; sleeps between polls instead of busy-looping.
 
@@ -119,13 +159,20 @@ class Projector:
         On PostgreSQL only one follower leads (a session-level advisory lock); the others wait and
         take over from the checkpoint when the leader's connection goes away. (Pages are safe
         without it — each takes a transaction lock — the lead just stops followers contending.)
+
+        A page that fails is rolled back (its checkpoint does not move) and retried after
+        `backoff * 2**(attempt-1)` seconds, at most `max_backoff`: the follower logs a warning
+        with the error and the attempt count, calls `on_error(error, attempt, delay)`, and keeps
+        going rather than dying. Returns the number of events projected.
         """
+        if backoff <= 0 or max_backoff < backoff:
+            raise ValueError(f"need 0 < backoff <= max_backoff, got backoff={backoff}, max_backoff={max_backoff}")
         async with self._leadership(stop, poll_interval) as leading:
             if not leading:
                 return 0
             if on_leader is not None:
                 on_leader()
-            return await self._follow(stop, poll_interval, on_page)
+            return await self._follow(stop, poll_interval, on_page, on_error, backoff, max_backoff)
 
     @contextlib.asynccontextmanager
     async def _leadership(self, stop: asyncio.Event, poll_interval: float) -> AsyncIterator[bool]:
@@ -162,8 +209,24 @@ class Projector:
                     pass
             yield False
 
-    async def _follow(self, stop: asyncio.Event, poll_interval: float, on_page: Callable[[PageResult], None] | None) -> int:
+    async def _follow(
+        self,
+        stop: asyncio.Event,
+        poll_interval: float,
+        on_page: Callable[[PageResult], None] | None,
+        on_error: Callable[[BaseException, int, float], None] | None,
+        backoff: float,
+        max_backoff: float,
+    ) -> int:
         total = 0
+
+        def counted(result: PageResult) -> None:
+            nonlocal total
+            total += result.events  # counted per page: a later page's failure must not lose it
+            if on_page is not None:
+                on_page(result)
+
+        self.failures = 0
         while not stop.is_set():
             waiters = [asyncio.ensure_future(stop.wait())]
             if self.store is not None:
@@ -171,7 +234,25 @@ class Projector:
                 waiters.append(asyncio.ensure_future(self.store.wait_for_commit()))
                 await asyncio.sleep(0)  # let the waiter take hold of the current commit signal
             try:
-                total += await self.run(on_page=on_page)
+                try:
+                    await self.run(on_page=counted)
+                except Exception as error:  # noqa: BLE001 - a follower reports and retries, it does not die
+                    self.failures += 1
+                    self.failures_total += 1
+                    self.last_error = error
+                    delay = min(max_backoff, backoff * 2 ** min(self.failures - 1, 62))
+                    log.warning(
+                        "projector: page failed (attempt %d): %s: %s; checkpoint unchanged, retrying in %.2fs",
+                        self.failures, type(error).__name__, error, delay,
+                    )
+                    if on_error is not None:
+                        on_error(error, self.failures, delay)
+                    with contextlib.suppress(asyncio.TimeoutError):
+                        await asyncio.wait_for(stop.wait(), delay)
+                    continue
+                if self.failures:
+                    log.warning("projector: recovered after %d failed attempt(s)", self.failures)
+                    self.failures = 0
                 await asyncio.wait(waiters, timeout=poll_interval, return_when=asyncio.FIRST_COMPLETED)
             finally:
                 for task in waiters:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -13,6 +14,76 @@ from sessions import tokens, validation
 from sessions.errors import InvalidInput, RolloutFailure
 from sessions.placeholder import PlaceholderPolicy
 from store.event_store import EventStore
+
+
+#: Default caps (see `Limits`), after Temporal's 51,200 events / 50 MB per history.
+MAX_EVENT_BYTES = 8 * 2**20
+MAX_SESSION_EVENTS = 51_200
+MAX_SESSION_BYTES = 128 * 2**20
+
+
+def event_bytes(data: dict[str, Any], payload: bytes | None) -> int:
+    """An event's stored size: its binary payload plus its JSON data as stored."""
+    return len(payload or b"") + len(json.dumps(data))
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """Size caps checked before a command appends anything (None = no cap).
+
+    `max_event_bytes` bounds one event (payload + JSON data); `max_session_events` and
+    `max_session_bytes` bound a session's whole stream. Terminal commands (complete, fail,
+    cancel) and `start` are never refused, so a session at its cap can always end.
+    """
+
+    max_event_bytes: int | None = MAX_EVENT_BYTES
+    max_session_events: int | None = MAX_SESSION_EVENTS
+    max_session_bytes: int | None = MAX_SESSION_BYTES
+
+    def __post_init__(self) -> None:
+        for name in ("max_event_bytes", "max_session_events", "max_session_bytes"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ValueError(f"{name} must be a positive integer or None (no cap), got {value!r}")
+
+    def check(self, session_id: str, field: str, events_so_far: int, bytes_so_far: int, envelopes: Sequence[Any]) -> int:
+        """Raise InvalidInput (nothing written) if appending `envelopes` breaks a cap; else their size."""
+        sizes = [event_bytes(e.data, e.payload) for e in envelopes]
+        if self.max_event_bytes is not None:
+            for envelope, size in zip(envelopes, sizes):
+                if size > self.max_event_bytes:
+                    raise _too_big(
+                        session_id, field, size, self.max_event_bytes, "max_event_bytes",
+                        f"{envelope.type} event would be {size:,} bytes ({len(envelope.payload or b''):,} of token "
+                        f"payload, {size - len(envelope.payload or b''):,} of JSON)",
+                    )
+        if self.max_session_events is not None and events_so_far + len(envelopes) > self.max_session_events:
+            raise _too_big(
+                session_id, field, events_so_far + len(envelopes), self.max_session_events, "max_session_events",
+                f"the session has {events_so_far:,} events and this command adds {len(envelopes)}",
+            )
+        total = bytes_so_far + sum(sizes)
+        if self.max_session_bytes is not None and total > self.max_session_bytes:
+            raise _too_big(
+                session_id, field, total, self.max_session_bytes, "max_session_bytes",
+                f"the session holds {bytes_so_far:,} bytes and this command adds {sum(sizes):,}",
+            )
+        return sum(sizes)
+
+
+def _too_big(session_id: str, field: str, size: int, limit: int, name: str, detail: str) -> InvalidInput:
+    error = InvalidInput(
+        session_id, field,
+        f"{detail}: {size:,} is over {name}={limit:,}; nothing was written — record less, "
+        f"or raise the cap with Ledger.open(..., {name}=...)",
+    )
+    error.size, error.limit, error.limit_name = size, limit, name  # type: ignore[attr-defined]
+    return error
+
+
+def stored_bytes(stored: Sequence[Any]) -> int:
+    """The size `Limits` counts for a session's stored events."""
+    return sum(event_bytes(s.data, s.payload) for s in stored)
 
 
 def failure_reason(error: BaseException) -> str:
@@ -33,11 +104,22 @@ class SessionHandle:
     race each other into a version conflict.
     """
 
-    def __init__(self, store: EventStore, view: agg.SessionView, policy: PlaceholderPolicy, selection: str = "all") -> None:
+    def __init__(
+        self,
+        store: EventStore,
+        view: agg.SessionView,
+        policy: PlaceholderPolicy,
+        selection: str = "all",
+        *,
+        limits: Limits | None = None,
+        stored_bytes: int = 0,
+    ) -> None:
         self._store = store
         self._view = view
         self._policy = policy
         self._selection = selection
+        self._limits = limits or Limits()
+        self._bytes = stored_bytes  # the stream's size as `Limits` counts it
         self._lock = asyncio.Lock()
 
     # ----------------------------------------------------------- properties
@@ -97,7 +179,7 @@ class SessionHandle:
                 extra=extra,
                 payload=tokens.encode(arrays),
             )
-            await self._commit(agg.decide_trajectory(self._view, event))
+            await self._commit(agg.decide_trajectory(self._view, event), capped="trajectory")
             return event.index
 
     async def post_reward(self, reward: float | None, **info: Any) -> None:
@@ -105,7 +187,7 @@ class SessionHandle:
         reward = validation.reward(self.session_id, "reward", reward)
         info = validation.json_dict(self.session_id, "info", info)
         async with self._lock:
-            await self._commit(agg.decide_reward(self._view, reward, info))
+            await self._commit(agg.decide_reward(self._view, reward, info), capped="info")
 
     async def complete(self, *, score: float | None = None, trajectory_selection: str | None = None) -> str:
         """End the session: `succeeded`, or `failed`/`empty_output` without a trajectory. Returns the state."""
@@ -130,7 +212,9 @@ class SessionHandle:
             await self._commit(agg.decide_cancel(self._view, message=message))
 
     # -------------------------------------------------------------- internals
-    async def _commit(self, decided: Sequence[ev.Event]) -> None:
+    async def _commit(self, decided: Sequence[ev.Event], *, capped: str | None = None) -> None:
+        """Append and apply `decided`; `capped` names the field a size cap refusal blames
+        (None for start and terminal commands, which caps never refuse)."""
         view = self._view
         envelopes = [
             ev.envelope(
@@ -144,7 +228,16 @@ class SessionHandle:
             )
             for offset, event in enumerate(decided, start=1)
         ]
-        await append_then_apply(self._store, view, decided, envelopes)
+        if capped is not None:
+            size = self._limits.check(view.session_id, capped, view.version, self._bytes, envelopes)
+        else:
+            size = sum(event_bytes(e.data, e.payload) for e in envelopes)
+        before = view.version
+        try:
+            await append_then_apply(self._store, view, decided, envelopes)
+        finally:
+            if view.version != before:  # committed (even if the caller was cancelled meanwhile)
+                self._bytes += size
 
 
 async def append_then_apply(store: EventStore, view: agg.SessionView, decided: Sequence[ev.Event], envelopes: list[Any]) -> None:

@@ -7,6 +7,7 @@ them with reason `orphaned` (placeholder per policy), which settles their groups
 
 from __future__ import annotations
 
+import asyncio
 from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING
 
@@ -19,20 +20,30 @@ if TYPE_CHECKING:
     from sessions.ledger import Ledger
 
 
+#: Orphans failed at once (each a read and an append; the appends share group commits).
+RECOVER_CONCURRENCY = 64
+
+
 def parse_duration(text: str) -> timedelta:
     """'90s', '15m', '2h', '1d' (or plain seconds) -> timedelta."""
     units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
     text = text.strip().lower()
     try:
         if text and text[-1] in units:
-            return timedelta(seconds=float(text[:-1]) * units[text[-1]])
-        return timedelta(seconds=float(text))
+            seconds = float(text[:-1]) * units[text[-1]]
+        else:
+            seconds = float(text)
     except ValueError:
         raise ValueError(f"duration {text!r}: use a number with s, m, h or d, e.g. 30m") from None
+    if not seconds >= 0 or seconds == float("inf"):  # also rejects nan
+        raise ValueError(f"duration {text!r}: must be a finite number >= 0, e.g. 30m")
+    return timedelta(seconds=seconds)
 
 
 async def recover(ledger: Ledger, older_than: timedelta, *, run: str | None = None) -> list[str]:
     """Fail every open session idle for longer than `older_than`; returns their ids."""
+    if older_than < timedelta(0):
+        raise ValueError(f"older_than must not be negative, got {older_than}; a negative age would fail live sessions")
     await ledger.project()
     cutoff = datetime.now(timezone.utc) - older_than
     query = (
@@ -45,18 +56,25 @@ async def recover(ledger: Ledger, older_than: timedelta, *, run: str | None = No
         query = query.where(sessions.c.run == run)
     async with ledger.engine.connect() as conn:
         candidates = [(sid, last) for sid, last in await conn.execute(query)]
-    failed = []
+    stale = []
     for session_id, last in candidates:
         if last.tzinfo is None:
             last = last.replace(tzinfo=timezone.utc)
-        if last >= cutoff:
-            continue
-        handle = await ledger.load_session(session_id)
-        if handle.terminal:
-            continue
-        try:
-            await handle.fail("orphaned", message=f"no event since {last.isoformat()}; failed by the recovery sweep")
-        except (ConcurrencyError, InvalidTransition):
-            continue  # its owner was alive after all and moved it on
-        failed.append(session_id)
-    return failed
+        if last < cutoff:
+            stale.append((session_id, last))
+    limit = asyncio.Semaphore(RECOVER_CONCURRENCY)
+
+    async def fail(session_id: str, last: datetime) -> str | None:
+        async with limit:
+            handle = await ledger.load_session(session_id)
+            if handle.terminal:
+                return None
+            try:
+                await handle.fail("orphaned", message=f"no event since {last.isoformat()}; failed by the recovery sweep")
+            except (ConcurrencyError, InvalidTransition):
+                return None  # its owner was alive after all and moved it on
+            return session_id
+
+    # Concurrently, so the event store commits the failures in a few group commits, not one each.
+    done = await asyncio.gather(*(fail(session_id, last) for session_id, last in stale))
+    return [session_id for session_id in done if session_id is not None]

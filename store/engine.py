@@ -4,11 +4,20 @@ SQLite: WAL (readers never block the writer), a busy timeout, `synchronous=NORMA
 across process crashes; an OS crash may lose the last commits but never corrupts), and
 transactions begun by us rather than by pysqlite so that writers can take the write lock up
 front (`BEGIN IMMEDIATE`) and check versions without racing another process.
+
+The busy timeout is how long one statement waits for another process's write lock before
+SQLite reports `database is locked`; appends retry that a few times with backoff
+(`store.event_store.retry_transient`), so the whole budget is about `RETRY_ATTEMPTS` times the
+busy timeout. Set it with `create_engine(url, sqlite_busy_timeout=SECONDS)` (and so
+`Ledger.open(url, sqlite_busy_timeout=SECONDS)`). A read-only SQLite file opens with
+`?mode=ro&uri=true` on a `file:` URL: `sqlite+aiosqlite:///file:/path/ledger.db?mode=ro&uri=true`.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import sqlite3
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +26,8 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.pool import StaticPool
 
+from store.errors import StoreError
+
 DEFAULT_URL = "sqlite+aiosqlite:///rollouts.db"
 ENV_VAR = "ROLLOUT_LEDGER_DB"
 
@@ -24,6 +35,28 @@ ENV_VAR = "ROLLOUT_LEDGER_DB"
 WRITE_LOCK = "rollout_ledger_write"
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
+
+
+class StoredJSONError(StoreError, ValueError):
+    """A JSON column holds text that is not JSON: the database was altered outside the library.
+
+    SQLite stores JSON as text, so a hand edit can leave it malformed (PostgreSQL's JSONB refuses
+    such a write). Raised on read instead of a bare `JSONDecodeError`; a `ValueError`, so replay
+    and audit treat it as a damaged log.
+    """
+
+
+def load_json(text: str | bytes) -> object:
+    """`json.loads` for stored JSON columns, with an error that says what is wrong and what to do."""
+    try:
+        return json.loads(text)
+    except ValueError as error:
+        excerpt = text[:80] if isinstance(text, (str, bytes)) else text
+        where = f" at char {error.pos}" if isinstance(error, json.JSONDecodeError) else ""
+        raise StoredJSONError(
+            f"stored JSON is malformed ({getattr(error, 'msg', error)}{where}): {excerpt!r}; the database was "
+            "altered outside rollout-ledger — run `rollout-ledger audit` and restore the row from a backup"
+        ) from None
 
 
 def default_url() -> str:
@@ -70,18 +103,64 @@ def _backend(engine_or_url: AsyncEngine | str) -> str:
     return make_url(engine_or_url).get_backend_name()
 
 
-def create_engine(url: str | os.PathLike[str] | None = None, **kwargs: Any) -> AsyncEngine:
-    """Create an async engine with the settings the ledger depends on."""
+def create_engine(
+    url: str | os.PathLike[str] | None = None, *, sqlite_busy_timeout: float | None = None, **kwargs: Any
+) -> AsyncEngine:
+    """Create an async engine with the settings the ledger depends on.
+
+    `sqlite_busy_timeout` (seconds, SQLite only; default 30) bounds each wait for another
+    process's write lock.
+    """
     text = normalize_url(url)
     parsed = make_url(text)
     if parsed.get_backend_name() == "sqlite":
-        return _sqlite_engine(text, parsed.database, **kwargs)
+        return _sqlite_engine(text, parsed, busy_timeout=sqlite_busy_timeout, **kwargs)
+    if sqlite_busy_timeout is not None:
+        raise ValueError("sqlite_busy_timeout applies to SQLite databases only (PostgreSQL appends use a lock timeout)")
     kwargs.setdefault("pool_pre_ping", True)
     return create_async_engine(text, **kwargs)
 
 
-def _sqlite_engine(url: str, database: str | None, **kwargs: Any) -> AsyncEngine:
-    in_memory = not database or database == ":memory:"
+def _busy_timeout_ms(seconds: float | None) -> int:
+    if seconds is None:
+        return SQLITE_BUSY_TIMEOUT_MS
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not 0 <= seconds < 2**31 / 1000:
+        raise ValueError(f"sqlite_busy_timeout must be a number of seconds >= 0, got {seconds!r}")
+    return int(round(seconds * 1000))
+
+
+def _sqlite_file(parsed: Any) -> str | None:
+    """The file behind a SQLite URL; for `file:` URIs (`?uri=true`) the path part of the URI."""
+    database = parsed.database
+    uri = str(parsed.query.get("uri", "")).lower() in ("true", "1")
+    if uri and database and database.startswith("file:"):
+        path = database[len("file:"):].split("?", 1)[0]
+        if path.startswith("//"):  # file://host/path: only an empty host (or localhost) is local
+            path = "/" + path[2:].split("/", 1)[1] if "/" in path[2:] else ""
+        return path or None
+    return database
+
+
+def _unwritable(database: str) -> str | None:
+    """Why the folder of an existing database file cannot be written to, or None if it can."""
+    path = Path(database).expanduser()
+    if not path.exists():
+        return None
+    folder = path.resolve().parent
+    try:
+        if os.statvfs(folder).f_flag & os.ST_RDONLY:
+            return f"its filesystem ({folder}) is mounted read-only"
+    except OSError:
+        pass
+    if not os.access(folder, os.W_OK):
+        return f"this process may not write to its folder {folder}"
+    return None
+
+
+def _sqlite_engine(url: str, parsed: Any, *, busy_timeout: float | None = None, **kwargs: Any) -> AsyncEngine:
+    database = _sqlite_file(parsed)
+    busy_ms = _busy_timeout_ms(busy_timeout)
+    in_memory = not database or database == ":memory:" or parsed.query.get("mode") == "memory"
     if in_memory:
         kwargs.setdefault("poolclass", StaticPool)
         kwargs.setdefault("connect_args", {"check_same_thread": False})
@@ -89,6 +168,7 @@ def _sqlite_engine(url: str, database: str | None, **kwargs: Any) -> AsyncEngine
         parent = Path(database).expanduser().resolve().parent
         if not parent.is_dir():
             raise ValueError(f"cannot create SQLite database {database!r}: folder {parent} does not exist")
+    kwargs.setdefault("json_deserializer", load_json)
     engine = create_async_engine(url, **kwargs)
 
     @event.listens_for(engine.sync_engine, "connect")
@@ -96,9 +176,20 @@ def _sqlite_engine(url: str, database: str | None, **kwargs: Any) -> AsyncEngine
         # We issue BEGIN ourselves (below); pysqlite's implicit transactions would defeat it.
         dbapi_connection.isolation_level = None
         cursor = dbapi_connection.cursor()
+        # The busy timeout first: switching to WAL may itself wait for another process's lock.
+        cursor.execute(f"PRAGMA busy_timeout={busy_ms}")
         if not in_memory:
-            cursor.execute("PRAGMA journal_mode=WAL")
-        cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+            try:
+                cursor.execute("PRAGMA journal_mode=WAL")
+            except sqlite3.OperationalError as error:
+                problem = _unwritable(database)
+                if problem is None:
+                    raise
+                raise StoreError(
+                    f"cannot open SQLite database {database}: {problem}, and a WAL database needs to create its "
+                    f"-wal and -shm files beside it ({error}). To read it without writing, open "
+                    f"sqlite+aiosqlite:///file:{database}?immutable=1&uri=true; to write, move it somewhere writable"
+                ) from None
         cursor.execute("PRAGMA synchronous=NORMAL")
         cursor.execute("PRAGMA foreign_keys=ON")
         cursor.close()
