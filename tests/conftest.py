@@ -98,6 +98,13 @@ def pg_url() -> Iterator[str]:
         yield url
 
 
+@pytest.fixture
+def second_pg_url() -> Iterator[str]:
+    """Another fresh database beside `pg_url`, e.g. to project the same log from scratch."""
+    with fresh_pg_database() as url:
+        yield url
+
+
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
 def db_url(request, tmp_path) -> Iterator[str]:
     """A fresh, empty database URL on each backend."""

@@ -44,7 +44,6 @@ from sessions import Ledger
 from sessions.audit import audit
 from sessions.recovery import recover
 from tests import crash_workers as cw
-from tests.conftest import drop_pg_database, new_pg_database, require_pg
 
 pytestmark = pytest.mark.slow
 
@@ -250,16 +249,6 @@ def test_sqlite_writer_and_projector_killed_at_random_points(
     report(capsys, "sqlite", stats, time.monotonic() - started)
     assert stats["writer_kills"] + stats["projector_kills"] >= CYCLES  # most children die mid-work
     assert stats["cycles_with_open"] > 0 and stats["projector_behind"] > 0
-
-
-@pytest.fixture
-def second_pg_url() -> Iterator[str]:
-    require_pg()
-    name, url = new_pg_database()
-    try:
-        yield url
-    finally:
-        drop_pg_database(name)
 
 
 @pytest.mark.postgres

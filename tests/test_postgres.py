@@ -25,7 +25,6 @@ import pytest
 from sqlalchemy import select, text
 
 from tests import pg_workers
-from tests.conftest import fresh_pg_database
 
 pytestmark = pytest.mark.postgres
 
@@ -53,13 +52,6 @@ def kill_storm(dsn: str, seconds: float, spare: int) -> int:
         return killed
 
     return asyncio.run(storm())
-
-
-@pytest.fixture
-def second_pg_url() -> Iterator[str]:
-    """Another fresh database, for projecting the same log from scratch."""
-    with fresh_pg_database() as url:
-        yield url
 
 
 class Hub:
