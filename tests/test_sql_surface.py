@@ -14,13 +14,13 @@ import json
 import math
 import os
 import re
-import subprocess
 import sys
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
 import pytest
+
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy import inspect
@@ -31,6 +31,7 @@ from store import create_engine, current_revision, head_revision
 from store import queue_claims as qc
 from store.tables import metadata
 from store.views import VIEWS
+from tests.test_migrations import alembic as run_alembic
 
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "sql.md"
@@ -387,17 +388,6 @@ async def test_run_query_sends_literals_as_written(db_url: str) -> None:
 # ------------------------------------------------------------------------------------------
 
 
-def alembic(url: str, *args: str) -> None:
-    script = Path(sys.executable).with_name("alembic")
-    command = [str(script)] if script.exists() else [sys.executable, "-m", "alembic"]
-    env = {k: v for k, v in os.environ.items() if k != "ROLLOUT_LEDGER_DB"}
-    result = subprocess.run(
-        [*command, "-c", str(ROOT / "alembic.ini"), "-x", f"db={url}", *args],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
-    )
-    assert result.returncode == 0, f"alembic {' '.join(args)} failed:\n{result.stdout}\n{result.stderr}"
-
-
 async def test_downgrade_removes_the_views_and_upgrade_restores_them(db_url: str) -> None:
     async with open_ledger(db_url) as ledger:
         await populate(ledger)
@@ -405,7 +395,7 @@ async def test_downgrade_removes_the_views_and_upgrade_restores_them(db_url: str
         tables_before = await snapshot_tables(ledger.engine)
     assert head_revision() == "0002"
 
-    await asyncio.to_thread(alembic, db_url, "downgrade", "0001")
+    await asyncio.to_thread(run_alembic, db_url, "downgrade", "0001")
     engine = create_engine(db_url)
     try:
         assert await current_revision(engine) == "0001"
@@ -418,7 +408,7 @@ async def test_downgrade_removes_the_views_and_upgrade_restores_them(db_url: str
     finally:
         await engine.dispose()
 
-    await asyncio.to_thread(alembic, db_url, "upgrade", "head")
+    await asyncio.to_thread(run_alembic, db_url, "upgrade", "head")
     async with open_ledger(db_url) as ledger:
         assert await current_revision(ledger.engine) == "0002"
         _, views = await schema(ledger.engine)
