@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import uuid
+import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -298,19 +298,26 @@ def decode(stored: StoredEvent) -> Recorded:
     return Recorded(event, stored.event_id, stored.session_id, stored.version, stored.recorded_at, stored.position)
 
 
-def envelope(event: Event, *, session_id: str, version: int, run: str, uid: str, partition: str, global_step: int | None) -> NewEvent:
-    """Wrap a domain event for the store, with a fresh event id and a UTC timestamp."""
+def envelope(
+    event: Event, *, session_id: str, version: int, run: str, uid: str, partition: str, global_step: int | None,
+    recorded_at: datetime | None = None,
+) -> NewEvent:
+    """Wrap a domain event for the store, with a fresh event id and a UTC timestamp (now, unless
+    the caller passes one shared by all the events of a command)."""
     return NewEvent(
-        event_id=str(uuid.uuid4()),
-        session_id=session_id,
-        version=version,
-        type=event.TYPE,
-        schema_version=event.SCHEMA_VERSION,
-        run=run,
-        uid=uid,
-        partition=partition,
-        global_step=global_step,
-        data=event.to_data(),
-        payload=event.to_payload(),
-        recorded_at=datetime.now(timezone.utc),
+        new_event_id(), session_id, version, event.TYPE, event.SCHEMA_VERSION, run, uid, partition, global_step,
+        event.to_data(), event.to_payload(), recorded_at or datetime.now(timezone.utc),
     )
+
+
+def new_event_id() -> str:
+    """A random (version 4) UUID in its canonical text form.
+
+    Equivalent to `str(uuid.uuid4())` at a third of the cost: the recorder makes one per event.
+    """
+    h = os.urandom(16).hex()
+    return f"{h[:8]}-{h[8:12]}-4{h[13:16]}-{_VARIANT[h[16]]}{h[17:20]}-{h[20:]}"
+
+
+#: RFC 4122 variant bits (10xx) applied to the first hex digit of the clock-seq field.
+_VARIANT = {d: "89ab"[int(d, 16) & 3] for d in "0123456789abcdef"}

@@ -6,6 +6,7 @@ import asyncio
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from typing import Any
 
 from sessions import aggregate as agg
@@ -22,9 +23,9 @@ MAX_SESSION_EVENTS = 51_200
 MAX_SESSION_BYTES = 128 * 2**20
 
 
-def event_bytes(data: dict[str, Any], payload: bytes | None) -> int:
+def event_bytes(data: dict[str, Any], payload: bytes | None, data_json: str | None = None) -> int:
     """An event's stored size: its binary payload plus its JSON data as stored."""
-    return len(payload or b"") + len(json.dumps(data))
+    return len(payload or b"") + len(data_json if data_json is not None else json.dumps(data))
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,7 +49,7 @@ class Limits:
 
     def check(self, session_id: str, field: str, events_so_far: int, bytes_so_far: int, envelopes: Sequence[Any]) -> int:
         """Raise InvalidInput (nothing written) if appending `envelopes` breaks a cap; else their size."""
-        sizes = [event_bytes(e.data, e.payload) for e in envelopes]
+        sizes = [event_bytes(e.data, e.payload, e.data_json) for e in envelopes]
         if self.max_event_bytes is not None:
             for envelope, size in zip(envelopes, sizes):
                 if size > self.max_event_bytes:
@@ -216,6 +217,7 @@ class SessionHandle:
         """Append and apply `decided`; `capped` names the field a size cap refusal blames
         (None for start and terminal commands, which caps never refuse)."""
         view = self._view
+        now = datetime.now(timezone.utc)
         envelopes = [
             ev.envelope(
                 event,
@@ -225,13 +227,14 @@ class SessionHandle:
                 uid=view.uid,
                 partition=view.partition,
                 global_step=view.global_step,
+                recorded_at=now,
             )
             for offset, event in enumerate(decided, start=1)
         ]
         if capped is not None:
             size = self._limits.check(view.session_id, capped, view.version, self._bytes, envelopes)
         else:
-            size = sum(event_bytes(e.data, e.payload) for e in envelopes)
+            size = sum(event_bytes(e.data, e.payload, e.data_json) for e in envelopes)
         before = view.version
         try:
             await append_then_apply(self._store, view, decided, envelopes)

@@ -9,15 +9,17 @@ version is stale gets `ConcurrencyError` without affecting the others in the bat
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections import deque
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import timezone
 from typing import Any
 
 from sqlalchemy import String, any_, bindparam, func, select, text
 from sqlalchemy.dialects.postgresql import ARRAY
+from sqlalchemy.engine import Dialect
 from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
@@ -30,6 +32,8 @@ log = logging.getLogger(__name__)
 
 #: Bound parameters per IN (...) list; well below SQLite's and asyncpg's limits.
 _CHUNK = 500
+#: Streams whose version the store remembers between commits (see `_resolve`).
+_VERSION_CACHE_SIZE = 100_000
 #: PostgreSQL: give up waiting for the append lock after this long rather than hang forever.
 PG_LOCK_TIMEOUT = "10s"
 
@@ -56,6 +60,8 @@ class EventStore:
         self._committed = asyncio.Event()
         self._worker: asyncio.Task[None] | None = None
         self._closed = False
+        #: Stream versions as of this store's last commits (see `_resolve`).
+        self._versions: dict[str, int] = {}
         self.batches_committed = 0
         self.events_committed = 0
 
@@ -126,6 +132,8 @@ class EventStore:
                 return
             log.debug("group commit of %d appends failed (%s); redoing them one by one", len(batch), error)
             for request in batch:
+                self._versions.pop(request.session_id, None)
+            for request in batch:
                 await self._commit([request], careful=True)
             return
         except BaseException as error:  # noqa: BLE001 - every waiter must hear about it
@@ -151,10 +159,21 @@ class EventStore:
             async with conn.begin():
                 if conn.dialect.name == "postgresql":
                     await _lock_for_append(conn)
-                outcomes, rows = await _resolve(conn, batch, check_ids=careful)
+                outcomes, rows = await _resolve(conn, batch, check_ids=careful, cached=None if careful else self._versions)
                 if rows:
-                    await conn.execute(events.insert(), rows)
+                    await conn.exec_driver_sql(_insert_sql(conn.dialect), rows)
+        self._remember(batch, outcomes)
         return outcomes
+
+    def _remember(self, batch: list[_Append], outcomes: list[_Outcome]) -> None:
+        """Keep each stream's version after a commit, so the next append to it needs no query."""
+        if len(self._versions) > _VERSION_CACHE_SIZE:
+            self._versions.clear()  # a bounded cache: forgetting only costs a version query
+        for request, outcome in zip(batch, outcomes):
+            if isinstance(outcome, tuple):
+                self._versions[request.session_id] = outcome[0]
+            else:
+                self._versions.pop(request.session_id, None)
 
     async def wait_for_commit(self, timeout: float | None = None) -> bool:
         """Wait until this process commits another batch (for followers). False on timeout."""
@@ -316,15 +335,30 @@ async def _lock_for_append(conn: AsyncConnection) -> None:
 
 
 async def _resolve(
-    conn: AsyncConnection, batch: list[_Append], *, check_ids: bool = True
-) -> tuple[list[_Outcome], list[dict[str, Any]]]:
+    conn: AsyncConnection, batch: list[_Append], *, check_ids: bool = True, cached: dict[str, int] | None = None
+) -> tuple[list[_Outcome], list[tuple[Any, ...]]]:
     """Decide each request's fate against the stored log; return outcomes and rows to insert.
 
     Outcome: (stream version, accepted) — accepted is False for an idempotent re-send — or an
     exception for that request alone.
+
+    `cached` holds stream versions as of this process's own last commits. A request that expects
+    exactly that version (or 0, a new stream) is not looked up: if another writer advanced the
+    stream meanwhile, it took the next version and the insert breaks the (session_id, version)
+    unique constraint, which sends the batch down the careful path.
     """
-    session_ids = list({request.session_id for request in batch})
-    versions = await _current_versions(conn, session_ids)
+    versions: dict[str, int] = {}
+    unknown: set[str] = set()
+    for request in batch:
+        sid = request.session_id
+        if cached is not None and request.expected_version == cached.get(sid, 0) and sid not in unknown:
+            versions.setdefault(sid, request.expected_version)
+        else:
+            unknown.add(sid)
+            versions.pop(sid, None)
+    if unknown:
+        versions.update({sid: 0 for sid in unknown})
+        versions.update(await _current_versions(conn, list(unknown)))
     # Event ids are fresh UUIDs in the normal case and looking them all up costs a query per batch:
     # the fast path looks up only the ids of requests whose version does not match (a re-send
     # always looks stale) and leaves the rest to the unique constraint (see EventStore._commit).
@@ -336,7 +370,8 @@ async def _resolve(
     ]
     known: dict[str, str | None] = await _known_event_ids(conn, event_ids) if event_ids else {}
     outcomes: list[_Outcome] = []
-    rows: list[dict[str, Any]] = []
+    rows: list[tuple[Any, ...]] = []
+    row = _row_for(conn.dialect.name)
     for request in batch:
         current = versions.get(request.session_id, 0)
         ids = [event.event_id for event in request.events]
@@ -361,7 +396,7 @@ async def _resolve(
         versions[request.session_id] = current + len(request.events)
         for event in request.events:
             known[event.event_id] = request.session_id
-            rows.append(_row(event))
+            rows.append(row(event))
         outcomes.append((versions[request.session_id], True))
     return outcomes, rows
 
@@ -404,21 +439,48 @@ async def _known_event_ids(conn: AsyncConnection, event_ids: list[str]) -> dict[
     return known
 
 
-def _row(event: NewEvent) -> dict[str, Any]:
-    return {
-        "event_id": event.event_id,
-        "session_id": event.session_id,
-        "version": event.version,
-        "type": event.type,
-        "schema_version": event.schema_version,
-        "run": event.run,
-        "uid": event.uid,
-        "partition": event.partition,
-        "global_step": event.global_step,
-        "data": event.data,
-        "payload": event.payload,
-        "recorded_at": event.recorded_at,
-    }
+#: The insert's columns, in the order of the tuples `_row_for` builds.
+_INSERT_COLUMNS = ("event_id", "session_id", "version", "type", "schema_version", "run", "uid", "partition",
+                   "global_step", "data", "payload", "recorded_at")
+
+
+@functools.cache
+def _insert_sql(dialect: Dialect) -> str:
+    """The multi-row insert as driver SQL, compiled once per dialect by SQLAlchemy itself.
+
+    Appends bypass SQLAlchemy's per-row parameter processing: `data` arrives encoded
+    (`NewEvent.data_json`) and timestamps in the backend's form, so each row is one tuple.
+    """
+    compiled = events.insert().compile(dialect=dialect, column_keys=list(_INSERT_COLUMNS))
+    if tuple(compiled.positiontup or ()) != _INSERT_COLUMNS:
+        raise AssertionError(f"unexpected insert parameter order {compiled.positiontup}")
+    return compiled.string
+
+
+async def insert_events(conn: AsyncConnection, new_events: Sequence[NewEvent]) -> None:
+    """Insert events as they are, no checks: for the append path and for tests that stage rows."""
+    row = _row_for(conn.dialect.name)
+    await conn.exec_driver_sql(_insert_sql(conn.dialect), [row(e) for e in new_events])
+
+
+def _row_for(dialect_name: str) -> Callable[[NewEvent], tuple[Any, ...]]:
+    """A NewEvent as the driver-level insert's parameter tuple."""
+    if dialect_name == "sqlite":
+        return _sqlite_row
+    return _native_row
+
+
+def _sqlite_row(e: NewEvent) -> tuple[Any, ...]:
+    # SQLAlchemy's SQLite DateTime text form; reads parse it back (as UTC: we only write UTC).
+    t = e.recorded_at.astimezone(timezone.utc) if e.recorded_at.utcoffset() else e.recorded_at
+    stamp = f"{t.year:04d}-{t.month:02d}-{t.day:02d} {t.hour:02d}:{t.minute:02d}:{t.second:02d}.{t.microsecond:06d}"
+    return (e.event_id, e.session_id, e.version, e.type, e.schema_version, e.run, e.uid, e.partition,
+            e.global_step, e.data_json, e.payload, stamp)
+
+
+def _native_row(e: NewEvent) -> tuple[Any, ...]:
+    return (e.event_id, e.session_id, e.version, e.type, e.schema_version, e.run, e.uid, e.partition,
+            e.global_step, e.data_json, e.payload, e.recorded_at)
 
 
 def _check_versions(session_id: str, expected_version: int, new_events: Sequence[NewEvent]) -> None:

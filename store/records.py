@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class NewEvent:
-    """An event about to be appended; `version` is assigned by the caller (expected + i)."""
+    """An event about to be appended; `version` is assigned by the caller (expected + i).
+
+    Treat it as immutable. It is not a frozen dataclass only because frozen construction costs
+    a few microseconds per event on the recorder's hot path (every command builds these).
+    """
 
     event_id: str
     session_id: str
@@ -23,6 +28,12 @@ class NewEvent:
     data: dict[str, Any]
     payload: bytes | None
     recorded_at: datetime
+    #: `data` as stored: encoded once here, then reused by size caps and by the insert.
+    data_json: str = field(default="", repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if not self.data_json:
+            self.data_json = json.dumps(self.data)
 
 
 @dataclass(frozen=True, slots=True)

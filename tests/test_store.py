@@ -161,6 +161,33 @@ async def test_conflicting_expected_version_raises_and_writes_nothing(store: Eve
     assert await store.append("s", 2, batch("s", 2, 1)) == 3
 
 
+async def test_a_stream_advanced_by_another_writer_is_not_appended_to_from_a_stale_version(db_url: str) -> None:
+    """A store remembers the versions it committed and skips the version query when a request
+    expects exactly that version; another process's append in between must still be caught."""
+    mine, other = await open_store(db_url), await open_store(db_url)
+    try:
+        assert await mine.append("s", 0, batch("s", 0, 2)) == 2  # `mine` now believes s is at 2
+        assert await other.append("s", 2, batch("s", 2, 1)) == 3
+        stale = batch("s", 2, 2)
+        with pytest.raises(ConcurrencyError) as info:
+            await mine.append("s", 2, stale)
+        assert info.value.expected == 2
+        assert [e.version for e in await mine.read_stream("s")] == [1, 2, 3]
+        assert await ids_stored(mine, [e.event_id for e in stale]) == set()
+        # having failed once, it asks the database and appends from the true version
+        assert await mine.append("s", 3, batch("s", 3, 1)) == 4
+        # a batch mixing a stale remembered stream with a fresh one fails only the stale request
+        assert await other.append("s", 4, batch("s", 4, 1)) == 5
+        results = await asyncio.gather(
+            mine.append("s", 4, batch("s", 4, 1)), mine.append("t", 0, batch("t", 0, 1)), return_exceptions=True
+        )
+        assert isinstance(results[0], ConcurrencyError) and results[1] == 1
+        assert [e.version for e in await mine.read_stream("s")] == [1, 2, 3, 4, 5]
+    finally:
+        await shut(mine)
+        await shut(other)
+
+
 async def test_concurrency_error_is_a_store_error() -> None:
     assert issubclass(ConcurrencyError, StoreError)
 
@@ -257,14 +284,14 @@ async def test_a_reader_never_sees_a_later_position_before_an_earlier_one(store:
     """While another writer's insert is uncommitted, an append must not become visible past it:
     every snapshot a tailing reader takes is a prefix of the final log (DESIGN §8)."""
     from store.engine import WRITE_LOCK
-    from store.event_store import _row
+    from store.event_store import insert_events
 
     await store.append("before", 0, batch("before", 0, 1))
     slow = mk("other-writer", 1)
     async with store.engine.connect() as conn:
         conn = await conn.execution_options(**{WRITE_LOCK: True})
         transaction = await conn.begin()
-        await conn.execute(events_table.insert(), [_row(slow)])  # takes a position, not yet committed
+        await insert_events(conn, [slow])  # takes a position, not yet committed
         append = asyncio.ensure_future(store.append("later", 0, batch("later", 0, 2)))
         await asyncio.sleep(0.3)
         snapshot = [e.position for e in await store.read_from(0)]
