@@ -175,7 +175,7 @@ class SessionHandle:
                 prompt_len=arrays.prompt_len,
                 response_len=arrays.response_len,
                 has_logprobs=arrays.logprobs is not None,
-                trainable_tokens=int((arrays.response_mask == 1).sum()),
+                trainable_tokens=arrays.response_len if response_mask is None else int(arrays.response_mask.sum()),
                 materialization_reason=materialization_reason,
                 extra=extra,
                 payload=tokens.encode(arrays),

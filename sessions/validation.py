@@ -115,7 +115,7 @@ def json_dict(session_id: str, field: str, value: Mapping[str, Any] | None) -> d
     """A JSON-serialisable dict with finite numbers (JSON has no NaN)."""
     import json
 
-    if value is None:
+    if value is None or (type(value) is dict and not value):
         return {}
     if not isinstance(value, Mapping):
         raise InvalidInput(session_id, field, f"must be a mapping, got {type(value).__name__}")

@@ -374,6 +374,13 @@ async def _resolve(
     row = _row_for(conn.dialect.name)
     for request in batch:
         current = versions.get(request.session_id, 0)
+        if request.expected_version == current and (not known or not any(e.event_id in known for e in request.events)):
+            versions[request.session_id] = current + len(request.events)  # the common case: accept
+            for event in request.events:
+                known[event.event_id] = request.session_id
+                rows.append(row(event))
+            outcomes.append((versions[request.session_id], True))
+            continue
         ids = [event.event_id for event in request.events]
         seen = [known.get(event_id) for event_id in ids]
         if all(owner is not None for owner in seen):
@@ -390,14 +397,7 @@ async def _resolve(
                 )
             )
             continue
-        if request.expected_version != current:
-            outcomes.append(ConcurrencyError(request.session_id, request.expected_version, current))
-            continue
-        versions[request.session_id] = current + len(request.events)
-        for event in request.events:
-            known[event.event_id] = request.session_id
-            rows.append(row(event))
-        outcomes.append((versions[request.session_id], True))
+        outcomes.append(ConcurrencyError(request.session_id, request.expected_version, current))
     return outcomes, rows
 
 
