@@ -12,8 +12,9 @@ targets (goals, not assertions) beside them:
 5. overhead      recorder wall time per session in a loop of 1,000 concurrent simulated sessions
 6. memory        per workload: RSS high-water growth and tracemalloc peak (see benchmarks/common.py)
 
-``--quick`` is the CI smoke size (< 2 minutes on 2 cores), ``--full`` the size of the figures
-in docs/benchmarks.md, ``--tiny`` a few seconds (the pytest smoke test). Size flags override a
+``--quick`` is the CI smoke size (< 2 minutes on 2 cores; tests/test_benchmarks_smoke.py runs it),
+``--full`` the size of the figures in docs/benchmarks.md, ``--tiny`` a few seconds (a check that
+the suite still runs). Size flags override a
 preset; ``--only append,overhead`` runs a subset.
 """
 

@@ -1,6 +1,7 @@
-"""Smoke test of the benchmark suite (`python -m benchmarks`) at its tiny size.
+"""Smoke run of the benchmark suite in CI: `python -m benchmarks --quick` (under a minute here).
 
-It asserts only that the suite completes and reports every figure as a finite positive number
+Issue #7 asks for the quick run in CI as a smoke run whose results are not asserted. This test
+asserts only that the suite completes and reports every figure as a finite positive number
 (RSS growth may legitimately be 0: a repetition can reuse memory the process already holds).
 Speed is never asserted: these numbers depend on the machine and on what else runs on it.
 """
@@ -16,9 +17,9 @@ import pytest
 from benchmarks.__main__ import main
 
 
-def test_quick_suite_at_tiny_size_reports_every_figure(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_quick_suite_reports_every_figure(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "bench.json"
-    assert main(["--tiny", "--json", str(out), "--workdir", str(tmp_path)]) == 0
+    assert main(["--quick", "--json", str(out), "--workdir", str(tmp_path)]) == 0
     printed = capsys.readouterr().out
     result = json.loads(out.read_text())
 
