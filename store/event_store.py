@@ -510,4 +510,6 @@ def _wrap(error: Exception, request: _Append) -> Exception:
         # A concurrent writer in another process took the same version between our read and
         # insert (possible only where the backend did not serialise us).
         return ConcurrencyError(request.session_id, request.expected_version, -1)
-    return StoreError(f"append to session {request.session_id!r} failed: {error}")
+    # The driver's own message: SQLAlchemy's would repeat the statement and every row's parameters.
+    cause = error.orig if isinstance(error, DBAPIError) and error.orig is not None else error
+    return StoreError(f"append to session {request.session_id!r} failed: {type(cause).__name__}: {cause}")

@@ -453,3 +453,16 @@ async def test_reopened_ledger_folds_the_same_sessions(sqlite_url: str) -> None:
         stored = await reopened.store.read_stream("persist")
         assert agg.fold("persist", (ev.decode(s).event for s in stored)) == live
         assert (await reopened.load_session("persist")).view == live
+
+
+async def test_a_failed_insert_reports_the_driver_error_without_the_rows(store: EventStore) -> None:
+    """A write the driver refuses fails its own append with a short StoreError naming the session,
+    not SQLAlchemy's message that repeats the statement and every row's parameters."""
+    bad = mk("s", 1, payload=complex(1, 2), data={"big": "x" * 5000})  # type: ignore[arg-type]
+    with pytest.raises(StoreError) as info:
+        await store.append("s", 0, [bad])
+    message = str(info.value)
+    assert "session 's'" in message
+    assert "[SQL:" not in message and "x" * 100 not in message and len(message) < 600, message
+    assert await store.stream_version("s") == 0
+    assert await store.append("s", 0, batch("s", 0, 1)) == 1  # the store still works
