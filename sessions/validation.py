@@ -59,11 +59,19 @@ def token_array(session_id: str, field: str, values: Any) -> np.ndarray:
             array = array.astype(np.int64)
         else:
             raise InvalidInput(session_id, field, f"must hold integer token ids, got dtype {array.dtype}")
-    low, high = int(array.min()), int(array.max())
-    if low < 0 or high >= TOKEN_LIMIT:
+    if not _in_token_range(array):
+        low, high = int(array.min()), int(array.max())
         bad = low if low < 0 else high
         raise InvalidInput(session_id, field, f"token id {bad} is outside [0, 2**31)")
     return array.astype("<i4", copy=False)
+
+
+def _in_token_range(array: np.ndarray) -> bool:
+    """All ids in [0, 2**31), in one pass: read as unsigned, a negative id is a huge one."""
+    if array.dtype.kind == "i" and array.dtype.itemsize in (4, 8) and array.dtype.isnative:
+        unsigned = np.uint32 if array.dtype.itemsize == 4 else np.uint64
+        return int(array.view(unsigned).max()) < TOKEN_LIMIT
+    return int(array.min()) >= 0 and int(array.max()) < TOKEN_LIMIT
 
 
 def mask_array(session_id: str, values: Any, length: int) -> np.ndarray:
