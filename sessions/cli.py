@@ -56,7 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
     metrics = verbs.add_parser("metrics", parents=[common], help="metric counts")
     metrics.add_argument("--run", default=None, help="default: the most recent run")
     metrics.add_argument("--partition", choices=PARTITIONS)
-    metrics.add_argument("--step", type=_step)
+    metrics.add_argument("--step", type=_step, default=..., help="one step; 'none' for sessions without a step (default: all)")
     metrics.add_argument("--json", action="store_true")
 
     export = verbs.add_parser("export", parents=[common], help="write one projected batch with torch.save")

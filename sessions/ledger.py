@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from types import EllipsisType
 from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -283,9 +284,14 @@ class Ledger:
         )
 
     async def metrics(
-        self, partition: str | None = None, global_step: int | None = None, *, run: str | None = None, project: bool = True
+        self, partition: str | None = None, global_step: int | None | EllipsisType = ..., *, run: str | None = None,
+        project: bool = True,
     ) -> list[MetricRow]:
-        """Metric counts of a run (default: this ledger's), optionally one partition and step."""
+        """Metric counts of a run (default: this ledger's), optionally one partition and step.
+
+        `global_step`: `...` (default) every step; an integer that step; None only the rows of
+        sessions recorded without a step.
+        """
         if project:
             await self.project()
         async with self.engine.connect() as conn:

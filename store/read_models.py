@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from datetime import datetime, timezone
+from types import EllipsisType
 from typing import Any
 
 from sqlalchemy import and_, bindparam, or_, select, update
@@ -184,14 +185,18 @@ async def group_status(conn: AsyncConnection, run: str, partition: str, global_s
 
 
 async def metric_rows(
-    conn: AsyncConnection, *, run: str | None = None, partition: str | None = None, global_step: int | None = None
+    conn: AsyncConnection, *, run: str | None = None, partition: str | None = None,
+    global_step: int | None | EllipsisType = ...,
 ) -> list[dict[str, Any]]:
+    """Metric counts, filtered; `global_step=...` (the default) is every step, None the step-less rows."""
     query = select(metric_counts)
     if run is not None:
         query = query.where(metric_counts.c.run == run)
     if partition is not None:
         query = query.where(metric_counts.c.partition == partition)
-    if global_step is not None:
+    if global_step is None:
+        query = query.where(metric_counts.c.global_step.is_(None))
+    elif global_step is not ...:
         query = query.where(metric_counts.c.global_step == global_step)
     query = query.order_by(
         metric_counts.c.run, metric_counts.c.partition, metric_counts.c.global_step, metric_counts.c.data_source, metric_counts.c.metric

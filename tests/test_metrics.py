@@ -368,3 +368,30 @@ def test_metric_table_derives_means_and_drops_undefined_ones() -> None:
 def test_scopes_add_the_all_sources_row() -> None:
     assert sorted(m.scopes("r", "val", 3, "gsm8k"), key=repr) == sorted([("r", "val", 3, "gsm8k"), ("r", "val", 3, None)], key=repr)
     assert m.scopes("r", "train", None, None) == [("r", "train", None, None)]
+
+
+async def test_metrics_select_one_step_every_step_or_the_step_less_sessions(sqlite_url: str) -> None:
+    """`global_step=None` means the sessions recorded without a step, not "any step"; the CLI's
+    `--step none` reaches the same rows."""
+    import json as json_module
+
+    from sessions.cli import main as cli_main
+
+    async with Ledger.open(sqlite_url, run="r") as ledger:
+        await _session(ledger, "s0", "a", 0, 1, step=0, trajectories=(2,), reward=1.0)
+        await _session(ledger, "s1", "b", 0, 1, step=1, trajectories=(2,), reward=1.0)
+        await _session(ledger, "sn", "c", 0, 1, step=None, trajectories=(2,), end="runner")
+        steps = lambda rows: {row.global_step for row in rows}  # noqa: E731
+        assert steps(await ledger.metrics("val")) == {0, 1, None}
+        assert steps(await ledger.metrics("val", 1)) == {1}
+        stepless = await ledger.metrics("val", None)
+        assert steps(stepless) == {None}
+        assert _scope_metrics(stepless, "val", None, None)["sessions/failed"] == 1
+    import asyncio
+    import contextlib
+    import io
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):  # the CLI runs its own event loop: give it a thread
+        assert await asyncio.to_thread(cli_main, ["metrics", "--db", sqlite_url, "--run", "r", "--step", "none", "--json"]) == 0
+    assert {row["global_step"] for row in json_module.loads(out.getvalue())} == {None}
