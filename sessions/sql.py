@@ -16,6 +16,22 @@ class WriteRefused(ValueError):
     """A statement that would change the database; `sql` only reads."""
 
 
+#: What can hide a ';' that separates nothing: quoted text, quoted names, comments, $tag$ bodies.
+_NOT_CODE = re.compile(
+    r"'(?:[^']|'')*'"  # 'string', '' escapes a quote
+    r'|"(?:[^"]|"")*"'  # "identifier"
+    r"|--[^\n]*"  # -- line comment
+    r"|/\*.*?\*/"  # /* block comment */
+    r"|(\$[A-Za-z_]*\$).*?\1",  # PostgreSQL $tag$ ... $tag$
+    re.DOTALL,
+)
+
+
+def has_separator(statement: str) -> bool:
+    """Whether `statement` holds a ';' outside literals, quoted names and comments."""
+    return ";" in _NOT_CODE.sub(" ", statement)
+
+
 async def run_query(engine: AsyncEngine, statement: str, *, limit: int | None = None) -> tuple[list[str], list[tuple[Any, ...]]]:
     """Run one read-only statement; returns (column names, rows).
 
@@ -26,7 +42,7 @@ async def run_query(engine: AsyncEngine, statement: str, *, limit: int | None = 
     statement = statement.strip().rstrip(";")
     if not statement:
         raise ValueError("empty query: pass a SELECT statement, e.g. rollout-ledger sql \"SELECT * FROM sessions LIMIT 5\"")
-    if ";" in statement:
+    if has_separator(statement):
         raise WriteRefused("one statement at a time: remove the ';' separators")
     if not _READ_ONLY_START.match(statement):
         raise WriteRefused(

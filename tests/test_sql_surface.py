@@ -383,6 +383,18 @@ async def test_run_query_sends_literals_as_written(db_url: str) -> None:
             await run_query(ledger.engine, "SELECT * FROM no_such_view")
 
 
+async def test_run_query_takes_a_semicolon_in_a_literal_but_not_a_second_statement(db_url: str) -> None:
+    async with open_ledger(db_url) as ledger:
+        await populate(ledger)
+        before = await snapshot(ledger.engine)
+        _, rows = await run_query(ledger.engine, "SELECT 'a;b' AS t, COUNT(*) FROM sessions WHERE message <> 'x;y' -- ; trailing\n")
+        assert rows[0][0] == "a;b"
+        for statement in ("SELECT 1; DELETE FROM events", "SELECT ';' AS t; DROP TABLE events", "SELECT 1 /* ; */; DELETE FROM events"):
+            with pytest.raises(WriteRefused, match="one statement at a time"):
+                await run_query(ledger.engine, statement)
+        assert await snapshot(ledger.engine) == before
+
+
 # ------------------------------------------------------------------------------------------
 # Alembic: the views come and go with revision 0002
 # ------------------------------------------------------------------------------------------
