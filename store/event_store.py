@@ -124,12 +124,16 @@ class EventStore:
         re-send is an idempotent no-op and a conflict fails only its own caller."""
         try:
             outcomes = await retry_transient(lambda: self._commit_together(batch, careful), what="append")
-        except (IntegrityError, DBAPIError) as error:
-            if careful and len(batch) == 1:
+        except DBAPIError as error:  # IntegrityError included
+            if len(batch) == 1 and (careful or not isinstance(error, IntegrityError)):
                 _settle(batch[0], _wrap(error, batch[0]))
                 return
-            if not isinstance(error, IntegrityError) and len(batch) == 1:
-                _settle(batch[0], _wrap(error, batch[0]))
+            if is_transient(error):
+                # Out of retries on a lock or a lost connection: every request in the batch would
+                # meet the same wait again, so all of them fail now, within one budget.
+                for request in batch:
+                    self._versions.pop(request.session_id, None)
+                    _settle(request, _wrap(error, request))
                 return
             log.debug("group commit of %d appends failed (%s); redoing them one by one", len(batch), error)
             for request in batch:

@@ -251,6 +251,29 @@ async def test_sqlite_locked_beyond_the_retry_budget_fails_clearly_and_writes_no
         await log_is_whole(ledger)
 
 
+async def test_a_locked_database_fails_a_whole_group_commit_within_one_retry_budget(tmp_path: Path) -> None:
+    """Many appends queued behind another process's lock fail together once the batch's retry
+    budget is spent: redoing them one by one would make each wait out the lock again."""
+    path = tmp_path / "ledger.db"
+    async with Ledger.open(path, sqlite_busy_timeout=0.05) as ledger:
+        handles = [await ledger.create_session(f"busy-{i}", uid=f"busy{i}", session_index=0, group_size=1, **KW)
+                   for i in range(20)]
+        with write_lock_held(path, 4.0) as holder:
+            started = time.monotonic()
+            results = await asyncio.gather(
+                *(h.record_trajectory(prompt_ids=[1], response_ids=[2, 3]) for h in handles), return_exceptions=True
+            )
+            waited = time.monotonic() - started
+            assert all(isinstance(r, StoreError) and "database is locked" in str(r) for r in results), results
+            assert waited < 2.0, f"20 appends took {waited:.1f}s to fail: each paid its own retry budget"
+            holder.wait(10)
+        assert all(h.version == 2 for h in handles)
+        for h in handles:  # nothing was written; the callers' retries succeed
+            await h.record_trajectory(prompt_ids=[1], response_ids=[2, 3])
+        await ledger.project()
+        await log_is_whole(ledger)
+
+
 def test_sqlite_busy_timeout_is_validated() -> None:
     from store import create_engine
 
