@@ -52,6 +52,8 @@ def build_parser() -> argparse.ArgumentParser:
     project = verbs.add_parser("project", parents=[common], help="run the projector to the end of the log")
     project.add_argument("--follow", action="store_true", help="keep tailing the log until interrupted")
     project.add_argument("--poll", type=float, default=0.5, help="seconds between polls when following")
+    project.add_argument("--backoff", type=float, default=0.5, help="first wait after a failed page when following (doubles)")
+    project.add_argument("--max-backoff", type=float, default=30.0, help="longest wait between retries of a failed page")
 
     metrics = verbs.add_parser("metrics", parents=[common], help="metric counts")
     metrics.add_argument("--run", default=None, help="default: the most recent run")
@@ -173,7 +175,8 @@ async def _cmd_project(args: argparse.Namespace) -> int:
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(signum, stop.set)  # finish the page in hand, then exit 0
         total = await ledger.projector.follow(
-            stop, poll_interval=args.poll, on_page=lambda r: print(f"projected {r.events} events up to position {r.last_position}", flush=True)
+            stop, poll_interval=args.poll, backoff=args.backoff, max_backoff=args.max_backoff,
+            on_page=lambda r: print(f"projected {r.events} events up to position {r.last_position}", flush=True),
         )
         print(f"projected {total} events")
     return 0

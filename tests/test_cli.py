@@ -117,3 +117,27 @@ def test_diagram_prints_mermaid(tmp_path: Path) -> None:
     assert "stateDiagram" in result.stdout
     for edge in ("created --> running", "running --> succeeded", "running --> failed", "running --> cancelled"):
         assert edge in result.stdout
+
+
+def test_project_follow_refuses_a_nonsense_backoff_in_one_line(tmp_path: Path) -> None:
+    result = cli("project", "--db", str(tmp_path / "x.db"), "--follow", "--backoff", "2", "--max-backoff", "1", cwd=tmp_path)
+    assert result.returncode == 1
+    assert result.stderr.strip().count("\n") == 0 and "backoff" in result.stderr, result.stderr
+
+
+def test_project_follow_stops_cleanly_on_sigterm(demo: Any, tmp_path: Path) -> None:
+    import signal
+    import time
+
+    db, _ = demo
+    copy = tmp_path / "follow.db"
+    copy.write_bytes(db.read_bytes())
+    env = {k: v for k, v in os.environ.items() if k != "ROLLOUT_LEDGER_DB"}
+    follower = subprocess.Popen([*_command(), "project", "--db", str(copy), "--follow", "--poll", "0.1", "--backoff", "0.1",
+                                 "--max-backoff", "0.2"], cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True)
+    time.sleep(3)
+    follower.send_signal(signal.SIGTERM)
+    out, err = follower.communicate(timeout=30)
+    assert follower.returncode == 0, err
+    assert out.strip().splitlines()[-1].startswith("projected "), out
