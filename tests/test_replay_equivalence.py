@@ -1,0 +1,326 @@
+"""Property: the fast replay (one-pass fold, bulk copy) stores exactly what the incremental Projector does.
+
+Random logs are written straight to the event store — several runs, train and val, steps and no
+step, data sources or none, groups of 1-3 sessions whose outcomes cover success (with, without
+and with an absent score, all or only the last trajectory selected), failure with the placeholder
+emitted or dropped, cancellation, and sessions left open; trajectories at schema v1 (upcast) and
+v2; every session's events interleaved at random with the others'. The incremental Projector
+projects the log in random pages, some of it before the rest is appended; `replay` rebuilds it
+into an empty database. Every read-model row (queue rows in queue order), the checkpoint and the
+event log must be equal, and the audit of the incrementally projected database must pass.
+Runs on SQLite and on PostgreSQL (one pair of databases, emptied per example).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from sqlalchemy import select, text
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from sessions import events as ev
+from sessions import tokens
+from sessions.audit import audit
+from sessions.projector import Projector
+from sessions.replay import replay
+from store import create_engine
+from store.event_store import EventStore
+from store.migrate import upgrade
+from store.records import NewEvent
+from store.tables import checkpoints, events, groups, metadata, metric_counts, queue_rows, sessions
+from tests.conftest import drop_pg_database, new_pg_database, require_pg
+
+OUTCOMES = ("succeed", "succeed", "succeed_last", "succeed_no_reward", "fail_emit", "fail_drop", "cancel", "open", "created")
+T0 = datetime(2026, 1, 2, 3, 4, 5, 678901, tzinfo=timezone.utc)
+
+
+@dataclass
+class Log:
+    """Each session's events in its own order, and the order in which streams take turns."""
+
+    streams: dict[str, list[NewEvent]] = field(default_factory=dict)
+    turns: list[str] = field(default_factory=list)
+
+    def interleaved(self) -> list[NewEvent]:
+        cursor = {sid: 0 for sid in self.streams}
+        out = []
+        for sid in self.turns:
+            out.append(self.streams[sid][cursor[sid]])
+            cursor[sid] += 1
+        return out
+
+
+def _trajectory(rnd: random.Random, index: int, v1: bool) -> tuple[dict[str, Any], bytes]:
+    prompt = np.array([rnd.randrange(1, 500) for _ in range(rnd.randint(1, 4))], dtype=np.int32)
+    response = np.array([rnd.randrange(1, 500) for _ in range(rnd.randint(1, 5))], dtype=np.int32)
+    mask = np.array([rnd.choice([0, 1, 1]) for _ in response], dtype=np.uint8)
+    logprobs = np.array([-rnd.random() for _ in response], dtype=np.float32) if rnd.random() < 0.3 else None
+    payload = tokens.encode(tokens.TokenArrays(prompt, response, mask, logprobs))
+    data: dict[str, Any] = {
+        "index": index, "num_turns": rnd.randint(1, 4), "prompt_len": len(prompt), "response_len": len(response),
+        "has_logprobs": logprobs is not None, "materialization_reason": rnd.choice([None, "complete", "truncated"]),
+        "extra": {"turns": rnd.randint(0, 3)} if rnd.random() < 0.5 else {},
+    }
+    if not v1:
+        data["trainable_tokens"] = int(mask.sum())
+    return data, payload
+
+
+def random_log(rnd: random.Random) -> Log:
+    log = Log()
+    clock = iter(T0 + timedelta(microseconds=7 * i) for i in range(10**6))
+    for g in range(rnd.randint(1, 6)):
+        run = rnd.choice(["alpha", "beta"])
+        uid = f"u{g}x{rnd.randrange(10**6)}"
+        partition = rnd.choice(["train", "val"])
+        step = rnd.choice([None, 0, 1, 2])
+        source = rnd.choice([None, "gsm8k", "swe"])
+        size = rnd.randint(1, 3)
+        for index in range(size):
+            sid = f"{uid}-s{index}"
+            items: list[tuple[ev.Event | None, str, int, dict[str, Any], bytes | None]] = []
+
+            def add(type_: str, data: dict[str, Any], payload: bytes | None = None, schema: int | None = None) -> None:
+                items.append((None, type_, schema or ev.EVENT_TYPES[type_].SCHEMA_VERSION, data, payload))
+
+            add("SessionCreated", {"run": run, "uid": uid, "session_index": index, "group_size": size, "partition": partition,
+                                   "global_step": step, "data_source": source, "runner": rnd.choice([None, "swe-agent"]),
+                                   "sample_index": None, "metadata": {"seed": rnd.randrange(100)}})
+            outcome = rnd.choice(OUTCOMES)
+            if outcome != "created":
+                add("SessionStarted", {"attempt": rnd.choice([None, 1]), "timeout_s": rnd.choice([None, 60.0])})
+                count = rnd.randint(0, 3)
+                rewards: list[float | None] = []
+                for t in range(count):
+                    v1 = rnd.random() < 0.3
+                    data, payload = _trajectory(rnd, t, v1)
+                    add("TrajectoryRecorded", data, payload, 1 if v1 else 2)
+                    if rnd.random() < 0.6 and outcome != "succeed_no_reward":
+                        reward = rnd.choice([None, 0.0, 1.0, round(rnd.uniform(-1, 1), 6), rnd.random()])
+                        rewards.append(reward)
+                        add("RewardPosted", {"reward": reward, "info": {"acc": rnd.choice([0, 1]), f"k{t}": t}})
+                if outcome.startswith("succeed") and count == 0:
+                    outcome = "fail_emit"  # complete() without a trajectory is a failure
+                if outcome.startswith("succeed"):
+                    selected = list(range(count)) if outcome != "succeed_last" else [count - 1]
+                    score = rewards[-1] if rewards else None
+                    add("SessionSucceeded", {"selected": selected, "trajectory_selection": "longest" if outcome == "succeed_last" else "all",
+                                             "score": score, "score_source": "reward_info" if score is not None else "absent",
+                                             "finished": True})
+                elif outcome.startswith("fail"):
+                    reason = rnd.choice(ev.FAILURE_REASONS)
+                    decision = "drop" if outcome == "fail_drop" else "emit"
+                    add("SessionFailed", {"reason": reason, "error_type": rnd.choice([None, "RuntimeError"]),
+                                          "message": "boom", "discarded_trajectories": count, "placeholder": decision})
+                    if decision == "emit":
+                        add("PlaceholderEmitted", {"reason": reason, "token_id": rnd.choice([0, 2]), "reward": 0.0, "finished": False,
+                                                   "materialization_reason": "session_failed", "reward_info": {"acc": 0}})
+                elif outcome == "cancel":
+                    add("SessionCancelled", {"message": rnd.choice([None, "shutdown"])})
+            log.streams[sid] = [
+                NewEvent(str(uuid.UUID(int=rnd.getrandbits(128))), sid, version, type_, schema, run, uid, partition, step,
+                         data, payload, next(clock))
+                for version, (_e, type_, schema, data, payload) in enumerate(items, start=1)
+            ]
+    log.turns = [sid for sid, stream in log.streams.items() for _ in stream]
+    rnd.shuffle(log.turns)  # a random interleaving that keeps each stream's own order
+    return log
+
+
+async def _append(store: EventStore, batch: list[NewEvent], versions: dict[str, int]) -> None:
+    for event in batch:
+        versions[event.session_id] = await store.append(event.session_id, versions.get(event.session_id, 0), [event])
+
+
+async def _record_and_project(url: str, log: Log, rnd: random.Random) -> None:
+    """Append the log in a few slices, projecting in random pages between and after them."""
+    engine = create_engine(url)
+    store = EventStore(engine)
+    try:
+        await upgrade(engine)
+        ordered = log.interleaved()
+        cuts = sorted(rnd.sample(range(len(ordered) + 1), k=min(2, len(ordered) + 1)))
+        versions: dict[str, int] = {}
+        start = 0
+        for cut in [*cuts, len(ordered)]:
+            await _append(store, ordered[start:cut], versions)
+            start = cut
+            await Projector(engine, page_size=rnd.randint(1, 9)).run()
+    finally:
+        await store.close()
+        await engine.dispose()
+
+
+#: Each table in a natural order; queue rows in queue (id) order. Surrogate ids and wall clocks excluded.
+TABLES = {
+    "events": (events, ("position",), ()),
+    "sessions": (sessions, ("session_id",), ()),
+    "groups": (groups, ("run", "uid"), ()),
+    "metric_counts": (metric_counts, ("run", "partition", "global_step", "data_source", "metric"), ("id",)),
+    "queue_rows": (queue_rows, ("id",), ("id",)),
+    "checkpoints": (checkpoints, ("name",), ("updated_at",)),
+}
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, memoryview):
+        return bytes(value)
+    if isinstance(value, datetime) and value.tzinfo is None:
+        return value.replace(tzinfo=timezone.utc)  # SQLite keeps UTC without its zone
+    return value
+
+
+async def table_rows(engine: AsyncEngine) -> dict[str, list[dict[str, Any]]]:
+    out = {}
+    async with engine.connect() as conn:
+        for name, (table, order, ignored) in TABLES.items():
+            rows = [dict(r) for r in (await conn.execute(select(table))).mappings()]
+            rows.sort(key=lambda r: tuple((r[k] is None, r[k] if r[k] is not None else 0) for k in order))
+            out[name] = [{k: _plain(v) for k, v in r.items() if k not in ignored} for r in rows]
+    return out
+
+
+async def check_equivalence(source_url: str, target_url: str) -> None:
+    source, target = create_engine(source_url), create_engine(target_url)
+    try:
+        await upgrade(target)
+        report = await replay(source, target, page_size=random.Random(len(source_url)).randint(1, 50))
+        want, got = await table_rows(source), await table_rows(target)
+        assert report.events == len(want["events"])
+        for name in TABLES:
+            assert got[name] == want[name], f"{name}: replay differs from the incremental projector"
+        audited = await audit(source)
+        assert audited.ok, audited.divergences[:3]
+    finally:
+        await source.dispose()
+        await target.dispose()
+
+
+SETTINGS = settings(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+
+
+@settings(SETTINGS, max_examples=40)
+@given(seed=st.integers(0, 2**32 - 1))
+def test_fast_replay_equals_incremental_projection_sqlite(seed: int, tmp_path_factory: pytest.TempPathFactory) -> None:
+    folder = tmp_path_factory.mktemp("equivalence")
+    source, target = f"sqlite+aiosqlite:///{folder / 'source.db'}", f"sqlite+aiosqlite:///{folder / 'target.db'}"
+    rnd = random.Random(seed)
+    asyncio.run(_record_and_project(source, random_log(rnd), rnd))
+    asyncio.run(check_equivalence(source, target))
+
+
+async def _empty(url: str) -> None:
+    engine = create_engine(url)
+    try:
+        await upgrade(engine)
+        async with engine.begin() as conn:
+            await conn.execute(text(f"TRUNCATE {', '.join(t.name for t in metadata.sorted_tables)} RESTART IDENTITY"))
+    finally:
+        await engine.dispose()
+
+
+@pytest.fixture(scope="module")
+def pg_pair() -> Iterator[tuple[str, str]]:
+    require_pg()
+    made = [new_pg_database() for _ in range(2)]
+    try:
+        yield made[0][1], made[1][1]
+    finally:
+        for name, _url in made:
+            drop_pg_database(name)
+
+
+@pytest.mark.postgres
+@settings(SETTINGS, max_examples=12)
+@given(seed=st.integers(0, 2**32 - 1))
+def test_fast_replay_equals_incremental_projection_postgres(seed: int, pg_pair: tuple[str, str]) -> None:
+    source, target = pg_pair
+    for url in pg_pair:
+        asyncio.run(_empty(url))
+    rnd = random.Random(seed)
+    asyncio.run(_record_and_project(source, random_log(rnd), rnd))
+    asyncio.run(check_equivalence(source, target))
+
+
+@pytest.mark.postgres
+def test_fast_replay_across_backends_equals_projection(pg_pair: tuple[str, str], tmp_path: Any) -> None:
+    """SQLite -> PostgreSQL and back: timestamps and JSON cross the backends' storage forms."""
+    sqlite_url = f"sqlite+aiosqlite:///{tmp_path / 'source.db'}"
+    back = f"sqlite+aiosqlite:///{tmp_path / 'back.db'}"
+    for url in pg_pair:
+        asyncio.run(_empty(url))
+    rnd = random.Random(7)
+    asyncio.run(_record_and_project(sqlite_url, random_log(rnd), rnd))
+    asyncio.run(check_equivalence(sqlite_url, pg_pair[0]))
+    asyncio.run(check_equivalence(pg_pair[0], back))
+
+
+def test_the_generator_covers_every_outcome() -> None:
+    """The logs above are only as good as their variety: check that it is there."""
+    seen: dict[str, set[Any]] = {"types": set(), "schemas": set(), "placeholder": set(), "partition": set(), "runs": set()}
+    for seed in range(60):
+        for event in random_log(random.Random(seed)).interleaved():
+            seen["types"].add(event.type)
+            seen["schemas"].add((event.type, event.schema_version))
+            seen["partition"].add(event.partition)
+            seen["runs"].add(event.run)
+            if event.type == "SessionFailed":
+                seen["placeholder"].add(event.data["placeholder"])
+    assert seen["types"] == set(ev.EVENT_TYPES)
+    assert {("TrajectoryRecorded", 1), ("TrajectoryRecorded", 2)} <= seen["schemas"]
+    assert seen["placeholder"] == {"emit", "drop"} and seen["partition"] == {"train", "val"} and len(seen["runs"]) == 2
+
+
+def _damaged(kind: str) -> list[NewEvent]:
+    """A one-session log the projector refuses, in one of three ways."""
+    stream = next(
+        s for seed in range(100) for s in random_log(random.Random(seed)).streams.values()
+        if any(e.type == "SessionSucceeded" for e in s) and any(e.type == "RewardPosted" for e in s)
+    )
+    if kind == "no-created":
+        return stream[1:]
+    if kind == "missing-trajectory":
+        succeeded = next(e for e in stream if e.type == "SessionSucceeded")
+        return [e if e is not succeeded else NewEvent(**{**vars_of(e), "data": {**e.data, "selected": [7]}}) for e in stream]
+    reward = next(e for e in stream if e.type == "RewardPosted")
+    return [e if e is not reward else NewEvent(**{**vars_of(e), "data": {}}) for e in stream]
+
+
+def vars_of(event: NewEvent) -> dict[str, Any]:
+    return {name: getattr(event, name) for name in NewEvent.__dataclass_fields__}
+
+
+@pytest.mark.parametrize("kind", ["no-created", "missing-trajectory", "missing-field"])
+def test_fast_replay_refuses_what_the_projector_refuses_with_its_message(kind: str, tmp_path: Any) -> None:
+    async def main() -> None:
+        source = create_engine(f"sqlite+aiosqlite:///{tmp_path / 'source.db'}")
+        target = create_engine(f"sqlite+aiosqlite:///{tmp_path / 'target.db'}")
+        try:
+            await upgrade(source)
+            await upgrade(target)
+            async with source.begin() as conn:  # written as stored, past the store's checks
+                await conn.execute(events.insert(), [vars_of(e) for e in _damaged(kind)])
+            with pytest.raises(Exception) as projected:
+                await Projector(source).run()
+            with pytest.raises(Exception) as replayed:
+                await replay(source, target)
+            assert type(replayed.value) is type(projected.value)
+            assert str(replayed.value) == str(projected.value)
+            async with target.connect() as conn:  # nothing half-written: no read model, no checkpoint
+                for table in (sessions, groups, queue_rows, metric_counts, checkpoints):
+                    assert (await conn.execute(select(table))).first() is None
+        finally:
+            await source.dispose()
+            await target.dispose()
+
+    asyncio.run(main())
