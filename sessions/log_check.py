@@ -1,0 +1,237 @@
+"""The audit's checks of the log itself, in two streaming passes with bounded memory.
+
+1. Content, in position order, one page at a time: every event's `data` parses as JSON, has a
+   known type and schema version, upcasts, and has the fields its type needs (what the projector
+   would refuse, found before the projector reaches it); a trajectory's payload has the size its
+   lengths state and `trainable_tokens` agrees with its mask.
+2. Structure, one session's stream at a time (in (session_id, version) order, which the unique
+   index serves without sorting): versions 1..n in position order, a SessionCreated first, one
+   terminal event, a placeholder after each SessionFailed that emits one, nothing else after the
+   terminal event.
+
+Findings come back in log order (by position).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from sessions import events as ev
+from sessions import tokens
+from sessions.divergence import Divergence
+from sessions.errors import UnknownEventError
+from sessions.rebuild import CURRENT, REQUIRED, parse_json
+from store import driver
+from store.engine import StoredJSONError, load_json
+from store.records import StoredEvent
+
+TERMINAL = ev.TERMINAL_EVENTS
+#: Events per page of the content pass: the page's payloads are what it holds in memory.
+CONTENT_PAGE = 1000
+STRUCTURE_PAGE = 20_000
+PROGRESS_EVERY = 10_000
+
+# Ranks of findings at one position, as the checks of one stream report them: the stream's
+# shape first, then what is wrong inside the event, then what is wrong with what follows it.
+_SHAPE, _CONTENT, _SEQUENCE = 0, 1, 2
+
+Finding = tuple[int, int, Divergence]  # position, rank, divergence
+
+
+@dataclass
+class LogCheck:
+    events: int = 0
+    sessions: int = 0
+    divergences: list[Divergence] = field(default_factory=list)
+
+
+async def check_log(
+    engine: AsyncEngine,
+    *,
+    on_progress: Callable[[str, int], None] | None = None,
+    on_page: Callable[[list[tuple[Any, ...]]], None] | None = None,
+) -> LogCheck:
+    """Both passes over the whole log; divergences sorted by position.
+
+    `on_page` receives each page of the content pass as `sessions.rebuild.EVENT_COLUMNS` tuples,
+    `data` already parsed where it parses: a caller folding the log shares this pass's reads.
+    """
+    result = LogCheck()
+    findings: list[Finding] = []
+    async with driver.reader(engine) as read:
+        result.events = await _check_content(read, findings, on_progress, on_page)
+        result.sessions = await _check_structure(read, findings)
+    findings.sort(key=lambda f: (f[0], f[1]))  # stable: a stream's findings keep their order
+    result.divergences = [d for _p, _r, d in findings]
+    return result
+
+
+# ---------------------------------------------------------------------------------- content
+_CONTENT_COLUMNS = ("position", "session_id", "version", "type", "schema_version", "data", "payload", "recorded_at")
+#: Texts up to this long whose event checks clean are remembered per (type, schema version):
+#: SessionStarted and most RewardPosted data repeat across a log.
+_REMEMBERED_TEXT = 96
+_REMEMBERED = 4096
+
+
+async def _check_content(
+    read: driver.Reader, findings: list[Finding], on_progress: Callable[[str, int], None] | None,
+    on_page: Callable[[list[tuple[Any, ...]]], None] | None,
+) -> int:
+    count, last, reported = 0, 0, 0
+    clean: dict[tuple[str, int, str], Any] = {}
+    while True:
+        rows = await read.events_page(_CONTENT_COLUMNS, after=last, limit=CONTENT_PAGE)
+        if not rows:
+            break
+        folded = []
+        for position, sid, version, type_, schema, raw, payload, recorded_at in rows:
+            remembered = (type_, schema, raw) if type(raw) is str and len(raw) <= _REMEMBERED_TEXT else None
+            data = clean.get(remembered) if remembered is not None else None
+            if data is None:
+                data, problems = inspect_event(position, sid, version, type_, schema, raw, payload)
+                for field_, expected, found in problems:
+                    findings.append((position, _CONTENT, Divergence("events", f"session {sid}", field_, expected, found, sid, position)))
+                if not problems and remembered is not None and type_ != "TrajectoryRecorded" and len(clean) < _REMEMBERED:
+                    clean[remembered] = data
+            folded.append((position, sid, version, type_, schema, raw if data is None else data, recorded_at))
+        if on_page is not None:
+            on_page(folded)
+        count += len(rows)
+        last = rows[-1][0]
+        if on_progress is not None and count - reported >= PROGRESS_EVERY:
+            on_progress("checked", count - reported)
+            reported = count
+    return count
+
+
+def inspect_event(
+    position: int, sid: str, version: int, type_: str, schema: int, raw: Any, payload: bytes | None
+) -> tuple[Any, list[tuple[str, Any, Any]]]:
+    """One stored event's parsed data (None if it does not parse) and (field, expected, found)
+    for what is wrong inside it."""
+    try:
+        data = raw if isinstance(raw, dict) else parse_json(raw)
+    except StoredJSONError as error:
+        return None, [("data", "valid JSON", str(error))]
+    payload = None if payload is None else bytes(payload)
+    try:
+        decoded = data if CURRENT.get(type_) == schema else ev.upcast(type_, schema, data, payload)
+    except UnknownEventError as error:
+        return data, [("type", "a known event type and schema version", str(error))]
+    if not isinstance(decoded, dict):
+        return data, [("data", f"a JSON object of {type_} fields",
+                       f"event at position {position} ({type_} v{schema}) has malformed data: a JSON {type(decoded).__name__}")]
+    if not REQUIRED[type_] <= decoded.keys():
+        try:
+            ev.decode(StoredEvent(position, "", sid, version, type_, schema, "", "", "", None, decoded, payload, None))  # type: ignore[arg-type]
+        except UnknownEventError as error:
+            return data, [("data", f"the fields of {type_}", str(error))]
+        return data, []  # pragma: no cover - decode refuses what lacks a required field
+    if type_ == "TrajectoryRecorded":
+        return data, list(_payload_problems(decoded, payload))
+    return data, []
+
+
+def _payload_problems(decoded: dict[str, Any], payload: bytes | None) -> Iterable[tuple[str, Any, Any]]:
+    """The payload has the size the lengths state; the stated trainable count matches the mask.
+
+    Counted with `bytes.count` over the mask (its trailing `response_len` bytes): the same as
+    `tokens.decode(...).response_mask == 1`, without building arrays.
+    """
+    payload = payload or b""
+    try:
+        prompt_len, response_len = int(decoded["prompt_len"]), int(decoded["response_len"])
+        has_logprobs = bool(decoded["has_logprobs"])
+        if len(payload) != tokens.payload_size(prompt_len, response_len, has_logprobs) or prompt_len < 0 or response_len < 0:
+            tokens.decode(payload, prompt_len, response_len, has_logprobs)  # raises, naming the sizes
+    except (ValueError, KeyError, TypeError) as error:
+        yield ("payload", "decodable token arrays", str(error))
+        return
+    stated = decoded.get("trainable_tokens")
+    counted = payload.count(1, len(payload) - response_len) if response_len else 0
+    if stated is not None and stated != counted:
+        yield ("trainable_tokens", counted, stated)
+
+
+# -------------------------------------------------------------------------------- structure
+@dataclass(frozen=True, slots=True)
+class _Entry:
+    position: int
+    version: int
+    type: str
+    placeholder: str | None  # SessionFailed's recorded decision (None where unreadable)
+
+
+async def _check_structure(read: driver.Reader, findings: list[Finding]) -> int:
+    data = "data::text" if read.postgres else "data"
+    mark = (lambda i: f"${i}") if read.postgres else (lambda _i: "?")
+    select = (f"SELECT session_id, version, position, type, CASE WHEN type = 'SessionFailed' THEN {data} END, schema_version "
+              "FROM events")
+    order = f" ORDER BY session_id, version LIMIT {mark(3)}"
+    sessions, after = 0, None
+    sid: str | None = None
+    stream: list[_Entry] = []
+    while True:
+        if after is None:
+            rows = await read.fetch(select + order.replace(mark(3), mark(1)), (STRUCTURE_PAGE,))
+        else:
+            rows = await read.fetch(select + f" WHERE (session_id, version) > ({mark(1)}, {mark(2)})" + order, (*after, STRUCTURE_PAGE))
+        if not rows:
+            break
+        for row_sid, version, position, type_, failed_data, schema in rows:
+            if row_sid != sid:
+                if sid is not None:
+                    findings.extend(_check_stream(sid, stream))
+                    sessions += 1
+                sid, stream = row_sid, []
+            stream.append(_Entry(position, version, type_, _decision(type_, schema, failed_data)))
+        after = (rows[-1][0], rows[-1][1])
+    if sid is not None:
+        findings.extend(_check_stream(sid, stream))
+        sessions += 1
+    return sessions
+
+
+def _decision(type_: str, schema: int, raw: Any) -> str | None:
+    if type_ != "SessionFailed":
+        return None
+    try:
+        data = raw if isinstance(raw, dict) else load_json(raw)
+        decoded = ev.upcast(type_, schema, data)
+        return decoded.get("placeholder", "emit")
+    except (StoredJSONError, UnknownEventError, AttributeError):
+        return None  # the content pass reports it
+
+
+def _check_stream(sid: str, stream: list[_Entry]) -> Iterable[Finding]:
+    """One session's events (any order in, checked in position order)."""
+    stream.sort(key=lambda e: e.position)
+
+    def div(position: int, rank: int, field_: str, expected: Any, found_: Any) -> Finding:
+        return (position, rank, Divergence("events", f"session {sid}", field_, expected, found_, sid, position))
+
+    # In position order a session's versions are exactly 1, 2, …, n: a missing one is a gap, one
+    # that appears elsewhere in the stream is out of order (e.g. two events' versions swapped).
+    versions = {item.version for item in stream}
+    for expected_version, item in enumerate(stream, start=1):
+        if item.version != expected_version:
+            field_ = "version order" if expected_version in versions else "version"
+            yield div(item.position, _SHAPE, field_, expected_version, item.version)
+            return
+    if stream[0].type != "SessionCreated":
+        yield div(stream[0].position, _SHAPE, "type", "SessionCreated", stream[0].type)
+    terminal = [item for item in stream if item.type in TERMINAL]
+    if len(terminal) > 1:
+        yield div(terminal[1].position, _SHAPE, "terminal events", 1, len(terminal))
+    for index, item in enumerate(stream):
+        if item.type == "SessionFailed" and item.placeholder == "emit":
+            following = stream[index + 1].type if index + 1 < len(stream) else None
+            if following != "PlaceholderEmitted":
+                yield div(item.position, _SEQUENCE, "placeholder", "PlaceholderEmitted after SessionFailed", following)
+        if terminal and item.position > terminal[0].position and item.type != "PlaceholderEmitted":
+            yield div(item.position, _SEQUENCE, "type", "nothing after the terminal event", item.type)
