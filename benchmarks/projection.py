@@ -98,12 +98,13 @@ def check_same(expected: Any, found: Any) -> None:
 
     from sessions.batches import NON_TENSOR_COLUMNS, non_tensor
 
-    keys = sorted(k for k in expected.keys() if k not in NON_TENSOR_COLUMNS)
-    assert keys == sorted(k for k in found.keys() if k not in NON_TENSOR_COLUMNS), (keys, list(found.keys()))
+    assert list(expected.keys()) == list(found.keys()), (list(expected.keys()), list(found.keys()))
+    keys = [k for k in expected.keys() if k not in NON_TENSOR_COLUMNS]
     for key in keys:
         a, b = expected.get(key), found.get(key)
         assert a.dtype == b.dtype and torch.equal(a, b), f"per-row baseline differs from build_padded in {key!r}"
     for name in NON_TENSOR_COLUMNS:
+        assert type(expected.get(name)) is type(found.get(name)), name  # NonTensorStack, not a list in one
         assert non_tensor(expected, name) == non_tensor(found, name), name
 
 

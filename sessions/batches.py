@@ -8,13 +8,19 @@ Two layouts of the same columns:
 * jagged (``build_jagged``): unpadded ``torch.jagged`` nested tensors, what row stores such as
   TransferQueue hold. ``densify`` turns it into the padded layout.
 
-Every builder goes through one *flat* intermediate (all rows' tokens concatenated plus per-row
-lengths), so padding is index arithmetic over whole columns, never a per-token Python loop.
+Rows are gathered once into per-row arrays (the caller's own, or views: truncation slices them).
+The padded writer fills each output once and copies every row's slices straight into place: a
+handful of numpy slice writes per row, no per-token Python loop, no per-token index arrays, no
+[B, P+R] temporaries. The jagged builder concatenates each column once (the *flat* form, all
+rows' tokens plus per-row lengths); ``densify`` and ``concat_padded`` split flat columns back
+into per-row views for the same padded writer.
 
 Non-tensor columns (``NON_TENSOR_COLUMNS``) are stored as ``tensordict.NonTensorStack`` of
 length B. ``batch["uid"]`` returns a ``list`` subclass; ``non_tensor(batch, "uid")`` returns a
 plain ``list`` and also copes with a column set through ``set_non_tensor``. Indexing, boolean
-selection and ``torch.cat`` of batches keep these columns aligned with the rows.
+selection and ``torch.cat`` of batches keep these columns aligned with the rows. A stack is one
+``NonTensorData`` object per row, so these 10 columns cost more than the tensor columns; they
+are built directly, with the cyclic GC paused (``sessions.non_tensor_stacks``).
 
 Decisions recorded here (the contract is silent on them):
 
@@ -41,6 +47,8 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import torch
 from tensordict import NonTensorData, NonTensorStack, TensorDict, TensorDictBase
+
+from sessions.non_tensor_stacks import SCALAR_TYPES, set_non_tensor_columns
 
 __all__ = [
     "BatchRow",
@@ -84,6 +92,8 @@ _VALUES_SUFFIX = ".values"
 _OFFSETS_SUFFIX = ".offsets"
 
 _PLAIN_SCALARS = (type(None), bool, int, float, str)
+#: the value types ``NonTensorData`` stores as they are (tensordict's pytree scalar leaves)
+_NO_META: Mapping[str, Any] = {}
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,13 +122,38 @@ class BatchTooLongError(ValueError):
 
 
 # --------------------------------------------------------------------------------------------
-# flat intermediate
+# intermediates: per-row arrays (-> padded) and flat columns (-> jagged)
 # --------------------------------------------------------------------------------------------
 
 
 @dataclass(slots=True)
+class _Rows:
+    """Each row's token arrays plus per-row scalars: what the padded layout is written from.
+
+    The arrays are the caller's own or views of them (truncation slices them, never copies):
+    the padded writer copies each one straight into its place in the output, so the output is
+    written once (plus one fill) and no flat copy or per-token index array is built for it.
+    """
+
+    prompts: list[np.ndarray]
+    responses: list[np.ndarray]
+    response_mask: list[np.ndarray]
+    rollout_log_probs: list[np.ndarray | None] | None  # None: no row has them; a None entry: zeros
+    rm_scores: list[np.ndarray] | None  # None: each row's reward on its last response token
+    rewards: np.ndarray  # [B] float32, read when rm_scores is None
+    prompt_lengths: np.ndarray  # [B] int64
+    response_lengths: np.ndarray  # [B] int64
+    is_placeholder: np.ndarray  # [B] bool
+    non_tensor: dict[str, list[Any]]
+
+    @property
+    def batch_size(self) -> int:
+        return int(self.prompt_lengths.shape[0])
+
+
+@dataclass(slots=True)
 class _Flat:
-    """All rows' tokens concatenated (row order) plus per-row lengths; the hub of every layout."""
+    """All rows' tokens concatenated (row order) plus per-row lengths: the jagged layout's form."""
 
     prompt_ids: torch.Tensor  # [Np] int64
     prompt_lengths: torch.Tensor  # [B] int64
@@ -141,9 +176,11 @@ def _row_key(row: BatchRow, index: int) -> Any:
     return key if key is not None else f"#{index}"
 
 
-def _plain_value(value: Any) -> Any:
+def _plain_column(values: list[Any]) -> list[Any]:
     """numpy scalars -> Python scalars, so non-tensor columns stay weights_only-loadable."""
-    return value.item() if isinstance(value, np.generic) else value
+    if SCALAR_TYPES.issuperset(map(type, values)):  # the usual case, tested at C speed
+        return values
+    return [v.item() if isinstance(v, np.generic) else v for v in values]
 
 
 def _as_1d(array: Any, key: Any, name: str, kinds: str) -> np.ndarray:
@@ -159,26 +196,11 @@ def _concat(arrays: list[np.ndarray], dtype: type) -> np.ndarray:
     return np.concatenate(arrays).astype(dtype, copy=False) if arrays else np.zeros(0, dtype)
 
 
-@dataclass(slots=True)
-class _Collected:
-    """Per-row numpy arrays gathered (and shape-checked) in the one allowed per-row loop."""
-
-    keys: list[Any]
-    prompts: list[np.ndarray]
-    responses: list[np.ndarray]
-    masks: list[np.ndarray]
-    logprobs: list[np.ndarray]
-    has_logprobs: bool
-    rewards: np.ndarray
-    placeholders: np.ndarray
-    non_tensor: dict[str, list[Any]]
-
-
-def _collect(rows: Sequence[BatchRow]) -> _Collected:
-    """Gather and shape-check each row's arrays; O(1) numpy work per row, none per token."""
+def _collect(rows: Sequence[BatchRow]) -> tuple[_Rows, list[Any]]:
+    """Gather and shape-check each row's arrays (and the keys errors name); O(1) work per row."""
     keys, prompts, responses, masks, logprobs = [], [], [], [], []
-    has_logprobs = any(row.logprobs is not None for row in rows)
-    non_tensor: dict[str, list[Any]] = {name: [] for name in NON_TENSOR_COLUMNS}
+    metas: list[Mapping[str, Any]] = []
+    has_logprobs = False
     for i, row in enumerate(rows):
         key = _row_key(row, i)
         prompt = _as_1d(row.prompt_ids, key, "prompt_ids", "iu")
@@ -189,6 +211,7 @@ def _collect(rows: Sequence[BatchRow]) -> _Collected:
                 f"row {key!r}: response_mask length {mask.shape[0]} != response length "
                 f"{response.shape[0]}"
             )
+        lp = None
         if row.logprobs is not None:
             lp = _as_1d(row.logprobs, key, "logprobs", "f")
             if lp.shape[0] != response.shape[0]:
@@ -196,27 +219,28 @@ def _collect(rows: Sequence[BatchRow]) -> _Collected:
                     f"row {key!r}: logprobs length {lp.shape[0]} != response length "
                     f"{response.shape[0]}"
                 )
-            logprobs.append(lp)
-        elif has_logprobs:
-            logprobs.append(np.zeros(response.shape[0], np.float32))
+            has_logprobs = True
         keys.append(key)
         prompts.append(prompt)
         responses.append(response)
         masks.append(mask)
-        meta = row.meta or {}
-        for name in NON_TENSOR_COLUMNS:
-            non_tensor[name].append(_plain_value(meta.get(name)))
-    return _Collected(
-        keys=keys,
+        logprobs.append(lp)
+        metas.append(row.meta or _NO_META)
+    n = len(rows)
+    non_tensor = {name: _plain_column([m.get(name) for m in metas]) for name in NON_TENSOR_COLUMNS}
+    collected = _Rows(
         prompts=prompts,
         responses=responses,
-        masks=masks,
-        logprobs=logprobs,
-        has_logprobs=has_logprobs,
-        rewards=np.fromiter((float(r.reward) for r in rows), np.float32, count=len(rows)),
-        placeholders=np.fromiter((bool(r.is_placeholder) for r in rows), bool, count=len(rows)),
+        response_mask=masks,
+        rollout_log_probs=logprobs if has_logprobs else None,
+        rm_scores=None,
+        rewards=np.fromiter((float(r.reward) for r in rows), np.float32, count=n),
+        prompt_lengths=np.fromiter((a.shape[0] for a in prompts), np.int64, count=n),
+        response_lengths=np.fromiter((a.shape[0] for a in responses), np.int64, count=n),
+        is_placeholder=np.fromiter((bool(r.is_placeholder) for r in rows), bool, count=n),
         non_tensor=non_tensor,
     )
+    return collected, keys
 
 
 def _check_limit(keys: list[Any], lengths: np.ndarray, limit: int | None, side: str) -> None:
@@ -234,6 +258,58 @@ def _check_limit_arg(limit: int | None, side: str) -> None:
         raise ValueError(f"max_{side}_length must be a positive int or None, got {limit!r}")
 
 
+def _truncate(rows: _Rows, max_prompt_length: int | None, max_response_length: int | None) -> None:
+    """Cut in place, by slicing (views): prompts keep their last tokens, responses their first."""
+    if max_prompt_length is not None:
+        for i in np.flatnonzero(rows.prompt_lengths > max_prompt_length).tolist():
+            rows.prompts[i] = rows.prompts[i][-max_prompt_length:]
+        np.minimum(rows.prompt_lengths, max_prompt_length, out=rows.prompt_lengths)
+    if max_response_length is not None:
+        cut = slice(None, max_response_length)
+        for i in np.flatnonzero(rows.response_lengths > max_response_length).tolist():
+            rows.responses[i] = rows.responses[i][cut]
+            rows.response_mask[i] = rows.response_mask[i][cut]
+            if rows.rollout_log_probs is not None and rows.rollout_log_probs[i] is not None:
+                rows.rollout_log_probs[i] = rows.rollout_log_probs[i][cut]
+        np.minimum(rows.response_lengths, max_response_length, out=rows.response_lengths)
+
+
+def _check_values(rows: _Rows, keys: list[Any]) -> None:
+    """Mask values must be 0/1 and placeholders fully masked; names the first bad row.
+
+    One pass over all masks concatenated in their own dtype (1 byte per token as stored), with
+    the per-token search for the culprit only on the error path.
+    """
+    flat = np.concatenate(rows.response_mask) if rows.response_mask else np.zeros(0, np.uint8)
+    # mixed dtypes may promote to float64 (uint64 + int64): 0 and 1 stay exact, others stay off
+    if flat.size and (flat.max() > 1 or flat.min() < 0):
+        first = int(np.flatnonzero((flat != 0) & (flat != 1))[0])
+        row = int(np.searchsorted(np.cumsum(rows.response_lengths), first, side="right"))
+        raise ValueError(f"row {keys[row]!r}: response_mask values must be 0 or 1")
+    for i in np.flatnonzero(rows.is_placeholder).tolist():
+        if rows.response_mask[i].any():
+            raise ValueError(f"row {keys[i]!r}: a placeholder must have response_mask all 0")
+
+
+def _rows_from_batch_rows(
+    rows: Sequence[BatchRow],
+    max_prompt_length: int | None,
+    max_response_length: int | None,
+    truncate: bool,
+) -> _Rows:
+    """Validate (limits before anything is built), truncate by slicing, check mask values."""
+    _check_limit_arg(max_prompt_length, "prompt")
+    _check_limit_arg(max_response_length, "response")
+    collected, keys = _collect(rows)
+    if truncate:
+        _truncate(collected, max_prompt_length, max_response_length)
+    else:
+        _check_limit(keys, collected.prompt_lengths, max_prompt_length, "prompt")
+        _check_limit(keys, collected.response_lengths, max_response_length, "response")
+    _check_values(collected, keys)
+    return collected
+
+
 def _row_ids_and_positions(lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """For flat tokens of rows with ``lengths``: each token's row id and position in its row.
 
@@ -246,29 +322,6 @@ def _row_ids_and_positions(lengths: torch.Tensor) -> tuple[torch.Tensor, torch.T
     return torch.from_numpy(rows), torch.from_numpy(positions)
 
 
-def _keep_mask(lengths: torch.Tensor, limit: int | None, keep_last: bool) -> torch.Tensor | None:
-    """Boolean mask over flat tokens keeping the first/last ``limit`` tokens of each row."""
-    if limit is None or not bool((lengths > limit).any()):
-        return None
-    rows, positions = _row_ids_and_positions(lengths)
-    if keep_last:
-        return positions >= lengths[rows] - limit
-    return positions < limit
-
-
-def _check_values(flat: _Flat, keys: list[Any]) -> None:
-    """Mask values must be 0/1 and placeholders fully masked; names the first bad row."""
-    rows, _ = _row_ids_and_positions(flat.response_lengths)
-    bad = (flat.response_mask != 0) & (flat.response_mask != 1)
-    if bool(bad.any()):
-        key = keys[int(rows[bad.nonzero()[0, 0]])]
-        raise ValueError(f"row {key!r}: response_mask values must be 0 or 1")
-    leaking = flat.is_placeholder[rows] & (flat.response_mask != 0)
-    if bool(leaking.any()):
-        key = keys[int(rows[leaking.nonzero()[0, 0]])]
-        raise ValueError(f"row {key!r}: a placeholder must have response_mask all 0")
-
-
 def _reward_at_last_token(rewards: torch.Tensor, response_lengths: torch.Tensor) -> torch.Tensor:
     """Flat rm_scores: zeros, with each row's reward on its last response token (if any)."""
     scores = torch.zeros(int(response_lengths.sum()), dtype=torch.float32)
@@ -278,117 +331,181 @@ def _reward_at_last_token(rewards: torch.Tensor, response_lengths: torch.Tensor)
     return scores
 
 
-def _flat_from_rows(
-    rows: Sequence[BatchRow],
-    max_prompt_length: int | None,
-    max_response_length: int | None,
-    truncate: bool,
-) -> _Flat:
-    """Validate, concatenate once, truncate (vectorised) and place rewards."""
-    _check_limit_arg(max_prompt_length, "prompt")
-    _check_limit_arg(max_response_length, "response")
-    col = _collect(rows)
-    p_len = np.fromiter((a.shape[0] for a in col.prompts), np.int64, count=len(rows))
-    r_len = np.fromiter((a.shape[0] for a in col.responses), np.int64, count=len(rows))
-    if not truncate:
-        _check_limit(col.keys, p_len, max_prompt_length, "prompt")
-        _check_limit(col.keys, r_len, max_response_length, "response")
-
-    prompt_ids = torch.from_numpy(_concat(col.prompts, np.int64))
-    response_ids = torch.from_numpy(_concat(col.responses, np.int64))
-    mask = torch.from_numpy(_concat(col.masks, np.int64))
-    logprobs = torch.from_numpy(_concat(col.logprobs, np.float32)) if col.has_logprobs else None
-    p_lengths, r_lengths = torch.from_numpy(p_len), torch.from_numpy(r_len)
-
-    keep = _keep_mask(p_lengths, max_prompt_length, keep_last=True) if truncate else None
-    if keep is not None:
-        prompt_ids, p_lengths = prompt_ids[keep], p_lengths.clamp(max=max_prompt_length)
-    keep = _keep_mask(r_lengths, max_response_length, keep_last=False) if truncate else None
-    if keep is not None:
-        response_ids, mask = response_ids[keep], mask[keep]
-        logprobs = logprobs[keep] if logprobs is not None else None
-        r_lengths = r_lengths.clamp(max=max_response_length)
-
-    flat = _Flat(
-        prompt_ids=prompt_ids,
-        prompt_lengths=p_lengths,
-        response_ids=response_ids,
+def _flat_from_rows(rows: _Rows) -> _Flat:
+    """Concatenate every token column once (rows without logprobs contribute zeros)."""
+    logprobs = None
+    if rows.rollout_log_probs is not None:
+        logprobs = [
+            np.zeros(r.shape[0], np.float32) if lp is None else lp
+            for r, lp in zip(rows.responses, rows.rollout_log_probs)
+        ]
+    r_lengths = torch.from_numpy(rows.response_lengths)
+    return _Flat(
+        prompt_ids=torch.from_numpy(_concat(rows.prompts, np.int64)),
+        prompt_lengths=torch.from_numpy(rows.prompt_lengths),
+        response_ids=torch.from_numpy(_concat(rows.responses, np.int64)),
         response_lengths=r_lengths,
-        response_mask=mask,
-        rm_scores=_reward_at_last_token(torch.from_numpy(col.rewards), r_lengths),
-        rollout_log_probs=logprobs,
-        is_placeholder=torch.from_numpy(col.placeholders),
-        non_tensor=col.non_tensor,
+        response_mask=torch.from_numpy(_concat(rows.response_mask, np.int64)),
+        rm_scores=_reward_at_last_token(torch.from_numpy(rows.rewards), r_lengths),
+        rollout_log_probs=torch.from_numpy(_concat(logprobs, np.float32)) if logprobs else None,
+        is_placeholder=torch.from_numpy(rows.is_placeholder),
+        non_tensor=rows.non_tensor,
     )
-    _check_values(flat, col.keys)
-    return flat
+
+
+def _read_view(tensor: torch.Tensor) -> np.ndarray:
+    """A numpy view to read a CPU tensor through, leaving the tensor as it was.
+
+    Through DLPack: ``Tensor.numpy()`` would mark the storage of the caller's batch
+    non-resizable. A tensor DLPack cannot export (needs grad, dtype unknown to this numpy) is
+    copied instead.
+    """
+    try:
+        return np.from_dlpack(tensor)
+    except (BufferError, TypeError, RuntimeError):
+        return tensor.detach().clone().numpy()
+
+
+def _split(values: torch.Tensor, lengths: np.ndarray) -> list[np.ndarray]:
+    """Flat values -> one numpy view per row."""
+    if lengths.shape[0] == 0:
+        return []
+    return np.split(_read_view(values), np.cumsum(lengths[:-1]))
+
+
+def _rows_from_flat(flat: _Flat) -> _Rows:
+    """Flat columns (from a batch) -> per-row views, rm_scores kept as they are."""
+    p_len, r_len = _read_view(flat.prompt_lengths), _read_view(flat.response_lengths)
+    lp = flat.rollout_log_probs
+    return _Rows(
+        prompts=_split(flat.prompt_ids, p_len),
+        responses=_split(flat.response_ids, r_len),
+        response_mask=_split(flat.response_mask, r_len),
+        rollout_log_probs=_split(lp, r_len) if lp is not None else None,
+        rm_scores=_split(flat.rm_scores, r_len),
+        rewards=np.zeros(p_len.shape[0], np.float32),
+        prompt_lengths=p_len,
+        response_lengths=r_len,
+        is_placeholder=_read_view(flat.is_placeholder),
+        non_tensor=flat.non_tensor,
+    )
 
 
 # --------------------------------------------------------------------------------------------
-# flat -> padded / jagged
+# -> padded / jagged
 # --------------------------------------------------------------------------------------------
 
 
-def _pad_right(values: torch.Tensor, lengths: torch.Tensor, width: int, fill: Any) -> torch.Tensor:
-    out = values.new_full((lengths.numel(), width), fill)
-    rows, positions = _row_ids_and_positions(lengths)
-    out[rows, positions] = values
-    return out
+def _empty(shape: tuple[int, ...], dtype: torch.dtype) -> tuple[torch.Tensor, np.ndarray]:
+    """A new torch tensor and a numpy view of its memory, which the padded writer fills.
+
+    numpy rather than torch: the writes are many small slice copies (well under a microsecond
+    each in numpy, several through torch's dispatcher) and a few whole-array fills that torch
+    would split over its intra-op threads, which on a busy 2-core host costs more than it saves.
+    The view comes through DLPack: ``Tensor.numpy()`` would mark the storage non-resizable, so
+    ``resize_`` on a batch column would fail where it works on tensors torch builds itself.
+    """
+    tensor = torch.empty(shape, dtype=dtype)
+    view = np.from_dlpack(tensor)
+    if not view.flags.writeable:  # numpy < 2 hands DLPack memory out read-only
+        view = tensor.numpy()
+    return tensor, view
 
 
-def _pad_left(values: torch.Tensor, lengths: torch.Tensor, width: int, fill: Any) -> torch.Tensor:
-    out = values.new_full((lengths.numel(), width), fill)
-    rows, positions = _row_ids_and_positions(lengths)
-    out[rows, width - lengths[rows] + positions] = values
-    return out
+def _pad_rows_right(
+    arrays: list[np.ndarray | None], lengths: list[int], width: int, dtype: torch.dtype
+) -> torch.Tensor:
+    """[B, width] zeros with each row's array at its start (a None row stays zeros)."""
+    tensor, out = _empty((len(lengths), width), dtype)
+    out.fill(0)
+    for i, (values, n) in enumerate(zip(arrays, lengths)):
+        if values is not None:
+            out[i, :n] = values
+    return tensor
 
 
-def _max_or_zero(lengths: torch.Tensor) -> int:
-    return int(lengths.max()) if lengths.numel() else 0
+def _token_columns(
+    rows: _Rows, p_len: list[int], r_len: list[int], pad_token_id: int
+) -> dict[str, torch.Tensor]:
+    """prompts, responses, input_ids, attention_mask, position_ids and response_mask.
 
-
-def _set_non_tensor(batch: TensorDict, columns: Mapping[str, list[Any]]) -> None:
-    for name, values in columns.items():
-        batch.set(name, NonTensorStack.from_list(list(values)))
-
-
-def _row_columns(flat: _Flat) -> dict[str, torch.Tensor]:
+    One loop over the rows, a few slice writes each, into outputs filled once beforehand; no
+    [B, P+R] temporaries. position_ids is verl's ``(cumsum(attention_mask) - 1).clamp(min=0)``
+    written directly: 0 on the left padding, 0..n-1 on the n attended tokens, n-1 (or 0) on the
+    right padding.
+    """
+    B, P, R = len(p_len), max(p_len, default=0), max(r_len, default=0)
+    T = P + R
+    input_ids, ids = _empty((B, T), torch.int64)
+    attention_mask, attn = _empty((B, T), torch.int64)
+    position_ids, pos = _empty((B, T), torch.int64)
+    response_mask, mask = _empty((B, R), torch.int64)
+    ids.fill(pad_token_id)
+    attn.fill(0)
+    mask.fill(0)
+    # a row's positions up to its last attended token: the window of `ramp` at T - start
+    ramp = np.zeros(2 * T, np.int64)
+    ramp[T:] = np.arange(T)
+    columns = zip(rows.prompts, rows.responses, rows.response_mask, p_len, r_len)
+    for i, (prompt, response, response_mask_i, a, b) in enumerate(columns):
+        start, end = P - a, P + b
+        row = ids[i]
+        row[start:P] = prompt
+        row[P:end] = response
+        attn[i, start:end] = 1
+        row = pos[i]
+        row[:end] = ramp[T - start : T + a + b]
+        row[end:] = a + b - 1 if a + b else 0
+        mask[i, :b] = response_mask_i
+    prompts, prompts_np = _empty((B, P), torch.int64)
+    np.copyto(prompts_np, ids[:, :P])
+    responses, responses_np = _empty((B, R), torch.int64)
+    np.copyto(responses_np, ids[:, P:])
     return {
-        "prompt_length": flat.prompt_lengths.clone(),
-        "response_length": flat.response_lengths.clone(),
-        "is_placeholder": flat.is_placeholder.clone(),
-    }
-
-
-def _padded_from_flat(
-    flat: _Flat,
-    pad_token_id: int,
-    prompt_width: int | None = None,
-    response_width: int | None = None,
-) -> TensorDict:
-    """Section 6 padded columns; widths default to the longest row."""
-    p_len, r_len = flat.prompt_lengths, flat.response_lengths
-    P = _max_or_zero(p_len) if prompt_width is None else prompt_width
-    R = _max_or_zero(r_len) if response_width is None else response_width
-    prompts = _pad_left(flat.prompt_ids, p_len, P, pad_token_id)
-    responses = _pad_right(flat.response_ids, r_len, R, pad_token_id)
-    attention_mask = torch.cat(
-        [torch.arange(P) >= (P - p_len)[:, None], torch.arange(R) < r_len[:, None]], dim=1
-    ).to(torch.int64)
-    columns: dict[str, torch.Tensor] = {
         "prompts": prompts,
         "responses": responses,
-        "input_ids": torch.cat([prompts, responses], dim=1),
+        "input_ids": input_ids,
         "attention_mask": attention_mask,
-        "position_ids": (attention_mask.cumsum(-1) - 1).clamp(min=0),
-        "response_mask": _pad_right(flat.response_mask, r_len, R, 0),
-        "rm_scores": _pad_right(flat.rm_scores, r_len, R, 0.0),
+        "position_ids": position_ids,
+        "response_mask": response_mask,
     }
-    if flat.rollout_log_probs is not None:
-        columns["rollout_log_probs"] = _pad_right(flat.rollout_log_probs, r_len, R, 0.0)
-    columns.update(_row_columns(flat))
-    batch = TensorDict(columns, batch_size=[flat.batch_size])
-    _set_non_tensor(batch, flat.non_tensor)
+
+
+def _scores(rows: _Rows, r_len: list[int], R: int) -> torch.Tensor:
+    """rm_scores [B, R]: the given per-row scores, else each reward on its last response token."""
+    if rows.rm_scores is not None:
+        return _pad_rows_right(rows.rm_scores, r_len, R, torch.float32)
+    tensor, out = _empty((len(r_len), R), torch.float32)
+    out.fill(0.0)
+    lengths = rows.response_lengths
+    has_response = np.flatnonzero(lengths > 0)
+    out[has_response, lengths[has_response] - 1] = rows.rewards[has_response]
+    return tensor
+
+
+def _row_columns(
+    prompt_lengths: np.ndarray, response_lengths: np.ndarray, is_placeholder: np.ndarray
+) -> dict[str, torch.Tensor]:
+    """Per-row columns as fresh tensors (never views of the input they came from)."""
+    return {
+        "prompt_length": torch.tensor(prompt_lengths),
+        "response_length": torch.tensor(response_lengths),
+        "is_placeholder": torch.tensor(is_placeholder),
+    }
+
+
+def _padded_from_rows(rows: _Rows, pad_token_id: int) -> TensorDict:
+    """Section 6 padded columns, as wide as the longest prompt and response."""
+    p_len, r_len = rows.prompt_lengths.tolist(), rows.response_lengths.tolist()
+    R = max(r_len, default=0)
+    columns = _token_columns(rows, p_len, r_len, pad_token_id)
+    columns["rm_scores"] = _scores(rows, r_len, R)
+    if rows.rollout_log_probs is not None:
+        logprobs = _pad_rows_right(rows.rollout_log_probs, r_len, R, torch.float32)
+        columns["rollout_log_probs"] = logprobs
+    columns.update(_row_columns(rows.prompt_lengths, rows.response_lengths, rows.is_placeholder))
+    batch = TensorDict(columns, batch_size=[rows.batch_size])
+    set_non_tensor_columns(batch, rows.non_tensor)
     return batch
 
 
@@ -422,9 +539,15 @@ def _jagged_from_flat(flat: _Flat) -> TensorDict:
     }
     if flat.rollout_log_probs is not None:
         columns["rollout_log_probs"] = _jagged(flat.rollout_log_probs, r_off)
-    columns.update(_row_columns(flat))
+    columns.update(
+        _row_columns(
+            _read_view(flat.prompt_lengths),
+            _read_view(flat.response_lengths),
+            _read_view(flat.is_placeholder),
+        )
+    )
     batch = TensorDict(columns, batch_size=[flat.batch_size])
-    _set_non_tensor(batch, flat.non_tensor)
+    set_non_tensor_columns(batch, flat.non_tensor)
     return batch
 
 
@@ -572,8 +695,9 @@ def build_padded(
     built; with it, prompts keep their last and responses their first tokens (mask and
     logprobs cut alike) and the reward moves to the new last response token.
     """
-    flat = _flat_from_rows(rows, max_prompt_length, max_response_length, truncate)
-    return _padded_from_flat(flat, pad_token_id)
+    return _padded_from_rows(
+        _rows_from_batch_rows(rows, max_prompt_length, max_response_length, truncate), pad_token_id
+    )
 
 
 def build_jagged(
@@ -584,8 +708,8 @@ def build_jagged(
     truncate: bool = False,
 ) -> TensorDict:
     """Rows -> unpadded batch: token columns are ``torch.jagged`` nested tensors [B, j]."""
-    flat = _flat_from_rows(rows, max_prompt_length, max_response_length, truncate)
-    return _jagged_from_flat(flat)
+    collected = _rows_from_batch_rows(rows, max_prompt_length, max_response_length, truncate)
+    return _jagged_from_flat(_flat_from_rows(collected))
 
 
 def densify(jagged_td: TensorDictBase, pad_token_id: int = 0) -> TensorDict:
@@ -594,7 +718,7 @@ def densify(jagged_td: TensorDictBase, pad_token_id: int = 0) -> TensorDict:
     Re-derives ``input_ids``/``attention_mask``/``position_ids`` from the prompt/response
     columns; unknown tensor columns raise rather than being silently dropped.
     """
-    return _padded_from_flat(_flat_from_jagged(jagged_td), pad_token_id)
+    return _padded_from_rows(_rows_from_flat(_flat_from_jagged(jagged_td)), pad_token_id)
 
 
 def concat_padded(batches: Sequence[TensorDictBase], *, pad_token_id: int = 0) -> TensorDict:
@@ -605,8 +729,9 @@ def concat_padded(batches: Sequence[TensorDictBase], *, pad_token_id: int = 0) -
     non-tensor columns become None.
     """
     if not batches:
-        return _padded_from_flat(_flat_from_rows([], None, None, False), pad_token_id)
-    return _padded_from_flat(_concat_flats([_flat_from_batch(b) for b in batches]), pad_token_id)
+        return build_padded([], pad_token_id=pad_token_id)
+    flat = _concat_flats([_flat_from_batch(b) for b in batches])
+    return _padded_from_rows(_rows_from_flat(flat), pad_token_id)
 
 
 def non_tensor(batch: TensorDictBase, name: str) -> list[Any]:
@@ -693,5 +818,5 @@ def from_plain_dict(plain: Mapping[str, Any]) -> TensorDict:
         else:
             lists[key] = list(value)
     batch = TensorDict(columns, batch_size=[_plain_batch_size(plain)])
-    _set_non_tensor(batch, lists)
+    set_non_tensor_columns(batch, lists)
     return batch
