@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import contextlib
 import json
 import os
 import sqlite3
@@ -34,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.common import Config, Report, RssProbe, _version, add_memory, log, median, preset, scratch_dir
+from benchmarks.common import Config, CpuProbe, Report, RssProbe, _version, add_memory, log, median, preset, scratch_dir
 from benchmarks.workload import Work, plan, tokens_of
 
 WORKLOAD = "append"
@@ -42,8 +43,11 @@ GROUP = 4
 
 
 # ------------------------------------------------------------------------------- the ledger
-async def ledger_run(path: Path, work: list[Work], concurrency: int) -> tuple[float, int, int]:
-    """Record `work` through the public API; returns (seconds, events, tokens)."""
+async def ledger_run(
+    path: Path, work: list[Work], concurrency: int, probe: CpuProbe | None = None
+) -> tuple[float, int, int]:
+    """Record `work` through the public API; returns (seconds, events, tokens). `probe`, if given,
+    measures the same span (CPU by thread, garbage collections)."""
     from sessions import Ledger
 
     limit = asyncio.Semaphore(concurrency)
@@ -56,9 +60,10 @@ async def ledger_run(path: Path, work: list[Work], concurrency: int) -> tuple[fl
                         await s.record_trajectory(prompt_ids=prompt, response_ids=response)
                     await s.post_reward(1.0)
 
-        start = time.perf_counter()
-        await asyncio.gather(*(one(i) for i in range(len(work))))
-        elapsed = time.perf_counter() - start
+        with probe or contextlib.nullcontext():
+            start = time.perf_counter()
+            await asyncio.gather(*(one(i) for i in range(len(work))))
+            elapsed = time.perf_counter() - start
         events = ledger.store.events_committed
     return elapsed, events, tokens_of(work)
 
@@ -214,13 +219,14 @@ def run(cfg: Config, report: Report) -> None:
     with_es = eventsourcing_available()
     if not with_es:
         report.note(WORKLOAD, "eventsourcing not installed (pip install -e '.[bench]'): that baseline skipped")
-    ledger_s, raw_s, es_s, rss = [], [], [], []
+    ledger_s, raw_s, es_s, rss, cpu = [], [], [], [], []
     events = tokens = es_events = 0
     with scratch_dir(cfg, WORKLOAD) as tmp:
         for rep in range(cfg.reps):
             db = tmp / f"ledger{rep}.db"
+            cpu.append(CpuProbe())
             with RssProbe() as probe:
-                elapsed, events, tokens = asyncio.run(ledger_run(db, work, cfg.append_concurrency))
+                elapsed, events, tokens = asyncio.run(ledger_run(db, work, cfg.append_concurrency, cpu[-1]))
             rss.append(probe)
             ledger_s.append(elapsed)
             ddl, rows = ledger_rows(db)
@@ -250,6 +256,14 @@ def run(cfg: Config, report: Report) -> None:
                        target=">= 10x", goal=(">=", 10.0), kind="ratio")
         report.add(WORKLOAD, "ratio ledger / raw sqlite3 (events/s)", raw / led, "x", target=">= 0.5x", goal=(">=", 0.5),
                    kind="ratio")
+        # Where the ledger's time goes: wall ~= loop CPU + SQLite thread CPU means the two do not overlap.
+        per_event = 1e6 / events
+        report.add(WORKLOAD, "  ledger: wall per event", led * per_event, "µs/event")
+        report.add(WORKLOAD, "  ledger: event-loop thread CPU per event", median(p.loop_cpu for p in cpu) * per_event, "µs/event")
+        report.add(WORKLOAD, "  ledger: other threads' CPU per event (SQLite)", median(p.other_threads_cpu for p in cpu) * per_event,
+                   "µs/event")
+        report.add(WORKLOAD, "  ledger: cyclic GC time per event", median(p.gc_seconds for p in cpu) * per_event, "µs/event")
+        report.add(WORKLOAD, "  raw sqlite3: wall per event", raw * per_event, "µs/event")
         add_memory(report, cfg, WORKLOAD, "ledger", rss,
                    lambda: asyncio.run(ledger_run(tmp / "traced.db", work, cfg.append_concurrency)))
 

@@ -352,6 +352,38 @@ class RssProbe:
         self.mib = max(0, (end or 0) - self._start) / 1024
 
 
+class CpuProbe:
+    """Where a block's time went: CPU of the calling thread (the event loop's), CPU of the whole
+    process (the rest is other threads: aiosqlite's, where SQLite runs), and the cyclic garbage
+    collector's collections and time (via `gc.callbacks`), all over the block."""
+
+    def __init__(self) -> None:
+        self.loop_cpu = self.process_cpu = self.gc_seconds = 0.0
+        self.gc_collections = 0
+        self._gc_started = 0.0
+
+    def _on_gc(self, phase: str, _info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._gc_started = time.perf_counter()
+        else:
+            self.gc_collections += 1
+            self.gc_seconds += time.perf_counter() - self._gc_started
+
+    def __enter__(self) -> CpuProbe:
+        gc.callbacks.append(self._on_gc)
+        self._thread, self._process = time.thread_time(), time.process_time()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.loop_cpu = time.thread_time() - self._thread
+        self.process_cpu = time.process_time() - self._process
+        gc.callbacks.remove(self._on_gc)
+
+    @property
+    def other_threads_cpu(self) -> float:
+        return max(0.0, self.process_cpu - self.loop_cpu)
+
+
 def rss_label(method: str) -> str:
     return "RSS growth (VmHWM)" if method == "VmHWM" else "RSS growth (ru_maxrss delta)"
 

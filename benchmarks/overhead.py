@@ -11,12 +11,13 @@ amortised cost the recorder adds to a training loop's rollout phase.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from pathlib import Path
 
 import numpy as np
 
-from benchmarks.common import Config, Report, RssProbe, add_memory, log, median, scratch_dir
+from benchmarks.common import Config, CpuProbe, Report, RssProbe, add_memory, log, median, scratch_dir
 
 WORKLOAD = "overhead"
 TURNS = 3
@@ -42,9 +43,10 @@ async def plain_loop(sleeps: list[list[float]]) -> tuple[float, float]:
 
 
 async def ledger_loop(
-    db: Path, sleeps: list[list[float]], prompt: np.ndarray, response: np.ndarray
+    db: Path, sleeps: list[list[float]], prompt: np.ndarray, response: np.ndarray, probe: CpuProbe | None = None
 ) -> tuple[float, int, float]:
-    """(wall seconds, events, CPU seconds of the event loop's thread) for the loop with the ledger."""
+    """(wall seconds, events, CPU seconds of the event loop's thread) for the loop with the ledger;
+    `probe`, if given, measures the same span (garbage collections too)."""
     from sessions import Ledger
 
     async with Ledger.open(f"sqlite+aiosqlite:///{db}", run="bench") as ledger:
@@ -56,9 +58,10 @@ async def ledger_loop(
                 await s.record_trajectory(prompt_ids=prompt, response_ids=response, num_turns=TURNS)
                 await s.post_reward(1.0)
 
-        start, cpu = time.perf_counter(), time.thread_time()
-        await asyncio.gather(*(one(i, turns) for i, turns in enumerate(sleeps)))
-        elapsed, cpu = time.perf_counter() - start, time.thread_time() - cpu
+        with probe or contextlib.nullcontext():
+            start, cpu = time.perf_counter(), time.thread_time()
+            await asyncio.gather(*(one(i, turns) for i, turns in enumerate(sleeps)))
+            elapsed, cpu = time.perf_counter() - start, time.thread_time() - cpu
         events = ledger.store.events_committed
     return elapsed, events, cpu
 
@@ -68,14 +71,15 @@ def run(cfg: Config, report: Report) -> None:
     sleeps, prompt, response = draw(n, cfg.seed)
     from benchmarks.append import ledger_rows, raw_sqlite
 
-    plain_s, plain_cpu, ledger_s, loop_cpu, floor_s, rss = [], [], [], [], [], []
+    plain_s, plain_cpu, ledger_s, loop_cpu, floor_s, rss, probes = [], [], [], [], [], [], []
     with scratch_dir(cfg, WORKLOAD) as tmp:
         for rep in range(cfg.reps):
             wall, cpu = asyncio.run(plain_loop(sleeps))
             plain_s.append(wall)
             plain_cpu.append(cpu)
+            probes.append(CpuProbe())
             with RssProbe() as probe:
-                elapsed, events, cpu = asyncio.run(ledger_loop(tmp / f"rep{rep}.db", sleeps, prompt, response))
+                elapsed, events, cpu = asyncio.run(ledger_loop(tmp / f"rep{rep}.db", sleeps, prompt, response, probes[-1]))
             rss.append(probe)
             ledger_s.append(elapsed)
             loop_cpu.append(cpu)
@@ -94,6 +98,8 @@ def run(cfg: Config, report: Report) -> None:
                    target="<= 100 µs/session", goal=("<=", 100.0))
         report.add(WORKLOAD, "  event-loop thread CPU added by the ledger, per session",
                    (median(loop_cpu) - median(plain_cpu)) / n * 1e6, "µs/session")
+        report.add(WORKLOAD, "  cyclic GC time in the ledger loop, per session", median(p.gc_seconds for p in probes) / n * 1e6,
+                   "µs/session")
         report.add(WORKLOAD, "  floor: raw sqlite3 executemany of the same rows (1 txn), per session",
                    median(floor_s) / n * 1e6, "µs/session")
         add_memory(report, cfg, WORKLOAD, "ledger loop", rss,

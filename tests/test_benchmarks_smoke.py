@@ -32,8 +32,8 @@ def test_quick_suite_reports_every_figure(tmp_path: Path, capsys: pytest.Capture
     for figure in figures:
         value = figure["value"]
         assert math.isfinite(value), figure
-        if figure["kind"] == "memory" and "RSS growth" in figure["name"]:
-            assert value >= 0, figure
+        if figure["kind"] == "memory" and "RSS growth" in figure["name"] or "GC" in figure["name"]:
+            assert value >= 0, figure  # a block may reuse memory, or run no garbage collection
         else:
             assert value > 0, figure
         assert figure["name"] in printed
