@@ -343,7 +343,7 @@ def _plain(value: Any) -> Any:
     return value
 
 
-async def _table_rows(engine: AsyncEngine) -> dict[str, list[dict[str, Any]]]:
+async def table_rows(engine: AsyncEngine) -> dict[str, list[dict[str, Any]]]:
     out = {}
     async with engine.connect() as conn:
         for name, (table, order, ignored) in TABLES.items():
@@ -363,7 +363,7 @@ async def _batches(url: str) -> dict[tuple[str, int], dict[str, Any]]:
 async def _assert_replica_equal(source_url: str, target_url: str) -> None:
     source, target = create_engine(source_url), create_engine(target_url)
     try:
-        want, got = await _table_rows(source), await _table_rows(target)
+        want, got = await table_rows(source), await table_rows(target)
     finally:
         await source.dispose()
         await target.dispose()

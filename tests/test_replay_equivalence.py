@@ -26,7 +26,6 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import select, text
-from sqlalchemy.ext.asyncio import AsyncEngine
 
 from sessions import events as ev
 from sessions import tokens
@@ -39,6 +38,7 @@ from store.migrate import upgrade
 from store.records import NewEvent
 from store.tables import checkpoints, events, groups, metadata, metric_counts, queue_rows, sessions
 from tests.conftest import drop_pg_database, new_pg_database, require_pg
+from tests.test_replay_audit import TABLES, table_rows
 
 OUTCOMES = ("succeed", "succeed", "succeed_last", "succeed_no_reward", "fail_emit", "fail_drop", "cancel", "open", "created")
 T0 = datetime(2026, 1, 2, 3, 4, 5, 678901, tzinfo=timezone.utc)
@@ -159,35 +159,6 @@ async def _record_and_project(url: str, log: Log, rnd: random.Random) -> None:
     finally:
         await store.close()
         await engine.dispose()
-
-
-#: Each table in a natural order; queue rows in queue (id) order. Surrogate ids and wall clocks excluded.
-TABLES = {
-    "events": (events, ("position",), ()),
-    "sessions": (sessions, ("session_id",), ()),
-    "groups": (groups, ("run", "uid"), ()),
-    "metric_counts": (metric_counts, ("run", "partition", "global_step", "data_source", "metric"), ("id",)),
-    "queue_rows": (queue_rows, ("id",), ("id",)),
-    "checkpoints": (checkpoints, ("name",), ("updated_at",)),
-}
-
-
-def _plain(value: Any) -> Any:
-    if isinstance(value, memoryview):
-        return bytes(value)
-    if isinstance(value, datetime) and value.tzinfo is None:
-        return value.replace(tzinfo=timezone.utc)  # SQLite keeps UTC without its zone
-    return value
-
-
-async def table_rows(engine: AsyncEngine) -> dict[str, list[dict[str, Any]]]:
-    out = {}
-    async with engine.connect() as conn:
-        for name, (table, order, ignored) in TABLES.items():
-            rows = [dict(r) for r in (await conn.execute(select(table))).mappings()]
-            rows.sort(key=lambda r: tuple((r[k] is None, r[k] if r[k] is not None else 0) for k in order))
-            out[name] = [{k: _plain(v) for k, v in r.items() if k not in ignored} for r in rows]
-    return out
 
 
 async def check_equivalence(source_url: str, target_url: str) -> None:
