@@ -41,6 +41,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from store.engine import WRITE_LOCK
+from store.read_models import equals
 from store.tables import NAME, queue_claims, queue_rows
 
 #: Mirrors `sessions.placeholder.PARTITIONS` (store must not import sessions; a test keeps them equal).
@@ -172,10 +173,8 @@ async def claim_in(
             queue_rows.c.kind == "row",
             ~exists().where(_live_claim(cutoff)),
         )
-        if global_step is None:
-            query = query.where(queue_rows.c.global_step.is_(None))
-        elif global_step is not ...:
-            query = query.where(queue_rows.c.global_step == global_step)
+        if global_step is not ...:
+            query = query.where(equals(queue_rows.c.global_step, global_step))
         query = query.order_by(queue_rows.c.id).limit(wanted).with_for_update(of=queue_rows, skip_locked=True)
         candidates = [dict(row) for row in (await conn.execute(query)).mappings()]
         if not candidates:

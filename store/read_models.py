@@ -64,13 +64,21 @@ async def load_groups(conn: AsyncConnection, keys: Sequence[tuple[str, str]]) ->
     return out
 
 
+def equals(column: Any, value: Any) -> Any:
+    """`column = value`, or `column IS NULL` when value is None (`= NULL` is never true).
+
+    Not `IS NOT DISTINCT FROM`: PostgreSQL cannot use a b-tree index for that.
+    """
+    return column.is_(None) if value is None else column == value
+
+
 def _scope_condition(scope: MetricScope) -> Any:
     run, partition, step, source = scope
     return and_(
         metric_counts.c.run == run,
         metric_counts.c.partition == partition,
-        metric_counts.c.global_step.is_(None) if step is None else metric_counts.c.global_step == step,
-        metric_counts.c.data_source.is_(None) if source is None else metric_counts.c.data_source == source,
+        equals(metric_counts.c.global_step, step),
+        equals(metric_counts.c.data_source, source),
     )
 
 
@@ -167,7 +175,7 @@ async def queue_rows_for(
 ) -> list[dict[str, Any]]:
     """A step's queue rows in queue order (global_step None selects rows without a step)."""
     query = select(queue_rows).where(queue_rows.c.run == run, queue_rows.c.partition == partition)
-    query = query.where(queue_rows.c.global_step.is_(None) if global_step is None else queue_rows.c.global_step == global_step)
+    query = query.where(equals(queue_rows.c.global_step, global_step))
     if kind is not None:
         query = query.where(queue_rows.c.kind == kind)
     result = await conn.execute(query.order_by(queue_rows.c.id))
@@ -179,7 +187,7 @@ async def group_status(conn: AsyncConnection, run: str, partition: str, global_s
     from sqlalchemy import func
 
     query = select(groups.c.status, func.count()).where(groups.c.run == run, groups.c.partition == partition)
-    query = query.where(groups.c.global_step.is_(None) if global_step is None else groups.c.global_step == global_step)
+    query = query.where(equals(groups.c.global_step, global_step))
     result = await conn.execute(query.group_by(groups.c.status))
     return {status: int(count) for status, count in result}
 
@@ -194,10 +202,8 @@ async def metric_rows(
         query = query.where(metric_counts.c.run == run)
     if partition is not None:
         query = query.where(metric_counts.c.partition == partition)
-    if global_step is None:
-        query = query.where(metric_counts.c.global_step.is_(None))
-    elif global_step is not ...:
-        query = query.where(metric_counts.c.global_step == global_step)
+    if global_step is not ...:
+        query = query.where(equals(metric_counts.c.global_step, global_step))
     query = query.order_by(
         metric_counts.c.run, metric_counts.c.partition, metric_counts.c.global_step, metric_counts.c.data_source, metric_counts.c.metric
     )
@@ -213,5 +219,5 @@ async def latest_run(conn: AsyncConnection) -> str | None:
 async def pending_uids(conn: AsyncConnection, run: str, partition: str, global_step: int | None, *, limit: int = 10) -> list[str]:
     """Some of a step's unsettled groups, to name them in a timeout."""
     query = select(groups.c.uid).where(groups.c.run == run, groups.c.partition == partition, groups.c.status == "pending")
-    query = query.where(groups.c.global_step.is_(None) if global_step is None else groups.c.global_step == global_step)
+    query = query.where(equals(groups.c.global_step, global_step))
     return list((await conn.execute(query.order_by(groups.c.uid).limit(limit))).scalars())
