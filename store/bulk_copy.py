@@ -65,7 +65,7 @@ async def _copy_attached(target: AsyncEngine, path: str, up_to: int | None) -> i
     names = ", ".join(COLUMNS)
     where = "" if up_to is None else " WHERE position <= ?"
     params: tuple[Any, ...] = () if up_to is None else (up_to,)
-    async with driver.sqlite_connection(target) as db:
+    async with driver.driver_connection(target) as db:
         await db.execute(f"ATTACH DATABASE ? AS {_ALIAS}", (path,))  # outside a transaction, as SQLite needs
         wal = await _leave_wal(db)
         try:

@@ -20,17 +20,11 @@ Row = Sequence[Any]
 
 
 @contextlib.asynccontextmanager
-async def _driver_connection(engine: AsyncEngine) -> AsyncIterator[Any]:
+async def driver_connection(engine: AsyncEngine) -> AsyncIterator[Any]:
+    """The driver's connection (aiosqlite or asyncpg) behind a pooled one, with no transaction open."""
     async with engine.connect() as conn:
         raw = await conn.get_raw_connection()
         yield raw.driver_connection
-
-
-@contextlib.asynccontextmanager
-async def sqlite_connection(engine: AsyncEngine) -> AsyncIterator[Any]:
-    """The aiosqlite connection behind a pooled connection, with no transaction open."""
-    async with _driver_connection(engine) as db:
-        yield db
 
 
 class Reader:
@@ -59,15 +53,8 @@ class Reader:
 
         `columns` (names or SQL expressions) must start with `position`.
         """
-        sql = self._select(columns, up_to is not None)
         params = (after, limit) if up_to is None else (after, up_to, limit)
-        if self.postgres:
-            return [tuple(record) for record in await self.conn.fetch(sql, *params)]
-        cursor = await self.conn.execute(sql, params)
-        try:
-            return list(await cursor.fetchall())
-        finally:
-            await cursor.close()
+        return await self.fetch(self._select(columns, up_to is not None), params)
 
     async def stream(self, sql: str, params: Sequence[Any] = (), *, chunk: int = 5000) -> AsyncIterator[list[Row]]:
         """A query's rows in chunks, from one cursor (PostgreSQL: in a read-only transaction)."""
@@ -97,7 +84,7 @@ class Reader:
 
 @contextlib.asynccontextmanager
 async def reader(engine: AsyncEngine) -> AsyncIterator[Reader]:
-    async with _driver_connection(engine) as conn:
+    async with driver_connection(engine) as conn:
         yield Reader(conn, engine.dialect.name)
 
 
@@ -164,7 +151,7 @@ class Writer:
 @contextlib.asynccontextmanager
 async def writer(engine: AsyncEngine) -> AsyncIterator[Writer]:
     """A write transaction on its own connection; rolled back unless committed."""
-    async with _driver_connection(engine) as conn:
+    async with driver_connection(engine) as conn:
         write = Writer(conn, engine.dialect.name)
         await write.begin()
         try:
