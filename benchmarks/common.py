@@ -30,7 +30,7 @@ import statistics
 import sys
 import time
 import tracemalloc
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from importlib import metadata
 from pathlib import Path
@@ -262,7 +262,7 @@ def machine_lines(info: dict[str, Any]) -> list[str]:
 
 
 # ----------------------------------------------------------------------------------- timing
-def median(values: list[float]) -> float:
+def median(values: Iterable[float]) -> float:
     return statistics.median(values)
 
 

@@ -37,22 +37,23 @@ def draw(sessions: int, seed: int) -> tuple[list[list[float]], np.ndarray, np.nd
     return sleeps, prompt, response
 
 
-async def plain_loop(sleeps: list[list[float]]) -> tuple[float, float]:
-    """(wall seconds, CPU seconds of the event loop's thread) for the loop without the ledger."""
+async def plain_loop(sleeps: list[list[float]], probe: CpuProbe | None = None) -> float:
+    """Wall seconds of the loop without the ledger; `probe`, if given, measures the same span."""
     async def one(turns: list[float]) -> None:
         for delay in turns:
             await asyncio.sleep(delay)
 
-    start, cpu = time.perf_counter(), time.thread_time()
-    await asyncio.gather(*(one(turns) for turns in sleeps))
-    return time.perf_counter() - start, time.thread_time() - cpu
+    with probe or contextlib.nullcontext():
+        start = time.perf_counter()
+        await asyncio.gather(*(one(turns) for turns in sleeps))
+        return time.perf_counter() - start
 
 
 async def ledger_loop(
     db: Path, sleeps: list[list[float]], prompt: np.ndarray, response: np.ndarray, probe: CpuProbe | None = None
-) -> tuple[float, int, float]:
-    """(wall seconds, events, CPU seconds of the event loop's thread) for the loop with the ledger;
-    `probe`, if given, measures the same span (garbage collections too)."""
+) -> tuple[float, int]:
+    """(wall seconds, events) for the loop with the ledger; `probe`, if given, measures the same
+    span (CPU by thread, garbage collections)."""
     from sessions import Ledger
 
     async with Ledger.open(f"sqlite+aiosqlite:///{db}", run="bench") as ledger:
@@ -65,11 +66,11 @@ async def ledger_loop(
                 await s.post_reward(1.0)
 
         with probe or contextlib.nullcontext():
-            start, cpu = time.perf_counter(), time.thread_time()
+            start = time.perf_counter()
             await asyncio.gather(*(one(i, turns) for i, turns in enumerate(sleeps)))
-            elapsed, cpu = time.perf_counter() - start, time.thread_time() - cpu
+            elapsed = time.perf_counter() - start
         events = ledger.store.events_committed
-    return elapsed, events, cpu
+    return elapsed, events
 
 
 async def _frozen(loop: Awaitable[T]) -> T:
@@ -90,23 +91,21 @@ def run(cfg: Config, report: Report) -> None:
     # A repetition takes about a second, and whether a full garbage collection lands in it moves
     # the figure by half: take the median of more of them than the other workloads do.
     reps = max(cfg.reps, MIN_REPS)
-    plain_s, plain_cpu, ledger_s, loop_cpu, floor_s, rss, probes = [], [], [], [], [], [], []
+    plain_s, plain_probes, ledger_s, probes, floor_s, rss = [], [], [], [], [], []
     with scratch_dir(cfg, WORKLOAD) as tmp:
         for rep in range(reps):
-            wall, cpu = asyncio.run(plain_loop(sleeps))
-            plain_s.append(wall)
-            plain_cpu.append(cpu)
+            plain_probes.append(CpuProbe())
+            plain_s.append(asyncio.run(plain_loop(sleeps, plain_probes[-1])))
             probes.append(CpuProbe())
             with RssProbe() as probe:
-                elapsed, events, cpu = asyncio.run(ledger_loop(tmp / f"rep{rep}.db", sleeps, prompt, response, probes[-1]))
+                elapsed, events = asyncio.run(ledger_loop(tmp / f"rep{rep}.db", sleeps, prompt, response, probes[-1]))
             rss.append(probe)
             ledger_s.append(elapsed)
-            loop_cpu.append(cpu)
             # The database's own share: the very rows this loop wrote, re-inserted by raw sqlite3.
             ddl, rows = ledger_rows(tmp / f"rep{rep}.db")
             floor_s.append(raw_sqlite(ddl, rows, tmp / f"floor{rep}.db"))
             log(f"  overhead rep {rep + 1}/{reps}: plain {plain_s[-1]:.3f}s, with ledger {elapsed:.3f}s "
-                f"(loop thread CPU {cpu:.3f}s; raw sqlite3 insert of its rows {floor_s[-1]:.3f}s)")
+                f"(loop thread CPU {probes[-1].loop_cpu:.3f}s; raw sqlite3 insert of its rows {floor_s[-1]:.3f}s)")
         plain, led = median(plain_s), median(ledger_s)
         report.add(WORKLOAD, f"loop of {n} concurrent sessions without the ledger", plain * 1e3, "ms")
         report.add(WORKLOAD, f"same loop with the ledger ({events} events)", led * 1e3, "ms")
@@ -116,7 +115,7 @@ def run(cfg: Config, report: Report) -> None:
         report.add(WORKLOAD, "recorder overhead per session (amortised)", overhead, "µs/session",
                    target="<= 100 µs/session", goal=("<=", 100.0))
         report.add(WORKLOAD, "  event-loop thread CPU added by the ledger, per session",
-                   (median(loop_cpu) - median(plain_cpu)) / n * 1e6, "µs/session")
+                   (median(p.loop_cpu for p in probes) - median(p.loop_cpu for p in plain_probes)) / n * 1e6, "µs/session")
         report.add(WORKLOAD, "  cyclic GC time in the ledger loop, per session", median(p.gc_seconds for p in probes) / n * 1e6,
                    "µs/session")
         report.add(WORKLOAD, "  floor: raw sqlite3 executemany of the same rows (1 txn), per session",
