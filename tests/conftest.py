@@ -12,6 +12,7 @@ import contextlib
 import os
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import pytest
 
@@ -105,13 +106,30 @@ def second_pg_url() -> Iterator[str]:
         yield url
 
 
-@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
-def db_url(request, tmp_path) -> Iterator[str]:
-    """A fresh, empty database URL on each backend."""
-    if request.param == "sqlite":
-        yield f"sqlite+aiosqlite:///{tmp_path / 'ledger.db'}"
+@contextlib.contextmanager
+def empty_database(backend: str, folder: Path) -> Iterator[str]:
+    """The URL of a new, empty database: a SQLite file in `folder`, or a fresh PostgreSQL database."""
+    if backend == "sqlite":
+        yield f"sqlite+aiosqlite:///{folder / 'ledger.db'}"
         return
     with fresh_pg_database() as url:
+        yield url
+
+
+BACKENDS = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
+
+
+@pytest.fixture(params=BACKENDS)
+def db_url(request, tmp_path) -> Iterator[str]:
+    """A fresh, empty database URL on each backend."""
+    with empty_database(request.param, tmp_path) as url:
+        yield url
+
+
+@pytest.fixture(scope="module", params=BACKENDS)
+def module_db_url(request, tmp_path_factory) -> Iterator[str]:
+    """One database per backend for a whole test module."""
+    with empty_database(request.param, tmp_path_factory.mktemp("db")) as url:
         yield url
 
 

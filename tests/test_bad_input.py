@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from sqlalchemy import insert, text, update
+from sqlalchemy import insert, select, text, update
 from sqlalchemy.exc import DBAPIError
 
 from sessions import InvalidInput, Ledger, UnknownEventError
@@ -28,7 +28,7 @@ from sessions.recorder import MAX_EVENT_BYTES, MAX_SESSION_BYTES, MAX_SESSION_EV
 from store.engine import StoredJSONError
 from store.tables import events
 from tests import crash_workers as cw
-from tests.test_recorder import BAD_IDENTITIES, BAD_TRAJECTORIES, module_db_url  # noqa: F401 - a fixture
+from tests.test_recorder import BAD_IDENTITIES, BAD_TRAJECTORIES
 
 KW: dict[str, Any] = {"uid": "u1", "session_index": 0, "group_size": 1, "partition": "val", "global_step": 0}
 CAPS = {"max_event_bytes": 16 * 1024, "max_session_events": 8, "max_session_bytes": 48 * 1024}
@@ -37,7 +37,7 @@ BLOB = "x" * 20_000  # JSON over max_event_bytes
 
 
 @pytest.fixture
-async def ledger(module_db_url: str) -> AsyncIterator[Ledger]:  # noqa: F811
+async def ledger(module_db_url: str) -> AsyncIterator[Ledger]:
     async with Ledger.open(module_db_url, **CAPS) as opened:
         yield opened
 
@@ -284,12 +284,18 @@ async def test_an_event_from_the_future_is_a_clear_error(db_url: str, type_: str
         cw.check_streams({sid: s for sid, s in (await cw.log_streams(ledger.engine)).items() if sid != "hit"})
 
 
+async def _empty_reward_data(ledger: Ledger, session_id: str) -> int:
+    """Replace a session's RewardPosted data with `{}` (valid JSON, wrong shape); its position."""
+    async with ledger.engine.begin() as conn:
+        where = (events.c.session_id == session_id, events.c.type == "RewardPosted")
+        await conn.execute(update(events).where(*where).values(data={}))
+        return (await conn.execute(select(events.c.position).where(*where))).scalar_one()
+
+
 async def test_event_data_of_the_wrong_shape_names_its_position(db_url: str) -> None:
     async with Ledger.open(db_url) as ledger:
         checkpoint = await _two_sessions(ledger)
-        async with ledger.engine.begin() as conn:
-            await conn.execute(update(events).where(events.c.session_id == "hit", events.c.type == "RewardPosted").values(data={}))
-            position = (await conn.execute(text("SELECT position FROM events WHERE session_id = 'hit' AND type = 'RewardPosted'"))).scalar_one()
+        position = await _empty_reward_data(ledger, "hit")
         needles = (f"event at position {position}", "RewardPosted", "malformed data")
         with pytest.raises(UnknownEventError) as caught:
             await ledger.load_session("hit")
@@ -297,8 +303,7 @@ async def test_event_data_of_the_wrong_shape_names_its_position(db_url: str) -> 
         await _projection_refuses(ledger, UnknownEventError, *needles)
         assert (await _read_models(ledger))[-1] == checkpoint
         # within the projected part of the log, audit's replay reports it
-        async with ledger.engine.begin() as conn:
-            await conn.execute(update(events).where(events.c.session_id == "ok", events.c.type == "RewardPosted").values(data={}))
+        await _empty_reward_data(ledger, "ok")
         report = await audit(ledger.engine)
         assert not report.ok and "malformed data" in str(report.divergences[0])
 
@@ -306,9 +311,7 @@ async def test_event_data_of_the_wrong_shape_names_its_position(db_url: str) -> 
 async def test_audit_flags_data_of_the_wrong_shape_past_the_checkpoint(sqlite_url: str) -> None:
     async with Ledger.open(sqlite_url) as ledger:
         checkpoint = await _two_sessions(ledger)
-        async with ledger.engine.begin() as conn:
-            await conn.execute(update(events).where(events.c.session_id == "hit", events.c.type == "RewardPosted").values(data={}))
-            position = (await conn.execute(text("SELECT position FROM events WHERE session_id = 'hit' AND type = 'RewardPosted'"))).scalar_one()
+        position = await _empty_reward_data(ledger, "hit")
         report = await audit(ledger.engine)
         assert position > checkpoint == report.projected_through
         assert [(d.session_id, d.position, d.field) for d in report.divergences] == [("hit", position, "data")]

@@ -12,7 +12,7 @@ import asyncio
 import math
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import numpy as np
@@ -22,17 +22,6 @@ from sessions import InvalidInput, InvalidTransition, RolloutFailure, SandboxErr
 from sessions import aggregate as agg
 from sessions import events as ev
 from sessions.recorder import failure_reason
-from tests.conftest import fresh_pg_database
-
-
-@pytest.fixture(scope="module", params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
-def module_db_url(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """One database per backend for the whole module."""
-    if request.param == "sqlite":
-        yield f"sqlite+aiosqlite:///{tmp_path_factory.mktemp('recorder') / 'ledger.db'}"
-        return
-    with fresh_pg_database() as url:
-        yield url
 
 
 @pytest.fixture
