@@ -157,6 +157,42 @@ def _unwritable(database: str) -> str | None:
     return None
 
 
+def _enable_wal(cursor: Any, busy_ms: int) -> None:
+    """Switch the file to WAL unless it already is.
+
+    Only the switch needs an exclusive lock, and it can wait for one that never comes: when
+    several connections open a new file at once, one may read "delete", another switch the file
+    and stay open (a WAL connection keeps a shared lock on the file), and the first then waits out
+    its whole busy timeout. So the switch is tried in short waits, looking again between them
+    whether someone else has switched the file meanwhile; the overall budget stays `busy_ms`.
+    """
+    def mode() -> str:
+        cursor.execute("PRAGMA journal_mode")
+        return str(cursor.fetchone()[0]).lower()
+
+    if mode() == "wal":
+        return
+    step = min(busy_ms, _WAL_SWITCH_WAIT_MS)
+    cursor.execute(f"PRAGMA busy_timeout={step}")
+    try:
+        for _ in range(max(1, busy_ms // max(step, 1))):
+            try:
+                cursor.execute("PRAGMA journal_mode=WAL")
+                return
+            except sqlite3.OperationalError as error:
+                if "locked" not in str(error).lower():
+                    raise
+            if mode() == "wal":
+                return
+        cursor.execute("PRAGMA journal_mode=WAL")  # out of budget: let the error through
+    finally:
+        cursor.execute(f"PRAGMA busy_timeout={busy_ms}")
+
+
+#: Each wait for the lock that switching a file to WAL needs (see `_enable_wal`).
+_WAL_SWITCH_WAIT_MS = 100
+
+
 def _sqlite_engine(url: str, parsed: Any, *, busy_timeout: float | None = None, **kwargs: Any) -> AsyncEngine:
     database = _sqlite_file(parsed)
     busy_ms = _busy_timeout_ms(busy_timeout)
@@ -180,7 +216,7 @@ def _sqlite_engine(url: str, parsed: Any, *, busy_timeout: float | None = None, 
         cursor.execute(f"PRAGMA busy_timeout={busy_ms}")
         if not in_memory:
             try:
-                cursor.execute("PRAGMA journal_mode=WAL")
+                _enable_wal(cursor, busy_ms)
             except sqlite3.OperationalError as error:
                 problem = _unwritable(database)
                 if problem is None:
