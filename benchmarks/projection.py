@@ -154,7 +154,7 @@ async def project_and_batch(db: Path, steps: int, *, keep: bool = False) -> tupl
 
 async def materialised_rows(db: Path, steps: int) -> list[list[Any]]:
     """Every step's BatchRows, read from a projected log (setup: not timed)."""
-    from sessions.rows import materialise
+    from sessions.batches.rows import materialise
     from store import create_engine
     from store import read_models as rm
 

@@ -28,7 +28,7 @@ WORKLOAD = "replay/audit"
 
 
 async def replay_once(source: Path, target: Path) -> tuple[float, Any]:
-    from sessions.replay import replay
+    from sessions.audit.replay import replay
     from store import create_engine
     from store.migrate import upgrade
 
@@ -45,7 +45,7 @@ async def replay_once(source: Path, target: Path) -> tuple[float, Any]:
 
 
 async def audit_once(db: Path) -> tuple[float, int]:
-    from sessions.audit import audit
+    from sessions.audit.auditing import audit
     from store import create_engine
 
     engine = create_engine(f"sqlite+aiosqlite:///{db}")

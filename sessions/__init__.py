@@ -24,10 +24,11 @@ from sessions.errors import (
     UnknownEventError,
 )
 from sessions.ledger import DEFAULT_RUN, Ledger
-from sessions.metrics import MetricRow
+from sessions.projection.metrics import MetricRow
 from sessions.placeholder import PlaceholderPolicy
-from sessions.projector import Projector, ProjectionError
-from sessions.queues import InProcessQueue, QueueItem, QueueSink
+from sessions.errors import ProjectionError
+from sessions.projection.projector import Projector
+from sessions.queues.sinks import InProcessQueue, QueueItem, QueueSink
 from sessions.recorder import SessionHandle, SessionOutcome
 
 _LAZY = {
@@ -37,10 +38,10 @@ _LAZY = {
     "build_jagged": "sessions.batches",
     "densify": "sessions.batches",
     "to_plain_dict": "sessions.batches",
-    "grpo_outcome_advantage": "sessions.advantage",
-    "QueueConsumer": "sessions.consumer",
-    "TransferQueueSink": "sessions.transferqueue",
-    "start_transferqueue": "sessions.transferqueue",
+    "grpo_outcome_advantage": "sessions.batches.advantage",
+    "QueueConsumer": "sessions.queues.consumer",
+    "TransferQueueSink": "sessions.integrations.transferqueue",
+    "start_transferqueue": "sessions.integrations.transferqueue",
 }
 
 

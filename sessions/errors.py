@@ -8,6 +8,7 @@ __all__ = [
     "ConcurrencyError",
     "InvalidInput",
     "InvalidTransition",
+    "ProjectionError",
     "RolloutFailure",
     "SandboxError",
     "SchemaError",
@@ -56,3 +57,7 @@ class SandboxError(RolloutFailure):
 
 class UnknownEventError(StoreError):
     """The log holds an event type or schema version this library cannot read."""
+
+
+class ProjectionError(RuntimeError):
+    """The log holds something the projector cannot project (names the event position)."""

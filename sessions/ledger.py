@@ -14,10 +14,10 @@ from sessions import aggregate as agg
 from sessions import events as ev
 from sessions import validation
 from sessions.errors import ConcurrencyError, InvalidInput
-from sessions.metrics import MetricRow
+from sessions.projection.metrics import MetricRow
 from sessions.placeholder import PARTITIONS, PlaceholderPolicy
-from sessions.projector import Projector
-from sessions.queues import QueueSink
+from sessions.projection.projector import Projector
+from sessions.queues.sinks import QueueSink
 from sessions.recorder import (
     MAX_EVENT_BYTES,
     MAX_SESSION_BYTES,
@@ -273,7 +273,7 @@ class Ledger:
             wait = poll_interval if remaining is None else min(poll_interval, remaining)
             await self.store.wait_for_commit(wait)
         from sessions.batches import build_jagged, build_padded  # torch: imported only when batches are built
-        from sessions.rows import materialise
+        from sessions.batches.rows import materialise
 
         rows = materialise(queue, sources)
         if jagged:

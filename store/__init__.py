@@ -4,9 +4,10 @@
 session is. The domain talks to it through `EventStore`, `NewEvent` and `StoredEvent`.
 """
 
-from store.engine import create_engine, normalize_url, is_postgres, is_sqlite
+from store import read_models
+from store.engine import create_engine, is_postgres, is_sqlite, load_json, normalize_url
 from store.errors import ConcurrencyError, SchemaError, StoreError
-from store.event_store import EventStore
+from store.event_store import EventStore, is_transient, retry_transient
 from store.migrate import current_revision, head_revision, upgrade
 from store.records import NewEvent, StoredEvent
 
@@ -22,6 +23,10 @@ __all__ = [
     "head_revision",
     "is_postgres",
     "is_sqlite",
+    "is_transient",
+    "load_json",
     "normalize_url",
+    "read_models",
+    "retry_transient",
     "upgrade",
 ]

@@ -11,13 +11,17 @@ from datetime import datetime, timezone
 from types import EllipsisType
 from typing import Any
 
-from sqlalchemy import and_, bindparam, or_, select, update
+from sqlalchemy import and_, bindparam, func, or_, select, text, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from store.tables import checkpoints, events, groups, metric_counts, queue_rows, sessions
 
 _CHUNK = 500
 PROJECTOR = "projector"
+#: The columns the projection decoder reads from `events`, in its order.
+DECODER_COLUMNS = ("position", "session_id", "version", "type", "schema_version", "data", "recorded_at")
+#: The primary key of `groups`.
+GROUP_KEY = ("run", "uid")
 
 MetricScope = tuple[str, str, "int | None", "str | None"]
 
@@ -82,14 +86,14 @@ def _scope_condition(scope: MetricScope) -> Any:
     )
 
 
-async def load_metrics(conn: AsyncConnection, scopes: Sequence[MetricScope]) -> dict[MetricScope, dict[str, tuple[int, float]]]:
-    """scope -> metric -> (row id, value)."""
-    out: dict[MetricScope, dict[str, tuple[int, float]]] = {scope: {} for scope in scopes}
+async def load_metrics(conn: AsyncConnection, scopes: Sequence[MetricScope]) -> dict[MetricScope, dict[str, float]]:
+    """scope -> metric -> value, for the scopes asked (an unknown scope maps to {})."""
+    out: dict[MetricScope, dict[str, float]] = {scope: {} for scope in scopes}
     for chunk in _chunks(list(scopes)):
         result = await conn.execute(select(metric_counts).where(or_(*(_scope_condition(s) for s in chunk))))
         for row in result.mappings():
             scope = (row["run"], row["partition"], row["global_step"], row["data_source"])
-            out.setdefault(scope, {})[row["metric"]] = (row["id"], row["value"])
+            out.setdefault(scope, {})[row["metric"]] = row["value"]
     return out
 
 
@@ -108,28 +112,34 @@ async def save_rows(conn: AsyncConnection, table: Any, inserts: list[dict[str, A
         await conn.execute(statement.execution_options(synchronize_session=False), params)
 
 
-async def save_metrics(
-    conn: AsyncConnection, changed: dict[MetricScope, dict[str, float]], existing: dict[MetricScope, dict[str, tuple[int, float]]]
-) -> None:
-    inserts: list[dict[str, Any]] = []
-    updates: list[dict[str, Any]] = []
-    for scope, values in changed.items():
-        run, partition, step, source = scope
-        known = existing.get(scope, {})
-        for metric, value in values.items():
-            if metric in known:
-                row_id, old = known[metric]
-                if old != value:
-                    updates.append({"k_id": row_id, "v_value": value})
-            else:
-                inserts.append(
-                    {"run": run, "partition": partition, "global_step": step, "data_source": source, "metric": metric, "value": value}
-                )
-    if inserts:
-        await conn.execute(metric_counts.insert(), inserts)
-    if updates:
-        statement = update(metric_counts).where(metric_counts.c.id == bindparam("k_id")).values(value=bindparam("v_value"))
-        await conn.execute(statement.execution_options(synchronize_session=False), updates)
+async def save_sessions(conn: AsyncConnection, inserts: list[dict[str, Any]], updates: list[dict[str, Any]]) -> None:
+    await save_rows(conn, sessions, inserts, updates, keys=("session_id",))
+
+
+async def save_groups(conn: AsyncConnection, inserts: list[dict[str, Any]], updates: list[dict[str, Any]]) -> None:
+    await save_rows(conn, groups, inserts, updates, keys=GROUP_KEY)
+
+
+#: `metric_counts` is keyed by its natural key; a NULL step or data source is matched through the
+#: same sentinels as the unique index `uq_metric_counts_scope` (migration 0003): -1 for a step
+#: (steps are >= 0) and '' for a data source (an empty data source is refused at append).
+METRIC_UPSERT = (
+    "INSERT INTO metric_counts (run, partition, global_step, data_source, metric, value) "
+    "VALUES (:run, :partition, :global_step, :data_source, :metric, :value) "
+    "ON CONFLICT (run, partition, coalesce(global_step, -1), coalesce(data_source, ''), metric) "
+    "DO UPDATE SET value = excluded.value"
+)
+
+
+async def save_metrics(conn: AsyncConnection, changed: dict[MetricScope, dict[str, float]]) -> None:
+    """Upsert metric values by their natural key (one statement for the whole page)."""
+    params = [
+        {"run": run, "partition": partition, "global_step": step, "data_source": source, "metric": metric, "value": value}
+        for (run, partition, step, source), values in changed.items()
+        for metric, value in values.items()
+    ]
+    if params:
+        await conn.execute(text(METRIC_UPSERT), params)
 
 
 async def insert_queue_rows(conn: AsyncConnection, rows: list[dict[str, Any]]) -> None:
@@ -137,19 +147,42 @@ async def insert_queue_rows(conn: AsyncConnection, rows: list[dict[str, Any]]) -
         await conn.execute(queue_rows.insert(), rows)
 
 
-async def trajectory_events(
-    conn: AsyncConnection, session_ids: Sequence[str], up_to: int
-) -> dict[str, list[tuple[int, int, dict[str, Any]]]]:
-    """session -> [(position, schema_version, data)] of its TrajectoryRecorded events up to a position."""
-    out: dict[str, list[tuple[int, int, dict[str, Any]]]] = {}
+async def next_queue_id(conn: AsyncConnection) -> int:
+    """The id the next queue row takes: queue rows are numbered 1, 2, ... in projection order, by
+    the projector itself (not a sequence, which skips values on rollback), so a replay numbers
+    them identically. Pages are serialised by the projection lock, so this cannot race."""
+    value = (await conn.execute(select(func.max(queue_rows.c.id)))).scalar_one_or_none()
+    return int(value or 0) + 1
+
+
+async def events_after(conn: AsyncConnection, after: int, limit: int) -> list[tuple[Any, ...]]:
+    """Up to `limit` events after a position, as the projection decoder reads them:
+    (position, session_id, version, type, schema_version, data, recorded_at), no payloads."""
+    result = await conn.execute(
+        select(*(events.c[name] for name in DECODER_COLUMNS)).where(events.c.position > after).order_by(events.c.position).limit(limit)
+    )
+    return [_utc_row(row) for row in result]
+
+
+def _utc_row(row: Any) -> tuple[Any, ...]:
+    *head, recorded_at = row
+    if recorded_at.tzinfo is None:  # SQLite keeps no zone; we only ever write UTC
+        recorded_at = recorded_at.replace(tzinfo=timezone.utc)
+    return (*head, recorded_at)
+
+
+async def trajectory_events(conn: AsyncConnection, session_ids: Sequence[str], up_to: int) -> list[tuple[Any, ...]]:
+    """The TrajectoryRecorded events of some sessions at positions <= `up_to`, in log order, as
+    `events_after` returns them."""
+    out: list[tuple[Any, ...]] = []
     for chunk in _chunks(list(session_ids)):
         result = await conn.execute(
-            select(events.c.session_id, events.c.position, events.c.data, events.c.schema_version).where(
+            select(*(events.c[name] for name in DECODER_COLUMNS)).where(
                 events.c.session_id.in_(chunk), events.c.type == "TrajectoryRecorded", events.c.position <= up_to
             )
         )
-        for session_id, position, data, schema_version in result:
-            out.setdefault(session_id, []).append((position, schema_version, data))
+        out.extend(_utc_row(row) for row in result)
+    out.sort(key=lambda row: row[0])
     return out
 
 
@@ -184,8 +217,6 @@ async def queue_rows_for(
 
 async def group_status(conn: AsyncConnection, run: str, partition: str, global_step: int | None) -> dict[str, int]:
     """Counts of a step's groups by status (pending / finished / failure)."""
-    from sqlalchemy import func
-
     query = select(groups.c.status, func.count()).where(groups.c.run == run, groups.c.partition == partition)
     query = query.where(equals(groups.c.global_step, global_step))
     result = await conn.execute(query.group_by(groups.c.status))

@@ -22,6 +22,8 @@ from sqlalchemy import (
     String,
     Table,
     UniqueConstraint,
+    func,
+    text,
 )
 from sqlalchemy.dialects.postgresql import BYTEA, JSONB
 
@@ -117,17 +119,25 @@ groups = Table(
     Index(None, "run", "partition", "global_step"),
 )
 
+#: Keyed by its natural key (run, partition, global_step, data_source, metric), so a replay cannot
+#: differ from the live database by a surrogate id. NULL stands for "no step" and "all data
+#: sources", and a unique constraint treats NULLs as distinct, so the key is a unique index on
+#: expressions that map NULL to a value no row can hold (-1: steps are >= 0; '': an empty data
+#: source is refused at append). The columns stay NULL for SQL users; the metric upsert
+#: (`store.read_models.METRIC_UPSERT`) names the same expressions as its conflict target.
 metric_counts = Table(
     "metric_counts",
     metadata,
-    Column("id", BigKey, primary_key=True, autoincrement=True),
     Column("run", String(NAME), nullable=False),
     Column("partition", String(8), nullable=False),
     Column("global_step", BigInteger, nullable=True),
     Column("data_source", String(NAME), nullable=True),
     Column("metric", String(NAME), nullable=False),
     Column("value", Float, nullable=False),
-    Index(None, "run", "partition", "global_step", "data_source", "metric"),
+    Index(
+        "uq_metric_counts_scope", "run", "partition", func.coalesce(text("global_step"), -1),
+        func.coalesce(text("data_source"), ""), "metric", unique=True,
+    ),
 )
 
 queue_rows = Table(

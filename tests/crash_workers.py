@@ -186,7 +186,7 @@ async def writer(url: str, prefix: str, seed: int, journal: str, concurrency: in
 
 
 async def projector(url: str, page_size: int, sink: str | None, poll: float = 0.01) -> None:
-    from sessions.projector import Projector
+    from sessions.projection.projector import Projector
     from store import create_engine
 
     engine = create_engine(url)
@@ -275,9 +275,9 @@ def zygote(conn: Any) -> None:
     import sqlalchemy.dialects.sqlite.aiosqlite  # noqa: F401
 
     import sessions  # noqa: F401
-    import sessions.audit  # noqa: F401
-    import sessions.projector  # noqa: F401
-    import sessions.rows  # noqa: F401  (torch, for the sink's rows)
+    import sessions.audit.auditing  # noqa: F401
+    import sessions.projection.projector  # noqa: F401
+    import sessions.batches.rows  # noqa: F401  (torch, for the sink's rows)
     import store  # noqa: F401
 
     try:

@@ -258,7 +258,7 @@ def follower_worker(url: str, name: str, log_path: str, page_size: int, poll: fl
     """
 
     async def body() -> int:
-        from sessions.projector import Projector
+        from sessions.projection.projector import Projector
         from store import create_engine
 
         log = open(log_path, "a", buffering=1)  # noqa: SIM115 - lives as long as the process

@@ -1,4 +1,4 @@
-"""Tests for sessions.advantage: verl's GRPO outcome advantage, optionally blind to placeholders."""
+"""Tests for sessions.batches.advantage: verl's GRPO outcome advantage, optionally blind to placeholders."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sessions.advantage import grpo_outcome_advantage
+from sessions.batches.advantage import grpo_outcome_advantage
 from sessions.batches import BatchRow, build_jagged, build_padded, non_tensor
 
 FAST = settings(max_examples=50, deadline=None)

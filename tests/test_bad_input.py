@@ -23,7 +23,7 @@ from sqlalchemy import insert, select, text, update
 from sqlalchemy.exc import DBAPIError
 
 from sessions import InvalidInput, Ledger, UnknownEventError
-from sessions.audit import audit
+from sessions.audit.auditing import audit
 from sessions.recorder import MAX_EVENT_BYTES, MAX_SESSION_BYTES, MAX_SESSION_EVENTS, Limits
 from store.engine import StoredJSONError
 from store.tables import events

@@ -25,7 +25,7 @@ from tensordict import NonTensorData, NonTensorStack
 
 from benchmarks.projection import check_same, per_row_padded
 from sessions import batches as batches_module
-from sessions import non_tensor_stacks as stacks_module
+from sessions.batches import non_tensor_stacks as stacks_module
 from sessions.batches import NON_TENSOR_COLUMNS, BatchRow, build_padded, non_tensor
 
 SETTINGS = settings(max_examples=60, deadline=None)

@@ -21,7 +21,7 @@ STEPS, PROMPTS, GROUP = 3, 32, 4
 def _command() -> list[str]:
     """The installed console script next to this interpreter, else the module."""
     script = Path(sys.executable).with_name("rollout-ledger")
-    return [str(script)] if script.exists() else [sys.executable, "-m", "sessions.cli"]
+    return [str(script)] if script.exists() else [sys.executable, "-m", "sessions.cli.main"]
 
 
 def cli(*args: str, cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess[str]:

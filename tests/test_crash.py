@@ -41,7 +41,7 @@ import pytest
 from sqlalchemy import text
 
 from sessions import Ledger
-from sessions.audit import audit
+from sessions.audit.auditing import audit
 from sessions.recovery import recover
 from tests import crash_workers as cw
 
@@ -348,7 +348,7 @@ def test_recover_rejects_a_negative_age() -> None:
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
     script = Path(sys.executable).with_name("rollout-ledger")
-    command = [str(script)] if script.exists() else [sys.executable, "-m", "sessions.cli"]
+    command = [str(script)] if script.exists() else [sys.executable, "-m", "sessions.cli.main"]
     env = {k: v for k, v in os.environ.items() if k != "ROLLOUT_LEDGER_DB"}
     return subprocess.run([*command, *args], env=env, capture_output=True, text=True, timeout=120)
 

@@ -24,7 +24,7 @@ import pytest
 from sqlalchemy import event, text
 
 from sessions import InProcessQueue, Ledger, StoreError
-from sessions.audit import audit
+from sessions.audit.auditing import audit
 from sessions.recovery import recover
 from store import read_models as rm
 from tests import crash_workers as cw
@@ -110,7 +110,7 @@ async def test_follow_retries_a_raising_sink_with_backoff_until_the_group_tag_la
 ) -> None:
     sink = FlakySink(failures=5)
     errors: list[tuple[Any, int, float]] = []
-    caplog.set_level(logging.WARNING, logger="sessions.projector")
+    caplog.set_level(logging.WARNING, logger="sessions.projection.projector")
     async with Ledger.open(db_url, sinks=[sink]) as ledger:
         await record_group(ledger, "g1", size=3)
         follower = await _follow_until_tag(ledger, sink, "g1", errors)

@@ -32,7 +32,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from sqlalchemy import event
 
 from sessions import ConcurrencyError, InvalidInput, InvalidTransition, Ledger, SandboxError, StoreError
-from sessions.audit import audit
+from sessions.audit.auditing import audit
 from sessions.recovery import recover
 from tests import crash_workers as cw
 

@@ -2,7 +2,7 @@
 
 `recompute_from_events` is a brute-force oracle: it reads the raw `events` table, decodes every
 event and recomputes every contract metric per (run, partition, global_step, data_source) and the
-all-sources row, without touching the projector or `sessions.metrics`. `assert_metrics_match`
+all-sources row, without touching the projector or `sessions.projection.metrics`. `assert_metrics_match`
 compares it with the stored `metric_counts`; the projector's property and concurrency tests use
 both. The tests here pin hand-computed figures and the agreement with verl's score metrics.
 """
@@ -20,7 +20,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from sessions import Ledger, PlaceholderPolicy, SandboxError
 from sessions import events as ev
-from sessions import metrics as m
+from sessions.projection import metrics as m
 from store.event_store import to_stored
 from store.tables import events as events_table
 from store.tables import metric_counts
@@ -375,7 +375,7 @@ async def test_metrics_select_one_step_every_step_or_the_step_less_sessions(sqli
     `--step none` reaches the same rows."""
     import json as json_module
 
-    from sessions.cli import main as cli_main
+    from sessions.cli.main import main as cli_main
 
     async with Ledger.open(sqlite_url, run="r") as ledger:
         await _session(ledger, "s0", "a", 0, 1, step=0, trajectories=(2,), reward=1.0)

@@ -271,7 +271,7 @@ async def read_models(url: str) -> dict[str, list[tuple[Any, ...]]]:
 
 async def assert_same_as_fresh_projection(url: str, fresh_url: str) -> None:
     """Project a copy of the log from scratch in another database: the read models must match."""
-    from sessions.projector import Projector
+    from sessions.projection.projector import Projector
     from store import create_engine
 
     await _migrate(fresh_url)
@@ -511,7 +511,7 @@ async def test_dropped_connections_never_tear_sessions_or_move_the_checkpoint_al
     from sqlalchemy.exc import DBAPIError
 
     from sessions import ConcurrencyError, Ledger, SandboxError, StoreError
-    from sessions.projector import Projector
+    from sessions.projection.projector import Projector
 
     caplog.set_level(logging.WARNING, logger="store.event_store")
     appends: list[tuple[str, list[str], BaseException | None]] = []
@@ -682,7 +682,7 @@ async def test_dropped_connections_never_tear_sessions_or_move_the_checkpoint_al
 # ------------------------------------------------------------- 5. the demo on PostgreSQL
 def test_demo_on_postgres_ends_every_session_once(pg_url: str) -> None:
     script = Path(sys.executable).with_name("rollout-ledger")
-    command = [str(script)] if script.exists() else [sys.executable, "-m", "sessions.cli"]
+    command = [str(script)] if script.exists() else [sys.executable, "-m", "sessions.cli.main"]
     done = subprocess.run(
         [*command, "demo", "--db", pg_url, "--steps", "1", "--prompts", "4", "--group-size", "2", "--seed", "3"],
         capture_output=True, text=True, timeout=120,

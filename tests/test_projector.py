@@ -27,8 +27,8 @@ from sqlalchemy import select
 
 from sessions import Ledger, PlaceholderPolicy, SandboxError
 from sessions import events as ev
-from sessions.projector import Projector
-from sessions.queues import InProcessQueue
+from sessions.projection.projector import Projector
+from sessions.queues.sinks import InProcessQueue
 from store import create_engine
 from store import read_models as rm
 from store.tables import checkpoints, groups, metric_counts, queue_rows, sessions
@@ -290,7 +290,7 @@ async def all_queue_rows(engine: Any) -> list[dict[str, Any]]:
 async def step_batch(ledger: Ledger, run: str, partition: str, step: int | None) -> Any:
     """The padded batch of a step's rows as they stand (what `Ledger.batch` builds, without waiting)."""
     from sessions.batches import build_padded
-    from sessions.rows import materialise
+    from sessions.batches.rows import materialise
 
     async with ledger.engine.connect() as conn:
         queue = await rm.queue_rows_for(conn, run, partition, step)
@@ -540,8 +540,8 @@ class Injected(RuntimeError):
 
 
 STEPS = (
-    "get_checkpoint:after", "read_page:before", "load_sessions:before", "load_groups:before", "load_metrics:before",
-    "trajectory_events:before", "save_rows:before", "save_rows:after", "save_metrics:before", "save_metrics:after",
+    "get_checkpoint:after", "events_after:before", "load_sessions:before", "load_groups:before", "load_metrics:before",
+    "trajectory_events:before", "next_queue_id:before", "save_rows:before", "save_rows:after", "save_metrics:before", "save_metrics:after",
     "insert_queue_rows:before", "insert_queue_rows:after", "source_events:before", "materialise:before",
     "sink.put:before", "sink.put:after", "set_checkpoint:before", "set_checkpoint:after",
 )
@@ -645,8 +645,7 @@ def sink_snapshot(sink: InProcessQueue) -> dict[tuple[str, str], list[Any]]:
 
 
 async def test_restart_after_failure_at_every_step(fault_template: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import sessions.projector as projector_module
-    import sessions.rows as rows_module
+    import sessions.batches.rows as rows_module
 
     # the uninterrupted run, on its own database
     baseline_engine = create_engine(_copy(fault_template, tmp_path, "baseline"))
@@ -663,8 +662,7 @@ async def test_restart_after_failure_at_every_step(fault_template: Path, tmp_pat
     faults = Faults(rounds=2)
     page_sizes = (1, 3, 2)  # each restart pages differently, so failures hit different page boundaries
     monkeypatch.setattr(rm, "get_checkpoint", faults.wrap_checkpoint(rm.get_checkpoint))
-    monkeypatch.setattr(projector_module, "read_page", faults.wrap_async("read_page", projector_module.read_page, after=False))
-    for name, after in [("load_sessions", False), ("load_groups", False), ("load_metrics", False), ("trajectory_events", False),
+    for name, after in [("events_after", False), ("next_queue_id", False), ("load_sessions", False), ("load_groups", False), ("load_metrics", False), ("trajectory_events", False),
                         ("save_rows", True), ("save_metrics", True), ("insert_queue_rows", True), ("source_events", False),
                         ("set_checkpoint", True)]:
         monkeypatch.setattr(rm, name, faults.wrap_async(name, getattr(rm, name), after=after))

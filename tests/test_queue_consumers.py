@@ -19,7 +19,7 @@ import pytest
 from sqlalchemy import and_, func, select
 
 from sessions import Ledger
-from sessions.consumer import QueueConsumer
+from sessions.queues.consumer import QueueConsumer
 from sessions.placeholder import PARTITIONS
 from store import create_engine
 from store import queue_claims as qc

@@ -25,11 +25,11 @@ from sqlalchemy import delete, func, select, text, update
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from sessions import Ledger
-from sessions.audit import Divergence, audit, compare
+from sessions.audit.auditing import Divergence, audit, compare
 from sessions.batches import to_plain_dict
-from sessions.demo import DemoConfig, run_demo
-from sessions.projector import Projector
-from sessions.replay import replay
+from sessions.cli.demo import DemoConfig, run_demo
+from sessions.projection.projector import Projector
+from sessions.audit.replay import replay
 from store import create_engine
 from store.migrate import upgrade
 from store.records import StoredEvent
@@ -44,7 +44,7 @@ DEMO = DemoConfig(steps=1, prompts=6, group_size=3, fail_rate=0.3, cancel_rate=0
 def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     """The installed console script in a subprocess: exit status and streams as a user sees them."""
     script = Path(sys.executable).with_name("rollout-ledger")
-    command = [str(script)] if script.exists() else [sys.executable, "-m", "sessions.cli"]
+    command = [str(script)] if script.exists() else [sys.executable, "-m", "sessions.cli.main"]
     env = {k: v for k, v in os.environ.items() if k != "ROLLOUT_LEDGER_DB"}
     return subprocess.run([*command, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
 
@@ -54,7 +54,7 @@ def run_cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, s
 
     Sync tests only: the CLI runs its own event loop.
     """
-    from sessions.cli import main
+    from sessions.cli.main import main
 
     capsys.readouterr()
     status = main(list(args))

@@ -29,9 +29,9 @@ from sqlalchemy import select, text
 
 from sessions import events as ev
 from sessions import tokens
-from sessions.audit import audit
-from sessions.projector import Projector
-from sessions.replay import replay
+from sessions.audit.auditing import audit
+from sessions.projection.projector import Projector
+from sessions.audit.replay import replay
 from store import create_engine
 from store.event_store import EventStore
 from store.migrate import upgrade

@@ -209,7 +209,7 @@ async def test_load_session_refuses_a_stream_it_cannot_read(db_url: str, event_t
 
 def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     script = Path(sys.executable).with_name("rollout-ledger")
-    command = [str(script)] if script.exists() else [sys.executable, "-m", "sessions.cli"]
+    command = [str(script)] if script.exists() else [sys.executable, "-m", "sessions.cli.main"]
     env = {k: v for k, v in os.environ.items() if k != "ROLLOUT_LEDGER_DB"}
     return subprocess.run([*command, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
 
@@ -217,7 +217,7 @@ def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
 def test_cli_names_an_unknown_type_and_version(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     import asyncio
 
-    from sessions.cli import main
+    from sessions.cli.main import main
 
     db = tmp_path / "odd.db"
 

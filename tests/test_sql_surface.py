@@ -26,7 +26,7 @@ from alembic.runtime.migration import MigrationContext
 from sqlalchemy import inspect
 
 from sessions import Ledger, PlaceholderPolicy, SandboxError
-from sessions.sql import WriteRefused, run_query
+from sessions.cli.sql import WriteRefused, run_query
 from store import create_engine, current_revision, head_revision
 from store import queue_claims as qc
 from store.tables import metadata
@@ -292,7 +292,7 @@ async def test_timeline_shows_events_the_projector_has_not_reached(db_url: str) 
 
 def _cli_command() -> list[str]:
     script = Path(sys.executable).with_name("rollout-ledger")
-    return [str(script)] if script.exists() else [sys.executable, "-m", "sessions.cli"]
+    return [str(script)] if script.exists() else [sys.executable, "-m", "sessions.cli.main"]
 
 
 async def cli(*args: str, cwd: Path) -> tuple[int, str, str]:

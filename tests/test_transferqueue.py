@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from sessions.transferqueue import set_tq_num_threads
+from sessions.integrations.transferqueue import set_tq_num_threads
 
 set_tq_num_threads()  # before transfer_queue is imported: it reads TQ_NUM_THREADS once, at import
 
@@ -42,10 +42,10 @@ import torch  # noqa: E402
 
 from sessions import Ledger  # noqa: E402
 from sessions.batches import non_tensor  # noqa: E402
-from sessions.demo import DemoConfig, run_demo  # noqa: E402
-from sessions.queues import QueueItem  # noqa: E402
-from sessions.rows import META_COLUMNS  # noqa: E402
-from sessions.transferqueue import (  # noqa: E402
+from sessions.cli.demo import DemoConfig, run_demo  # noqa: E402
+from sessions.queues.sinks import QueueItem  # noqa: E402
+from sessions.batches.rows import META_COLUMNS  # noqa: E402
+from sessions.integrations.transferqueue import (  # noqa: E402
     RAY_LOOPBACK_ENV,
     TransferQueueHandle,
     TransferQueueSink,

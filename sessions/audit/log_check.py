@@ -22,9 +22,9 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from sessions import events as ev
 from sessions import tokens
-from sessions.divergence import Divergence
+from sessions.audit.divergence import Divergence
 from sessions.errors import UnknownEventError
-from sessions.rebuild import CURRENT, REQUIRED, parse_json
+from sessions.projection.decoding import CURRENT, REQUIRED, parse_json
 from store import driver
 from store.engine import StoredJSONError, load_json
 from store.records import StoredEvent
@@ -57,7 +57,7 @@ async def check_log(
 ) -> LogCheck:
     """Both passes over the whole log; divergences sorted by position.
 
-    `on_page` receives each page of the content pass as `sessions.rebuild.EVENT_COLUMNS` tuples,
+    `on_page` receives each page of the content pass as `sessions.projection.decoding.EVENT_COLUMNS` tuples,
     `data` already parsed where it parses: a caller folding the log shares this pass's reads.
     """
     result = LogCheck()

@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from sessions.queues import QueueItem
+from sessions.queues.sinks import QueueItem
 
 if TYPE_CHECKING:
     from tensordict import TensorDict, TensorDictBase

@@ -127,10 +127,10 @@ async def _resolve_run(ledger: Any, requested: str | None) -> str:
 async def _cmd_demo(args: argparse.Namespace) -> int:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from sessions.demo import DemoConfig, new_run_name, run_demo
+    from sessions.cli.demo import DemoConfig, new_run_name, run_demo
     from sessions.ledger import Ledger
-    from sessions.report import console as make_console
-    from sessions.report import summary_table
+    from sessions.cli.render import console as make_console
+    from sessions.cli.render import summary_table
 
     config = DemoConfig(args.steps, args.prompts, args.group_size, args.fail_rate, args.cancel_rate, args.seed)
     run = args.run or new_run_name()
@@ -184,7 +184,7 @@ async def _cmd_project(args: argparse.Namespace) -> int:
 
 async def _cmd_metrics(args: argparse.Namespace) -> int:
     from sessions.ledger import Ledger
-    from sessions.report import metrics_table, print_table
+    from sessions.cli.render import metrics_table, print_table
 
     async with Ledger.open(args.db) as ledger:
         run = await _resolve_run(ledger, args.run)
@@ -214,9 +214,9 @@ async def _cmd_export(args: argparse.Namespace) -> int:
 
 
 async def _cmd_history(args: argparse.Namespace) -> int:
-    from sessions.history import session_history
+    from sessions.audit.history import session_history
     from sessions.ledger import Ledger
-    from sessions.report import history_table, print_table
+    from sessions.cli.render import history_table, print_table
 
     async with Ledger.open(args.db) as ledger:
         rows, view = await session_history(ledger.store, args.session_id, at_position=args.at)
@@ -230,7 +230,7 @@ async def _cmd_history(args: argparse.Namespace) -> int:
 async def _cmd_replay(args: argparse.Namespace) -> int:
     from rich.progress import Progress
 
-    from sessions.replay import replay
+    from sessions.audit.replay import replay
     from store import create_engine
     from store.migrate import upgrade
 
@@ -251,7 +251,7 @@ async def _cmd_replay(args: argparse.Namespace) -> int:
 async def _cmd_audit(args: argparse.Namespace) -> int:
     from rich.progress import Progress
 
-    from sessions.audit import audit
+    from sessions.audit.auditing import audit
     from store import create_engine
     from store.migrate import check_schema
 
@@ -274,8 +274,8 @@ async def _cmd_audit(args: argparse.Namespace) -> int:
 async def _cmd_sql(args: argparse.Namespace) -> int:
     from rich.table import Table
 
-    from sessions.report import print_table
-    from sessions.sql import run_query
+    from sessions.cli.render import print_table
+    from sessions.cli.sql import run_query
     from store import create_engine
     from store.migrate import check_schema
 

@@ -20,7 +20,7 @@ length B. ``batch["uid"]`` returns a ``list`` subclass; ``non_tensor(batch, "uid
 plain ``list`` and also copes with a column set through ``set_non_tensor``. Indexing, boolean
 selection and ``torch.cat`` of batches keep these columns aligned with the rows. A stack is one
 ``NonTensorData`` object per row, so these 10 columns cost more than the tensor columns; they
-are built directly, with the cyclic GC paused (``sessions.non_tensor_stacks``).
+are built directly, with the cyclic GC paused (``sessions.batches.non_tensor_stacks``).
 
 Decisions recorded here (the contract is silent on them):
 
@@ -48,7 +48,7 @@ import numpy as np
 import torch
 from tensordict import NonTensorData, NonTensorStack, TensorDict, TensorDictBase
 
-from sessions.non_tensor_stacks import SCALAR_TYPES, set_non_tensor_columns
+from sessions.batches.non_tensor_stacks import SCALAR_TYPES, set_non_tensor_columns
 
 __all__ = [
     "BatchRow",

@@ -78,7 +78,7 @@ class QueueConsumer:
         ids = [int(row["id"]) for row in rows]
         try:
             from sessions.batches import build_padded  # torch: imported only when a batch is built
-            from sessions.rows import materialise
+            from sessions.batches.rows import materialise
 
             async with self.engine.connect() as conn:
                 sources = await rm.source_events(conn, [row["source_position"] for row in rows])

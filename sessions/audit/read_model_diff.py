@@ -22,7 +22,7 @@ from sqlalchemy import Boolean, DateTime, String
 from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.types import JSON
 
-from sessions.divergence import Divergence
+from sessions.audit.divergence import Divergence
 from store import driver
 from store import read_models as rm
 from store.tables import groups, metric_counts, queue_rows, sessions

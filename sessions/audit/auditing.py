@@ -4,10 +4,10 @@ The report names the first divergence precisely — table, session, event positi
 expected (from replay) and found (stored) — so an auditor can go straight to it.
 
 Memory stays bounded by one page of events or one session's stream, whatever the log's size:
-the log is checked in two streaming passes (`sessions.log_check`); the first one's pages are also
-folded into read models (`sessions.rebuild`, one read and one JSON parse per event for both), which
+the log is checked in two streaming passes (`sessions.audit.log_check`); the first one's pages are also
+folded into read models (`sessions.projection.rebuild`, one read and one JSON parse per event for both), which
 go to a scratch SQLite file in a temporary folder; the two sets of read models are compared as
-key-ordered streams (`sessions.read_model_diff`). The scratch database gets no copy of the log: no
+key-ordered streams (`sessions.audit.read_model_diff`). The scratch database gets no copy of the log: no
 read model depends on the payloads, and queue-row content is resolved in the audited log itself.
 The fold itself holds the read models in memory: O(sessions), never the payloads.
 """
@@ -23,13 +23,14 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from sessions.divergence import Divergence
+from sessions.audit.divergence import Divergence
 from sessions.errors import UnknownEventError
-from sessions.log_check import check_log
-from sessions.projector import ProjectionError
-from sessions.read_model_diff import compare
-from sessions.rebuild import Fold
-from sessions.replay import insert_read_models, prepare
+from sessions.audit.log_check import check_log
+from sessions.errors import ProjectionError
+from sessions.audit.read_model_diff import compare
+from sessions.projection.rebuild import Rebuild
+from sessions.audit.replay import prepare
+from store.bulk_read_models import insert_read_models
 from store import read_models as rm
 from store.engine import create_engine
 from store.migrate import upgrade
@@ -68,7 +69,7 @@ async def audit(engine: AsyncEngine, *, on_progress: Callable[[str, int], None] 
     async with engine.connect() as conn:
         report.projected_through = await rm.get_checkpoint(conn)
     through = report.projected_through
-    folded = Fold()
+    folded = Rebuild()
     failure: list[BaseException] = []
 
     def fold(rows: list[tuple[Any, ...]]) -> None:
@@ -94,7 +95,7 @@ async def audit(engine: AsyncEngine, *, on_progress: Callable[[str, int], None] 
     return report
 
 
-async def _compare_with_fold(engine: AsyncEngine, folded: Fold) -> list[Divergence]:
+async def _compare_with_fold(engine: AsyncEngine, folded: Rebuild) -> list[Divergence]:
     """Write the fold's read models to a scratch SQLite file and compare the stored ones with them."""
     try:
         models = folded.result()

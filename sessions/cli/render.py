@@ -8,7 +8,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from sessions import metrics as m
+from sessions.projection import metrics as m
 
 SUMMARY_COLUMNS = (
     ("sessions", m.SESSIONS_TOTAL),

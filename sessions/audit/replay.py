@@ -1,0 +1,120 @@
+"""Replay: rebuild every read model of a database from its `events` table alone (DESIGN §9).
+
+Three steps, timed apart because different things bound them:
+
+1. copy the log verbatim into the target's empty `events` table at driver level
+   (`store.bulk_copy`: pure SQL between SQLite files, COPY into PostgreSQL) — bound by writing the
+   token payloads;
+2. fold the copied log into read-model rows in one pass (`sessions.projection.rebuild`) — bound by Python
+   per event (mostly parsing each event's JSON `data`); payloads are never read;
+3. insert those rows and the checkpoint in one transaction.
+
+The result equals what the incremental `Projector` stores for the same log, row for row; the
+audit relies on that, and tests/test_replay_equivalence.py checks it on random logs.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from sessions.projection.rebuild import ReadModels, Rebuild
+from store import bulk_copy, bulk_read_models as bulk
+from store.bulk_read_models import Prepared, insert_read_models
+
+#: Events per page read (copy across backends, and the rebuild's reads).
+PAGE = 20_000
+
+
+@dataclass(frozen=True)
+class ReplayReport:
+    events: int
+    seconds: float
+    #: Parts of `seconds`, one after the other: the copy of the log, the rebuild of the copied log
+    #: into read-model rows (with their serialisation), and their insert with the checkpoint.
+    copy_seconds: float = 0.0
+    fold_seconds: float = 0.0
+    write_seconds: float = 0.0
+
+    @property
+    def events_per_second(self) -> float:
+        return self.events / self.seconds if self.seconds else 0.0
+
+
+async def copy_events(
+    source: Any,
+    target: Any,
+    *,
+    page_size: int = PAGE,
+    on_page: Callable[[int], None] | None = None,
+    up_to: int | None = None,
+) -> int:
+    """Copy the log verbatim — positions, ids, payloads — into an empty `events` table.
+
+    `up_to` stops at that position (inclusive).
+    """
+    if await bulk.has_events(target):
+        raise ValueError("the target database already has events; replay needs an empty one")
+    return await bulk_copy.copy_events(source, target, up_to=up_to, page_size=page_size, on_page=on_page)
+
+
+async def rebuild(
+    source: Any,
+    target: Any,
+    *,
+    up_to: int | None = None,
+    page_size: int = PAGE,
+    on_events: Callable[[int], None] | None = None,
+) -> int:
+    """Rebuild `source`'s log (positions <= `up_to`, or all) and write the read models and
+    checkpoint into `target`, whose read models must be empty. `source` may be `target` itself.
+
+    Returns the number of events applied.
+    """
+    models = await rebuild_log(source, up_to=up_to, page_size=page_size, on_events=on_events)
+    await insert_read_models(target, prepare(models, source, target))
+    return models.events
+
+
+async def rebuild_log(
+    source: Any, *, up_to: int | None = None, page_size: int = PAGE, on_events: Callable[[int], None] | None = None
+) -> ReadModels:
+    """The read models of `source`'s log (positions <= `up_to`, or all), rebuilt in memory."""
+    rebuilt = Rebuild()
+    async for rows in bulk.event_pages(source, up_to=up_to, page_size=page_size):
+        rebuilt.feed(rows)
+        if on_events is not None:
+            on_events(len(rows))
+    return rebuilt.result()
+
+
+def prepare(models: ReadModels, source: Any, target: Any) -> Prepared:
+    """The rebuilt rows in the target driver's form."""
+    tables = {"sessions": models.sessions, "groups": models.groups, "metrics": models.metrics, "queue": models.queue}
+    return bulk.prepare(tables, last_position=models.last_position, events=models.events, source=source, target=target)
+
+
+async def replay(
+    source: Any,
+    target: Any,
+    *,
+    on_events: Callable[[int], None] | None = None,
+    page_size: int = PAGE,
+    up_to: int | None = None,
+) -> ReplayReport:
+    """Copy the events (all, or those at positions <= `up_to`) into `target` (migrated, empty),
+    then build its read models from scratch out of the copied log alone.
+
+    (Copy and rebuild side by side were measured slower on two cores than one after the other:
+    both read the source while the copy writes the target.)
+    """
+    started = time.perf_counter()
+    count = await copy_events(source, target, page_size=page_size, up_to=up_to)
+    copied = time.perf_counter()
+    rows = prepare(await rebuild_log(target, page_size=page_size, on_events=on_events), target, target)
+    folded = time.perf_counter()
+    await insert_read_models(target, rows)
+    done = time.perf_counter()
+    return ReplayReport(count, done - started, copied - started, folded - copied, done - folded)

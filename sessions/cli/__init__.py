@@ -1,0 +1,5 @@
+"""The `rollout-ledger` command line."""
+
+from sessions.cli.main import main
+
+__all__ = ["main"]

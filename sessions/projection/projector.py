@@ -1,0 +1,266 @@
+"""The incremental projector: the event log -> read models, queue rows, group tags and metric counts.
+
+It reads the global log in `position` order from its checkpoint, one page per transaction: it
+loads the rows the page touches, applies the projection rules (`sessions.projection.rules`, the
+same rules a replay applies to the whole log), and writes back what changed together with the
+page's queue rows and the new checkpoint — so a crash anywhere replays the page from scratch and
+every row lands exactly once. External sinks are written before that commit with deterministic
+keys (at-least-once, idempotent by key).
+
+The page transaction holds the database's projection lock (`store.projection_page`) and re-reads
+the checkpoint inside it, so two projectors on one database never project the same page twice:
+they take turns.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sessions.projection import metrics as m
+from sessions.projection.decoding import Decoder
+from sessions.projection.rules import LogEvent, Rules, WorkingSet, group_key
+from sessions.queues.sinks import QueueItem, QueueSink
+from store import EventStore, is_transient, read_models as rm, retry_transient
+from store.projection_locks import follower_leadership, projection_page
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class PageResult:
+    events: int
+    rows: int
+    tags: int
+    last_position: int
+
+
+#: Seconds one external sink's `put` may take before the page is rolled back (None: no limit).
+#: A put that hangs would otherwise hold the page transaction — on SQLite the write lock — forever.
+SINK_TIMEOUT = 60.0
+
+
+class Projector:
+    """Projects the log of one database. Safe to run in several processes at once.
+
+    In follow mode a page that fails (a sink that raises or times out, a database error that
+    outlived its retries) is rolled back and retried with exponential backoff; `failures` counts
+    consecutive failed attempts, `failures_total` all of them, and `last_error` holds the latest.
+    """
+
+    def __init__(
+        self,
+        engine: Any,
+        *,
+        sinks: Sequence[QueueSink] = (),
+        page_size: int = 2000,
+        store: EventStore | None = None,
+        sink_timeout: float | None = SINK_TIMEOUT,
+    ) -> None:
+        self.engine = engine
+        self.sinks = list(sinks)
+        self.page_size = page_size
+        self.store = store
+        self.sink_timeout = sink_timeout
+        self.failures = 0
+        self.failures_total = 0
+        self.last_error: BaseException | None = None
+
+    async def step(self) -> PageResult:
+        """Project one page; `events == 0` means the projector is at the end of the log.
+
+        A transient database error (lost connection, busy file) rolls the page back and retries it.
+        """
+        return await retry_transient(self._step, what="projection")
+
+    async def _step(self) -> PageResult:
+        async with projection_page(self.engine) as conn:
+            checkpoint = await rm.get_checkpoint(conn)
+            page = Decoder().events(await rm.events_after(conn, checkpoint, self.page_size))
+            if not page:
+                return PageResult(0, 0, 0, checkpoint)
+            state = await load_working_set(conn, page, checkpoint)
+            rules = Rules(state)
+            rules.apply_all(page)
+            rules.finish()
+            await save_working_set(conn, state)
+            if self.sinks:
+                items = await queue_items(conn, state.queue)
+                for sink in self.sinks:
+                    await self._put(sink, items)
+            last = page[-1][0]
+            await rm.set_checkpoint(conn, last, previous=checkpoint)
+            return PageResult(len(page), state.rows_made, state.tags_made, last)
+
+    async def _put(self, sink: QueueSink, items: list[QueueItem]) -> None:
+        """`sink.put` under `sink_timeout`; the sink's own errors (its own timeouts included) pass as they are."""
+        if self.sink_timeout is None:
+            await sink.put(items)
+            return
+        put = asyncio.ensure_future(sink.put(items))
+        try:
+            done, _ = await asyncio.wait({put}, timeout=self.sink_timeout)
+        except BaseException:
+            put.cancel()
+            raise
+        if not done:
+            put.cancel()
+            await asyncio.wait({put})  # let it unwind; never raises
+            if not put.cancelled():
+                put.exception()  # retrieved: the timeout is the error reported
+            raise TimeoutError(
+                f"queue sink {type(sink).__name__}.put of {len(items)} item(s) took longer than "
+                f"sink_timeout={self.sink_timeout}s; the page was rolled back and the checkpoint did not move"
+            )
+        put.result()
+
+    async def run(self, *, on_page: Callable[[PageResult], None] | None = None) -> int:
+        """Project to the current end of the log; returns the number of events projected."""
+        total = 0
+        while True:
+            result = await self.step()
+            if result.events == 0:
+                return total
+            total += result.events
+            if on_page is not None:
+                on_page(result)
+
+    async def follow(
+        self,
+        stop: asyncio.Event,
+        *,
+        poll_interval: float = 0.5,
+        on_page: Callable[[PageResult], None] | None = None,
+        on_leader: Callable[[], None] | None = None,
+        on_error: Callable[[BaseException, int, float], None] | None = None,
+        backoff: float = 0.5,
+        max_backoff: float = 30.0,
+    ) -> int:
+        """Keep projecting until `stop` is set; sleeps between polls instead of busy-looping.
+
+        In-process appends wake it at once; appends from other processes are seen at the next poll.
+        On PostgreSQL only one follower leads (a session-level advisory lock); the others wait and
+        take over from the checkpoint when the leader's connection goes away. (Pages are safe
+        without it — each takes a transaction lock — the lead just stops followers contending.)
+
+        A page that fails is rolled back (its checkpoint does not move) and retried after
+        `backoff * 2**(attempt-1)` seconds, at most `max_backoff`: the follower logs a warning
+        with the error and the attempt count, calls `on_error(error, attempt, delay)`, and keeps
+        going rather than dying. Returns the number of events projected.
+        """
+        if backoff <= 0 or max_backoff < backoff:
+            raise ValueError(f"need 0 < backoff <= max_backoff, got backoff={backoff}, max_backoff={max_backoff}")
+        async with follower_leadership(self.engine, stop, poll_interval) as leading:
+            if not leading:
+                return 0
+            if on_leader is not None:
+                on_leader()
+            return await self._follow(stop, poll_interval, on_page, on_error, backoff, max_backoff)
+
+    async def _follow(
+        self,
+        stop: asyncio.Event,
+        poll_interval: float,
+        on_page: Callable[[PageResult], None] | None,
+        on_error: Callable[[BaseException, int, float], None] | None,
+        backoff: float,
+        max_backoff: float,
+    ) -> int:
+        total = 0
+
+        def counted(result: PageResult) -> None:
+            nonlocal total
+            total += result.events  # counted per page: a later page's failure must not lose it
+            if on_page is not None:
+                on_page(result)
+
+        self.failures = 0
+        while not stop.is_set():
+            waiters = [asyncio.ensure_future(stop.wait())]
+            if self.store is not None:
+                # Armed before reading the log: a commit landing after the read still wakes us.
+                waiters.append(asyncio.ensure_future(self.store.wait_for_commit()))
+                await asyncio.sleep(0)  # let the waiter take hold of the current commit signal
+            try:
+                try:
+                    await self.run(on_page=counted)
+                except Exception as error:  # noqa: BLE001 - a follower reports and retries, it does not die
+                    self.failures += 1
+                    self.failures_total += 1
+                    self.last_error = error
+                    delay = min(max_backoff, backoff * 2 ** min(self.failures - 1, 62))
+                    log.warning(
+                        "projector: page failed (attempt %d): %s: %s; checkpoint unchanged, retrying in %.2fs",
+                        self.failures, type(error).__name__, error, delay,
+                    )
+                    if on_error is not None:
+                        on_error(error, self.failures, delay)
+                    with contextlib.suppress(asyncio.TimeoutError):
+                        await asyncio.wait_for(stop.wait(), delay)
+                    continue
+                if self.failures:
+                    log.warning("projector: recovered after %d failed attempt(s)", self.failures)
+                    self.failures = 0
+                await asyncio.wait(waiters, timeout=poll_interval, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for task in waiters:
+                    task.cancel()
+        return total
+
+
+async def load_working_set(conn: Any, page: list[LogEvent], checkpoint: int) -> WorkingSet:
+    """The read-model rows a page's events touch, as stored before the page.
+
+    Sessions the page creates, and their groups and scopes, may not exist yet; a session the page
+    does not create but that is missing stays missing, and the rules refuse its event.
+    """
+    created = {sid: data for _p, sid, _v, type_, data, _at in page if type_ == "SessionCreated"}
+    others = sorted({sid for _p, sid, *_rest in page} - created.keys())
+    state = WorkingSet(sessions=await rm.load_sessions(conn, others))
+    keys = {group_key(s) for s in state.sessions.values()} | {group_key(e) for e in created.values()}
+    state.groups = await rm.load_groups(conn, sorted(keys))
+    scopes: set[m.Scope] = set()
+    for row in (*state.sessions.values(), *state.groups.values(), *created.values()):
+        scopes.update(m.scopes(row["run"], row["partition"], row["global_step"], row.get("data_source")))
+    state.metrics = {scope: m.MetricTable(values) for scope, values in (await rm.load_metrics(conn, sorted(scopes, key=repr))).items()}
+    terminal = sorted({sid for _p, sid, _v, type_, _d, _at in page if type_ == "SessionSucceeded" and sid in state.sessions})
+    if terminal:
+        decoder = Decoder()
+        for position, sid, version, type_, data, at in decoder.events(await rm.trajectory_events(conn, terminal, checkpoint)):
+            state.trajectories.setdefault(sid, {})[int(data["index"])] = (position, data)
+    state.next_queue_id = await rm.next_queue_id(conn)
+    return state
+
+
+async def save_working_set(conn: Any, state: WorkingSet) -> None:
+    """Write back what the rules changed: new rows inserted, touched ones updated, queue rows added."""
+    sessions_new = [state.sessions[sid] for sid in state.touched_sessions if sid in state.new_sessions]
+    sessions_old = [state.sessions[sid] for sid in state.touched_sessions if sid not in state.new_sessions]
+    await rm.save_sessions(conn, sorted(sessions_new, key=_by_session), sorted(sessions_old, key=_by_session))
+    groups_new = [state.groups[key] for key in state.touched_groups if key in state.new_groups]
+    groups_old = [state.groups[key] for key in state.touched_groups if key not in state.new_groups]
+    await rm.save_groups(conn, groups_new, groups_old)
+    await rm.save_metrics(conn, state.changed_metrics())
+    await rm.insert_queue_rows(conn, state.queue)
+
+
+def _by_session(row: dict[str, Any]) -> str:
+    return row["session_id"]
+
+
+async def queue_items(conn: Any, queue: list[dict[str, Any]]) -> list[QueueItem]:
+    """A page's queue rows with their token arrays, for external sinks."""
+    from sessions.batches import rows as row_builder  # torch: imported only when a sink needs arrays
+
+    positions = [q["source_position"] for q in queue if q["kind"] == "row"]
+    sources = await rm.source_events(conn, positions)
+    built = iter(row_builder.materialise(queue, sources))
+    return [
+        QueueItem(q["run"], q["partition"], q["global_step"], q["key"], q["uid"], dict(q["tags"]),
+                  next(built) if q["kind"] == "row" else None)
+        for q in queue
+    ]

@@ -1,0 +1,80 @@
+"""The whole-log rebuild: the projection rules applied to a whole log at once (replay, audit).
+
+The incremental projector loads and saves the rows each page touches; a rebuild starts from
+empty read models, so it keeps one working set for the whole log and writes each table once, at
+driver level. The rules are the same (`sessions.projection.rules`), so its rows equal the
+projector's; only the I/O around them differs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from sessions.projection.decoding import Decoder
+from sessions.projection.rules import Row, Rules, WorkingSet
+
+
+@dataclass
+class ReadModels:
+    """What a rebuild produced, as rows keyed by column name (queue rows in queue order).
+
+    JSON columns (`sessions.reward_info`, `queue_rows.tags`) hold Python values; `created_at`
+    and `terminal_at` hold the events' `recorded_at` exactly as the reader returned it.
+    """
+
+    sessions: list[Row] = field(default_factory=list)
+    groups: list[Row] = field(default_factory=list)
+    metrics: list[Row] = field(default_factory=list)
+    queue: list[Row] = field(default_factory=list)
+    last_position: int = 0
+    events: int = 0
+
+
+class Rebuild:
+    """Feed pages of `sessions.projection.decoding.EVENT_COLUMNS` tuples in position order, then
+    take `result()`."""
+
+    def __init__(self) -> None:
+        self.state = WorkingSet()
+        self.rules = Rules(self.state)
+        self.decoder = Decoder()
+        self.last_position = 0
+        self.events = 0
+        self._finished = False
+
+    def feed(self, rows: Sequence[Sequence[Any]]) -> None:
+        if not rows:
+            return
+        self.rules.apply_all(self.decoder.events(rows))
+        self.last_position = rows[-1][0]
+        self.events += len(rows)
+
+    def result(self) -> ReadModels:
+        """The read models; call once, after the last `feed` (it derives the means)."""
+        if self._finished:
+            raise RuntimeError("Rebuild.result() was already taken")
+        self._finished = True
+        self.rules.finish()
+        state = self.state
+        metrics = [
+            {"run": run, "partition": partition, "global_step": step, "data_source": source, "metric": name, "value": value}
+            for (run, partition, step, source), table in state.metrics.items()
+            for name, value in table.values.items()
+        ]
+        return ReadModels(
+            sessions=list(state.sessions.values()),
+            groups=list(state.groups.values()),
+            metrics=metrics,
+            queue=state.queue,
+            last_position=self.last_position,
+            events=self.events,
+        )
+
+
+def rebuild_rows(rows: Iterable[Sequence[Any]]) -> ReadModels:
+    """Rebuild from one iterable of `EVENT_COLUMNS` tuples (tests and small logs)."""
+    rebuilt = Rebuild()
+    rebuilt.feed(list(rows))
+    return rebuilt.result()

@@ -1,0 +1,305 @@
+"""The projection rules, written once: events -> read-model rows, queue rows and metric counts.
+
+Pure: no SQL, no torch, no I/O. `Rules.apply` folds one decoded event into a `WorkingSet` (the
+rows the events touch, held in memory as dicts keyed by column name). The incremental projector
+loads the working set of one page from the database, applies the page and writes back what
+changed; the whole-log rebuild (replay, audit) starts from an empty working set and applies the
+whole log. Both therefore make the same float additions in the same order, and their rows are
+equal by construction rather than by a test's vigilance.
+
+A log the rules cannot project raises `ProjectionError` naming the event's position.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from sessions.errors import ProjectionError
+from sessions.projection import metrics as m
+
+log = logging.getLogger(__name__)
+
+Row = dict[str, Any]
+#: A group's key: (run, uid).
+GroupKey = tuple[str, str]
+#: What the rules read of one event: (position, session_id, version, type, data, recorded_at),
+#: `data` already decoded and upcast to the current schema (`sessions.projection.decoding`).
+LogEvent = tuple[int, str, int, str, dict[str, Any], Any]
+
+
+def group_key(row: Row) -> GroupKey:
+    """The group a session (or group) row belongs to."""
+    return (row["run"], row["uid"])
+
+
+@dataclass
+class WorkingSet:
+    """The read-model rows a run of the rules may read or change, plus what it produced.
+
+    `trajectories` maps a session to its recorded, not yet terminal trajectories
+    (index -> (position, data)); `queue` holds the queue rows made, in queue order, with `id`s
+    counted from `next_queue_id`, so a replay numbers them exactly as the live projector did.
+    """
+
+    sessions: dict[str, Row] = field(default_factory=dict)
+    groups: dict[GroupKey, Row] = field(default_factory=dict)
+    metrics: dict[m.Scope, m.MetricTable] = field(default_factory=dict)
+    trajectories: dict[str, dict[int, tuple[int, dict[str, Any]]]] = field(default_factory=dict)
+    queue: list[Row] = field(default_factory=list)
+    next_queue_id: int = 1
+    #: Keys of the sessions and groups the rules created (to insert, not update).
+    new_sessions: set[str] = field(default_factory=set)
+    new_groups: set[GroupKey] = field(default_factory=set)
+    #: Every session and group the rules changed (the others were only read).
+    touched_sessions: set[str] = field(default_factory=set)
+    touched_groups: set[GroupKey] = field(default_factory=set)
+
+    @property
+    def rows_made(self) -> int:
+        return sum(1 for q in self.queue if q["kind"] == "row")
+
+    @property
+    def tags_made(self) -> int:
+        return sum(1 for q in self.queue if q["kind"] == "tag")
+
+    def changed_metrics(self) -> dict[m.Scope, dict[str, float]]:
+        return {scope: table.values for scope, table in self.metrics.items() if table.dirty}
+
+
+class Rules:
+    """Apply events, in log order, to one working set; `finish()` derives the means after."""
+
+    def __init__(self, state: WorkingSet) -> None:
+        self.state = state
+        self._tables: dict[tuple[Any, ...], list[m.MetricTable]] = {}
+        self._handlers: dict[str, Callable[[Row, int, dict[str, Any], Any], None]] = {
+            "SessionStarted": self._started,
+            "TrajectoryRecorded": self._trajectory,
+            "RewardPosted": self._reward,
+            "SessionSucceeded": self._succeeded,
+            "SessionFailed": self._failed,
+            "PlaceholderEmitted": self._placeholder,
+            "SessionCancelled": self._cancelled,
+        }
+
+    def apply(self, event: LogEvent) -> None:
+        position, sid, version, type_, data, recorded_at = event
+        if type_ == "SessionCreated":
+            self._created(sid, position, version, data, recorded_at)
+            return
+        session = self.state.sessions.get(sid)
+        if session is None:
+            raise ProjectionError(
+                f"event at position {position} ({type_}) belongs to session {sid!r}, "
+                "which has no SessionCreated before it; the log is damaged — run `rollout-ledger audit`"
+            )
+        session["version"] = version
+        self.state.touched_sessions.add(sid)
+        self._handlers[type_](session, position, data, recorded_at)
+
+    def apply_all(self, events: list[LogEvent]) -> None:
+        for event in events:
+            self.apply(event)
+
+    def finish(self) -> None:
+        """Recompute the derived metrics of every scope the events changed."""
+        for table in self.state.metrics.values():
+            if table.dirty:
+                table.derive()
+
+    # ------------------------------------------------------------ scopes
+    def _scoped(self, run: str, partition: str, step: int | None, source: str | None) -> list[m.MetricTable]:
+        """The metric tables a session or group counts in: its data source's and all sources'."""
+        key = (run, partition, step, source)
+        tables = self._tables.get(key)
+        if tables is None:
+            tables = []
+            for scope in m.scopes(run, partition, step, source):
+                table = self.state.metrics.get(scope)
+                if table is None:
+                    table = self.state.metrics[scope] = m.MetricTable()
+                tables.append(table)
+            self._tables[key] = tables
+        return tables
+
+    def _of(self, row: Row) -> list[m.MetricTable]:
+        return self._scoped(row["run"], row["partition"], row["global_step"], row["data_source"])
+
+    # ---------------------------------------------------------- handlers
+    def _created(self, sid: str, position: int, version: int, e: dict[str, Any], recorded_at: Any) -> None:
+        state = self.state
+        run, uid, partition, step = e["run"], e["uid"], e["partition"], e["global_step"]
+        source = e.get("data_source")
+        session = state.sessions[sid] = {
+            "session_id": sid, "run": run, "uid": uid, "session_index": e["session_index"],
+            "group_size": e["group_size"], "partition": partition, "global_step": step,
+            "data_source": source, "runner": e.get("runner"), "state": "created", "version": version,
+            "num_trajectories": 0, "selected_rows": 0, "reward": None, "score_source": None, "reward_info": {},
+            "failure_reason": None, "error_type": None, "message": None, "placeholder": False,
+            "created_position": position, "terminal_position": None, "created_at": recorded_at, "terminal_at": None,
+        }
+        state.new_sessions.add(sid)
+        state.touched_sessions.add(sid)
+        key = group_key(session)
+        group = state.groups.get(key)
+        if group is None:
+            group = state.groups[key] = {
+                "run": run, "uid": uid, "partition": partition, "global_step": step,
+                "data_source": source, "group_size": e["group_size"], "sessions_seen": 0, "terminal": 0,
+                "succeeded": 0, "failed": 0, "cancelled": 0, "reward_sum": 0.0, "reward_count": 0,
+                "status": "pending", "settled_position": None,
+            }
+            state.new_groups.add(key)
+            _add(self._of(group), m.GROUPS_TOTAL)
+        state.touched_groups.add(key)
+        group["sessions_seen"] += 1
+        _add(self._of(session), m.SESSIONS_TOTAL)
+
+    def _started(self, s: Row, position: int, e: dict[str, Any], recorded_at: Any) -> None:
+        s["state"] = "running"
+
+    def _trajectory(self, s: Row, position: int, e: dict[str, Any], recorded_at: Any) -> None:
+        s["num_trajectories"] += 1
+        known = self.state.trajectories.get(s["session_id"])
+        if known is None:
+            known = self.state.trajectories[s["session_id"]] = {}
+        known[int(e["index"])] = (position, e)
+
+    def _reward(self, s: Row, position: int, e: dict[str, Any], recorded_at: Any) -> None:
+        reward = e["reward"]
+        s["reward"] = reward
+        s["reward_info"] = {**s["reward_info"], **e.get("info", {}), "reward": reward}
+
+    def _terminal(self, s: Row, state: str, position: int, recorded_at: Any) -> dict[int, tuple[int, dict[str, Any]]]:
+        """Mark the session terminal; returns (and forgets) its recorded trajectories: a terminal
+        session's trajectories are never selected again."""
+        s["state"], s["terminal_position"], s["terminal_at"] = state, position, recorded_at
+        return self.state.trajectories.pop(s["session_id"], None) or {}
+
+    def _succeeded(self, s: Row, position: int, e: dict[str, Any], recorded_at: Any) -> None:
+        known = self._terminal(s, "succeeded", position, recorded_at)
+        score, selected = e["score"], e["selected"]
+        reward = 0.0 if score is None else float(score)
+        s["reward"], s["score_source"], s["selected_rows"] = score, e["score_source"], len(selected)
+        tables = self._of(s)
+        _add(tables, m.SESSIONS_SUCCEEDED)
+        if score is None:
+            _add(tables, m.REWARD_ABSENT)
+        for index in selected:
+            if index not in known:
+                raise ProjectionError(
+                    f"SessionSucceeded at position {position} selects trajectory {index} of session "
+                    f"{s['session_id']!r}, which has no such TrajectoryRecorded; run `rollout-ledger audit`"
+                )
+            source_position, data = known[index]
+            self._row(s, position, index, source_position, reward, data=data)
+        self._settle(s, position, reward)
+
+    def _failed(self, s: Row, position: int, e: dict[str, Any], recorded_at: Any) -> None:
+        self._terminal(s, "failed", position, recorded_at)
+        reason = e["reason"]
+        s["failure_reason"], s["error_type"], s["message"] = reason, e["error_type"], e["message"]
+        tables = self._of(s)
+        _add(tables, m.SESSIONS_FAILED)
+        _add(tables, m.FAILED_BY_REASON.format(reason=reason))
+        if e.get("placeholder", "emit") == "drop":
+            self._settle(s, position, None)
+        # else: the session settles at its PlaceholderEmitted, so its row precedes the group tag.
+
+    def _placeholder(self, s: Row, position: int, e: dict[str, Any], recorded_at: Any) -> None:
+        if s["state"] != "failed" or s["placeholder"]:
+            log.warning("ignoring PlaceholderEmitted at position %s: session %s is %s", position, s["session_id"], s["state"])
+            return
+        reward = float(e.get("reward", 0.0))
+        s["placeholder"] = True
+        s["selected_rows"] = 1
+        self._row(s, position, 0, position, reward, data=None, failure_reason=e["reason"],
+                  materialization_reason=e.get("materialization_reason", "session_failed"))
+        _add(self._of(s), m.PLACEHOLDERS)
+        self._settle(s, position, reward)
+
+    def _cancelled(self, s: Row, position: int, e: dict[str, Any], recorded_at: Any) -> None:
+        self._terminal(s, "cancelled", position, recorded_at)
+        s["message"] = e.get("message")
+        _add(self._of(s), m.SESSIONS_CANCELLED)
+        self._settle(s, position, None)
+
+    # ------------------------------------------------------------ output
+    def _queue(self, row: Row) -> None:
+        state = self.state
+        row["id"] = state.next_queue_id
+        state.next_queue_id += 1
+        state.queue.append(row)
+
+    def _row(
+        self, s: Row, position: int, key_index: int, source_position: int, reward: float, *,
+        data: dict[str, Any] | None, failure_reason: str | None = None, materialization_reason: str | None = None,
+    ) -> None:
+        """One batch row (a selected trajectory, or the placeholder when `data` is None) and its counts."""
+        placeholder = data is None
+        prompt_len = 1 if placeholder else int(data["prompt_len"])  # type: ignore[index]
+        response_len = 1 if placeholder else int(data["response_len"])  # type: ignore[index]
+        materialization = materialization_reason if placeholder else data.get("materialization_reason")  # type: ignore[union-attr]
+        uid, step = s["uid"], s["global_step"]
+        self._queue({
+            "run": s["run"], "partition": s["partition"], "global_step": step,
+            "key": f"{uid}_{s['session_index']}_{key_index}", "kind": "row", "uid": uid,
+            "session_id": s["session_id"], "session_index": s["session_index"], "data_source": s["data_source"],
+            "source_position": source_position, "reward": reward, "is_placeholder": placeholder,
+            "failure_reason": failure_reason, "materialization_reason": materialization,
+            "num_turns": 0 if placeholder else int(data["num_turns"]),  # type: ignore[index]
+            "prompt_len": prompt_len, "response_len": response_len,
+            "tags": {
+                "status": "finished", "global_steps": step, "prompt_len": prompt_len,
+                "response_len": response_len, "seq_len": prompt_len + response_len, "uid": uid,
+                "materialization_reason": materialization, "is_placeholder": placeholder,
+            },
+            "produced_position": position,
+        })
+        for table in self._of(s):
+            table.add(m.ROWS)
+            table.add(m.REWARD_SUM, reward)
+            if not placeholder:
+                table.add(m.ROWS_SUCCEEDED)
+                table.add(m.REWARD_SUM_SUCCESS, reward)
+                table.add(m.RESPONSE_LENGTH_SUM, response_len)
+                table.maximum(m.RESPONSE_LENGTH_MAX, response_len)
+
+    def _settle(self, s: Row, position: int, value: float | None) -> None:
+        """A session is done for projection: count it in its group; tag the group once all are."""
+        key = group_key(s)
+        group = self.state.groups[key]
+        self.state.touched_groups.add(key)
+        group["terminal"] += 1
+        group[s["state"]] += 1
+        tables = self._of(group)
+        if value is not None:
+            n = group["group_size"]
+            old = group["reward_sum"] / group["reward_count"] if group["reward_count"] else None
+            group["reward_sum"] += value
+            group["reward_count"] += 1
+            new = group["reward_sum"] / group["reward_count"]
+            _add(tables, m.UID_MEAN_SUM.format(n=n), new - (old or 0.0))
+            if old is None:
+                _add(tables, m.UIDS.format(n=n))
+        if group["status"] == "pending" and group["terminal"] >= group["group_size"]:
+            group["status"] = "finished" if group["succeeded"] > 0 else "failure"
+            group["settled_position"] = position
+            _add(tables, m.GROUPS_FINISHED if group["status"] == "finished" else m.GROUPS_FAILURE)
+            self._queue({
+                "run": group["run"], "partition": group["partition"], "global_step": group["global_step"],
+                "key": group["uid"], "kind": "tag", "uid": group["uid"], "session_id": None, "session_index": None,
+                "data_source": group["data_source"], "source_position": None, "reward": None, "is_placeholder": False,
+                "failure_reason": None, "materialization_reason": None, "num_turns": None, "prompt_len": None,
+                "response_len": None,
+                "tags": {"is_prompt": True, "status": group["status"], "global_steps": group["global_step"]},
+                "produced_position": position,
+            })
+
+
+def _add(tables: list[m.MetricTable], name: str, amount: float = 1.0) -> None:
+    for table in tables:
+        table.add(name, amount)
