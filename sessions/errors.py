@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from store.errors import ConcurrencyError, SchemaError, StoreError
+from store.errors import ConcurrencyError, LedgerError, SchemaError, StoreError
 
 __all__ = [
     "ConcurrencyError",
     "InvalidInput",
     "InvalidTransition",
+    "LedgerError",
     "ProjectionError",
     "RolloutFailure",
     "SandboxError",
@@ -17,7 +18,7 @@ __all__ = [
 ]
 
 
-class InvalidTransition(Exception):
+class InvalidTransition(LedgerError):
     """A command that the session's current state does not allow; nothing was appended."""
 
     def __init__(self, session_id: str, state: str, command: str, allowed: list[str] | None = None) -> None:
@@ -28,7 +29,7 @@ class InvalidTransition(Exception):
         self.command = command
 
 
-class InvalidInput(ValueError):
+class InvalidInput(LedgerError, ValueError):
     """Bad input from the caller (token ids, masks, rewards, identifiers); nothing was written."""
 
     def __init__(self, session_id: str | None, field: str, problem: str) -> None:
@@ -38,7 +39,7 @@ class InvalidInput(ValueError):
         self.field = field
 
 
-class RolloutFailure(Exception):
+class RolloutFailure(LedgerError):
     """Raise from a runner to fail its session with an explicit failure reason."""
 
     reason = "runner_error"
@@ -59,5 +60,5 @@ class UnknownEventError(StoreError):
     """The log holds an event type or schema version this library cannot read."""
 
 
-class ProjectionError(RuntimeError):
+class ProjectionError(LedgerError, RuntimeError):
     """The log holds something the projector cannot project (names the event position)."""

@@ -1,7 +1,19 @@
-"""Errors raised by the persistence layer."""
+"""Errors raised by the persistence layer, and the root every rollout-ledger error derives from.
+
+The root lives here, in the lowest layer, because `store` never imports `sessions`; `sessions`
+re-exports it as `sessions.LedgerError`.
+"""
 
 
-class StoreError(Exception):
+class LedgerError(Exception):
+    """The root of every error rollout-ledger raises: `except LedgerError` catches them all.
+
+    Subclasses keep the builtin base their meaning suggests too (`InvalidInput` is a `ValueError`,
+    `TransferQueueTimeout` a `TimeoutError`), so existing `except` clauses keep working.
+    """
+
+
+class StoreError(LedgerError):
     """Base class for persistence errors."""
 
 

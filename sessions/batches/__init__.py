@@ -41,6 +41,8 @@ Decisions recorded here (the contract is silent on them):
 
 from __future__ import annotations
 
+from sessions.errors import LedgerError
+
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
@@ -109,7 +111,7 @@ class BatchRow:
     meta: Mapping[str, Any] = field(default_factory=dict)
 
 
-class BatchTooLongError(ValueError):
+class BatchTooLongError(LedgerError, ValueError):
     """A row exceeds ``max_prompt_length``/``max_response_length`` and truncation was not asked."""
 
     def __init__(self, key: Any, side: str, length: int, limit: int) -> None:

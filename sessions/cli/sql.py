@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from sessions.errors import LedgerError
+
 import re
 from typing import Any
 
@@ -12,7 +14,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 _READ_ONLY_START = re.compile(r"^\s*(select|with|explain|values|pragma\s+table_info|show)\b", re.IGNORECASE)
 
 
-class WriteRefused(ValueError):
+class WriteRefused(LedgerError, ValueError):
     """A statement that would change the database; `sql` only reads."""
 
 

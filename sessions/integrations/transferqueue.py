@@ -33,6 +33,8 @@ raises ``ImportError`` naming the extra.
 
 from __future__ import annotations
 
+from sessions.errors import LedgerError
+
 import asyncio
 import logging
 import os
@@ -84,7 +86,7 @@ _DENSIFY_COLUMNS = frozenset(
 )
 
 
-class TransferQueueSinkError(RuntimeError):
+class TransferQueueSinkError(LedgerError, RuntimeError):
     """A TransferQueue put failed; the projector's page rolls back and its checkpoint stays."""
 
 
@@ -92,7 +94,7 @@ class TransferQueueTimeout(TransferQueueSinkError, TimeoutError):
     """A TransferQueue put did not finish within the sink's ``timeout_s``."""
 
 
-class TransferQueueStartError(RuntimeError):
+class TransferQueueStartError(LedgerError, RuntimeError):
     """``start_transferqueue`` could not bring TransferQueue up (nothing it started is left running)."""
 
 
