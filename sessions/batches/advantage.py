@@ -22,7 +22,7 @@ from typing import Any, Sequence
 import torch
 from tensordict import TensorDictBase
 
-from .batches import non_tensor
+from sessions.batches import non_tensor
 
 __all__ = ["grpo_outcome_advantage"]
 
