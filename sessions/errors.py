@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from store.errors import ConcurrencyError, LedgerError, SchemaError, StoreError
+from store import ConcurrencyError, LedgerError, SchemaError, StoreError
 
 __all__ = [
     "ConcurrencyError",

@@ -18,7 +18,7 @@ from typing import Any, ClassVar
 
 from sessions import tokens
 from sessions.errors import UnknownEventError
-from store.records import NewEvent, StoredEvent
+from store import NewEvent, StoredEvent
 
 MESSAGE_LIMIT = 512
 #: error_type is a class name; the sessions read model stores it in VARCHAR(128).

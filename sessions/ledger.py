@@ -8,7 +8,6 @@ from contextlib import asynccontextmanager
 from types import EllipsisType
 from typing import Any
 
-from sqlalchemy.ext.asyncio import AsyncEngine
 
 from sessions import aggregate as agg
 from sessions import events as ev
@@ -29,10 +28,8 @@ from sessions.recorder import (
     failure_reason,
     stored_bytes,
 )
-from store import EventStore, create_engine, normalize_url
-from store.engine import StoredJSONError
+from store import AsyncEngine, EventStore, StoredJSONError, check_schema, create_engine, normalize_url, upgrade
 from store import read_models as rm
-from store.migrate import check_schema, upgrade
 
 DEFAULT_RUN = "default"
 

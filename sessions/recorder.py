@@ -14,7 +14,7 @@ from sessions import events as ev
 from sessions import tokens, validation
 from sessions.errors import InvalidInput, RolloutFailure
 from sessions.placeholder import PlaceholderPolicy
-from store.event_store import EventStore
+from store import EventStore
 
 
 #: Default caps (see `Limits`), after Temporal's 51,200 events / 50 MB per history.

@@ -11,10 +11,8 @@ import asyncio
 from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING
 
-from sqlalchemy import func, select
-
 from sessions.errors import ConcurrencyError, InvalidTransition
-from store.tables import events, sessions
+from store import read_models as rm
 
 if TYPE_CHECKING:
     from sessions.ledger import Ledger
@@ -46,22 +44,9 @@ async def recover(ledger: Ledger, older_than: timedelta, *, run: str | None = No
         raise ValueError(f"older_than must not be negative, got {older_than}; a negative age would fail live sessions")
     await ledger.project()
     cutoff = datetime.now(timezone.utc) - older_than
-    query = (
-        select(sessions.c.session_id, func.max(events.c.recorded_at))
-        .join(events, events.c.session_id == sessions.c.session_id)
-        .where(sessions.c.state.in_(("created", "running")))
-        .group_by(sessions.c.session_id)
-    )
-    if run is not None:
-        query = query.where(sessions.c.run == run)
     async with ledger.engine.connect() as conn:
-        candidates = [(sid, last) for sid, last in await conn.execute(query)]
-    stale = []
-    for session_id, last in candidates:
-        if last.tzinfo is None:
-            last = last.replace(tzinfo=timezone.utc)
-        if last < cutoff:
-            stale.append((session_id, last))
+        candidates = await rm.open_sessions_last_event(conn, run=run)
+    stale = [(session_id, last) for session_id, last in candidates if last < cutoff]
     limit = asyncio.Semaphore(RECOVER_CONCURRENCY)
 
     async def fail(session_id: str, last: datetime) -> str | None:

@@ -1,32 +1,52 @@
 """Persistence for rollout-ledger: engines, tables, the event store, read models and queues.
 
 `store` never imports `sessions`: it stores envelopes and rows, it does not know what a
-session is. The domain talks to it through `EventStore`, `NewEvent` and `StoredEvent`.
+session is. This module is the whole of what `sessions` may use (tests/test_architecture.py
+checks it): the names below, and a few modules used as namespaces because their functions
+belong together (`read_models`, `queue_claims`, `driver`, `bulk_copy`, `bulk_read_models`).
+Everything that differs between SQLite and PostgreSQL lives in `store.dialects`.
 """
 
-from store import read_models
-from store.engine import create_engine, is_postgres, is_sqlite, load_json, normalize_url
-from store.errors import ConcurrencyError, SchemaError, StoreError
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from store import bulk_copy, bulk_read_models, driver, queue_claims, read_models
+from store.engine import StoredJSONError, create_engine, is_postgres, is_sqlite, load_json, normalize_url
+from store.errors import ConcurrencyError, LedgerError, SchemaError, StoreError
 from store.event_store import EventStore, is_transient, retry_transient
-from store.migrate import current_revision, head_revision, upgrade
+from store.migrate import check_schema, current_revision, head_revision, upgrade
+from store.projection_locks import follower_leadership, projection_page
+from store.read_model_scan import READ_MODEL_KEYS, TableScan, scan
 from store.records import NewEvent, StoredEvent
 
 __all__ = [
+    "READ_MODEL_KEYS",
+    "AsyncEngine",
     "ConcurrencyError",
     "EventStore",
+    "LedgerError",
     "NewEvent",
     "SchemaError",
     "StoreError",
     "StoredEvent",
+    "StoredJSONError",
+    "TableScan",
+    "bulk_copy",
+    "bulk_read_models",
+    "check_schema",
     "create_engine",
     "current_revision",
+    "driver",
+    "follower_leadership",
     "head_revision",
     "is_postgres",
     "is_sqlite",
     "is_transient",
     "load_json",
     "normalize_url",
+    "projection_page",
+    "queue_claims",
     "read_models",
     "retry_transient",
+    "scan",
     "upgrade",
 ]

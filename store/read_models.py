@@ -203,6 +203,12 @@ async def source_events(conn: AsyncConnection, positions: Sequence[int]) -> dict
     return out
 
 
+async def read_source_events(engine: Any, positions: Sequence[int]) -> dict[int, SourceEvent]:
+    """`source_events` on a connection of its own."""
+    async with engine.connect() as conn:
+        return await source_events(conn, positions)
+
+
 async def queue_rows_for(
     conn: AsyncConnection, run: str, partition: str, global_step: int | None, *, kind: str | None = "row"
 ) -> list[dict[str, Any]]:
@@ -252,3 +258,20 @@ async def pending_uids(conn: AsyncConnection, run: str, partition: str, global_s
     query = select(groups.c.uid).where(groups.c.run == run, groups.c.partition == partition, groups.c.status == "pending")
     query = query.where(equals(groups.c.global_step, global_step))
     return list((await conn.execute(query.order_by(groups.c.uid).limit(limit))).scalars())
+
+
+async def open_sessions_last_event(conn: AsyncConnection, *, run: str | None = None) -> list[tuple[str, datetime]]:
+    """(session_id, recorded_at of its latest event) for every projected session still open
+    (created or running), in one run or all; timestamps in UTC."""
+    query = (
+        select(sessions.c.session_id, func.max(events.c.recorded_at))
+        .join(events, events.c.session_id == sessions.c.session_id)
+        .where(sessions.c.state.in_(("created", "running")))
+        .group_by(sessions.c.session_id)
+    )
+    if run is not None:
+        query = query.where(sessions.c.run == run)
+    out = []
+    for session_id, last in await conn.execute(query):
+        out.append((session_id, last if last.tzinfo is not None else last.replace(tzinfo=timezone.utc)))
+    return out

@@ -21,8 +21,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy.ext.asyncio import AsyncEngine
-
 from sessions.audit.divergence import Divergence
 from sessions.errors import UnknownEventError
 from sessions.audit.log_check import check_log
@@ -30,10 +28,9 @@ from sessions.errors import ProjectionError
 from sessions.audit.read_model_diff import compare
 from sessions.projection.rebuild import Rebuild
 from sessions.audit.replay import prepare
-from store.bulk_read_models import insert_read_models
+from store import bulk_read_models as bulk
+from store import AsyncEngine, create_engine, upgrade
 from store import read_models as rm
-from store.engine import create_engine
-from store.migrate import upgrade
 
 __all__ = ["REPLAY_FAILURES", "AuditReport", "Divergence", "audit", "check_log", "compare"]
 
@@ -106,7 +103,7 @@ async def _compare_with_fold(engine: AsyncEngine, folded: Rebuild) -> list[Diver
         scratch = create_engine(f"sqlite+aiosqlite:///{Path(folder) / 'replay.db'}")
         try:
             await upgrade(scratch)
-            await insert_read_models(scratch, prepare(models, engine, scratch))
+            await bulk.insert_read_models(scratch, prepare(models, engine, scratch))
             # The scratch database holds no log: queue-row content is resolved in the audited one.
             return await compare(scratch, engine, sources=engine)
         finally:

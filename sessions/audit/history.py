@@ -7,7 +7,7 @@ from typing import Any
 from sessions import aggregate as agg
 from sessions import events as ev
 from sessions.errors import InvalidInput
-from store.event_store import EventStore
+from store import EventStore
 
 
 def describe(event: ev.Event) -> str:

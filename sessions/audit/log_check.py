@@ -18,16 +18,12 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy.ext.asyncio import AsyncEngine
-
 from sessions import events as ev
 from sessions import tokens
 from sessions.audit.divergence import Divergence
 from sessions.errors import UnknownEventError
 from sessions.projection.decoding import CURRENT, REQUIRED, parse_json
-from store import driver
-from store.engine import StoredJSONError, load_json
-from store.records import StoredEvent
+from store import AsyncEngine, StoredEvent, StoredJSONError, driver, load_json
 
 TERMINAL = ev.TERMINAL_EVENTS
 #: Events per page of the content pass: the page's payloads are what it holds in memory.

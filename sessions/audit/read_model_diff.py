@@ -2,9 +2,8 @@
 
 Both sides are read at driver level in the same key order (PostgreSQL told to sort strings by
 byte and NULLs first, as SQLite does) and merged like a join, so memory stays at one chunk per
-side. Raw tuples are compared first; only a row that differs raw is typed with SQLAlchemy's own
-result processors (JSON, datetimes, booleans) and compared column by column, so text that
-encodes equal values is no divergence. Surrogate ids are excluded.
+side. Raw tuples are compared first; only a row that differs raw is typed (`store.read_model_scan`)
+and compared column by column, so text that encodes equal values is no divergence.
 
 Queue-row content (the token arrays a row's `source_position` resolves to) is hashed only where
 it can differ: when both sides resolve it in one log (`sources`), only for rows that point at
@@ -18,64 +17,25 @@ from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Boolean, DateTime, String
-from sqlalchemy.ext.asyncio import AsyncEngine
-from sqlalchemy.types import JSON
-
 from sessions.audit.divergence import Divergence
 from store import driver
 from store import read_models as rm
-from store.tables import groups, metric_counts, queue_rows, sessions
+from store import READ_MODEL_KEYS, TableScan, scan
 
-#: (table, key columns, ignored columns)
-SPECS = (
-    (sessions, ("session_id",), ()),
-    (groups, ("run", "uid"), ()),
-    (metric_counts, ("run", "partition", "global_step", "data_source", "metric"), ("id",)),
-    (queue_rows, ("run", "partition", "key"), ("id",)),
-)
 CHUNK = 5000
 _DIGEST_CHUNK = 500
 
 
-async def compare(expected_engine: AsyncEngine, found_engine: AsyncEngine, *, sources: AsyncEngine | None = None) -> list[Divergence]:
+async def compare(expected_engine: Any, found_engine: Any, *, sources: Any | None = None) -> list[Divergence]:
     """Divergences of `found_engine`'s read models from `expected_engine`'s, table by table, then
     queue-row content. `sources`: the database whose events resolve queue-row content for both
     sides (the audit's scratch database holds no log); None resolves each side in its own."""
     out: list[Divergence] = []
     pointers: list[tuple[str, int | None, int | None]] = []
-    for table, keys, ignored in SPECS:
-        out.extend(await _diff_table(expected_engine, found_engine, table, keys, ignored, pointers, sources is None))
+    for table, keys in READ_MODEL_KEYS:
+        out.extend(await _diff_table(expected_engine, found_engine, table, keys, pointers, sources is None))
     out.extend(await _content(expected_engine, found_engine, sources, pointers))
     return out
-
-
-@dataclass(frozen=True)
-class _Side:
-    columns: tuple[str, ...]
-    processors: tuple[Callable[[Any], Any] | None, ...]
-    sql: str
-
-    @classmethod
-    def of(cls, engine: AsyncEngine, table: Any, keys: Sequence[str], ignored: Sequence[str]) -> _Side:
-        dialect = engine.dialect
-        columns = tuple(c.name for c in table.c if c.name not in ignored)
-        processors = tuple(
-            c.type.dialect_impl(dialect).result_processor(dialect, None)
-            if isinstance(c.type, (JSON, DateTime, Boolean)) else None
-            for c in table.c if c.name not in ignored
-        )
-        postgres = dialect.name == "postgresql"
-        order = []
-        for name in keys:
-            column = table.c[name]
-            term = f'{name} COLLATE "C"' if postgres and isinstance(column.type, String) else name
-            order.append(f"{term} NULLS FIRST" if postgres else term)
-        sql = f"SELECT {', '.join(columns)} FROM {table.name} ORDER BY {', '.join(order)}"
-        return cls(columns, processors, sql)
-
-    def typed(self, row: Sequence[Any]) -> dict[str, Any]:
-        return {c: (p(v) if p is not None and v is not None else v) for c, p, v in zip(self.columns, self.processors, row)}
 
 
 def _order_key(values: Iterable[Any]) -> tuple[tuple[int, Any], ...]:
@@ -86,7 +46,7 @@ def _order_key(values: Iterable[Any]) -> tuple[tuple[int, Any], ...]:
 class _Chunks:
     """One side's rows, read a chunk at a time, with a cursor into the current chunk."""
 
-    def __init__(self, engine: AsyncEngine, sql: str) -> None:
+    def __init__(self, engine: Any, sql: str) -> None:
         self._context = driver.reader(engine)
         self._sql = sql
         self._chunks: AsyncIterator[list[Sequence[Any]]] | None = None
@@ -158,14 +118,14 @@ def _normal(value: Any) -> Any:
 
 
 async def _diff_table(
-    expected_engine: AsyncEngine, found_engine: AsyncEngine, table: Any, keys: tuple[str, ...], ignored: tuple[str, ...],
+    expected_engine: Any, found_engine: Any, table: str, keys: tuple[str, ...],
     pointers: list[tuple[str, int | None, int | None]], all_pointers: bool,
 ) -> list[Divergence]:
-    expected_side = _Side.of(expected_engine, table, keys, ignored)
-    found_side = _Side.of(found_engine, table, keys, ignored)
+    expected_side: TableScan = scan(expected_engine, table, keys)
+    found_side = scan(found_engine, table, keys)
     same_dialect = expected_engine.dialect.name == found_engine.dialect.name
     key_at = tuple(expected_side.columns.index(k) for k in keys)
-    is_queue = table is queue_rows
+    is_queue = table == "queue_rows"
     kind_at = expected_side.columns.index("kind") if is_queue else -1
     source_at = expected_side.columns.index("source_position") if is_queue else -1
     out: list[Divergence] = []
@@ -187,13 +147,13 @@ async def _diff_table(
             label = _label(row, key_at)
             if want is None or have is None:
                 sid = row[expected_side.columns.index("session_id")] if "session_id" in expected_side.columns else None
-                out.append(Divergence(table.name, label, "(row)", "present" if want else "absent", "present" if have else "absent", sid))
+                out.append(Divergence(table, label, "(row)", "present" if want else "absent", "present" if have else "absent", sid))
                 continue
             typed_want, typed_have = expected_side.typed(want), found_side.typed(have)
             for column, value in typed_want.items():
                 if _normal(value) != _normal(typed_have[column]):
                     position = typed_want.get("terminal_position") or typed_want.get("produced_position") or typed_want.get("settled_position")
-                    out.append(Divergence(table.name, label, column, value, typed_have[column], typed_want.get("session_id"), position))
+                    out.append(Divergence(table, label, column, value, typed_have[column], typed_want.get("session_id"), position))
     return out
 
 
@@ -202,7 +162,7 @@ def _label(row: Sequence[Any], key_at: tuple[int, ...]) -> str:
 
 
 async def _content(
-    expected_engine: AsyncEngine, found_engine: AsyncEngine, sources: AsyncEngine | None,
+    expected_engine: Any, found_engine: Any, sources: Any | None,
     pointers: list[tuple[str, int | None, int | None]],
 ) -> list[Divergence]:
     """Hash each compared queue row's token arrays as its side's log resolves them."""
@@ -222,20 +182,19 @@ async def _content(
     return out
 
 
-async def _digests(engine: AsyncEngine, positions: list[int | None]) -> dict[int | None, str]:
+async def _digests(engine: Any, positions: list[int | None]) -> dict[int | None, str]:
     """position -> digest; payloads are read a chunk at a time and only the digests kept."""
     wanted = sorted({p for p in positions if p is not None})
     out: dict[int | None, str] = {None: hashlib.sha256().hexdigest()}
-    async with engine.connect() as conn:
-        for start in range(0, len(wanted), _DIGEST_CHUNK):
-            chunk = wanted[start:start + _DIGEST_CHUNK]
-            sources = await rm.source_events(conn, chunk)
-            for position in chunk:
-                digest = hashlib.sha256()
-                source = sources.get(position)
-                if source is not None:
-                    type_, _schema, data, payload = source
-                    digest.update(type_.encode())
-                    digest.update(payload if payload is not None else repr(data.get("token_id")).encode())
-                out[position] = digest.hexdigest()
+    for start in range(0, len(wanted), _DIGEST_CHUNK):
+        chunk = wanted[start:start + _DIGEST_CHUNK]
+        sources = await rm.read_source_events(engine, chunk)
+        for position in chunk:
+            digest = hashlib.sha256()
+            source = sources.get(position)
+            if source is not None:
+                type_, _schema, data, payload = source
+                digest.update(type_.encode())
+                digest.update(payload if payload is not None else repr(data.get("token_id")).encode())
+            out[position] = digest.hexdigest()
     return out

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from sessions.projection.rebuild import ReadModels, Rebuild
-from store import bulk_copy, bulk_read_models as bulk
-from store.bulk_read_models import Prepared, insert_read_models
+from store import bulk_copy
+from store import bulk_read_models as bulk
 
 #: Events per page read (copy across backends, and the rebuild's reads).
 PAGE = 20_000
@@ -74,7 +74,7 @@ async def rebuild(
     Returns the number of events applied.
     """
     models = await rebuild_log(source, up_to=up_to, page_size=page_size, on_events=on_events)
-    await insert_read_models(target, prepare(models, source, target))
+    await bulk.insert_read_models(target, prepare(models, source, target))
     return models.events
 
 
@@ -90,7 +90,7 @@ async def rebuild_log(
     return rebuilt.result()
 
 
-def prepare(models: ReadModels, source: Any, target: Any) -> Prepared:
+def prepare(models: ReadModels, source: Any, target: Any) -> bulk.Prepared:
     """The rebuilt rows in the target driver's form."""
     tables = {"sessions": models.sessions, "groups": models.groups, "metrics": models.metrics, "queue": models.queue}
     return bulk.prepare(tables, last_position=models.last_position, events=models.events, source=source, target=target)
@@ -115,6 +115,6 @@ async def replay(
     copied = time.perf_counter()
     rows = prepare(await rebuild_log(target, page_size=page_size, on_events=on_events), target, target)
     folded = time.perf_counter()
-    await insert_read_models(target, rows)
+    await bulk.insert_read_models(target, rows)
     done = time.perf_counter()
     return ReplayReport(count, done - started, copied - started, folded - copied, done - folded)

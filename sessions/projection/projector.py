@@ -25,8 +25,8 @@ from sessions.projection import metrics as m
 from sessions.projection.decoding import Decoder
 from sessions.projection.rules import LogEvent, Rules, WorkingSet, group_key
 from sessions.queues.sinks import QueueItem, QueueSink
-from store import EventStore, is_transient, read_models as rm, retry_transient
-from store.projection_locks import follower_leadership, projection_page
+from store import EventStore, follower_leadership, projection_page, retry_transient
+from store import read_models as rm
 
 log = logging.getLogger(__name__)
 

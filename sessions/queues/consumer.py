@@ -12,9 +12,8 @@ from collections.abc import Sequence
 from types import EllipsisType
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy.ext.asyncio import AsyncEngine
-
 from sessions.placeholder import PARTITIONS
+from store import AsyncEngine
 from store import queue_claims as qc
 from store import read_models as rm
 
