@@ -7,7 +7,7 @@ targets (goals, not assertions) beside them:
 1. append        ledger public API vs eventsourcing and raw sqlite3 executemany (SQLite file)
 2. projection    Projector + ledger.batch, and build_padded vs a per-row baseline and the
                  memory-bandwidth bound
-3. replay/audit  sessions.replay.replay and sessions.audit.audit over a recorded log
+3. replay/audit  sessions.audit.replay.replay and sessions.audit.auditing.audit over a recorded log
 4. pg append     1, 4, 8 writer processes via benchmarks/pg_append.py (if present and the server answers)
 5. overhead      recorder wall time per session in a loop of 1,000 concurrent simulated sessions
 6. memory        per workload: RSS high-water growth and tracemalloc peak (see benchmarks/common.py)

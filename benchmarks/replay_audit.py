@@ -4,7 +4,7 @@ The log (sessions of the append workload's token sizes over several steps of `tr
 a share of them failed with placeholders) is recorded once through the public API into a
 template file and projected there; every repetition copies the template.
 
-* `sessions.replay.replay(source, target)`: copy the events into a fresh, migrated SQLite file
+* `sessions.audit.replay.replay(source, target)`: copy the events into a fresh, migrated SQLite file
   (migration not timed) and build the read models there from scratch. Besides the end-to-end
   figure, its three steps get rows of their own, since different things bound them: the copy
   (SQLite writing the token payloads), the fold of the log into read-model rows (Python, per

@@ -16,6 +16,19 @@ from sessions import machine
 from sessions.errors import InvalidInput
 from sessions.placeholder import PlaceholderPolicy
 
+__all__ = [
+    "NEW",
+    "SessionView",
+    "TrajectoryInfo",
+    "decide_cancel",
+    "decide_complete",
+    "decide_fail",
+    "decide_reward",
+    "decide_start",
+    "decide_trajectory",
+    "fold",
+]
+
 NEW = "new"  # before SessionCreated; not a machine state
 
 

@@ -20,6 +20,33 @@ from sessions import tokens
 from sessions.errors import UnknownEventError
 from store import NewEvent, StoredEvent
 
+__all__ = [
+    "ERROR_TYPE_LIMIT",
+    "EVENT_TYPES",
+    "Event",
+    "FAILURE_REASONS",
+    "MESSAGE_LIMIT",
+    "PayloadUpcaster",
+    "PlaceholderEmitted",
+    "Recorded",
+    "RewardPosted",
+    "SessionCancelled",
+    "SessionCreated",
+    "SessionFailed",
+    "SessionStarted",
+    "SessionSucceeded",
+    "TERMINAL_EVENTS",
+    "TrajectoryRecorded",
+    "UPCASTERS",
+    "Upcaster",
+    "count_trainable",
+    "decode",
+    "envelope",
+    "new_event_id",
+    "upcast",
+    "upcaster",
+]
+
 MESSAGE_LIMIT = 512
 #: error_type is a class name; the sessions read model stores it in VARCHAR(128).
 ERROR_TYPE_LIMIT = 128

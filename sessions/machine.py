@@ -12,6 +12,17 @@ from transitions import Machine
 
 from sessions.errors import InvalidTransition
 
+__all__ = [
+    "COMMANDS",
+    "MACHINE",
+    "STATES",
+    "TABLE",
+    "TERMINAL_STATES",
+    "allowed",
+    "mermaid",
+    "next_state",
+]
+
 CREATED, RUNNING, SUCCEEDED, FAILED, CANCELLED = "created", "running", "succeeded", "failed", "cancelled"
 STATES = [CREATED, RUNNING, SUCCEEDED, FAILED, CANCELLED]
 TERMINAL_STATES = frozenset({SUCCEEDED, FAILED, CANCELLED})

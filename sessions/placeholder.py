@@ -12,6 +12,13 @@ from typing import Literal
 
 from sessions.events import FAILURE_REASONS
 
+__all__ = [
+    "ANY",
+    "Decision",
+    "PARTITIONS",
+    "PlaceholderPolicy",
+]
+
 Decision = Literal["emit", "drop"]
 PARTITIONS = ("train", "val")
 ANY = "*"

@@ -16,6 +16,19 @@ from sessions.errors import InvalidInput, RolloutFailure
 from sessions.placeholder import PlaceholderPolicy
 from store import EventStore
 
+__all__ = [
+    "Limits",
+    "MAX_EVENT_BYTES",
+    "MAX_SESSION_BYTES",
+    "MAX_SESSION_EVENTS",
+    "SessionHandle",
+    "SessionOutcome",
+    "append_then_apply",
+    "event_bytes",
+    "failure_reason",
+    "stored_bytes",
+]
+
 
 #: Default caps (see `Limits`), after Temporal's 51,200 events / 50 MB per history.
 MAX_EVENT_BYTES = 8 * 2**20

@@ -17,6 +17,12 @@ from store import read_models as rm
 if TYPE_CHECKING:
     from sessions.ledger import Ledger
 
+__all__ = [
+    "RECOVER_CONCURRENCY",
+    "parse_duration",
+    "recover",
+]
+
 
 #: Orphans failed at once (each a read and an append; the appends share group commits).
 RECOVER_CONCURRENCY = 64

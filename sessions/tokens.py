@@ -12,6 +12,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
+__all__ = [
+    "FLOAT32",
+    "INT32",
+    "MASK",
+    "TokenArrays",
+    "decode",
+    "encode",
+    "payload_size",
+]
+
 INT32 = np.dtype("<i4")
 FLOAT32 = np.dtype("<f4")
 MASK = np.dtype("u1")

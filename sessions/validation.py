@@ -12,6 +12,19 @@ from sessions.errors import InvalidInput
 from sessions.placeholder import PARTITIONS
 from sessions.tokens import TokenArrays
 
+__all__ = [
+    "MAX_ID_LEN",
+    "TOKEN_LIMIT",
+    "check_identity",
+    "json_dict",
+    "logprob_array",
+    "mask_array",
+    "optional_name",
+    "reward",
+    "token_array",
+    "trajectory",
+]
+
 MAX_ID_LEN = 128
 TOKEN_LIMIT = 2**31
 

@@ -5,6 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+__all__ = [
+    "Divergence",
+]
+
 
 @dataclass(frozen=True)
 class Divergence:

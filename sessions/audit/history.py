@@ -9,6 +9,11 @@ from sessions import events as ev
 from sessions.errors import InvalidInput
 from store import EventStore
 
+__all__ = [
+    "describe",
+    "session_history",
+]
+
 
 def describe(event: ev.Event) -> str:
     """The key fields of one event, in a line."""

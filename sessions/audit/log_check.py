@@ -25,6 +25,17 @@ from sessions.errors import UnknownEventError
 from sessions.projection.decoding import CURRENT, REQUIRED, parse_json
 from store import AsyncEngine, StoredEvent, StoredJSONError, driver, load_json
 
+__all__ = [
+    "CONTENT_PAGE",
+    "Finding",
+    "LogCheck",
+    "PROGRESS_EVERY",
+    "STRUCTURE_PAGE",
+    "TERMINAL",
+    "check_log",
+    "inspect_event",
+]
+
 TERMINAL = ev.TERMINAL_EVENTS
 #: Events per page of the content pass: the page's payloads are what it holds in memory.
 CONTENT_PAGE = 1000

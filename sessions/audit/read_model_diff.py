@@ -22,6 +22,11 @@ from store import driver
 from store import read_models as rm
 from store import READ_MODEL_KEYS, TableScan, scan
 
+__all__ = [
+    "CHUNK",
+    "compare",
+]
+
 CHUNK = 5000
 _DIGEST_CHUNK = 500
 

@@ -24,6 +24,16 @@ from sessions.projection.rebuild import ReadModels, Rebuild
 from store import bulk_copy
 from store import bulk_read_models as bulk
 
+__all__ = [
+    "PAGE",
+    "ReplayReport",
+    "copy_events",
+    "prepare",
+    "rebuild",
+    "rebuild_log",
+    "replay",
+]
+
 #: Events per page read (copy across backends, and the rebuild's reads).
 PAGE = 20_000
 

@@ -16,6 +16,16 @@ from sessions.errors import UnknownEventError
 from sessions.projection.rules import LogEvent
 from store import StoredEvent, load_json
 
+__all__ = [
+    "CACHED_ENTRIES",
+    "CACHED_TEXT",
+    "CURRENT",
+    "Decoder",
+    "EVENT_COLUMNS",
+    "REQUIRED",
+    "parse_json",
+]
+
 #: The columns of `events` a decoder reads, in this order.
 EVENT_COLUMNS = ("position", "session_id", "version", "type", "schema_version", "data", "recorded_at")
 

@@ -18,6 +18,40 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+__all__ = [
+    "COVERAGE",
+    "FAILED_BY_REASON",
+    "GROUPS_FAILURE",
+    "GROUPS_FINISHED",
+    "GROUPS_TOTAL",
+    "GROUPS_UNSETTLED",
+    "MetricRow",
+    "MetricTable",
+    "PLACEHOLDERS",
+    "RESPONSE_LENGTH_MAX",
+    "RESPONSE_LENGTH_MEAN",
+    "RESPONSE_LENGTH_SUM",
+    "REWARD_ABSENT",
+    "REWARD_MEAN",
+    "REWARD_MEAN_AT",
+    "REWARD_MEAN_SUCCESS",
+    "REWARD_SUM",
+    "REWARD_SUM_SUCCESS",
+    "ROWS",
+    "ROWS_SUCCEEDED",
+    "SESSIONS_CANCELLED",
+    "SESSIONS_FAILED",
+    "SESSIONS_OPEN",
+    "SESSIONS_SUCCEEDED",
+    "SESSIONS_TOTAL",
+    "Scope",
+    "UIDS",
+    "UID_MEAN_SUM",
+    "ZERO_FILLED",
+    "scopes",
+    "summarise",
+]
+
 Scope = tuple[str, str, "int | None", "str | None"]  # run, partition, global_step, data_source
 
 # Counters (additive). Metrics whose name has a variable suffix are formatted on use.

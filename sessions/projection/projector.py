@@ -28,6 +28,15 @@ from sessions.queues.sinks import QueueItem, QueueSink
 from store import EventStore, follower_leadership, projection_page, retry_transient
 from store import read_models as rm
 
+__all__ = [
+    "PageResult",
+    "Projector",
+    "SINK_TIMEOUT",
+    "load_working_set",
+    "queue_items",
+    "save_working_set",
+]
+
 log = logging.getLogger(__name__)
 
 

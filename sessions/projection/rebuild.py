@@ -15,6 +15,12 @@ from typing import Any
 from sessions.projection.decoding import Decoder
 from sessions.projection.rules import Row, Rules, WorkingSet
 
+__all__ = [
+    "ReadModels",
+    "Rebuild",
+    "rebuild_rows",
+]
+
 
 @dataclass
 class ReadModels:

@@ -20,6 +20,15 @@ from typing import Any
 from sessions.errors import ProjectionError
 from sessions.projection import metrics as m
 
+__all__ = [
+    "GroupKey",
+    "LogEvent",
+    "Row",
+    "Rules",
+    "WorkingSet",
+    "group_key",
+]
+
 log = logging.getLogger(__name__)
 
 Row = dict[str, Any]

@@ -16,6 +16,12 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 if TYPE_CHECKING:
     from sessions.batches import BatchRow
 
+__all__ = [
+    "InProcessQueue",
+    "QueueItem",
+    "QueueSink",
+]
+
 
 @dataclass(frozen=True, slots=True)
 class QueueItem:
