@@ -275,7 +275,7 @@ async def _cmd_sql(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     from sessions.cli.render import print_table
-    from sessions.cli.sql import run_query
+    from store.console import run_query
     from store import create_engine
     from store.migrate import check_schema
 
