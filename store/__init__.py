@@ -12,7 +12,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from store import bulk_copy, bulk_read_models, driver, queue_claims, read_models
 from store.engine import StoredJSONError, create_engine, is_postgres, is_sqlite, load_json, normalize_url
 from store.errors import ConcurrencyError, LedgerError, SchemaError, StoreError
-from store.event_store import EventStore, is_transient, retry_transient
+from store.event_store import EventStore
+from store.retry import is_transient, retry_transient
 from store.migrate import check_schema, current_revision, head_revision, upgrade
 from store.projection_locks import follower_leadership, projection_page
 from store.read_model_scan import READ_MODEL_KEYS, TableScan, scan

@@ -7,7 +7,7 @@ front (`BEGIN IMMEDIATE`) and check versions without racing another process.
 
 The busy timeout is how long one statement waits for another process's write lock before
 SQLite reports `database is locked`; appends retry that a few times with backoff
-(`store.event_store.retry_transient`), so the whole budget is about `RETRY_ATTEMPTS` times the
+(`store.retry.retry_transient`), so the whole budget is about `RETRY_ATTEMPTS` times the
 busy timeout. Set it with `create_engine(url, sqlite_busy_timeout=SECONDS)` (and so
 `Ledger.open(url, sqlite_busy_timeout=SECONDS)`). A read-only SQLite file opens with
 `?mode=ro&uri=true` on a `file:` URL: `sqlite+aiosqlite:///file:/path/ledger.db?mode=ro&uri=true`.

@@ -19,7 +19,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from store.dialects import PostgresDialect, dialect_of
 from store.engine import WRITE_LOCK
-from store.event_store import is_transient
+from store.retry import is_transient
 
 log = logging.getLogger(__name__)
 

@@ -212,7 +212,7 @@ def write_lock_held(path: Path, seconds: float) -> Iterator[subprocess.Popen[str
 
 async def test_sqlite_locked_by_another_writer_waits_and_then_succeeds(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     path = tmp_path / "ledger.db"
-    caplog.set_level(logging.WARNING, logger="store.event_store")
+    caplog.set_level(logging.WARNING, logger="store.retry")
     async with Ledger.open(path, sqlite_busy_timeout=0.2) as ledger:
         handle = await ledger.create_session("busy-0", uid="busy", session_index=0, group_size=1, **KW)
         with write_lock_held(path, 0.6):
