@@ -12,7 +12,8 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sessions import batches as batches_module
+from sessions.batches import flat as flat_module
+from sessions.batches import padded as padded_module
 from sessions.batches import (
     NON_TENSOR_COLUMNS,
     BatchRow,
@@ -331,8 +332,8 @@ def test_over_long_response_raises_before_building(monkeypatch: pytest.MonkeyPat
     def no_concat(*_: Any, **__: Any) -> None:
         raise AssertionError("tensors were built before the length check")
 
-    monkeypatch.setattr(batches_module, "_concat", no_concat)  # the jagged builder's flat columns
-    monkeypatch.setattr(batches_module, "_empty", no_concat)  # the padded writer's outputs
+    monkeypatch.setattr(flat_module, "_concat", no_concat)  # the jagged builder's flat columns
+    monkeypatch.setattr(padded_module, "_empty", no_concat)  # the padded writer's outputs
     with pytest.raises(BatchTooLongError, match="r_0_0.*response length 5 exceeds max_response_length=3"):
         build_padded([make_row([1], [1, 2, 3, 4, 5], key="r_0_0")], max_response_length=3)
 

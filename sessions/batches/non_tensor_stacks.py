@@ -1,4 +1,4 @@
-"""tensordict ``NonTensorStack`` columns built fast: a batch's 10 non-tensor columns x B rows.
+"""tensordict ``NonTensorStack`` columns: built fast (10 per batch x B rows), read back as lists.
 
 tensordict's constructors cost ~2 µs per element and set off garbage collections (the stacks are
 2 x 10 x B new tracked objects); these builders make the same objects directly and with the cyclic
@@ -123,3 +123,20 @@ def set_non_tensor_columns(batch: TensorDict, columns: Mapping[str, list[Any]]) 
         stacks = {name: non_tensor_stack(values) for name, values in columns.items()}
     for name, stack in stacks.items():
         batch.set(name, stack)
+
+
+def non_tensor(batch: TensorDictBase, name: str) -> list[Any]:
+    """A non-tensor column as a plain list of length B.
+
+    Handles both a ``NonTensorStack`` (what the builders write) and a single
+    ``NonTensorData`` (what ``set_non_tensor`` with a non-list writes), which is broadcast.
+    """
+    value = batch.get(name)
+    if isinstance(value, NonTensorStack):
+        return list(value.tolist())
+    if isinstance(value, NonTensorData):
+        data = value.data
+        if isinstance(data, list) and len(data) == batch.batch_size[0]:
+            return list(data)
+        return [data] * batch.batch_size[0]
+    raise TypeError(f"column {name!r} is not a non-tensor column ({type(value).__name__})")

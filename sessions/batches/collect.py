@@ -1,0 +1,213 @@
+"""BatchRows in, checked per-row arrays out: the one place rows are validated and truncated.
+
+Both builders start here, so every layout refuses the same bad rows with the same message, and
+an over-long row is reported before any tensor is allocated. The arrays are gathered once (the
+caller's own, or views: truncation slices them), at O(1) Python work per row.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from sessions.batches.columns import NON_TENSOR_COLUMNS, NUMPY_DTYPES
+from sessions.batches.non_tensor_stacks import SCALAR_TYPES
+from sessions.errors import LedgerError
+
+__all__ = ["BatchRow", "BatchTooLongError"]
+
+_NO_META: Mapping[str, Any] = {}
+
+
+@dataclass(frozen=True, slots=True)
+class BatchRow:
+    """One projected trajectory or placeholder, as numpy arrays (any int dtype for ids)."""
+
+    prompt_ids: np.ndarray
+    response_ids: np.ndarray
+    response_mask: np.ndarray
+    logprobs: np.ndarray | None
+    reward: float
+    is_placeholder: bool
+    meta: Mapping[str, Any] = field(default_factory=dict)
+
+
+class BatchTooLongError(LedgerError, ValueError):
+    """A row exceeds ``max_prompt_length``/``max_response_length`` and truncation was not asked."""
+
+    def __init__(self, key: Any, side: str, length: int, limit: int) -> None:
+        self.key, self.side, self.length, self.limit = key, side, length, limit
+        super().__init__(
+            f"row {key!r}: {side} length {length} exceeds max_{side}_length={limit}; "
+            f"pass truncate=True to cut it (prompts keep their last tokens, responses their "
+            f"first) or raise max_{side}_length"
+        )
+
+
+@dataclass(slots=True)
+class _Rows:
+    """Each row's token arrays plus per-row scalars: what the padded layout is written from.
+
+    The arrays are the caller's own or views of them (truncation slices them, never copies):
+    the padded writer copies each one straight into its place in the output, so the output is
+    written once (plus one fill) and no flat copy or per-token index array is built for it.
+    """
+
+    prompts: list[np.ndarray]
+    responses: list[np.ndarray]
+    response_mask: list[np.ndarray]
+    rollout_log_probs: list[np.ndarray | None] | None  # None: no row has them; a None entry: zeros
+    rm_scores: list[np.ndarray] | None  # None: each row's reward on its last response token
+    rewards: np.ndarray  # [B] float32, read when rm_scores is None
+    prompt_lengths: np.ndarray  # [B] int64
+    response_lengths: np.ndarray  # [B] int64
+    is_placeholder: np.ndarray  # [B] bool
+    non_tensor: dict[str, list[Any]]
+
+    @property
+    def batch_size(self) -> int:
+        return int(self.prompt_lengths.shape[0])
+
+
+def _row_key(row: BatchRow, index: int) -> Any:
+    """The name an error message uses for a row: its queue key, else its position."""
+    key = row.meta.get("key") if row.meta is not None else None
+    return key if key is not None else f"#{index}"
+
+
+def _plain_column(values: list[Any]) -> list[Any]:
+    """numpy scalars -> Python scalars, so non-tensor columns stay weights_only-loadable."""
+    if SCALAR_TYPES.issuperset(map(type, values)):  # the usual case, tested at C speed
+        return values
+    return [v.item() if isinstance(v, np.generic) else v for v in values]
+
+
+def _as_1d(array: Any, key: Any, name: str, kinds: str) -> np.ndarray:
+    arr = np.asarray(array)
+    if arr.ndim != 1:
+        raise ValueError(f"row {key!r}: {name} must be 1-D, got shape {arr.shape}")
+    if arr.size and arr.dtype.kind not in kinds:
+        raise ValueError(f"row {key!r}: {name} has dtype {arr.dtype}, expected kind in {kinds!r}")
+    return arr
+
+
+def _collect(rows: Sequence[BatchRow]) -> tuple[_Rows, list[Any]]:
+    """Gather and shape-check each row's arrays (and the keys errors name); O(1) work per row."""
+    keys, prompts, responses, masks, logprobs = [], [], [], [], []
+    metas: list[Mapping[str, Any]] = []
+    has_logprobs = False
+    for i, row in enumerate(rows):
+        key = _row_key(row, i)
+        prompt = _as_1d(row.prompt_ids, key, "prompt_ids", "iu")
+        response = _as_1d(row.response_ids, key, "response_ids", "iu")
+        mask = _as_1d(row.response_mask, key, "response_mask", "iub")
+        if mask.shape[0] != response.shape[0]:
+            raise ValueError(
+                f"row {key!r}: response_mask length {mask.shape[0]} != response length "
+                f"{response.shape[0]}"
+            )
+        lp = None
+        if row.logprobs is not None:
+            lp = _as_1d(row.logprobs, key, "logprobs", "f")
+            if lp.shape[0] != response.shape[0]:
+                raise ValueError(
+                    f"row {key!r}: logprobs length {lp.shape[0]} != response length "
+                    f"{response.shape[0]}"
+                )
+            has_logprobs = True
+        keys.append(key)
+        prompts.append(prompt)
+        responses.append(response)
+        masks.append(mask)
+        logprobs.append(lp)
+        metas.append(row.meta or _NO_META)
+    n = len(rows)
+    non_tensor = {name: _plain_column([m.get(name) for m in metas]) for name in NON_TENSOR_COLUMNS}
+    collected = _Rows(
+        prompts=prompts,
+        responses=responses,
+        response_mask=masks,
+        rollout_log_probs=logprobs if has_logprobs else None,
+        rm_scores=None,
+        rewards=np.fromiter((float(r.reward) for r in rows), NUMPY_DTYPES["rm_scores"], count=n),
+        prompt_lengths=np.fromiter(
+            (a.shape[0] for a in prompts), NUMPY_DTYPES["prompt_length"], count=n
+        ),
+        response_lengths=np.fromiter(
+            (a.shape[0] for a in responses), NUMPY_DTYPES["response_length"], count=n
+        ),
+        is_placeholder=np.fromiter(
+            (bool(r.is_placeholder) for r in rows), NUMPY_DTYPES["is_placeholder"], count=n
+        ),
+        non_tensor=non_tensor,
+    )
+    return collected, keys
+
+
+def _check_limit(keys: list[Any], lengths: np.ndarray, limit: int | None, side: str) -> None:
+    """Raise BatchTooLongError for the first row over ``limit`` (vectorised test)."""
+    if limit is None:
+        return
+    over = np.flatnonzero(lengths > limit)
+    if over.size:
+        i = int(over[0])
+        raise BatchTooLongError(keys[i], side, int(lengths[i]), limit)
+
+
+def _check_limit_arg(limit: int | None, side: str) -> None:
+    if limit is not None and (isinstance(limit, bool) or int(limit) != limit or limit < 1):
+        raise ValueError(f"max_{side}_length must be a positive int or None, got {limit!r}")
+
+
+def _truncate(rows: _Rows, max_prompt_length: int | None, max_response_length: int | None) -> None:
+    """Cut in place, by slicing (views): prompts keep their last tokens, responses their first."""
+    if max_prompt_length is not None:
+        for i in np.flatnonzero(rows.prompt_lengths > max_prompt_length).tolist():
+            rows.prompts[i] = rows.prompts[i][-max_prompt_length:]
+        np.minimum(rows.prompt_lengths, max_prompt_length, out=rows.prompt_lengths)
+    if max_response_length is not None:
+        cut = slice(None, max_response_length)
+        for i in np.flatnonzero(rows.response_lengths > max_response_length).tolist():
+            rows.responses[i] = rows.responses[i][cut]
+            rows.response_mask[i] = rows.response_mask[i][cut]
+            if rows.rollout_log_probs is not None and rows.rollout_log_probs[i] is not None:
+                rows.rollout_log_probs[i] = rows.rollout_log_probs[i][cut]
+        np.minimum(rows.response_lengths, max_response_length, out=rows.response_lengths)
+
+
+def _check_values(rows: _Rows, keys: list[Any]) -> None:
+    """Mask values must be 0/1 and placeholders fully masked; names the first bad row.
+
+    One pass over all masks concatenated in their own dtype (1 byte per token as stored), with
+    the per-token search for the culprit only on the error path.
+    """
+    flat = np.concatenate(rows.response_mask) if rows.response_mask else np.zeros(0, np.uint8)
+    # mixed dtypes may promote to float64 (uint64 + int64): 0 and 1 stay exact, others stay off
+    if flat.size and (flat.max() > 1 or flat.min() < 0):
+        first = int(np.flatnonzero((flat != 0) & (flat != 1))[0])
+        row = int(np.searchsorted(np.cumsum(rows.response_lengths), first, side="right"))
+        raise ValueError(f"row {keys[row]!r}: response_mask values must be 0 or 1")
+    for i in np.flatnonzero(rows.is_placeholder).tolist():
+        if rows.response_mask[i].any():
+            raise ValueError(f"row {keys[i]!r}: a placeholder must have response_mask all 0")
+
+
+def _rows_from_batch_rows(
+    rows: Sequence[BatchRow],
+    max_prompt_length: int | None,
+    max_response_length: int | None,
+    truncate: bool,
+) -> _Rows:
+    """Validate (limits before anything is built), truncate by slicing, check mask values."""
+    _check_limit_arg(max_prompt_length, "prompt")
+    _check_limit_arg(max_response_length, "response")
+    collected, keys = _collect(rows)
+    if truncate:
+        _truncate(collected, max_prompt_length, max_response_length)
+    else:
+        _check_limit(keys, collected.prompt_lengths, max_prompt_length, "prompt")
+        _check_limit(keys, collected.response_lengths, max_response_length, "response")
+    _check_values(collected, keys)
+    return collected

@@ -1,0 +1,166 @@
+"""The padded layout verl's trainer consumes: prompts left-, responses right-padded.
+
+``input_ids = cat(prompts, responses)``; the reward sits on the last attended response token of
+``rm_scores``. The writer fills each output once and copies every row's slices straight into
+place: a handful of numpy slice writes per row, no per-token Python loop, no per-token index
+arrays, no [B, P+R] temporaries (``build_padded`` is benchmarked: ``python -m benchmarks``).
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+import torch
+from tensordict import TensorDict, TensorDictBase
+
+from sessions.batches.collect import BatchRow, _Rows, _rows_from_batch_rows
+from sessions.batches.columns import COLUMN_DTYPES
+from sessions.batches.flat import _Flat, _reject_unknown, _row_columns, _split_columns
+from sessions.batches.non_tensor_stacks import set_non_tensor_columns
+
+__all__ = ["build_padded"]
+
+
+def _empty(shape: tuple[int, ...], dtype: torch.dtype) -> tuple[torch.Tensor, np.ndarray]:
+    """A new torch tensor and a numpy view of its memory, which the padded writer fills.
+
+    numpy rather than torch: the writes are many small slice copies (well under a microsecond
+    each in numpy, several through torch's dispatcher) and a few whole-array fills that torch
+    would split over its intra-op threads, which on a busy 2-core host costs more than it saves.
+    The view comes through DLPack: ``Tensor.numpy()`` would mark the storage non-resizable, so
+    ``resize_`` on a batch column would fail where it works on tensors torch builds itself.
+    """
+    tensor = torch.empty(shape, dtype=dtype)
+    view = np.from_dlpack(tensor)
+    if not view.flags.writeable:  # numpy < 2 hands DLPack memory out read-only
+        view = tensor.numpy()
+    return tensor, view
+
+
+def _pad_rows_right(
+    arrays: list[np.ndarray | None], lengths: list[int], width: int, dtype: torch.dtype
+) -> torch.Tensor:
+    """[B, width] zeros with each row's array at its start (a None row stays zeros)."""
+    tensor, out = _empty((len(lengths), width), dtype)
+    out.fill(0)
+    for i, (values, n) in enumerate(zip(arrays, lengths)):
+        if values is not None:
+            out[i, :n] = values
+    return tensor
+
+
+def _token_columns(
+    rows: _Rows, p_len: list[int], r_len: list[int], pad_token_id: int
+) -> dict[str, torch.Tensor]:
+    """prompts, responses, input_ids, attention_mask, position_ids and response_mask.
+
+    One loop over the rows, a few slice writes each, into outputs filled once beforehand; no
+    [B, P+R] temporaries. position_ids is verl's ``(cumsum(attention_mask) - 1).clamp(min=0)``
+    written directly: 0 on the left padding, 0..n-1 on the n attended tokens, n-1 (or 0) on the
+    right padding.
+    """
+    B, P, R = len(p_len), max(p_len, default=0), max(r_len, default=0)
+    T = P + R
+    input_ids, ids = _empty((B, T), COLUMN_DTYPES["input_ids"])
+    attention_mask, attn = _empty((B, T), COLUMN_DTYPES["attention_mask"])
+    position_ids, pos = _empty((B, T), COLUMN_DTYPES["position_ids"])
+    response_mask, mask = _empty((B, R), COLUMN_DTYPES["response_mask"])
+    ids.fill(pad_token_id)
+    attn.fill(0)
+    mask.fill(0)
+    # a row's positions up to its last attended token: the window of `ramp` at T - start
+    ramp = np.zeros(2 * T, np.int64)
+    ramp[T:] = np.arange(T)
+    columns = zip(rows.prompts, rows.responses, rows.response_mask, p_len, r_len)
+    for i, (prompt, response, response_mask_i, a, b) in enumerate(columns):
+        start, end = P - a, P + b
+        row = ids[i]
+        row[start:P] = prompt
+        row[P:end] = response
+        attn[i, start:end] = 1
+        row = pos[i]
+        row[:end] = ramp[T - start : T + a + b]
+        row[end:] = a + b - 1 if a + b else 0
+        mask[i, :b] = response_mask_i
+    prompts, prompts_np = _empty((B, P), COLUMN_DTYPES["prompts"])
+    np.copyto(prompts_np, ids[:, :P])
+    responses, responses_np = _empty((B, R), COLUMN_DTYPES["responses"])
+    np.copyto(responses_np, ids[:, P:])
+    return {
+        "prompts": prompts,
+        "responses": responses,
+        "input_ids": input_ids,
+        "attention_mask": attention_mask,
+        "position_ids": position_ids,
+        "response_mask": response_mask,
+    }
+
+
+def _scores(rows: _Rows, r_len: list[int], R: int) -> torch.Tensor:
+    """rm_scores [B, R]: the given per-row scores, else each reward on its last response token."""
+    dtype = COLUMN_DTYPES["rm_scores"]
+    if rows.rm_scores is not None:
+        return _pad_rows_right(rows.rm_scores, r_len, R, dtype)
+    tensor, out = _empty((len(r_len), R), dtype)
+    out.fill(0.0)
+    lengths = rows.response_lengths
+    has_response = np.flatnonzero(lengths > 0)
+    out[has_response, lengths[has_response] - 1] = rows.rewards[has_response]
+    return tensor
+
+
+def _padded_from_rows(rows: _Rows, pad_token_id: int) -> TensorDict:
+    """Section 6 padded columns, as wide as the longest prompt and response."""
+    p_len, r_len = rows.prompt_lengths.tolist(), rows.response_lengths.tolist()
+    R = max(r_len, default=0)
+    columns = _token_columns(rows, p_len, r_len, pad_token_id)
+    columns["rm_scores"] = _scores(rows, r_len, R)
+    if rows.rollout_log_probs is not None:
+        dtype = COLUMN_DTYPES["rollout_log_probs"]
+        columns["rollout_log_probs"] = _pad_rows_right(rows.rollout_log_probs, r_len, R, dtype)
+    columns.update(_row_columns(rows.prompt_lengths, rows.response_lengths, rows.is_placeholder))
+    batch = TensorDict(columns, batch_size=[rows.batch_size])
+    set_non_tensor_columns(batch, rows.non_tensor)
+    return batch
+
+
+def _flat_from_padded(batch: TensorDictBase) -> _Flat:
+    """A padded batch -> flat: each row's attended tokens, found from its two lengths."""
+    tensors, non_tensors = _split_columns(batch)
+    _reject_unknown(tensors)
+    p_len, r_len = tensors["prompt_length"], tensors["response_length"]
+    P, R = tensors["prompts"].shape[1], tensors["responses"].shape[1]
+    in_prompt = torch.arange(P) >= (P - p_len)[:, None]
+    in_response = torch.arange(R) < r_len[:, None]
+    lp = tensors.get("rollout_log_probs")
+    return _Flat(
+        prompt_ids=tensors["prompts"][in_prompt],
+        prompt_lengths=p_len,
+        response_ids=tensors["responses"][in_response],
+        response_lengths=r_len,
+        response_mask=tensors["response_mask"][in_response],
+        rm_scores=tensors["rm_scores"][in_response],
+        rollout_log_probs=lp[in_response] if lp is not None else None,
+        is_placeholder=tensors["is_placeholder"],
+        non_tensor=non_tensors,
+    )
+
+
+def build_padded(
+    rows: Sequence[BatchRow],
+    *,
+    pad_token_id: int = 0,
+    max_prompt_length: int | None = None,
+    max_response_length: int | None = None,
+    truncate: bool = False,
+) -> TensorDict:
+    """Rows -> padded section 6 batch (prompts left-, responses right-padded).
+
+    Without ``truncate`` an over-long row raises ``BatchTooLongError`` before any tensor is
+    built; with it, prompts keep their last and responses their first tokens (mask and
+    logprobs cut alike) and the reward moves to the new last response token.
+    """
+    return _padded_from_rows(
+        _rows_from_batch_rows(rows, max_prompt_length, max_response_length, truncate), pad_token_id
+    )
