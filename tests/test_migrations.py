@@ -1,17 +1,21 @@
 """Schema only through Alembic (DESIGN §8): the CLI migrates an empty database on both backends,
-the revisions match `store.tables.metadata`, and an unknown revision is refused clearly."""
+the revisions match `store.tables.metadata`, an unknown revision is refused clearly, and
+metric_counts is keyed by its natural key (revision 0003) without losing a stored row."""
 
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
+import warnings
 from pathlib import Path
+from typing import Any
 
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy import inspect, text
+from sqlalchemy.exc import IntegrityError
 
 from store import SchemaError, create_engine, current_revision, head_revision, upgrade
 from store.tables import metadata
@@ -32,9 +36,19 @@ def alembic(url: str, *args: str) -> subprocess.CompletedProcess[str]:
     return result
 
 
+def _compare(context: MigrationContext, target: Any) -> list:
+    """compare_metadata, minus SQLite's two warnings that it cannot reflect (so cannot compare)
+    the expression index `uq_metric_counts_scope`; `test_metric_counts_natural_key_*` checks that
+    index on both backends instead."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Skipped unsupported reflection of expression-based index uq_metric_counts_scope")
+        warnings.filterwarnings("ignore", message="autogenerate skipping metadata-specified expression-based index 'uq_metric_counts_scope'")
+        return compare_metadata(context, target)
+
+
 def _diff(sync_conn) -> list:  # type: ignore[no-untyped-def]
     context = MigrationContext.configure(sync_conn, opts={"compare_type": True, "compare_server_default": True})
-    return compare_metadata(context, metadata)
+    return _compare(context, metadata)
 
 
 def _tables(sync_conn) -> set[str]:  # type: ignore[no-untyped-def]
@@ -95,7 +109,7 @@ async def test_metadata_compare_detects_drift(sqlite_url: str) -> None:
         extended.tables["events"].append_column(Column("extra_column", Integer, nullable=True))
 
         def diff(sync_conn):  # type: ignore[no-untyped-def]
-            return compare_metadata(MigrationContext.configure(sync_conn), extended)
+            return _compare(MigrationContext.configure(sync_conn), extended)
 
         async with engine.connect() as conn:
             found = await conn.run_sync(diff)
@@ -158,3 +172,98 @@ async def test_concurrent_opens_migrate_once(db_url: str) -> None:
     await asyncio.gather(*(open_and_append(i) for i in range(3)))
     revision, _, diff = await schema_state(db_url)
     assert revision == head_revision() and diff == []
+
+
+# ------------------------------------------------------------------ metric_counts natural key
+METRIC_COLUMNS = ("run", "partition", "global_step", "data_source", "metric", "value")
+INSERT_METRIC = text(
+    "INSERT INTO metric_counts (run, partition, global_step, data_source, metric, value) "
+    "VALUES (:run, :partition, :global_step, :data_source, :metric, :value)"
+)
+#: One scope per combination of NULL and a value in the two NULLable key columns.
+SCOPES = [(None, None), (0, None), (None, "gsm8k"), (0, "gsm8k")]
+
+
+async def _index_sql(conn: Any) -> str | None:
+    """The stored definition of uq_metric_counts_scope, from the backend's own catalog."""
+    if conn.dialect.name == "postgresql":
+        query = "SELECT indexdef FROM pg_indexes WHERE tablename = 'metric_counts' AND indexname = 'uq_metric_counts_scope'"
+    else:
+        query = "SELECT sql FROM sqlite_master WHERE type = 'index' AND tbl_name = 'metric_counts' AND name = 'uq_metric_counts_scope'"
+    return (await conn.execute(text(query))).scalar_one_or_none()
+
+
+async def test_metric_counts_natural_key_refuses_a_second_row_even_with_nulls(db_url: str) -> None:
+    engine = create_engine(db_url)
+    try:
+        await upgrade(engine)
+        async with engine.connect() as conn:
+            definition = await _index_sql(conn)
+            columns = {c["name"] for c in await conn.run_sync(lambda sync: inspect(sync).get_columns("metric_counts"))}
+        assert definition is not None, "uq_metric_counts_scope is missing"
+        assert "UNIQUE" in definition.upper() and definition.lower().count("coalesce") == 2, definition
+        assert columns == set(METRIC_COLUMNS), "metric_counts is keyed by its natural key, without a surrogate id"
+
+        rows = [{"run": "r", "partition": "val", "global_step": step, "data_source": source, "metric": "sessions/total",
+                 "value": float(i)} for i, (step, source) in enumerate(SCOPES)]
+        async with engine.begin() as conn:  # differing only in NULL vs a value: all of them coexist
+            for row in rows:
+                await conn.execute(INSERT_METRIC, row)
+        for row in rows:  # the same key again, NULLs included, is refused
+            with pytest.raises(IntegrityError):
+                async with engine.begin() as conn:
+                    await conn.execute(INSERT_METRIC, {**row, "value": 99.0})
+        async with engine.begin() as conn:  # other runs, partitions and metrics are other keys
+            for other in ({"run": "r2"}, {"partition": "train"}, {"metric": "sessions/failed"}):
+                await conn.execute(INSERT_METRIC, {**rows[0], **other})
+        async with engine.connect() as conn:
+            stored = sorted(tuple(r) for r in (await conn.execute(text("SELECT value FROM metric_counts"))).all())
+        assert stored == [(0.0,), (0.0,), (0.0,), (0.0,), (1.0,), (2.0,), (3.0,)]
+    finally:
+        await engine.dispose()
+
+
+async def _views(conn: Any) -> set[str]:
+    return set(await conn.run_sync(lambda sync: inspect(sync).get_view_names()))
+
+
+async def test_upgrade_from_0002_keeps_every_metric_row(db_url: str) -> None:
+    """Rows written at revision 0002 (surrogate ids, any insertion order) survive 0003 value for value.
+
+    0002 had no unique key; a duplicated key (which no release wrote) keeps its newest row, as the
+    revision documents.
+    """
+    rows = [
+        {"id": 7, "run": "r", "partition": "val", "global_step": None, "data_source": None, "metric": "reward/mean", "value": 0.125},
+        {"id": 3, "run": "r", "partition": "val", "global_step": 0, "data_source": None, "metric": "reward/mean", "value": -0.5},
+        {"id": 11, "run": "r", "partition": "val", "global_step": None, "data_source": "swe", "metric": "reward/mean", "value": 1e-300},
+        {"id": 1, "run": "r", "partition": "val", "global_step": 0, "data_source": "swe", "metric": "reward/mean", "value": 1.0 / 3},
+        {"id": 2, "run": "r", "partition": "train", "global_step": 2**40, "data_source": "gsm8k", "metric": "sessions/total", "value": 12.0},
+        {"id": 5, "run": "other", "partition": "train", "global_step": 0, "data_source": None, "metric": "sessions/failed", "value": 0.0},
+    ]
+    duplicate = [
+        {"id": 20, "run": "d", "partition": "val", "global_step": None, "data_source": None, "metric": "sessions/total", "value": 1.0},
+        {"id": 21, "run": "d", "partition": "val", "global_step": None, "data_source": None, "metric": "sessions/total", "value": 2.0},
+    ]
+    engine = create_engine(db_url)
+    try:
+        await upgrade(engine, "0002")
+        assert await current_revision(engine) == "0002"
+        async with engine.begin() as conn:
+            views = await _views(conn)
+            await conn.execute(
+                text("INSERT INTO metric_counts (id, run, partition, global_step, data_source, metric, value) "
+                     "VALUES (:id, :run, :partition, :global_step, :data_source, :metric, :value)"),
+                rows + duplicate,
+            )
+        await upgrade(engine)
+        assert await current_revision(engine) == head_revision()
+        async with engine.connect() as conn:
+            stored = [dict(r) for r in (await conn.execute(text(f"SELECT {', '.join(METRIC_COLUMNS)} FROM metric_counts"))).mappings()]
+            assert await _views(conn) == views and views, "the views 0002 created are there again"
+            assert await _index_sql(conn) is not None
+        key = lambda r: tuple((r[c] is None, r[c] or 0) for c in METRIC_COLUMNS)  # noqa: E731
+        want = [{c: r[c] for c in METRIC_COLUMNS} for r in [*rows, duplicate[1]]]
+        assert sorted(stored, key=key) == sorted(want, key=key)
+    finally:
+        await engine.dispose()
