@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import random
 import shutil
-import tempfile
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -32,6 +31,7 @@ from sessions.queues.sinks import InProcessQueue
 from store import create_engine
 from store import read_models as rm
 from store.tables import checkpoints, groups, metric_counts, queue_rows, sessions
+from tests.conftest import backend_of, wipe
 from tests.test_metrics import assert_metrics_match, read_events, stored_metrics
 
 FAILURE_REASON = {"error": "runner_error", "sandbox": "sandbox_error", "timeout": "timeout", "empty": "empty_output"}
@@ -453,47 +453,53 @@ async def check_everything(ledger: Ledger, scenario: Scenario, sink: InProcessQu
 # ------------------------------------------------------------------------------------------
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(
-    rnd=st.randoms(use_true_random=False),
-    page_size=st.integers(1, 7),
-    policy=st.sampled_from(["emit", "emit", "drop", "mixed"]),
-)
-def test_projection_properties(rnd: random.Random, page_size: int, policy: str) -> None:
-    scenario = random_scenario(rnd, policy=policy)
-
-    async def main(url: str) -> None:
-        sink = InProcessQueue()
-        async with Ledger.open(url, placeholder_policy=POLICIES[policy], trajectory_selection=scenario.default_selection,
-                               sinks=[sink]) as ledger:
-            ledger.projector.page_size = page_size
-            await play(ledger, scenario)
-            await ledger.project()
-            await check_everything(ledger, scenario, sink)
-
-    asyncio.run(main("sqlite+aiosqlite://"))  # a fresh in-memory database per example
+#: Examples per backend: a PostgreSQL example costs several times a SQLite one (round trips per
+#: append and page), so it runs fewer to keep the suite's wall time in check.
+EXAMPLES = {"sqlite": 25, "postgres": 10}
 
 
-def test_failed_and_placeholder_split_across_pages() -> None:
+def test_projection_properties(module_db_url: str) -> None:
+    """Random scenarios, interleavings, page sizes and policies; one database per backend, wiped per example."""
+
+    @settings(max_examples=EXAMPLES[backend_of(module_db_url)], deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(
+        rnd=st.randoms(use_true_random=False),
+        page_size=st.integers(1, 7),
+        policy=st.sampled_from(["emit", "emit", "drop", "mixed"]),
+    )
+    def projection_properties(rnd: random.Random, page_size: int, policy: str) -> None:
+        scenario = random_scenario(rnd, policy=policy)
+
+        async def main(url: str) -> None:
+            await wipe(url)
+            sink = InProcessQueue()
+            async with Ledger.open(url, placeholder_policy=POLICIES[policy], trajectory_selection=scenario.default_selection,
+                                   sinks=[sink]) as ledger:
+                ledger.projector.page_size = page_size
+                await play(ledger, scenario)
+                await ledger.project()
+                await check_everything(ledger, scenario, sink)
+
+        asyncio.run(main(module_db_url))
+
+    projection_properties()
+
+
+async def test_failed_and_placeholder_split_across_pages(db_url: str) -> None:
     """page_size 1 puts every SessionFailed and its PlaceholderEmitted in different pages."""
     plan = [SessionPlan("a-s0", 0, [Traj([1], [2, 3], [1, 1])], [1.0], "complete", None),
             SessionPlan("a-s1", 1, [], [], "error", None),
             SessionPlan("a-s2", 2, [Traj([1], [2], [1])], [], "sandbox", None)]
     scenario = Scenario([GroupPlan("r1", "a", "val", 0, "gsm8k", 3, plan),
                          GroupPlan("r1", "b", "val", 0, "gsm8k", 1, [SessionPlan("b-s0", 0, [], [], "timeout", None)])])
-
-    async def main(url: str) -> None:
-        async with Ledger.open(url) as ledger:
-            ledger.projector.page_size = 1
-            await play(ledger, scenario, project_between=False)
-            stepped = 0
-            while (await ledger.projector.step()).events:
-                stepped += 1
-            assert stepped == len(await read_events(ledger.engine))
-            await check_everything(ledger, scenario)
-
-    with tempfile.TemporaryDirectory() as folder:
-        asyncio.run(main(f"sqlite+aiosqlite:///{Path(folder) / 'ledger.db'}"))
+    async with Ledger.open(db_url) as ledger:
+        ledger.projector.page_size = 1
+        await play(ledger, scenario, project_between=False)
+        stepped = 0
+        while (await ledger.projector.step()).events:
+            stepped += 1
+        assert stepped == len(await read_events(ledger.engine))
+        await check_everything(ledger, scenario)
 
 
 # ------------------------------------------------------------------------------------------
@@ -644,6 +650,7 @@ def sink_snapshot(sink: InProcessQueue) -> dict[tuple[str, str], list[Any]]:
     return out
 
 
+# SQLite only: the faults are injected above the driver (store.read_models, the sink), the same code on both backends.
 async def test_restart_after_failure_at_every_step(fault_template: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import sessions.batches.rows as rows_module
 
@@ -793,8 +800,8 @@ async def _wait_for_tag(ledger: Ledger, uid: str, within: float) -> None:
     raise AssertionError(f"the follower did not project {uid} within {within}s")
 
 
-async def test_follow_picks_up_new_sessions_and_stops(sqlite_url: str) -> None:
-    async with Ledger.open(sqlite_url) as ledger:
+async def test_follow_picks_up_new_sessions_and_stops(db_url: str) -> None:
+    async with Ledger.open(db_url) as ledger:
         await _record(ledger, "before-0", "before")
         stop = asyncio.Event()
         pages: list[int] = []
@@ -811,9 +818,9 @@ async def test_follow_picks_up_new_sessions_and_stops(sqlite_url: str) -> None:
         assert (await stored_metrics(ledger.engine))[("default", "train", 0, None)]["sessions/succeeded"] == 4
 
 
-async def test_follow_sees_a_commit_landing_between_its_run_and_its_wait(sqlite_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_follow_sees_a_commit_landing_between_its_run_and_its_wait(db_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """A commit that lands after the follower's last read but before it starts waiting must still wake it."""
-    async with Ledger.open(sqlite_url) as ledger:
+    async with Ledger.open(db_url) as ledger:
         projector = ledger.projector
         real_run = Projector.run
         calls = 0
