@@ -11,11 +11,9 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from sessions.errors import StoreError, UnknownEventError
+from sessions.cli.errors import EXIT_ERROR, drained, guarded
 from sessions.placeholder import PARTITIONS
 from store.engine import default_url, normalize_url
-
-EXIT_ERROR = 1
 
 
 def _step(text: str) -> int | None:
@@ -34,10 +32,17 @@ def _rate(text: str) -> float:
     return value
 
 
+_DEBUG_HELP = "on failure, show the traceback instead of the one-line reason"
+
+
 def build_parser() -> argparse.ArgumentParser:
-    common = argparse.ArgumentParser(add_help=False)
+    # --debug is accepted before and after the verb; SUPPRESS keeps a verb from resetting it to False.
+    flags = argparse.ArgumentParser(add_help=False)
+    flags.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=_DEBUG_HELP)
+    common = argparse.ArgumentParser(add_help=False, parents=[flags])
     common.add_argument("--db", default=None, help=f"database URL or SQLite file path (default: $ROLLOUT_LEDGER_DB or {default_url()})")
     parser = argparse.ArgumentParser(prog="rollout-ledger", description="Event-sourced rollout sessions for agentic RL.")
+    parser.add_argument("--debug", action="store_true", default=False, help=_DEBUG_HELP)
     verbs = parser.add_subparsers(dest="verb", required=True, metavar="VERB")
 
     demo = verbs.add_parser("demo", parents=[common], help="simulated agent rollouts, recorded and projected")
@@ -89,22 +94,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     verbs.add_parser("migrate", parents=[common], help="upgrade the schema to head")
 
-    diagram = verbs.add_parser("diagram", help="the state machine, drawn from the machine itself")
+    diagram = verbs.add_parser("diagram", parents=[flags], help="the state machine, drawn from the machine itself")
     diagram.add_argument("--format", choices=("mermaid",), default="mermaid")
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Parse, run the verb, and report any failure as one line (see `sessions.cli.errors`)."""
     args = build_parser().parse_args(argv)
-    try:
-        return asyncio.run(_dispatch(args))
-    except KeyboardInterrupt:
-        print("rollout-ledger: interrupted", file=sys.stderr)
-        return 130
-    except (ValueError, LookupError, TimeoutError, StoreError, UnknownEventError, OSError) as error:
-        message = " ".join(str(error).split()) or type(error).__name__
-        print(f"rollout-ledger: error: {message}", file=sys.stderr)
-        return EXIT_ERROR
+    databases = [args.db, args.into] if args.verb == "replay" else [args.db] if hasattr(args, "db") else []
+    return guarded(lambda: asyncio.run(drained(_dispatch(args))), debug=args.debug, databases=databases)
 
 
 async def _dispatch(args: argparse.Namespace) -> int:
@@ -207,7 +206,8 @@ async def _cmd_export(args: argparse.Namespace) -> int:
     async with Ledger.open(args.db) as ledger:
         run = await _resolve_run(ledger, args.run)
         batch = await ledger.batch(args.partition, args.step, run=run, timeout=args.timeout, jagged=args.jagged)
-    torch.save(to_plain_dict(batch), args.out)
+    with open(args.out, "wb") as out:  # open() names the file in its OSError; torch.save would not
+        torch.save(to_plain_dict(batch), out)
     placeholders = int(batch["is_placeholder"].sum())
     print(f"wrote {batch.batch_size[0]} rows ({placeholders} placeholders) of run {run!r} {args.partition} step {args.step} to {args.out}")
     return 0

@@ -1,0 +1,265 @@
+"""Every failure of a verb becomes one line on stderr and a non-zero exit status (DESIGN §11).
+
+One handler, not a try/except per verb: `guarded` runs the verb, and `reason` maps whatever
+escaped (a `LedgerError`, a database or driver error, an `OSError`, a missing optional driver,
+Ctrl-C, or a bug) to a sentence naming what was wrong and what to do. `--debug` re-raises instead,
+so the traceback is there when someone needs it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import os
+import socket
+import sqlite3
+import sys
+import threading
+import time
+from collections.abc import Awaitable, Callable, Sequence
+
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import DBAPIError, SQLAlchemyError
+
+from store.engine import normalize_url
+from store.errors import LedgerError
+
+PROG = "rollout-ledger"
+EXIT_ERROR = 1
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for Ctrl-C
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE: the reader of stdout went away (`… | head`)
+
+#: Optional modules → (what they are, the extra that installs them; see pyproject.toml).
+OPTIONAL_MODULES = {
+    "asyncpg": ("the PostgreSQL driver asyncpg", "postgres"),
+    "eventsourcing": ("the benchmark baseline eventsourcing", "bench"),
+    "transfer_queue": ("TransferQueue", "transferqueue"),
+}
+
+#: Errors whose own message is already the user's reason (argument checks inside the verbs).
+_PLAIN = (ValueError, LookupError)
+
+
+def guarded(verb: Callable[[], int], *, debug: bool = False, databases: Sequence[str | None] = ()) -> int:
+    """Run `verb` and return its exit status; on failure print one line and return non-zero.
+
+    `databases` are the URLs the verb opens (`--db`, and `--into` for replay), so that a database
+    error can say which one failed. With `debug` the exception propagates with its traceback.
+    """
+    try:
+        return verb()
+    except SystemExit:
+        raise
+    except BaseException as error:  # noqa: BLE001 - the one place every failure is reported
+        if debug:
+            raise
+        if isinstance(error, BrokenPipeError):
+            _silence_stdout()
+            return EXIT_BROKEN_PIPE
+        print(f"{PROG}: error: {reason(error, databases)}", file=sys.stderr, flush=True)
+        return exit_status(error)
+
+
+async def drained(verb: Awaitable[int], *, patience: float = 1.0) -> int:
+    """Await `verb`; if it fails, let the threads it started finish while the event loop still runs.
+
+    aiosqlite stops the worker thread of a connection that failed to open without waiting for
+    it; when `asyncio.run` closes the loop first, that thread dies printing a traceback of its
+    own ("Event loop is closed", omnilib/aiosqlite#241). Waiting up to `patience` seconds on the
+    failure path lets it hand back its result, so the one-line reason stays the only output.
+    """
+    before = set(threading.enumerate())
+    try:
+        return await verb
+    except BaseException:
+        deadline = time.monotonic() + patience
+        started = [t for t in threading.enumerate() if t not in before and not t.name.startswith("asyncio_")]
+        while any(t.is_alive() for t in started) and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        raise
+
+
+def exit_status(error: BaseException) -> int:
+    return EXIT_INTERRUPTED if isinstance(error, KeyboardInterrupt) else EXIT_ERROR
+
+
+def reason(error: BaseException, databases: Sequence[str | None] = ()) -> str:
+    """What went wrong and what to do, as one line (whitespace collapsed)."""
+    text = " ".join(_reason(error, databases).split())
+    return text or type(error).__name__
+
+
+def _reason(error: BaseException, databases: Sequence[str | None]) -> str:
+    if isinstance(error, BaseExceptionGroup):
+        first = error.exceptions[0]
+        more = len(error.exceptions) - 1
+        return _reason(first, databases) + (f" (and {more} more error(s))" if more else "")
+    if isinstance(error, KeyboardInterrupt):
+        return "interrupted (Ctrl-C) before the command finished"
+    if isinstance(error, asyncio.CancelledError):
+        return "cancelled before the command finished"
+    if isinstance(error, ModuleNotFoundError):
+        return _missing_module(error)
+    if isinstance(error, LedgerError):
+        return str(error)
+    if isinstance(error, DBAPIError):
+        if error.connection_invalidated:
+            return f"lost the connection to {_where(databases)} ({_first_line(error.orig)}): check the server and run the command again"
+        return _database_error(error.orig, databases)
+    if isinstance(error, sqlite3.Error) or _is_asyncpg(error):
+        return _database_error(error, databases)
+    if isinstance(error, SQLAlchemyError):
+        return f"database error for {_where(databases)}: {_without_background(str(error))}; check the --db URL"
+    if isinstance(error, TimeoutError) and str(error):
+        return str(error)  # the library's own timeouts say what they waited for
+    if isinstance(error, OSError):
+        return _os_error(error, databases)
+    if isinstance(error, _PLAIN):
+        return str(error)
+    return (
+        f"internal error ({type(error).__name__}: {error}); this is a bug in {PROG} — "
+        f"rerun with --debug for the traceback and report it"
+    )
+
+
+def _missing_module(error: ModuleNotFoundError) -> str:
+    name = (error.name or "").split(".")[0]
+    if name in OPTIONAL_MODULES:
+        what, extra = OPTIONAL_MODULES[name]
+        return f"{what} is not installed: pip install -e '.[{extra}]' (or pip install 'rollout-ledger[{extra}]')"
+    return f"module {name or error} is not installed: reinstall {PROG} with its dependencies (pip install -e .)"
+
+
+# -- databases -------------------------------------------------------------------------------
+
+#: SQLite message fragment → what it means and what to do ({where} names the database).
+_SQLITE_HINTS = (
+    ("unable to open database file", "cannot open {where} ({message}): --db must name a SQLite file, not a "
+                                     "directory, in a folder this process may read and write"),
+    ("file is not a database", "{where} is not a database (file is not a database): point --db at a "
+                               "rollout-ledger database, or restore the file from a backup"),
+    ("malformed", "{where} is damaged ({message}): restore it from a backup (`sqlite3 FILE .recover` may salvage rows)"),
+    ("locked", "{where} is locked by another process ({message}): wait for it to finish, or raise the busy timeout"),
+    ("readonly", "cannot write to {where} ({message}): check the permissions of the file and its folder"),
+    ("disk is full", "no space left for {where} ({message}): free some disk space and run the command again"),
+    ("no such table", "{where}: {message}; the database lacks a table its schema revision promises, so it was "
+                      "altered outside rollout-ledger — restore it from a backup"),
+    ("no such column", "{where}: {message}; the database lacks a column its schema revision promises, so it was "
+                       "altered outside rollout-ledger — restore it from a backup"),
+    ("disk i/o error", "input/output error on {where} ({message}): check the disk and the file"),
+)
+
+#: PostgreSQL SQLSTATE (or its class, two characters) → what to do.
+_PG_HINTS = {
+    "3D000": "create it (createdb NAME) or fix the database name in the URL",
+    "28000": "check the user name in the URL (and pg_hba.conf)",
+    "28P01": "check the user and password in the URL",
+    "42P01": "the database lacks a table its schema revision promises, so it was altered outside rollout-ledger — restore it from a backup",
+    "42703": "the database lacks a column its schema revision promises, so it was altered outside rollout-ledger — restore it from a backup",
+    "53300": "the server has too many connections: close some, or retry later",
+    "08": "the connection failed: check the server and run the command again",
+    "57": "the server is shutting down or restarting: run the command again once it is up",
+    "53": "the server is out of resources (disk or memory): free some and run the command again",
+}
+
+
+def _database_error(error: BaseException, databases: Sequence[str | None]) -> str:
+    where = _where(databases)
+    message = _first_line(error)
+    lowered = message.lower()
+    if "unable to open database file" in lowered:
+        problem = _sqlite_file_problem(databases)
+        if problem:
+            return problem
+    for fragment, template in _SQLITE_HINTS:
+        if fragment in lowered:
+            return template.format(where=where, message=message)
+    state = str(getattr(error, "sqlstate", "") or "")
+    hint = _PG_HINTS.get(state) or _PG_HINTS.get(state[:2])
+    return f"{where}: {message}" + (f"; {hint}" if hint else "")
+
+
+def _sqlite_file_problem(databases: Sequence[str | None]) -> str | None:
+    """Why SQLite could not open a file among `databases`, when the file system can tell."""
+    for url in databases:
+        path = _sqlite_path(url)
+        if path is None:
+            continue
+        if os.path.isdir(path):
+            return f"{path} is a directory, not a SQLite file: pass a file path such as {os.path.join(path, 'rollouts.db')}"
+        if os.path.exists(path) and not os.access(path, os.R_OK | os.W_OK):
+            return f"permission denied: this process may not read and write the SQLite file {path}; check its owner and mode"
+    return None
+
+
+def _os_error(error: OSError, databases: Sequence[str | None]) -> str:
+    where = _where(databases)
+    detail = error.strerror or str(error)
+    if isinstance(error, socket.gaierror):
+        return f"cannot resolve the host of {where} ({detail}): check the host name in the URL"
+    if isinstance(error, ConnectionRefusedError):
+        return f"cannot connect to {where} ({error}): is the server running, and do the host and port in the URL point at it?"
+    if isinstance(error, ConnectionError):
+        return f"lost the connection to {where} ({error}): check the server and run the command again"
+    if isinstance(error, TimeoutError) and not error.filename:
+        return f"timed out talking to {where}: check the server and the network, then run the command again"
+    name = f" {error.filename}" if error.filename else ""
+    if error.errno == errno.ENOSPC:
+        return f"no space left on the device for{name or ' a write'}: free some disk space and run the command again"
+    if isinstance(error, PermissionError):
+        return f"permission denied:{name or ' ' + str(error)}: check the permissions of the file and its folder"
+    if isinstance(error, IsADirectoryError):
+        return f"{name.strip() or 'the path'} is a directory: pass a file path"
+    if isinstance(error, FileNotFoundError):
+        return f"no such file or directory:{name or ' ' + str(error)}: check the path (does its folder exist?)"
+    return f"{detail}{':' + name if name else ''}"
+
+
+def _where(databases: Sequence[str | None]) -> str:
+    """The databases a verb opened, as a user named them (passwords hidden)."""
+    if not databases:
+        return "the database"
+    return " or ".join(_display(url) for url in databases)
+
+
+def _display(url: str | None) -> str:
+    try:
+        parsed = make_url(normalize_url(url))
+    except (ValueError, SQLAlchemyError):
+        return "the --db URL"
+    if parsed.get_backend_name() == "sqlite":
+        return f"SQLite file {parsed.database}"
+    as_given = make_url(url) if url and "://" in url else parsed
+    return f"PostgreSQL database {as_given.render_as_string(hide_password=True)}"
+
+
+def _sqlite_path(url: str | None) -> str | None:
+    try:
+        parsed = make_url(normalize_url(url))
+    except (ValueError, SQLAlchemyError):
+        return None
+    return parsed.database if parsed.get_backend_name() == "sqlite" and parsed.database else None
+
+
+def _is_asyncpg(error: BaseException) -> bool:
+    """An asyncpg error that reached us unwrapped (asyncpg itself may not be installed)."""
+    return type(error).__module__.split(".")[0] == "asyncpg"
+
+
+def _first_line(error: BaseException | None) -> str:
+    text = _without_background(str(error)).strip() if error is not None else ""
+    return text.splitlines()[0] if text else type(error).__name__ if error is not None else "no details"
+
+
+def _without_background(text: str) -> str:
+    """SQLAlchemy's messages end in a '(Background on this error at: URL)' line."""
+    return text.split("\n(Background on this error at:")[0]
+
+
+def _silence_stdout() -> None:
+    """After a broken pipe, point stdout at /dev/null so flushing at exit cannot raise again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
