@@ -21,8 +21,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 
-from store.engine import normalize_url
-from store.errors import LedgerError
+from store import LedgerError, normalize_url
 
 PROG = "rollout-ledger"
 EXIT_ERROR = 1

@@ -13,7 +13,7 @@ from typing import Any
 
 from sessions.cli.errors import EXIT_ERROR, drained, guarded
 from sessions.placeholder import PARTITIONS
-from store.engine import default_url, normalize_url
+from store import normalize_url
 
 
 def _step(text: str) -> int | None:
@@ -40,7 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
     flags = argparse.ArgumentParser(add_help=False)
     flags.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=_DEBUG_HELP)
     common = argparse.ArgumentParser(add_help=False, parents=[flags])
-    common.add_argument("--db", default=None, help=f"database URL or SQLite file path (default: $ROLLOUT_LEDGER_DB or {default_url()})")
+    common.add_argument("--db", default=None, help="database URL or SQLite file path (default: $ROLLOUT_LEDGER_DB, else rollouts.db in the working directory)")
     parser = argparse.ArgumentParser(prog="rollout-ledger", description="Event-sourced rollout sessions for agentic RL.")
     parser.add_argument("--debug", action="store_true", default=False, help=_DEBUG_HELP)
     verbs = parser.add_subparsers(dest="verb", required=True, metavar="VERB")
@@ -231,8 +231,7 @@ async def _cmd_replay(args: argparse.Namespace) -> int:
     from rich.progress import Progress
 
     from sessions.audit.replay import replay
-    from store import create_engine
-    from store.migrate import upgrade
+    from store import create_engine, upgrade
 
     source, target = create_engine(args.db), create_engine(args.into)
     try:
@@ -252,8 +251,7 @@ async def _cmd_audit(args: argparse.Namespace) -> int:
     from rich.progress import Progress
 
     from sessions.audit.auditing import audit
-    from store import create_engine
-    from store.migrate import check_schema
+    from store import check_schema, create_engine
 
     engine = create_engine(args.db)
     try:
@@ -275,14 +273,12 @@ async def _cmd_sql(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     from sessions.cli.render import print_table
-    from store.console import run_query
-    from store import create_engine
-    from store.migrate import check_schema
+    from store import check_schema, console, create_engine
 
     engine = create_engine(args.db)
     try:
         await check_schema(engine)
-        columns, rows = await run_query(engine, args.query, limit=args.limit)
+        columns, rows = await console.run_query(engine, args.query, limit=args.limit)
     finally:
         await engine.dispose()
     if args.json:
@@ -309,8 +305,7 @@ async def _cmd_recover(args: argparse.Namespace) -> int:
 
 
 async def _cmd_migrate(args: argparse.Namespace) -> int:
-    from store import create_engine
-    from store.migrate import current_revision, upgrade
+    from store import create_engine, current_revision, upgrade
 
     engine = create_engine(args.db)
     try:

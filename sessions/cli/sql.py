@@ -3,6 +3,11 @@
 Kept so `from sessions.cli.sql import WriteRefused, run_query` goes on working.
 """
 
-from store.console import QueryError, WriteRefused, has_separator, run_query
+from store import console
+
+QueryError = console.QueryError
+WriteRefused = console.WriteRefused
+has_separator = console.has_separator
+run_query = console.run_query
 
 __all__ = ["QueryError", "WriteRefused", "has_separator", "run_query"]
