@@ -331,10 +331,13 @@ def envelope(
 ) -> NewEvent:
     """Wrap a domain event for the store, with a fresh event id and a UTC timestamp (now, unless
     the caller passes one shared by all the events of a command)."""
-    return NewEvent(
+    stored = NewEvent(
         new_event_id(), session_id, version, event.TYPE, event.SCHEMA_VERSION, run, uid, partition, global_step,
         event.to_data(), event.to_payload(), recorded_at or datetime.now(timezone.utc),
     )
+    if type(event) is SessionCreated:
+        stored.slot = (event.session_index, event.group_size)  # the store checks it against the group
+    return stored
 
 
 def new_event_id() -> str:

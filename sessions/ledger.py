@@ -10,6 +10,7 @@ from typing import Any
 
 
 from sessions import aggregate as agg
+from sessions import storable
 from sessions import events as ev
 from sessions import validation
 from sessions.errors import ConcurrencyError, InvalidInput
@@ -28,7 +29,7 @@ from sessions.recorder import (
     failure_reason,
     stored_bytes,
 )
-from store import AsyncEngine, EventStore, StoredJSONError, check_schema, create_engine, normalize_url, upgrade
+from store import AsyncEngine, EventStore, GroupConflict, StoredJSONError, check_schema, create_engine, normalize_url, upgrade
 from store import read_models as rm
 
 DEFAULT_RUN = "default"
@@ -138,6 +139,7 @@ class Ledger:
         ]
         if start:
             decided.append(ev.SessionStarted(attempt=attempt, timeout_s=timeout_s))
+        decided = [storable.clean_event(session_id, event) for event in decided]
         envelopes = [
             ev.envelope(e, session_id=session_id, version=i, run=run, uid=uid, partition=partition, global_step=global_step)
             for i, e in enumerate(decided, start=1)
@@ -150,6 +152,8 @@ class Ledger:
             raise InvalidInput(
                 session_id, "session_id", "already exists in this database; session ids must be unique — use a fresh id"
             ) from None
+        except GroupConflict as conflict:
+            raise InvalidInput(None, conflict.field, str(conflict)) from None
         except asyncio.CancelledError:
             if view.state != agg.NEW:  # created, then cancelled before the caller got the handle
                 await asyncio.shield(handle.cancel("cancelled while being created"))

@@ -13,6 +13,7 @@ from sessions import aggregate as agg
 from sessions import events as ev
 from sessions import tokens, validation
 from sessions.errors import InvalidInput, RolloutFailure
+from sessions import storable
 from sessions.placeholder import PlaceholderPolicy
 from store import EventStore
 
@@ -231,6 +232,7 @@ class SessionHandle:
         (None for start and terminal commands, which caps never refuse)."""
         view = self._view
         now = datetime.now(timezone.utc)
+        decided = [storable.clean_event(view.session_id, event) for event in decided]
         envelopes = [
             ev.envelope(
                 event,

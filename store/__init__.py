@@ -3,13 +3,16 @@
 `store` never imports `sessions`: it stores envelopes and rows, it does not know what a
 session is. This module is the whole of what `sessions` may use (tests/test_architecture.py
 checks it): the names below, and a few modules used as namespaces because their functions
-belong together (`read_models`, `queue_claims`, `driver`, `bulk_copy`, `bulk_read_models`).
+belong together (`read_models`, `queue_claims`, `driver`, `bulk_copy`, `bulk_read_models`,
+`console`).
 Everything that differs between SQLite and PostgreSQL lives in `store.dialects`.
 """
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from store import bulk_copy, bulk_read_models, driver, queue_claims, read_models
+from store.append_sql import GroupConflict
+from store.columns import ColumnSpec, column_spec
+from store import bulk_copy, bulk_read_models, console, driver, queue_claims, read_models
 from store.engine import StoredJSONError, create_engine, is_postgres, is_sqlite, load_json, normalize_url
 from store.errors import ConcurrencyError, LedgerError, SchemaError, StoreError
 from store.event_store import EventStore
@@ -22,8 +25,10 @@ from store.records import NewEvent, StoredEvent
 __all__ = [
     "READ_MODEL_KEYS",
     "AsyncEngine",
+    "ColumnSpec",
     "ConcurrencyError",
     "EventStore",
+    "GroupConflict",
     "LedgerError",
     "NewEvent",
     "SchemaError",
@@ -34,6 +39,8 @@ __all__ = [
     "bulk_copy",
     "bulk_read_models",
     "check_schema",
+    "column_spec",
+    "console",
     "create_engine",
     "current_revision",
     "driver",

@@ -82,12 +82,17 @@ async def resolve(
         for event in request.events
     ]
     known: dict[str, str | None] = await _known_event_ids(conn, event_ids) if event_ids else {}
+    slots = await GroupSlots.load(conn, batch)
     outcomes: list[Outcome] = []
     rows: list[tuple[Any, ...]] = []
     row = _row_for(conn.dialect.name)
     for request in batch:
         current = versions.get(request.session_id, 0)
         if request.expected_version == current and (not known or not any(e.event_id in known for e in request.events)):
+            conflict = slots.claim(request) if slots else None
+            if conflict is not None:
+                outcomes.append(conflict)
+                continue
             versions[request.session_id] = current + len(request.events)  # the common case: accept
             for event in request.events:
                 known[event.event_id] = request.session_id
@@ -112,6 +117,82 @@ async def resolve(
             continue
         outcomes.append(ConcurrencyError(request.session_id, request.expected_version, current))
     return outcomes, rows
+
+
+class GroupSlots:
+    """The group slots (session_index, group_size) creations of a batch claim, checked against
+    the stored creations of their groups and against each other.
+
+    A group is (run, partition, global_step, uid). The append transaction is serialised (SQLite's
+    write lock, PostgreSQL's table lock), so what this reads cannot change before the insert; the
+    partial unique index `uq_events_group_slot` is the backstop for writers that skip the check.
+    """
+
+    def __init__(self, taken: dict[tuple[Any, ...], list[tuple[str, int, int]]]) -> None:
+        #: group -> [(session_id, session_index, group_size)] of its stored and accepted creations
+        self.taken = taken
+
+    def __bool__(self) -> bool:
+        return bool(self.taken)
+
+    @classmethod
+    async def load(cls, conn: AsyncConnection, batch: list[AppendRequest]) -> GroupSlots:
+        groups = {_group_of(e) for request in batch for e in request.events if e.slot is not None}
+        if not groups:
+            return cls({})
+        taken: dict[tuple[Any, ...], list[tuple[str, int, int]]] = {group: [] for group in groups}
+        by_run: dict[str, set[str]] = {}
+        for run, _partition, _step, uid in groups:
+            by_run.setdefault(run, set()).add(uid)
+        for run, uids in by_run.items():
+            ordered = sorted(uids)
+            for start in range(0, len(ordered), CHUNK):
+                result = await conn.execute(
+                    select(events.c.session_id, events.c.partition, events.c.global_step, events.c.uid,
+                           events.c.session_index, events.c.group_size)
+                    .where(events.c.type == "SessionCreated", events.c.run == run,
+                           _member_of(events.c.uid, ordered[start:start + CHUNK], conn.dialect.name),
+                           events.c.session_index.is_not(None))
+                    .order_by(events.c.position)
+                )
+                for sid, partition, step, uid, index, size in result:
+                    group = (run, partition, step, uid)
+                    if group in taken:
+                        taken[group].append((sid, index, size))
+        return cls(taken)
+
+    def claim(self, request: AppendRequest) -> StoreError | None:
+        """The request's conflict with its group (nothing claimed), or None (its slots claimed)."""
+        claims = [e for e in request.events if e.slot is not None]
+        for event in claims:
+            index, size = event.slot  # type: ignore[misc]
+            for sibling, sibling_index, sibling_size in self.taken.get(_group_of(event), ()):
+                if sibling == event.session_id:
+                    continue
+                if sibling_size != size:
+                    return GroupConflict(event, "group_size", f"is {size}, but session {sibling!r} of this group declared {sibling_size}")
+                if sibling_index == index:
+                    return GroupConflict(event, "session_index", f"{index} is taken in this group by session {sibling!r}")
+        for event in claims:
+            self.taken.setdefault(_group_of(event), []).append((event.session_id, *event.slot))  # type: ignore[misc]
+        return None
+
+
+def _group_of(event: NewEvent) -> tuple[Any, ...]:
+    return (event.run, event.partition, event.global_step, event.uid)
+
+
+class GroupConflict(StoreError, ValueError):
+    """A creation that does not fit its group: a taken session_index or another group_size."""
+
+    def __init__(self, event: NewEvent, field: str, problem: str) -> None:
+        step = "no step" if event.global_step is None else f"step {event.global_step}"
+        super().__init__(
+            f"session {event.session_id!r}: {field} {problem} (group uid {event.uid!r}, run {event.run!r}, "
+            f"{event.partition}, {step}); give each session of a group its own session_index and the same group_size"
+        )
+        self.session_id = event.session_id
+        self.field = field
 
 
 def _foreign_ids(request: AppendRequest, owners: list[str | None]) -> StoreError:
@@ -154,7 +235,7 @@ async def _known_event_ids(conn: AsyncConnection, event_ids: list[str]) -> dict[
 
 #: The insert's columns, in the order of the tuples `_row_for` builds.
 _INSERT_COLUMNS = ("event_id", "session_id", "version", "type", "schema_version", "run", "uid", "partition",
-                   "global_step", "data", "payload", "recorded_at")
+                   "global_step", "data", "payload", "recorded_at", "session_index", "group_size")
 
 
 @functools.cache
@@ -187,10 +268,15 @@ def _sqlite_row(e: NewEvent) -> tuple[Any, ...]:
     # SQLAlchemy's SQLite DateTime text form; reads parse it back (as UTC: we only write UTC).
     t = e.recorded_at.astimezone(timezone.utc) if e.recorded_at.utcoffset() else e.recorded_at
     stamp = f"{t.year:04d}-{t.month:02d}-{t.day:02d} {t.hour:02d}:{t.minute:02d}:{t.second:02d}.{t.microsecond:06d}"
+    index, size = e.slot or _NO_SLOT
     return (e.event_id, e.session_id, e.version, e.type, e.schema_version, e.run, e.uid, e.partition,
-            e.global_step, e.data_json, e.payload, stamp)
+            e.global_step, e.data_json, e.payload, stamp, index, size)
 
 
 def _native_row(e: NewEvent) -> tuple[Any, ...]:
+    index, size = e.slot or _NO_SLOT
     return (e.event_id, e.session_id, e.version, e.type, e.schema_version, e.run, e.uid, e.partition,
-            e.global_step, e.data_json, e.payload, e.recorded_at)
+            e.global_step, e.data_json, e.payload, e.recorded_at, index, size)
+
+
+_NO_SLOT = (None, None)

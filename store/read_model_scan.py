@@ -18,7 +18,7 @@ from sqlalchemy.types import JSON
 
 from store.dialects import PostgresDialect, dialect_of
 from store.read_models import GROUP_KEY
-from store.tables import groups, metric_counts, queue_rows, sessions
+from store.tables import groups, metric_counts, projection_errors, queue_rows, sessions
 
 #: Each read model and its natural key, in the order the audit compares them. Every column is
 #: compared, `queue_rows.id` included: the projector numbers queue rows itself, so a replay must
@@ -27,9 +27,10 @@ READ_MODEL_KEYS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("sessions", ("session_id",)),
     ("groups", GROUP_KEY),
     ("metric_counts", ("run", "partition", "global_step", "data_source", "metric")),
-    ("queue_rows", ("run", "partition", "key")),
+    ("queue_rows", ("run", "partition", "global_step", "key")),
+    ("projection_errors", ("position",)),
 )
-_TABLES = {t.name: t for t in (sessions, groups, metric_counts, queue_rows)}
+_TABLES = {t.name: t for t in (sessions, groups, metric_counts, queue_rows, projection_errors)}
 
 
 @dataclass(frozen=True)

@@ -14,14 +14,14 @@ from typing import Any
 from sqlalchemy import and_, bindparam, func, or_, select, text, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from store.tables import checkpoints, events, groups, metric_counts, queue_rows, sessions
+from store.tables import checkpoints, events, groups, metric_counts, projection_errors, queue_rows, sessions
 
 _CHUNK = 500
 PROJECTOR = "projector"
 #: The columns the projection decoder reads from `events`, in its order.
 DECODER_COLUMNS = ("position", "session_id", "version", "type", "schema_version", "data", "recorded_at")
-#: The primary key of `groups`.
-GROUP_KEY = ("run", "uid")
+#: The natural key of `groups` (unique index `uq_groups_key`).
+GROUP_KEY = ("run", "partition", "global_step", "uid")
 
 MetricScope = tuple[str, str, "int | None", "str | None"]
 
@@ -54,15 +54,16 @@ async def load_sessions(conn: AsyncConnection, session_ids: Sequence[str]) -> di
     return out
 
 
-async def load_groups(conn: AsyncConnection, keys: Sequence[tuple[str, str]]) -> dict[tuple[str, str], dict[str, Any]]:
+async def load_groups(conn: AsyncConnection, keys: Sequence[tuple[str, str, int | None, str]]) -> dict[tuple[str, str, int | None, str], dict[str, Any]]:
+    """Groups by their key (run, partition, global_step, uid)."""
     # Select by uid alone (one IN list; a tree of OR-ed ANDs costs more to build than to run),
-    # then keep the wanted (run, uid) pairs.
+    # then keep the wanted keys.
     wanted = set(keys)
-    out: dict[tuple[str, str], dict[str, Any]] = {}
-    for chunk in _chunks(sorted({uid for _run, uid in wanted})):
+    out: dict[tuple[str, str, int | None, str], dict[str, Any]] = {}
+    for chunk in _chunks(sorted({key[3] for key in wanted})):
         result = await conn.execute(select(groups).where(groups.c.uid.in_(chunk)))
         for row in result.mappings():
-            key = (row["run"], row["uid"])
+            key = (row["run"], row["partition"], row["global_step"], row["uid"])
             if key in wanted:
                 out[key] = dict(row)
     return out
@@ -117,7 +118,21 @@ async def save_sessions(conn: AsyncConnection, inserts: list[dict[str, Any]], up
 
 
 async def save_groups(conn: AsyncConnection, inserts: list[dict[str, Any]], updates: list[dict[str, Any]]) -> None:
-    await save_rows(conn, groups, inserts, updates, keys=GROUP_KEY)
+    if inserts:
+        await conn.execute(groups.insert(), inserts)
+    if updates:
+        columns = [c.name for c in groups.columns if c.name not in GROUP_KEY]
+        statement = (
+            update(groups)
+            .where(
+                groups.c.run == bindparam("k_run"), groups.c.partition == bindparam("k_partition"),
+                func.coalesce(groups.c.global_step, -1) == func.coalesce(bindparam("k_global_step", type_=groups.c.global_step.type), -1),
+                groups.c.uid == bindparam("k_uid"),
+            )
+            .values({c: bindparam(f"v_{c}") for c in columns})
+        )
+        params = [{**{f"k_{k}": row[k] for k in GROUP_KEY}, **{f"v_{c}": row[c] for c in columns}} for row in updates]
+        await conn.execute(statement.execution_options(synchronize_session=False), params)
 
 
 #: `metric_counts` is keyed by its natural key; a NULL step or data source is matched through the
@@ -145,6 +160,19 @@ async def save_metrics(conn: AsyncConnection, changed: dict[MetricScope, dict[st
 async def insert_queue_rows(conn: AsyncConnection, rows: list[dict[str, Any]]) -> None:
     if rows:
         await conn.execute(queue_rows.insert(), rows)
+
+
+async def insert_projection_errors(conn: AsyncConnection, rows: list[dict[str, Any]]) -> None:
+    if rows:
+        await conn.execute(projection_errors.insert(), rows)
+
+
+async def projection_error_rows(conn: AsyncConnection, *, after: int = 0, limit: int | None = None) -> list[dict[str, Any]]:
+    """Quarantined events in log order (those after a position)."""
+    query = select(projection_errors).where(projection_errors.c.position > after).order_by(projection_errors.c.position)
+    if limit is not None:
+        query = query.limit(limit)
+    return [dict(row) for row in (await conn.execute(query)).mappings()]
 
 
 async def next_queue_id(conn: AsyncConnection) -> int:

@@ -7,6 +7,8 @@ from it (DESIGN §8).
 
 from __future__ import annotations
 
+from typing import Any
+
 from sqlalchemy import (
     JSON,
     BigInteger,
@@ -44,6 +46,16 @@ Binary = LargeBinary().with_variant(BYTEA(), "postgresql")
 SESSION_ID = 128
 NAME = 128
 
+
+def step_key() -> Any:
+    """`global_step` as a key part: NULL ("no step") compared equal to itself, as -1 (steps are
+    >= 0). Unique indexes treat NULLs as distinct, so every natural key with a step uses this."""
+    return func.coalesce(text("global_step"), -1)
+
+
+#: Only creation events claim a slot in a group (see `uq_events_group_slot`).
+_CREATION = text("type = 'SessionCreated'")
+
 events = Table(
     "events",
     metadata,
@@ -60,10 +72,20 @@ events = Table(
     Column("data", Json, nullable=False),
     Column("payload", Binary, nullable=True),
     Column("recorded_at", DateTime(timezone=True), nullable=False),
+    # A SessionCreated's slot in its group, promoted from its data by the writer (NULL on every
+    # other event, and on creations written before revision 0004 that repeated a slot): the
+    # database itself refuses a second session with the same index in one group, across
+    # processes, and the event store checks siblings' group_size against it (store.append_sql).
+    Column("session_index", Integer, nullable=True),
+    Column("group_size", Integer, nullable=True),
     UniqueConstraint("session_id", "version"),
     Index(None, "run", "partition", "global_step"),
     Index(None, "run", "uid"),
     Index(None, "type"),
+    Index(
+        "uq_events_group_slot", "run", "partition", step_key(), "uid", "session_index", unique=True,
+        sqlite_where=_CREATION, postgresql_where=_CREATION,
+    ),
 )
 
 sessions = Table(
@@ -98,11 +120,14 @@ sessions = Table(
     Index(None, "state"),
 )
 
+#: A group is (run, partition, global_step, uid): a uid that comes back at a later step is a new
+#: group. `members` lists the session indices seen, sorted, so a second session with the same
+#: index (in a log written without the database's slot check) is quarantined, not projected.
 groups = Table(
     "groups",
     metadata,
-    Column("run", String(NAME), primary_key=True),
-    Column("uid", String(NAME), primary_key=True),
+    Column("run", String(NAME), nullable=False),
+    Column("uid", String(NAME), nullable=False),
     Column("partition", String(8), nullable=False),
     Column("global_step", BigInteger, nullable=True),
     Column("data_source", String(NAME), nullable=True),
@@ -116,7 +141,9 @@ groups = Table(
     Column("reward_count", Integer, nullable=False),
     Column("status", String(16), nullable=False),
     Column("settled_position", BigInteger, nullable=True),
+    Column("members", Json, nullable=False),
     Index(None, "run", "partition", "global_step"),
+    Index("uq_groups_key", "run", "partition", step_key(), "uid", unique=True),
 )
 
 #: Keyed by its natural key (run, partition, global_step, data_source, metric), so a replay cannot
@@ -135,7 +162,7 @@ metric_counts = Table(
     Column("metric", String(NAME), nullable=False),
     Column("value", Float, nullable=False),
     Index(
-        "uq_metric_counts_scope", "run", "partition", func.coalesce(text("global_step"), -1),
+        "uq_metric_counts_scope", "run", "partition", step_key(),
         func.coalesce(text("data_source"), ""), "metric", unique=True,
     ),
 )
@@ -163,8 +190,8 @@ queue_rows = Table(
     Column("response_len", Integer, nullable=True),
     Column("tags", Json, nullable=False),
     Column("produced_position", BigInteger, nullable=False),
-    UniqueConstraint("run", "partition", "key"),
     Index(None, "run", "partition", "global_step"),
+    Index("uq_queue_rows_key", "run", "partition", step_key(), "key", unique=True),
 )
 
 queue_claims = Table(
@@ -176,6 +203,19 @@ queue_claims = Table(
     Column("acked_at", DateTime(timezone=True), nullable=True),
 )
 
+#: Events the projector could not project, and what it did instead (DESIGN §7): the session was
+#: failed as `unprojectable` where it could be, and projection went on. Keyed by position.
+projection_errors = Table(
+    "projection_errors",
+    metadata,
+    Column("position", BigInteger, primary_key=True, autoincrement=False),
+    Column("session_id", String(SESSION_ID), nullable=False),
+    Column("type", String(64), nullable=False),
+    Column("field", String(NAME), nullable=True),
+    Column("reason", String(512), nullable=False),
+    Column("outcome", String(32), nullable=False),
+)
+
 checkpoints = Table(
     "checkpoints",
     metadata,
@@ -185,4 +225,4 @@ checkpoints = Table(
 )
 
 #: Tables the projector owns and `replay` rebuilds (queue_claims is consumer state, not derived).
-READ_MODELS = (sessions, groups, metric_counts, queue_rows, checkpoints)
+READ_MODELS = (sessions, groups, metric_counts, queue_rows, projection_errors, checkpoints)

@@ -1,0 +1,249 @@
+"""What an event may hold: one declaration per event field, checked at append and at projection.
+
+Each field names the read-model column its value flows into (`store.column_spec` derives the
+type, integer range, length and encoding from the table definitions), plus what the domain adds
+(a minimum, a set of choices, a forbidden character). The recorder checks every event against
+it before the append — nothing is accepted that the projector cannot store — and the projector
+checks every event of the log against it too, quarantining what an older or careless writer let
+through (`sessions.projection.rules`). One declaration, so a column and its check cannot drift.
+
+Free text (error messages, tool output in `extra`, reward diagnostics) is never refused: NUL
+characters and lone surrogates are escaped (`\\x00`, `\\udcff`) and over-long text is cut to the
+column, so a failure can always be recorded.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from sessions import events as ev
+from sessions.errors import InvalidInput
+from store import ColumnSpec, column_spec
+
+__all__ = ["DECLARATION", "Field", "clean_event", "clean_json", "clean_text", "problems", "session_id_problem"]
+
+#: The JSON-only integer fields' range (no column: the strictest backend's BIGINT).
+_INT64 = (-(2**63), 2**63 - 1)
+_INT32 = (-(2**31), 2**31 - 1)
+
+
+@dataclass(frozen=True)
+class Field:
+    """One event field. `column`: the read-model column it is stored in (its spec decides type,
+    range, length and encoding); without one, `kind` ("int", "float", "bool", "json", "int_list")."""
+
+    column: str | None = None
+    kind: str | None = None
+    nullable: bool | None = None
+    minimum: float | None = None
+    exclusive_minimum: bool = False
+    choices: tuple[Any, ...] | None = None
+    forbidden: str = ""
+    free_text: bool = False
+    int_range: tuple[int, int] | None = None
+
+    def spec(self) -> ColumnSpec:
+        if self.column is not None:
+            base = column_spec(self.column)
+            if self.nullable is not None:
+                base = dataclasses.replace(base, nullable=self.nullable)
+            if self.int_range is not None:
+                base = dataclasses.replace(base, int_range=self.int_range)
+            return base
+        kind = "json" if self.kind == "int_list" else self.kind
+        assert kind is not None
+        return ColumnSpec(f"({self.kind})", kind, bool(self.nullable), int_range=self.int_range or _INT64)
+
+
+#: Every field of every event type. Identity fields of SessionCreated are what a group and its
+#: queue keys are made of (`IDENTITY`).
+DECLARATION: dict[str, dict[str, Field]] = {
+    "SessionCreated": {
+        "run": Field("sessions.run", minimum=1),
+        "uid": Field("sessions.uid", minimum=1, forbidden="_"),
+        "session_index": Field("sessions.session_index", minimum=0),
+        "group_size": Field("sessions.group_size", minimum=1),
+        "partition": Field("sessions.partition", choices=("train", "val")),
+        "global_step": Field("sessions.global_step", minimum=0),
+        "data_source": Field("sessions.data_source", minimum=1),
+        "runner": Field("sessions.runner", minimum=1),
+        "sample_index": Field(kind="int", nullable=True, minimum=0),
+        "metadata": Field(kind="json", free_text=True),
+    },
+    "SessionStarted": {
+        "attempt": Field(kind="int", nullable=True, minimum=1, int_range=_INT32),
+        "timeout_s": Field(kind="float", nullable=True, minimum=0, exclusive_minimum=True),
+    },
+    "TrajectoryRecorded": {
+        "index": Field(kind="int", minimum=0, int_range=_INT32),
+        "num_turns": Field("queue_rows.num_turns", nullable=False, minimum=0),
+        "prompt_len": Field("queue_rows.prompt_len", nullable=False, minimum=1),
+        "response_len": Field("queue_rows.response_len", nullable=False, minimum=1),
+        "has_logprobs": Field(kind="bool"),
+        "trainable_tokens": Field(kind="int", nullable=True, minimum=0, int_range=_INT32),
+        "materialization_reason": Field("queue_rows.materialization_reason"),
+        "extra": Field(kind="json", free_text=True),
+    },
+    "RewardPosted": {
+        "reward": Field("sessions.reward"),
+        "info": Field(kind="json", free_text=True),
+    },
+    "SessionSucceeded": {
+        "selected": Field(kind="int_list"),
+        "trajectory_selection": Field(kind="json", choices=("all", "longest")),
+        "score": Field("sessions.reward"),
+        "score_source": Field("sessions.score_source", choices=("reward_info", "external", "absent")),
+        "finished": Field(kind="bool"),
+    },
+    "SessionFailed": {
+        "reason": Field("sessions.failure_reason", nullable=False, minimum=1),
+        "error_type": Field("sessions.error_type", free_text=True),
+        "message": Field("sessions.message", nullable=False, free_text=True),
+        "discarded_trajectories": Field(kind="int", minimum=0, int_range=_INT32),
+        "placeholder": Field(kind="json", choices=("emit", "drop")),
+    },
+    "PlaceholderEmitted": {
+        "reason": Field("queue_rows.failure_reason", nullable=False, minimum=1),
+        "token_id": Field(kind="int", minimum=0, int_range=(0, 2**31 - 1)),
+        "reward": Field("queue_rows.reward", nullable=False),
+        "finished": Field(kind="bool"),
+        "materialization_reason": Field("queue_rows.materialization_reason", nullable=False),
+        "reward_info": Field(kind="json", free_text=True),
+    },
+    "SessionCancelled": {
+        "message": Field("sessions.message", free_text=True),
+    },
+}
+#: SessionCreated fields a session's read-model rows, group and queue keys are made of.
+IDENTITY = ("run", "uid", "session_index", "group_size", "partition", "global_step")
+
+_SESSION_ID = column_spec("events.session_id")
+
+
+def _problem(name: str, field: Field, spec: ColumnSpec, value: Any) -> str | None:
+    """Why `value` cannot be stored for this field (free text excepted: it is cleaned)."""
+    if field.kind == "int_list":
+        if not isinstance(value, list) or any(isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < 2**31 for i in value):
+            return f"must be a list of integers in [0, 2**31), got {value!r:.60}"
+        return None
+    if field.choices is not None and value not in field.choices:
+        return f"must be one of {', '.join(map(repr, field.choices))}, got {value!r:.60}"
+    if field.kind == "json" and field.choices is None and value is not None and not isinstance(value, dict):
+        return f"must be a mapping, got {type(value).__name__}"
+    problem = spec.problem(value)
+    if problem is not None or value is None:
+        return problem
+    if field.minimum is not None and not isinstance(value, str):
+        low = field.minimum
+        if value < low or (field.exclusive_minimum and value == low):
+            return f"must be {'>' if field.exclusive_minimum else '>='} {low:g}, got {value!r}"
+    if isinstance(value, str):
+        if field.minimum is not None and len(value) < field.minimum:
+            return "must not be empty"
+        for char in field.forbidden:
+            if char in value:
+                return f"{value!r:.60} contains {char!r}; queue keys are {{uid}}_{{session_index}}_{{i}}, so use another separator"
+    return None
+
+
+_Checks = list[tuple[str, Field, ColumnSpec]]
+_CHECKS: dict[str, _Checks] = {
+    type_: [(name, field, field.spec()) for name, field in fields.items()] for type_, fields in DECLARATION.items()
+}
+assert set(ev.EVENT_TYPES) == set(DECLARATION), "every event type needs its fields declared"
+
+
+def clean_text(value: str, limit: int | None = None) -> str:
+    """Free text made storable: NUL and lone surrogates escaped, then cut to `limit` characters."""
+    if "\x00" in value:
+        value = value.replace("\x00", "\\x00")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        value = value.encode("utf-8", "backslashreplace").decode("utf-8")
+    return value if limit is None or len(value) <= limit else value[:limit]
+
+
+def clean_json(value: Any) -> Any:
+    """A JSON value with every string (keys too) made storable; non-finite floats become None."""
+    if isinstance(value, str):
+        return clean_text(value)
+    if isinstance(value, dict):
+        return {clean_text(str(k)) if not isinstance(k, str) else clean_text(k): clean_json(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [clean_json(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def _clean(field: Field, spec: ColumnSpec, value: Any) -> Any:
+    if value is None:
+        return None
+    if spec.kind == "json":
+        return clean_json(value) if isinstance(value, (dict, list)) else value
+    if isinstance(value, str):
+        return clean_text(value, spec.max_length)
+    return value
+
+
+def problems(type_: str, data: Mapping[str, Any]) -> tuple[dict[str, Any], list[tuple[str, str]]]:
+    """`data` with its free text cleaned, and every field that still cannot be stored: (field, why).
+
+    A field missing from `data` takes its event class's default (the decoder has already refused
+    data that lacks a required field)."""
+    cleaned: dict[str, Any] | None = None
+    found: list[tuple[str, str]] = []
+    for name, field, spec in _CHECKS[type_]:
+        if name not in data:
+            continue
+        value = data[name]
+        if field.free_text:
+            fixed = _clean(field, spec, value)
+            if fixed is not value and fixed != value:
+                if cleaned is None:
+                    cleaned = dict(data)
+                cleaned[name] = fixed
+                value = fixed
+            if spec.kind == "json" and value is not None and not isinstance(value, dict):
+                found.append((name, f"must be a mapping, got {type(value).__name__}"))
+            elif spec.kind == "json":
+                problem = spec.problem(value)
+                if problem is not None:
+                    found.append((name, problem))
+            continue
+        problem = _problem(name, field, spec, value)
+        if problem is not None:
+            found.append((name, problem))
+    if type_ == "SessionCreated" and not found:
+        index, size = data.get("session_index"), data.get("group_size")
+        if index >= size:
+            found.append(("session_index", f"must be in [0, group_size={size}), got {index}"))
+    return (cleaned if cleaned is not None else dict(data)), found
+
+
+def session_id_problem(session_id: Any) -> str | None:
+    if not isinstance(session_id, str) or not session_id:
+        return f"must be a non-empty string, got {session_id!r:.60}"
+    return _SESSION_ID.problem(session_id)
+
+
+def clean_event(session_id: str, event: ev.Event) -> ev.Event:
+    """The event with its free text made storable; `InvalidInput` naming the first field that
+    cannot be stored (nothing is written)."""
+    problem = session_id_problem(session_id)
+    if problem is not None:
+        raise InvalidInput(None, "session_id", problem)
+    data = event.to_data()
+    cleaned, found = problems(event.TYPE, data)
+    if found:
+        name, why = found[0]
+        raise InvalidInput(session_id, name, why)
+    if cleaned is data:
+        return event
+    changed = {name: value for name, value in cleaned.items() if value is not data.get(name)}
+    return dataclasses.replace(event, **changed)
