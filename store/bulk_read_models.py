@@ -19,12 +19,13 @@ from store import driver
 from store.bulk_copy import recorded_at_converter
 from store.dialects import dialect_of
 from store.read_models import PROJECTOR
-from store.tables import checkpoints, groups, metric_counts, queue_rows, sessions
+from store.tables import checkpoints, groups, metric_counts, projection_errors, queue_rows, sessions
 
 SESSION_COLUMNS = tuple(c.name for c in sessions.c)
 GROUP_COLUMNS = tuple(c.name for c in groups.c)
 METRIC_COLUMNS = tuple(c.name for c in metric_counts.c)
 QUEUE_COLUMNS = tuple(c.name for c in queue_rows.c)
+ERROR_COLUMNS = tuple(c.name for c in projection_errors.c)
 
 #: What a rebuild selects of `events`, in the projection decoder's column order; `recorded_at`
 #: only where a session row takes it (created, terminal): it is stored after the payload, so
@@ -55,6 +56,7 @@ class Prepared:
     groups: list[tuple[Any, ...]]
     metrics: list[tuple[Any, ...]]
     queue: list[tuple[Any, ...]]
+    errors: list[tuple[Any, ...]]
     last_position: int
     events: int
 
@@ -76,6 +78,11 @@ def prepare(
             if values[_TERMINAL] is not None:
                 values[_TERMINAL] = convert(values[_TERMINAL])
         out_sessions.append(tuple(values))
+    out_groups = []
+    for row in tables["groups"]:
+        values = [row[c] for c in GROUP_COLUMNS]
+        values[_MEMBERS] = dumps(values[_MEMBERS])
+        out_groups.append(tuple(values))
     out_queue = []
     for row in tables["queue"]:
         values = [row[c] for c in QUEUE_COLUMNS]
@@ -83,9 +90,10 @@ def prepare(
         out_queue.append(tuple(values))
     return Prepared(
         out_sessions,
-        [tuple(row[c] for c in GROUP_COLUMNS) for row in tables["groups"]],
+        out_groups,
         [tuple(row[c] for c in METRIC_COLUMNS) for row in tables["metrics"]],
         out_queue,
+        [tuple(row[c] for c in ERROR_COLUMNS) for row in tables.get("errors", ())],
         last_position,
         events,
     )
@@ -94,6 +102,7 @@ def prepare(
 _REWARD_INFO = SESSION_COLUMNS.index("reward_info")
 _CREATED, _TERMINAL = SESSION_COLUMNS.index("created_at"), SESSION_COLUMNS.index("terminal_at")
 _TAGS = QUEUE_COLUMNS.index("tags")
+_MEMBERS = GROUP_COLUMNS.index("members")
 
 
 async def insert_read_models(target: AsyncEngine, rows: Prepared) -> None:
@@ -112,6 +121,7 @@ async def insert_read_models(target: AsyncEngine, rows: Prepared) -> None:
         await write.insert("groups", GROUP_COLUMNS, rows.groups)
         await write.insert("metric_counts", METRIC_COLUMNS, rows.metrics)
         await write.insert("queue_rows", QUEUE_COLUMNS, rows.queue)
+        await write.insert("projection_errors", ERROR_COLUMNS, rows.errors)
         if rows.queue:
             await write.after_explicit_positions("queue_rows", "id", rows.queue[-1][0])
         await write.insert("checkpoints", ("name", "position", "updated_at"),

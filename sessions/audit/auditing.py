@@ -22,17 +22,15 @@ from pathlib import Path
 from typing import Any
 
 from sessions.audit.divergence import Divergence
-from sessions.errors import UnknownEventError
 from sessions.audit.log_check import check_log
-from sessions.errors import ProjectionError
 from sessions.audit.read_model_diff import compare
-from sessions.projection.rebuild import Rebuild
+from sessions.projection.rebuild import ReadModels, Rebuild
 from sessions.audit.replay import prepare
 from store import bulk_read_models as bulk
 from store import AsyncEngine, create_engine, upgrade
 from store import read_models as rm
 
-__all__ = ["REPLAY_FAILURES", "AuditReport", "Divergence", "audit", "check_log", "compare"]
+__all__ = ["AuditReport", "Divergence", "audit", "check_log", "compare"]
 
 
 @dataclass
@@ -43,62 +41,64 @@ class AuditReport:
     divergences: list[Divergence] = field(default_factory=list)
     #: The stored projector checkpoint: read models are compared with a replay up to it.
     projected_through: int = 0
+    #: Every event of the log the projection rules quarantine (DESIGN §7), past the checkpoint
+    #: too: `projection_errors` rows, in log order. Each is also a divergence.
+    quarantined: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
         return not self.divergences
 
 
-#: What replaying a damaged log can raise; reported as a divergence, not a crash.
-REPLAY_FAILURES = (UnknownEventError, ProjectionError, LookupError, TypeError, ValueError)
-
-
 async def audit(engine: AsyncEngine, *, on_progress: Callable[[str, int], None] | None = None) -> AuditReport:
-    """Check the log, fold it up to the stored checkpoint into a scratch database, compare.
+    """Check the log, rebuild it into a scratch database up to the stored checkpoint, compare.
 
-    Every event is checked, also those appended after the stored checkpoint; only the read models
-    are compared up to it, since they have not seen later events yet (run the projector first to
-    compare those too). Audit a database whose projector is idle; one that advances meanwhile
-    shows up as divergences. The fold reads the log in the same pass as the checks.
+    Every event is checked, also those appended after the stored checkpoint: the log check, and
+    the projection rules over the whole log (an event they would quarantine is reported wherever
+    it is). Read models are compared up to the checkpoint only, since they have not seen later
+    events yet (run the projector first to compare those too). Audit a database whose projector is
+    idle; one that advances meanwhile shows up as divergences. The rebuild reads the log in the
+    same pass as the checks.
     """
     started = time.perf_counter()
     report = AuditReport()
     async with engine.connect() as conn:
         report.projected_through = await rm.get_checkpoint(conn)
     through = report.projected_through
-    folded = Rebuild()
-    failure: list[BaseException] = []
+    rebuilt = Rebuild()
+    at_checkpoint: list[ReadModels] = []
 
-    def fold(rows: list[tuple[Any, ...]]) -> None:
-        if failure or not rows or rows[0][0] > through:
+    def feed(rows: list[tuple[Any, ...]]) -> None:
+        if not rows:
             return
-        upto = rows if rows[-1][0] <= through else [row for row in rows if row[0] <= through]
-        try:
-            folded.feed(upto)
-        except REPLAY_FAILURES as error:  # the log is damaged: reported below, the checks go on
-            failure.append(error)
+        if not at_checkpoint and rows[-1][0] > through:
+            upto = [row for row in rows if row[0] <= through]
+            rebuilt.feed(upto)
+            at_checkpoint.append(rebuilt.snapshot())
+            rebuilt.feed(rows[len(upto):])
+        else:
+            rebuilt.feed(rows)
         if on_progress is not None:
-            on_progress("replayed", len(upto))
+            on_progress("replayed", len(rows))
 
-    checked = await check_log(engine, on_progress=on_progress, on_page=fold)
+    checked = await check_log(engine, on_progress=on_progress, on_page=feed)
     report.events, report.sessions = checked.events, checked.sessions
     report.divergences.extend(checked.divergences)
-    if failure:
-        found = " ".join(str(failure[0]).split()) or type(failure[0]).__name__
-        report.divergences.append(Divergence("events", "replay", "projection", "a log the projector can replay", found))
-    else:
-        report.divergences.extend(await _compare_with_fold(engine, folded))
+    whole = rebuilt.result()
+    report.quarantined = whole.errors
+    for error in whole.errors:
+        found = error["reason"] if error["field"] is None else f"{error['field']}: {error['reason']}"
+        report.divergences.append(Divergence(
+            "events", f"position {error['position']}", error["type"], "an event the projector can project",
+            f"{found} (quarantined: {error['outcome']})", error["session_id"], error["position"],
+        ))
+    report.divergences.extend(await _compare(engine, at_checkpoint[0] if at_checkpoint else whole))
     report.seconds = time.perf_counter() - started
     return report
 
 
-async def _compare_with_fold(engine: AsyncEngine, folded: Rebuild) -> list[Divergence]:
-    """Write the fold's read models to a scratch SQLite file and compare the stored ones with them."""
-    try:
-        models = folded.result()
-    except REPLAY_FAILURES as error:
-        found = " ".join(str(error).split()) or type(error).__name__
-        return [Divergence("events", "replay", "projection", "a log the projector can replay", found)]
+async def _compare(engine: AsyncEngine, models: ReadModels) -> list[Divergence]:
+    """Write the rebuilt read models to a scratch SQLite file and compare the stored ones with them."""
     with tempfile.TemporaryDirectory(prefix="rollout-ledger-audit-") as folder:
         scratch = create_engine(f"sqlite+aiosqlite:///{Path(folder) / 'replay.db'}")
         try:

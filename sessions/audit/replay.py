@@ -102,7 +102,8 @@ async def rebuild_log(
 
 def prepare(models: ReadModels, source: Any, target: Any) -> bulk.Prepared:
     """The rebuilt rows in the target driver's form."""
-    tables = {"sessions": models.sessions, "groups": models.groups, "metrics": models.metrics, "queue": models.queue}
+    tables = {"sessions": models.sessions, "groups": models.groups, "metrics": models.metrics, "queue": models.queue,
+              "errors": models.errors}
     return bulk.prepare(tables, last_position=models.last_position, events=models.events, source=source, target=target)
 
 

@@ -15,7 +15,7 @@ import numpy as np
 from sessions import events as ev
 from sessions import tokens
 from sessions.batches import BatchRow
-from store.read_models import SourceEvent
+from store import read_models as rm
 
 META_COLUMNS = (
     "run", "uid", "session_id", "session_index", "key", "partition", "global_step", "data_source",
@@ -29,8 +29,18 @@ def placeholder_arrays(token_id: int) -> tokens.TokenArrays:
     return tokens.TokenArrays(ids, ids.copy(), np.zeros(1, dtype=np.uint8), None)
 
 
+def placeholder_token(type_: str, data: Any) -> int:
+    """The token a placeholder row repeats: its PlaceholderEmitted's `token_id`, or 0 for the
+    placeholder of a session the projector quarantined (its source is the unprojectable event)."""
+    if type_ == "PlaceholderEmitted" and isinstance(data, dict):
+        token = data.get("token_id")
+        if isinstance(token, int) and not isinstance(token, bool) and 0 <= token < 2**31:
+            return token
+    return 0
+
+
 def materialise(
-    queue_rows: Sequence[Mapping[str, Any]], sources: Mapping[int, SourceEvent]
+    queue_rows: Sequence[Mapping[str, Any]], sources: Mapping[int, rm.SourceEvent]
 ) -> list[BatchRow]:
     """Build one BatchRow per queue row of kind 'row', in the given order."""
     out: list[BatchRow] = []
@@ -41,10 +51,10 @@ def materialise(
         if source is None:
             raise LookupError(f"queue row {row['key']!r} points at event position {row['source_position']}, which is missing")
         type_, schema_version, data, payload = source
-        data = ev.upcast(type_, schema_version, data)
         if row["is_placeholder"]:
-            arrays = placeholder_arrays(int(data["token_id"]))
+            arrays = placeholder_arrays(placeholder_token(type_, data))
         else:
+            data = ev.upcast(type_, schema_version, data)
             arrays = tokens.decode(payload or b"", int(data["prompt_len"]), int(data["response_len"]), bool(data["has_logprobs"]))
         out.append(
             BatchRow(

@@ -13,6 +13,7 @@ from typing import Any
 
 from sessions import events as ev
 from sessions.errors import UnknownEventError
+from sessions import storable
 from sessions.projection.rules import LogEvent
 from store import StoredEvent, load_json
 
@@ -48,12 +49,21 @@ CURRENT = {name: cls.SCHEMA_VERSION for name, cls in ev.EVENT_TYPES.items()}
 REQUIRED = {name: _required(cls) for name, cls in ev.EVENT_TYPES.items()}
 
 
+Problem = "tuple[str | None, str] | None"
+
+#: What the decoder can find wrong with a stored event, besides a storable-value problem.
+DECODE_ERRORS = (UnknownEventError, ValueError, TypeError, KeyError)
+
+
 class Decoder:
     """Turns rows of `EVENT_COLUMNS` into `LogEvent`s. Keeps a cache of short data texts, so use
-    one decoder per pass over a log (the decoded dicts are shared: the rules never change them)."""
+    one decoder per pass over a log (the decoded dicts are shared: the rules never change them).
+
+    Never raises for what one event holds: an event that does not decode, or whose values cannot
+    be stored (`sessions.storable`), comes out with its problem, for the rules to quarantine."""
 
     def __init__(self) -> None:
-        self._cache: dict[str, dict[str, dict[str, Any]]] = {name: {} for name in CURRENT}
+        self._cache: dict[str, dict[str, tuple[dict[str, Any] | None, Problem]]] = {name: {} for name in CURRENT}
 
     def events(self, rows: Sequence[Sequence[Any]]) -> list[LogEvent]:
         out: list[LogEvent] = []
@@ -61,24 +71,31 @@ class Decoder:
         for row in rows:
             position, sid, version, type_, schema, raw, recorded_at = row
             cache = caches.get(type_) if schema == CURRENT.get(type_) else None
-            data = cache.get(raw) if cache is not None and type(raw) is str else None
-            if data is None:
-                data = decode(row, cache)
-            out.append((position, sid, version, type_, data, recorded_at))
+            hit = cache.get(raw) if cache is not None and type(raw) is str else None
+            data, problem = hit if hit is not None else decode(row, cache)
+            out.append((position, sid, version, type_, data, recorded_at, problem))
         return out
 
-    def _decode(self, row: Sequence[Any], cache: dict[str, dict[str, Any]] | None) -> dict[str, Any]:
+    def _decode(self, row: Sequence[Any], cache: dict[str, tuple[dict[str, Any] | None, Problem]] | None) -> tuple[dict[str, Any] | None, Problem]:
         position, _sid, _version, type_, schema, raw, _at = row
-        data = raw if type(raw) is dict else parse_json(raw)
-        if CURRENT.get(type_) != schema:
-            data = ev.upcast(type_, schema, data, None)  # raises on unknown types and newer schemas
-        if type(data) is not dict:
-            raise UnknownEventError(f"event at position {position} ({type_} v{schema}) has malformed data: not a JSON object")
-        if not REQUIRED[type_] <= data.keys():
-            _raise_decode_error(row, data)
+        try:
+            data = raw if type(raw) is dict else parse_json(raw)
+            if CURRENT.get(type_) != schema:
+                data = ev.upcast(type_, schema, data, None)  # raises on unknown types and newer schemas
+            if type(data) is not dict:
+                raise UnknownEventError(f"event at position {position} ({type_} v{schema}) has malformed data: not a JSON object")
+            if not REQUIRED[type_] <= data.keys():
+                _raise_decode_error(row, data)
+        except DECODE_ERRORS as error:
+            return None, (None, " ".join(str(error).split()) or type(error).__name__)
+        try:
+            data, found = storable.problems(type_, data)
+        except DECODE_ERRORS as error:  # a value of a shape no check foresaw
+            return None, (None, f"{type(error).__name__}: {error}")
+        result = (data, found[0] if found else None)
         if cache is not None and type(raw) is str and len(raw) <= CACHED_TEXT and len(cache) < CACHED_ENTRIES:
-            cache[raw] = data
-        return data
+            cache[raw] = result
+        return result
 
 
 _raw_decode = json.JSONDecoder().raw_decode

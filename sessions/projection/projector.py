@@ -46,6 +46,8 @@ class PageResult:
     rows: int
     tags: int
     last_position: int
+    #: Events of the page the rules quarantined (listed in `projection_errors`).
+    quarantined: int = 0
 
 
 #: Seconds one external sink's `put` may take before the page is rolled back (None: no limit).
@@ -103,7 +105,7 @@ class Projector:
                     await self._put(sink, items)
             last = page[-1][0]
             await rm.set_checkpoint(conn, last, previous=checkpoint)
-            return PageResult(len(page), state.rows_made, state.tags_made, last)
+            return PageResult(len(page), state.rows_made, state.tags_made, last, len(state.errors))
 
     async def _put(self, sink: QueueSink, items: list[QueueItem]) -> None:
         """`sink.put` under `sink_timeout`; the sink's own errors (its own timeouts included) pass as they are."""
@@ -227,20 +229,21 @@ async def load_working_set(conn: Any, page: list[LogEvent], checkpoint: int) -> 
     Sessions the page creates, and their groups and scopes, may not exist yet; a session the page
     does not create but that is missing stays missing, and the rules refuse its event.
     """
-    created = {sid: data for _p, sid, _v, type_, data, _at in page if type_ == "SessionCreated"}
-    others = sorted({sid for _p, sid, *_rest in page} - created.keys())
-    state = WorkingSet(sessions=await rm.load_sessions(conn, others))
-    keys = {group_key(s) for s in state.sessions.values()} | {group_key(e) for e in created.values()}
-    state.groups = await rm.load_groups(conn, sorted(keys))
+    created = {sid: data for _p, sid, _v, type_, data, _at, _problem in page if type_ == "SessionCreated" and data is not None}
+    touched = sorted({event[1] for event in page})
+    state = WorkingSet(sessions=await rm.load_sessions(conn, touched))  # created ones too: a repeated creation is refused
+    keys = {group_key(s) for s in state.sessions.values()} | {group_key(e) for e in created.values() if _has_identity(e)}
+    state.groups = await rm.load_groups(conn, sorted(keys, key=repr))
     scopes: set[m.Scope] = set()
-    for row in (*state.sessions.values(), *state.groups.values(), *created.values()):
+    for row in (*state.sessions.values(), *state.groups.values(), *(e for e in created.values() if _has_identity(e))):
         scopes.update(m.scopes(row["run"], row["partition"], row["global_step"], row.get("data_source")))
     state.metrics = {scope: m.MetricTable(values) for scope, values in (await rm.load_metrics(conn, sorted(scopes, key=repr))).items()}
-    terminal = sorted({sid for _p, sid, _v, type_, _d, _at in page if type_ == "SessionSucceeded" and sid in state.sessions})
-    if terminal:
+    succeeding = sorted({event[1] for event in page if event[3] == "SessionSucceeded" and event[1] in state.sessions})
+    if succeeding:
         decoder = Decoder()
-        for position, sid, version, type_, data, at in decoder.events(await rm.trajectory_events(conn, terminal, checkpoint)):
-            state.trajectories.setdefault(sid, {})[int(data["index"])] = (position, data)
+        for position, sid, _version, _type, data, _at, problem in decoder.events(await rm.trajectory_events(conn, succeeding, checkpoint)):
+            if problem is None and data is not None:
+                state.trajectories.setdefault(sid, {})[int(data["index"])] = (position, data)
     state.next_queue_id = await rm.next_queue_id(conn)
     return state
 
@@ -255,6 +258,12 @@ async def save_working_set(conn: Any, state: WorkingSet) -> None:
     await rm.save_groups(conn, groups_new, groups_old)
     await rm.save_metrics(conn, state.changed_metrics())
     await rm.insert_queue_rows(conn, state.queue)
+    await rm.insert_projection_errors(conn, state.errors)
+
+
+def _has_identity(data: dict[str, Any]) -> bool:
+    """Whether a creation's data names a group (a malformed one may not; the rules refuse it)."""
+    return all(isinstance(data.get(k), str) for k in ("run", "partition", "uid"))
 
 
 def _by_session(row: dict[str, Any]) -> str:

@@ -34,6 +34,7 @@ class ReadModels:
     groups: list[Row] = field(default_factory=list)
     metrics: list[Row] = field(default_factory=list)
     queue: list[Row] = field(default_factory=list)
+    errors: list[Row] = field(default_factory=list)
     last_position: int = 0
     events: int = 0
 
@@ -62,6 +63,14 @@ class Rebuild:
         if self._finished:
             raise RuntimeError("Rebuild.result() was already taken")
         self._finished = True
+        return self._models(copy=False)
+
+    def snapshot(self) -> ReadModels:
+        """The read models so far, copied, so that feeding on does not change them (the audit
+        compares the read models up to the stored checkpoint, then checks the rest of the log)."""
+        return self._models(copy=True)
+
+    def _models(self, *, copy: bool) -> ReadModels:
         self.rules.finish()
         state = self.state
         metrics = [
@@ -69,11 +78,13 @@ class Rebuild:
             for (run, partition, step, source), table in state.metrics.items()
             for name, value in table.values.items()
         ]
+        rows = (lambda values: [dict(row) for row in values]) if copy else list
         return ReadModels(
-            sessions=list(state.sessions.values()),
-            groups=list(state.groups.values()),
+            sessions=rows(state.sessions.values()),
+            groups=rows(state.groups.values()),
             metrics=metrics,
-            queue=state.queue,
+            queue=list(state.queue),
+            errors=list(state.errors),
             last_position=self.last_position,
             events=self.events,
         )

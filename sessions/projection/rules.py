@@ -7,7 +7,10 @@ changed; the whole-log rebuild (replay, audit) starts from an empty working set 
 whole log. Both therefore make the same float additions in the same order, and their rows are
 equal by construction rather than by a test's vigilance.
 
-A log the rules cannot project raises `ProjectionError` naming the event's position.
+An event the rules cannot project (a log written by an older version, or by a writer that
+skipped validation) never stops projection: it is quarantined by a deterministic rule (DESIGN §7)
+— listed in `projection_errors`, and its session, if it has one still open, failed as
+`unprojectable` with a placeholder so its group settles — and the rules go on.
 """
 
 from __future__ import annotations
@@ -17,8 +20,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from sessions.errors import ProjectionError
 from sessions.projection import metrics as m
+from sessions.storable import IDENTITY, clean_text
 
 __all__ = [
     "GroupKey",
@@ -32,16 +35,24 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 Row = dict[str, Any]
-#: A group's key: (run, uid).
-GroupKey = tuple[str, str]
-#: What the rules read of one event: (position, session_id, version, type, data, recorded_at),
-#: `data` already decoded and upcast to the current schema (`sessions.projection.decoding`).
-LogEvent = tuple[int, str, int, str, dict[str, Any], Any]
+#: A group's key: (run, partition, global_step, uid) — a uid that comes back at a later step is a
+#: new group (DESIGN §2).
+GroupKey = tuple[str, str, "int | None", str]
+#: What the rules read of one event: (position, session_id, version, type, data, recorded_at,
+#: problem). `data` is decoded, upcast to the current schema and checked against
+#: `sessions.storable` (`sessions.projection.decoding`); `problem` is None, or (field, reason)
+#: when the event cannot be projected as it is (then `data` may be None).
+LogEvent = tuple[int, str, int, str, "dict[str, Any] | None", Any, "tuple[str | None, str] | None"]
+
+#: The failure reason of a session the projector quarantined (never one a runner can give).
+UNPROJECTABLE = "unprojectable"
+#: `projection_errors.outcome`: what the rules did with the event.
+FAILED, IGNORED = "session_failed", "ignored"
 
 
 def group_key(row: Row) -> GroupKey:
     """The group a session (or group) row belongs to."""
-    return (row["run"], row["uid"])
+    return (row["run"], row["partition"], row["global_step"], row["uid"])
 
 
 @dataclass
@@ -59,6 +70,8 @@ class WorkingSet:
     trajectories: dict[str, dict[int, tuple[int, dict[str, Any]]]] = field(default_factory=dict)
     queue: list[Row] = field(default_factory=list)
     next_queue_id: int = 1
+    #: `projection_errors` rows made: the events quarantined.
+    errors: list[Row] = field(default_factory=list)
     #: Keys of the sessions and groups the rules created (to insert, not update).
     new_sessions: set[str] = field(default_factory=set)
     new_groups: set[GroupKey] = field(default_factory=set)
@@ -95,19 +108,25 @@ class Rules:
         }
 
     def apply(self, event: LogEvent) -> None:
-        position, sid, version, type_, data, recorded_at = event
+        position, sid, version, type_, data, recorded_at, problem = event
         if type_ == "SessionCreated":
-            self._created(sid, position, version, data, recorded_at)
+            self._created(sid, position, version, data, recorded_at, problem)
             return
         session = self.state.sessions.get(sid)
         if session is None:
-            raise ProjectionError(
-                f"event at position {position} ({type_}) belongs to session {sid!r}, "
-                "which has no SessionCreated before it; the log is damaged — run `rollout-ledger audit`"
-            )
+            self._error(position, sid, type_, None, "its session has no projected SessionCreated before it", IGNORED)
+            return
         session["version"] = version
         self.state.touched_sessions.add(sid)
-        self._handlers[type_](session, position, data, recorded_at)
+        if session["failure_reason"] == UNPROJECTABLE:
+            return  # quarantined: the rest of its stream is not projected
+        if problem is not None:
+            self._quarantine(session, position, type_, problem, recorded_at)
+            return
+        if session["state"] in _TERMINAL and not (type_ == "PlaceholderEmitted" and session["state"] == "failed"):
+            self._error(position, sid, type_, None, f"the session is already {session['state']}", IGNORED)
+            return
+        self._handlers[type_](session, position, data, recorded_at)  # type: ignore[arg-type]
 
     def apply_all(self, events: list[LogEvent]) -> None:
         for event in events:
@@ -138,34 +157,53 @@ class Rules:
         return self._scoped(row["run"], row["partition"], row["global_step"], row["data_source"])
 
     # ---------------------------------------------------------- handlers
-    def _created(self, sid: str, position: int, version: int, e: dict[str, Any], recorded_at: Any) -> None:
+    def _created(
+        self, sid: str, position: int, version: int, e: dict[str, Any] | None, recorded_at: Any,
+        problem: tuple[str | None, str] | None,
+    ) -> None:
         state = self.state
+        if sid in state.sessions:
+            self._error(position, sid, "SessionCreated", "session_id", "the session was already created", IGNORED)
+            return
+        if problem is not None and (e is None or problem[0] is None or problem[0] in IDENTITY):
+            self._error(position, sid, "SessionCreated", problem[0], problem[1], IGNORED)  # no valid identity: no session
+            return
+        assert e is not None
         run, uid, partition, step = e["run"], e["uid"], e["partition"], e["global_step"]
-        source = e.get("data_source")
+        key = (run, partition, step, uid)
+        group = state.groups.get(key)
+        conflict = _group_conflict(group, e) if group is not None else None
+        source = None if problem is not None and problem[0] == "data_source" else e.get("data_source")
+        runner = None if problem is not None and problem[0] == "runner" else e.get("runner")
         session = state.sessions[sid] = {
             "session_id": sid, "run": run, "uid": uid, "session_index": e["session_index"],
             "group_size": e["group_size"], "partition": partition, "global_step": step,
-            "data_source": source, "runner": e.get("runner"), "state": "created", "version": version,
+            "data_source": source, "runner": runner, "state": "created", "version": version,
             "num_trajectories": 0, "selected_rows": 0, "reward": None, "score_source": None, "reward_info": {},
             "failure_reason": None, "error_type": None, "message": None, "placeholder": False,
             "created_position": position, "terminal_position": None, "created_at": recorded_at, "terminal_at": None,
         }
         state.new_sessions.add(sid)
         state.touched_sessions.add(sid)
-        key = group_key(session)
-        group = state.groups.get(key)
+        _add(self._of(session), m.SESSIONS_TOTAL)
+        if conflict is not None:  # it cannot join its group: failed on its own, no row, no group count
+            self._fail(session, position, recorded_at, conflict[1])
+            self._error(position, sid, "SessionCreated", conflict[0], conflict[1], FAILED)
+            return
         if group is None:
             group = state.groups[key] = {
                 "run": run, "uid": uid, "partition": partition, "global_step": step,
                 "data_source": source, "group_size": e["group_size"], "sessions_seen": 0, "terminal": 0,
                 "succeeded": 0, "failed": 0, "cancelled": 0, "reward_sum": 0.0, "reward_count": 0,
-                "status": "pending", "settled_position": None,
+                "status": "pending", "settled_position": None, "members": [],
             }
             state.new_groups.add(key)
             _add(self._of(group), m.GROUPS_TOTAL)
         state.touched_groups.add(key)
         group["sessions_seen"] += 1
-        _add(self._of(session), m.SESSIONS_TOTAL)
+        group["members"] = sorted((*group["members"], e["session_index"]))
+        if problem is not None:  # a valid identity, another field unstorable: failed, with its row
+            self._quarantine(session, position, "SessionCreated", problem, recorded_at)
 
     def _started(self, s: Row, position: int, e: dict[str, Any], recorded_at: Any) -> None:
         s["state"] = "running"
@@ -189,7 +227,13 @@ class Rules:
         return self.state.trajectories.pop(s["session_id"], None) or {}
 
     def _succeeded(self, s: Row, position: int, e: dict[str, Any], recorded_at: Any) -> None:
-        known = self._terminal(s, "succeeded", position, recorded_at)
+        known = self.state.trajectories.get(s["session_id"]) or {}
+        missing = [index for index in e["selected"] if index not in known]
+        if missing:
+            self._quarantine(s, position, "SessionSucceeded", (
+                "selected", f"selects trajectory {missing[0]}, which has no TrajectoryRecorded before it"), recorded_at)
+            return
+        self._terminal(s, "succeeded", position, recorded_at)
         score, selected = e["score"], e["selected"]
         reward = 0.0 if score is None else float(score)
         s["reward"], s["score_source"], s["selected_rows"] = score, e["score_source"], len(selected)
@@ -198,11 +242,6 @@ class Rules:
         if score is None:
             _add(tables, m.REWARD_ABSENT)
         for index in selected:
-            if index not in known:
-                raise ProjectionError(
-                    f"SessionSucceeded at position {position} selects trajectory {index} of session "
-                    f"{s['session_id']!r}, which has no such TrajectoryRecorded; run `rollout-ledger audit`"
-                )
             source_position, data = known[index]
             self._row(s, position, index, source_position, reward, data=data)
         self._settle(s, position, reward)
@@ -219,14 +258,16 @@ class Rules:
         # else: the session settles at its PlaceholderEmitted, so its row precedes the group tag.
 
     def _placeholder(self, s: Row, position: int, e: dict[str, Any], recorded_at: Any) -> None:
-        if s["state"] != "failed" or s["placeholder"]:
-            log.warning("ignoring PlaceholderEmitted at position %s: session %s is %s", position, s["session_id"], s["state"])
+        if s["placeholder"]:
+            self._error(position, s["session_id"], "PlaceholderEmitted", None, "the session's placeholder was already emitted", IGNORED)
             return
         reward = float(e.get("reward", 0.0))
+        self._emit_placeholder(s, position, reward, e["reason"], e.get("materialization_reason", "session_failed"))
+
+    def _emit_placeholder(self, s: Row, position: int, reward: float, reason: str, materialization: str) -> None:
         s["placeholder"] = True
         s["selected_rows"] = 1
-        self._row(s, position, 0, position, reward, data=None, failure_reason=e["reason"],
-                  materialization_reason=e.get("materialization_reason", "session_failed"))
+        self._row(s, position, 0, position, reward, data=None, failure_reason=reason, materialization_reason=materialization)
         _add(self._of(s), m.PLACEHOLDERS)
         self._settle(s, position, reward)
 
@@ -235,6 +276,39 @@ class Rules:
         s["message"] = e.get("message")
         _add(self._of(s), m.SESSIONS_CANCELLED)
         self._settle(s, position, None)
+
+    # -------------------------------------------------------- quarantine
+    def _error(self, position: int, sid: str, type_: str, field_: str | None, reason: str, outcome: str) -> None:
+        self.state.errors.append({
+            "position": position, "session_id": clean_text(sid, 128), "type": clean_text(type_, 64),
+            "field": None if field_ is None else clean_text(field_, 128), "reason": clean_text(reason, 512), "outcome": outcome,
+        })
+
+    def _fail(self, s: Row, position: int, recorded_at: Any, reason: str) -> None:
+        """Fail a session as unprojectable and count it (its row and group are the caller's).
+        `terminal_at` stays NULL: no event of the runner's carries the time of this failure (and a
+        rebuild reads `recorded_at` only of creations and terminal events)."""
+        self._terminal(s, "failed", position, None)
+        s["failure_reason"], s["error_type"] = UNPROJECTABLE, None
+        s["message"] = clean_text(f"event at position {position} could not be projected: {reason}", 512)
+        tables = self._of(s)
+        _add(tables, m.SESSIONS_FAILED)
+        _add(tables, m.FAILED_BY_REASON.format(reason=UNPROJECTABLE))
+
+    def _quarantine(self, s: Row, position: int, type_: str, problem: tuple[str | None, str], recorded_at: Any) -> None:
+        """An event of session `s` cannot be projected: list it; fail the session (placeholder
+        included, so its group settles) unless it is over already."""
+        field_, reason = problem
+        if s["state"] == "failed" and not s["placeholder"] and type_ == "PlaceholderEmitted":
+            self._emit_placeholder(s, position, 0.0, s["failure_reason"] or UNPROJECTABLE, "session_failed")
+            self._error(position, s["session_id"], type_, field_, reason, "placeholder_emitted")
+            return
+        if s["state"] in _TERMINAL:
+            self._error(position, s["session_id"], type_, field_, reason, IGNORED)
+            return
+        self._fail(s, position, recorded_at, reason)
+        self._emit_placeholder(s, position, 0.0, UNPROJECTABLE, "session_failed")
+        self._error(position, s["session_id"], type_, field_, reason, FAILED)
 
     # ------------------------------------------------------------ output
     def _queue(self, row: Row) -> None:
@@ -307,6 +381,18 @@ class Rules:
                 "tags": {"is_prompt": True, "status": group["status"], "global_steps": group["global_step"]},
                 "produced_position": position,
             })
+
+
+_TERMINAL = frozenset({"succeeded", "failed", "cancelled"})
+
+
+def _group_conflict(group: Row, e: dict[str, Any]) -> tuple[str, str] | None:
+    """Why a new session cannot join an existing group: another size, or a taken index."""
+    if e["group_size"] != group["group_size"]:
+        return ("group_size", f"group_size {e['group_size']} differs from its group's {group['group_size']}")
+    if e["session_index"] in group["members"]:
+        return ("session_index", f"session_index {e['session_index']} is taken in its group")
+    return None
 
 
 def _add(tables: list[m.MetricTable], name: str, amount: float = 1.0) -> None:
