@@ -125,12 +125,23 @@ class EventStore:
             for request in batch:
                 await self._commit([request], careful=True)
             return
-        except BaseException as error:  # noqa: BLE001 - every waiter must hear about it
+        except Exception as error:  # noqa: BLE001 - e.g. the driver refusing one row's value
+            # Not the database's verdict on the batch but one row the driver could not bind (an
+            # integer out of range, text that is not UTF-8): one caller's bad append must not
+            # fail its neighbours (DESIGN §4), so each request is redone on its own.
+            if len(batch) == 1:
+                _settle(batch[0], _wrap(error, batch[0]))
+                return
+            log.debug("group commit of %d appends failed (%r); redoing them one by one", len(batch), error)
             for request in batch:
-                _settle(request, error if isinstance(error, Exception) else StoreError(repr(error)))
-            if not isinstance(error, Exception):
-                raise
+                self._versions.pop(request.session_id, None)
+            for request in batch:
+                await self._commit([request], careful=True)
             return
+        except BaseException as error:  # cancelled or interrupted: every waiter must hear about it
+            for request in batch:
+                _settle(request, StoreError(f"the append was interrupted ({error!r}); nothing of it is known to be written"))
+            raise
         self.batches_committed += 1
         for request, outcome in zip(batch, outcomes):
             if isinstance(outcome, Exception):
