@@ -29,10 +29,14 @@ from sessions.recorder import (
     failure_reason,
     stored_bytes,
 )
-from store import AsyncEngine, EventStore, GroupConflict, StoredJSONError, check_schema, create_engine, normalize_url, upgrade
+from store import (
+    AsyncEngine, EventStore, GroupConflict, StoredJSONError, check_schema, create_engine, normalize_url, retry_transient, upgrade,
+)
 from store import read_models as rm
 
 DEFAULT_RUN = "default"
+#: Seconds `run_session` waits, past the runner's timeout, for the session's end to be recorded.
+RECORDING_TIMEOUT = 10.0
 
 Runner = Callable[[SessionHandle], Awaitable[Any]]
 
@@ -57,6 +61,8 @@ class Ledger:
         self.trajectory_selection = trajectory_selection
         self.limits = limits or Limits()
         self.projector = Projector(engine, sinks=sinks, store=self.store)
+        #: `run_session` work whose recording outlived its call (see `recording_timeout`).
+        self._recording: set[asyncio.Future[SessionOutcome]] = set()
 
     @classmethod
     @asynccontextmanager
@@ -83,10 +89,11 @@ class Ledger:
         limits = Limits(max_event_bytes, max_session_events, max_session_bytes)
         engine = create_engine(normalize_url(url), **engine_kwargs)
         try:
+            # A connection dropped while opening (a PostgreSQL restart) is retried like an append.
             if migrate:
-                await upgrade(engine)
+                await retry_transient(lambda: upgrade(engine), what="open (migrate)")
             else:
-                await check_schema(engine)
+                await retry_transient(lambda: check_schema(engine), what="open (schema check)")
             ledger = cls(
                 engine, run=run, placeholder_policy=placeholder_policy,
                 trajectory_selection=trajectory_selection, sinks=sinks, limits=limits,
@@ -99,6 +106,10 @@ class Ledger:
             await engine.dispose()
 
     async def close(self) -> None:
+        """Close the store once recordings still under way in the background have landed (each
+        within its own retry budget; see `run_session`)."""
+        if self._recording:
+            await asyncio.wait(set(self._recording))
         await self.store.close()
 
     # ------------------------------------------------------------- sessions
@@ -193,14 +204,39 @@ class Ledger:
                 await handle.complete()
 
     async def run_session(
-        self, runner: Runner, session_id: str, /, *, timeout: float | None = None, **kwargs: Any
+        self, runner: Runner, session_id: str, /, *, timeout: float | None = None,
+        recording_timeout: float = RECORDING_TIMEOUT, **kwargs: Any,
     ) -> SessionOutcome:
         """Run `runner(handle)` as a session under an asyncio timeout.
 
         A runner's failure or timeout is recorded and reported in the outcome, never raised;
         cancellation is recorded and re-raised. Errors of the ledger itself (bad identifiers,
         database failures) do raise.
+
+        With a `timeout`, the call returns within `timeout + recording_timeout` seconds even when
+        the database keeps the recording waiting (a lock held elsewhere): the outcome then has
+        state `recording` and a `TimeoutError`; the recording goes on in the background and lands
+        when the database frees (or `rollout-ledger recover` fails the session as orphaned).
         """
+        work = asyncio.ensure_future(self._run_session(runner, session_id, timeout, kwargs))
+        if timeout is None:
+            return await work
+        try:
+            done, _ = await asyncio.wait({work}, timeout=timeout + recording_timeout)
+        except asyncio.CancelledError:
+            work.cancel()  # the session records its cancellation (bounded as below), then re-raises
+            await asyncio.wait({work}, timeout=recording_timeout)
+            raise
+        if done:
+            return work.result()
+        self._recording.add(work)
+        work.add_done_callback(self._recording.discard)
+        return SessionOutcome(session_id, "recording", "timeout", TimeoutError(
+            f"session {session_id!r}: the runner's {timeout}s ran out and recording its end took longer than "
+            f"recording_timeout={recording_timeout}s (the database is busy); it goes on in the background"
+        ))
+
+    async def _run_session(self, runner: Runner, session_id: str, timeout: float | None, kwargs: dict[str, Any]) -> SessionOutcome:
         handle = await self.create_session(session_id, timeout_s=timeout, **kwargs)
         try:
             if timeout is None:
@@ -218,7 +254,6 @@ class Ledger:
         if not handle.terminal:
             await handle.complete()
         return SessionOutcome(session_id, handle.state, handle.view.failure_reason)
-
 
     # ----------------------------------------------------------- projection
     async def project(self) -> int:
@@ -310,4 +345,4 @@ async def _settle_or_note(settle: Awaitable[Any], original: BaseException) -> No
         raise original from error
 
 
-__all__ = ["DEFAULT_RUN", "Ledger", "Runner", "failure_reason"]
+__all__ = ["DEFAULT_RUN", "RECORDING_TIMEOUT", "Ledger", "Runner", "failure_reason"]

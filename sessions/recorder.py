@@ -12,7 +12,7 @@ from typing import Any
 from sessions import aggregate as agg
 from sessions import events as ev
 from sessions import tokens, validation
-from sessions.errors import InvalidInput, RolloutFailure
+from sessions.errors import InvalidInput, LedgerError, RolloutFailure
 from sessions import storable
 from sessions.placeholder import PlaceholderPolicy
 from store import EventStore
@@ -136,6 +136,19 @@ class SessionHandle:
         self._limits = limits or Limits()
         self._bytes = stored_bytes  # the stream's size as `Limits` counts it
         self._lock = asyncio.Lock()
+        self._loop = asyncio.get_running_loop()
+
+    def _locked(self) -> asyncio.Lock:
+        """The handle's command lock, once it is certain this is the handle's own event loop: a
+        handle (its lock, its store's group-commit worker) belongs to the loop it was made on, and
+        used from another one it would wait forever on a lock or a worker nobody runs."""
+        if asyncio.get_running_loop() is not self._loop:
+            raise LedgerError(
+                f"session {self.session_id!r}: this SessionHandle was made on another event loop "
+                f"({'closed' if self._loop.is_closed() else 'still open'}); a handle and its ledger serve the loop "
+                "they were opened on — open the ledger in this loop, or use Ledger.load_session there"
+            )
+        return self._lock
 
     # ----------------------------------------------------------- properties
     @property
@@ -162,7 +175,7 @@ class SessionHandle:
     # -------------------------------------------------------------- commands
     async def start(self, *, attempt: int | None = None, timeout_s: float | None = None) -> None:
         """Start a session created with `start=False` (created -> running)."""
-        async with self._lock:
+        async with self._locked():
             await self._commit(agg.decide_start(self._view, attempt=attempt, timeout_s=timeout_s))
 
     async def record_trajectory(
@@ -182,7 +195,7 @@ class SessionHandle:
         if not isinstance(num_turns, int) or isinstance(num_turns, bool) or num_turns < 0:
             raise InvalidInput(sid, "num_turns", f"must be an integer >= 0, got {num_turns!r}")
         extra = validation.json_dict(sid, "extra", extra)
-        async with self._lock:
+        async with self._locked():
             event = ev.TrajectoryRecorded(
                 index=len(self._view.trajectories),
                 num_turns=num_turns,
@@ -201,13 +214,13 @@ class SessionHandle:
         """Post the reward (None = absent) and diagnostics; info merges into reward_info by key."""
         reward = validation.reward(self.session_id, "reward", reward)
         info = validation.json_dict(self.session_id, "info", info)
-        async with self._lock:
+        async with self._locked():
             await self._commit(agg.decide_reward(self._view, reward, info), capped="info")
 
     async def complete(self, *, score: float | None = None, trajectory_selection: str | None = None) -> str:
         """End the session: `succeeded`, or `failed`/`empty_output` without a trajectory. Returns the state."""
         score = validation.reward(self.session_id, "score", score)
-        async with self._lock:
+        async with self._locked():
             decided = agg.decide_complete(
                 self._view, self._policy, score=score, selection=trajectory_selection or self._selection
             )
@@ -215,7 +228,7 @@ class SessionHandle:
         return self.state
 
     async def fail(self, reason: str = "runner_error", *, message: str = "", error_type: str | None = None) -> None:
-        async with self._lock:
+        async with self._locked():
             await self._commit(agg.decide_fail(self._view, self._policy, reason, message=message, error_type=error_type))
 
     async def fail_with(self, error: BaseException) -> None:
@@ -223,7 +236,7 @@ class SessionHandle:
         await self.fail(failure_reason(error), message=str(error) or repr(error), error_type=type(error).__qualname__)
 
     async def cancel(self, message: str | None = None) -> None:
-        async with self._lock:
+        async with self._locked():
             await self._commit(agg.decide_cancel(self._view, message=message))
 
     # -------------------------------------------------------------- internals

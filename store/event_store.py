@@ -47,6 +47,7 @@ class EventStore:
         #: Stream versions as of this store's last commits (see `_resolve`).
         self._versions: dict[str, int] = {}
         self._conn: AsyncConnection | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         self.batches_committed = 0
         self.events_committed = 0
 
@@ -68,6 +69,14 @@ class EventStore:
         """
         if self._closed:
             raise StoreError("the event store is closed; open the ledger again")
+        loop = asyncio.get_running_loop()
+        if self._loop is None:
+            self._loop = loop
+        elif loop is not self._loop:
+            raise StoreError(
+                "this event store belongs to another event loop: its group-commit worker runs there, so an append "
+                "from this loop would wait forever — open the ledger on the loop that records"
+            )
         _check_versions(session_id, expected_version, new_events)
         future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         if not new_events:
