@@ -100,7 +100,10 @@ def mask_array(session_id: str, values: Any, length: int) -> np.ndarray:
 
 
 def logprob_array(session_id: str, values: Any, length: int) -> np.ndarray:
-    array = _as_1d(session_id, "response_logprobs", values).astype(np.float32)
+    array = _as_1d(session_id, "response_logprobs", values)
+    if array.dtype.kind not in "fiu":
+        raise InvalidInput(session_id, "response_logprobs", f"must hold numbers, got dtype {array.dtype}")
+    array = array.astype(np.float32)
     if array.shape[0] != length:
         raise InvalidInput(session_id, "response_logprobs", f"has length {array.shape[0]} but response_ids has {length}")
     if not np.all(np.isfinite(array)):
@@ -148,8 +151,8 @@ def json_dict(session_id: str, field: str, value: Mapping[str, Any] | None) -> d
 
 
 def _as_1d(session_id: str, field: str, values: Any) -> np.ndarray:
-    if hasattr(values, "detach"):  # torch tensor
-        values = values.detach().cpu().numpy()
+    if hasattr(values, "detach"):  # a torch tensor, of any dtype, on any device
+        values = _tensor_to_numpy(session_id, field, values)
     try:
         array = np.asarray(values)
     except (TypeError, ValueError) as error:
@@ -159,3 +162,19 @@ def _as_1d(session_id: str, field: str, values: Any) -> np.ndarray:
     if array.dtype == object:
         raise InvalidInput(session_id, field, "must hold numbers only")
     return array
+
+
+def _tensor_to_numpy(session_id: str, field: str, tensor: Any) -> np.ndarray:
+    """A tensor's values as numpy, whatever its device and dtype (bfloat16 and float16 have no
+    numpy twin: widened to float32, exactly). A meta tensor has no values to record."""
+    if getattr(tensor, "is_meta", False) or str(getattr(tensor, "device", "")) == "meta":
+        raise InvalidInput(session_id, field, "is a tensor on the 'meta' device, which holds no values; pass real values (e.g. .to('cpu') after filling it)")
+    tensor = tensor.detach()
+    if tensor.is_complex():
+        raise InvalidInput(session_id, field, f"must hold real numbers, got a {tensor.dtype} tensor")
+    if str(tensor.dtype) in ("torch.bfloat16", "torch.float16") or "float8" in str(tensor.dtype):
+        tensor = tensor.float()
+    try:
+        return tensor.cpu().numpy()
+    except (TypeError, RuntimeError) as error:
+        raise InvalidInput(session_id, field, f"cannot be read as numbers ({tensor.dtype} on {tensor.device}): {error}") from None
