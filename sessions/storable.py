@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -122,6 +122,7 @@ DECLARATION: dict[str, dict[str, Field]] = {
 IDENTITY = ("run", "uid", "session_index", "group_size", "partition", "global_step")
 
 _SESSION_ID = column_spec("events.session_id")
+_ABSENT = object()
 
 
 def _problem(name: str, field: Field, spec: ColumnSpec, value: Any) -> str | None:
@@ -150,11 +151,82 @@ def _problem(name: str, field: Field, spec: ColumnSpec, value: Any) -> str | Non
     return None
 
 
+def _fast_test(field: Field, spec: ColumnSpec, constants: dict[str, Any]) -> str:
+    """A Python expression in `v`, true only for values certainly storable in this field: the
+    common values (small ints, ASCII labels, finite floats, empty or plain dicts) pass without a
+    function call, and everything else goes to the full check, which also words the problem."""
+    def maybe_none(test: str) -> str:
+        return f"(v is None or ({test}))" if spec.nullable else f"({test})"
+
+    if field.kind == "int_list":
+        return "(type(v) is list and all(type(i) is int and 0 <= i < 2147483648 for i in v))"
+    if field.choices is not None:  # None is in no set of choices
+        name = f"choices_{len(constants)}"
+        constants[name] = frozenset(c for c in field.choices if isinstance(c, str))
+        return f"(type(v) is str and v in {name})"
+    if field.free_text and spec.kind == "json":
+        return "(v is None or (type(v) is dict and (not v or plain(v))))"
+    if spec.kind == "int":
+        low, high = spec.int_range or (-(2**63), 2**63 - 1)
+        if field.minimum is not None:
+            low = max(low, math.ceil(field.minimum) + (1 if field.exclusive_minimum else 0))
+        return maybe_none(f"type(v) is int and {low} <= v <= {high}")
+    if spec.kind == "float" and field.minimum is None:
+        return maybe_none("type(v) is float and isfinite(v)")
+    if spec.kind == "bool":
+        return maybe_none("type(v) is bool")
+    if spec.kind == "str":
+        shortest = 0 if field.free_text else int(field.minimum or 0)
+        longest = spec.max_length or 2**62
+        forbidden = "".join(f" and {c!r} not in v" for c in field.forbidden)
+        return maybe_none(f"type(v) is str and {shortest} <= len(v) <= {longest} and v.isascii() and '\\x00' not in v{forbidden}")
+    return "False"  # the rare rest (a float with a minimum): always the full check
+
+
+def _compile_fast(type_: str, checks: list[tuple[str, Field, ColumnSpec]]) -> Callable[[Mapping[str, Any]], bool]:
+    """One function per event type that tests every field's `_fast_test` inline: the check the
+    projector runs on every event of a replay, so it costs about one call per event."""
+    constants: dict[str, Any] = {"ABSENT": _ABSENT, "plain": _plain, "isfinite": math.isfinite}
+    lines = [f"def fast_{type_}(d):", "    get = d.get"]
+    for name, field, spec in checks:
+        lines.append(f"    v = get({name!r}, ABSENT)")
+        lines.append(f"    if v is not ABSENT and not {_fast_test(field, spec, constants)}: return False")
+    lines.append("    return True")
+    exec("\n".join(lines), constants)  # noqa: S102 - source built above from the declaration alone
+    return constants[f"fast_{type_}"]  # type: ignore[no-any-return]
+
+
+def _plain(value: Any) -> bool:
+    """A JSON value of ASCII strings without NUL, ints, finite floats, bools and None only."""
+    kind = type(value)
+    if kind is str:
+        return value.isascii() and "\x00" not in value
+    if kind is int or kind is bool or value is None:
+        return True
+    if kind is float:
+        return math.isfinite(value)
+    if kind is dict:
+        return all(type(k) is str and k.isascii() and "\x00" not in k and _plain(v) for k, v in value.items())
+    if kind is list:
+        return all(_plain(v) for v in value)
+    return False
+
+
 _Checks = list[tuple[str, Field, ColumnSpec]]
 _CHECKS: dict[str, _Checks] = {
     type_: [(name, field, field.spec()) for name, field in fields.items()] for type_, fields in DECLARATION.items()
 }
+_FAST: dict[str, Callable[[Mapping[str, Any]], bool]] = {type_: _compile_fast(type_, checks) for type_, checks in _CHECKS.items()}
 assert set(ev.EVENT_TYPES) == set(DECLARATION), "every event type needs its fields declared"
+
+
+def _cross_check(type_: str, data: Mapping[str, Any]) -> tuple[str, str] | None:
+    """What one field cannot say alone: a session's index lies inside its group."""
+    if type_ == "SessionCreated":
+        index, size = data.get("session_index"), data.get("group_size")
+        if index is not None and size is not None and index >= size:
+            return ("session_index", f"must be in [0, group_size={size}), got {index}")
+    return None
 
 
 def clean_text(value: str, limit: int | None = None) -> str:
@@ -196,12 +268,15 @@ def problems(type_: str, data: Mapping[str, Any]) -> tuple[dict[str, Any], list[
 
     A field missing from `data` takes its event class's default (the decoder has already refused
     data that lacks a required field)."""
+    if _FAST[type_](data):
+        cross = _cross_check(type_, data)
+        return data, ([cross] if cross else [])  # type: ignore[return-value]
     cleaned: dict[str, Any] | None = None
     found: list[tuple[str, str]] = []
     for name, field, spec in _CHECKS[type_]:
-        if name not in data:
+        value = data.get(name, _ABSENT)
+        if value is _ABSENT:
             continue
-        value = data[name]
         if field.free_text:
             fixed = _clean(field, spec, value)
             if fixed is not value and fixed != value:
@@ -219,11 +294,11 @@ def problems(type_: str, data: Mapping[str, Any]) -> tuple[dict[str, Any], list[
         problem = _problem(name, field, spec, value)
         if problem is not None:
             found.append((name, problem))
-    if type_ == "SessionCreated" and not found:
-        index, size = data.get("session_index"), data.get("group_size")
-        if index >= size:
-            found.append(("session_index", f"must be in [0, group_size={size}), got {index}"))
-    return (cleaned if cleaned is not None else dict(data)), found
+    if not found:
+        cross = _cross_check(type_, data)
+        if cross:
+            found.append(cross)
+    return (cleaned if cleaned is not None else data), found  # type: ignore[return-value]
 
 
 def session_id_problem(session_id: Any) -> str | None:

@@ -7,6 +7,8 @@ GC paused, after checking once that they match this tensordict version's own.
 
 from __future__ import annotations
 
+from sessions.gc_pause import gc_paused
+
 import gc
 from contextlib import contextmanager
 from typing import Any, Iterator, Mapping
@@ -91,19 +93,6 @@ def non_tensor_stack(values: list[Any]) -> NonTensorStack:
     if _DIRECT_STACKS and values and SCALAR_TYPES.issuperset(map(type, values)):
         return _direct_stack(values)
     return NonTensorStack.from_list(list(values))
-
-
-@contextmanager
-def gc_paused() -> Iterator[None]:
-    """Pause the cyclic garbage collector for a block (unless it is already off); restore after."""
-    if not gc.isenabled():
-        yield
-        return
-    gc.disable()
-    try:
-        yield
-    finally:
-        gc.enable()
 
 
 def set_non_tensor_columns(batch: TensorDict, columns: Mapping[str, list[Any]]) -> None:

@@ -12,6 +12,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from sessions.gc_pause import gc_paused
 from sessions.projection.decoding import Decoder
 from sessions.projection.rules import Row, Rules, WorkingSet
 
@@ -54,7 +55,8 @@ class Rebuild:
     def feed(self, rows: Sequence[Sequence[Any]]) -> None:
         if not rows:
             return
-        self.rules.apply_all(self.decoder.events(rows))
+        with gc_paused():  # the rebuild only allocates rows it keeps (sessions.gc_pause says why)
+            self.rules.apply_all(self.decoder.events(rows))
         self.last_position = rows[-1][0]
         self.events += len(rows)
 

@@ -96,7 +96,10 @@ class Rules:
 
     def __init__(self, state: WorkingSet) -> None:
         self.state = state
+        self._sessions = state.sessions
+        self._touched = state.touched_sessions
         self._tables: dict[tuple[Any, ...], list[m.MetricTable]] = {}
+        self._session_tables: dict[str, list[m.MetricTable]] = {}
         self._handlers: dict[str, Callable[[Row, int, dict[str, Any], Any], None]] = {
             "SessionStarted": self._started,
             "TrajectoryRecorded": self._trajectory,
@@ -112,12 +115,12 @@ class Rules:
         if type_ == "SessionCreated":
             self._created(sid, position, version, data, recorded_at, problem)
             return
-        session = self.state.sessions.get(sid)
+        session = self._sessions.get(sid)
         if session is None:
             self._error(position, sid, type_, None, "its session has no projected SessionCreated before it", IGNORED)
             return
         session["version"] = version
-        self.state.touched_sessions.add(sid)
+        self._touched.add(sid)
         if session["failure_reason"] == UNPROJECTABLE:
             return  # quarantined: the rest of its stream is not projected
         if problem is not None:
@@ -156,6 +159,14 @@ class Rules:
     def _of(self, row: Row) -> list[m.MetricTable]:
         return self._scoped(row["run"], row["partition"], row["global_step"], row["data_source"])
 
+    def _of_session(self, s: Row) -> list[m.MetricTable]:
+        """`_of` for a session, remembered per session (its scope never changes)."""
+        sid = s["session_id"]
+        tables = self._session_tables.get(sid)
+        if tables is None:
+            tables = self._session_tables[sid] = self._of(s)
+        return tables
+
     # ---------------------------------------------------------- handlers
     def _created(
         self, sid: str, position: int, version: int, e: dict[str, Any] | None, recorded_at: Any,
@@ -185,7 +196,7 @@ class Rules:
         }
         state.new_sessions.add(sid)
         state.touched_sessions.add(sid)
-        _add(self._of(session), m.SESSIONS_TOTAL)
+        _add(self._of_session(session), m.SESSIONS_TOTAL)
         if conflict is not None:  # it cannot join its group: failed on its own, no row, no group count
             self._fail(session, position, recorded_at, conflict[1])
             self._error(position, sid, "SessionCreated", conflict[0], conflict[1], FAILED)
@@ -237,7 +248,7 @@ class Rules:
         score, selected = e["score"], e["selected"]
         reward = 0.0 if score is None else float(score)
         s["reward"], s["score_source"], s["selected_rows"] = score, e["score_source"], len(selected)
-        tables = self._of(s)
+        tables = self._of_session(s)
         _add(tables, m.SESSIONS_SUCCEEDED)
         if score is None:
             _add(tables, m.REWARD_ABSENT)
@@ -250,7 +261,7 @@ class Rules:
         self._terminal(s, "failed", position, recorded_at)
         reason = e["reason"]
         s["failure_reason"], s["error_type"], s["message"] = reason, e["error_type"], e["message"]
-        tables = self._of(s)
+        tables = self._of_session(s)
         _add(tables, m.SESSIONS_FAILED)
         _add(tables, m.FAILED_BY_REASON.format(reason=reason))
         if e.get("placeholder", "emit") == "drop":
@@ -268,13 +279,13 @@ class Rules:
         s["placeholder"] = True
         s["selected_rows"] = 1
         self._row(s, position, 0, position, reward, data=None, failure_reason=reason, materialization_reason=materialization)
-        _add(self._of(s), m.PLACEHOLDERS)
+        _add(self._of_session(s), m.PLACEHOLDERS)
         self._settle(s, position, reward)
 
     def _cancelled(self, s: Row, position: int, e: dict[str, Any], recorded_at: Any) -> None:
         self._terminal(s, "cancelled", position, recorded_at)
         s["message"] = e.get("message")
-        _add(self._of(s), m.SESSIONS_CANCELLED)
+        _add(self._of_session(s), m.SESSIONS_CANCELLED)
         self._settle(s, position, None)
 
     # -------------------------------------------------------- quarantine
@@ -291,7 +302,7 @@ class Rules:
         self._terminal(s, "failed", position, None)
         s["failure_reason"], s["error_type"] = UNPROJECTABLE, None
         s["message"] = clean_text(f"event at position {position} could not be projected: {reason}", 512)
-        tables = self._of(s)
+        tables = self._of_session(s)
         _add(tables, m.SESSIONS_FAILED)
         _add(tables, m.FAILED_BY_REASON.format(reason=UNPROJECTABLE))
 
@@ -342,14 +353,17 @@ class Rules:
             },
             "produced_position": position,
         })
-        for table in self._of(s):
-            table.add(m.ROWS)
-            table.add(m.REWARD_SUM, reward)
+        for table in self._of_session(s):  # `MetricTable.add` inlined: this runs once per row and scope
+            values = table.values
+            table.dirty = True
+            values[_ROWS] = values.get(_ROWS, 0.0) + 1.0
+            values[_REWARD_SUM] = values.get(_REWARD_SUM, 0.0) + reward
             if not placeholder:
-                table.add(m.ROWS_SUCCEEDED)
-                table.add(m.REWARD_SUM_SUCCESS, reward)
-                table.add(m.RESPONSE_LENGTH_SUM, response_len)
-                table.maximum(m.RESPONSE_LENGTH_MAX, response_len)
+                values[_ROWS_SUCCEEDED] = values.get(_ROWS_SUCCEEDED, 0.0) + 1.0
+                values[_REWARD_SUM_SUCCESS] = values.get(_REWARD_SUM_SUCCESS, 0.0) + reward
+                values[_LENGTH_SUM] = values.get(_LENGTH_SUM, 0.0) + response_len
+                if response_len > values.get(_LENGTH_MAX, _MINUS_INF):
+                    values[_LENGTH_MAX] = float(response_len)
 
     def _settle(self, s: Row, position: int, value: float | None) -> None:
         """A session is done for projection: count it in its group; tag the group once all are."""
@@ -395,6 +409,14 @@ def _group_conflict(group: Row, e: dict[str, Any]) -> tuple[str, str] | None:
     return None
 
 
+_ROWS, _REWARD_SUM, _ROWS_SUCCEEDED = m.ROWS, m.REWARD_SUM, m.ROWS_SUCCEEDED
+_REWARD_SUM_SUCCESS, _LENGTH_SUM, _LENGTH_MAX = m.REWARD_SUM_SUCCESS, m.RESPONSE_LENGTH_SUM, m.RESPONSE_LENGTH_MAX
+_MINUS_INF = float("-inf")
+
+
 def _add(tables: list[m.MetricTable], name: str, amount: float = 1.0) -> None:
+    """`MetricTable.add` on each table, inlined (the rules' hottest call)."""
     for table in tables:
-        table.add(name, amount)
+        values = table.values
+        values[name] = values.get(name, 0.0) + amount
+        table.dirty = True
