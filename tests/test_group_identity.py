@@ -139,3 +139,19 @@ def test_two_processes_racing_for_one_slot_one_wins(db_url: str, sizes: tuple[in
 async def _migrate(url: str) -> None:
     async with Ledger.open(url):
         pass
+
+
+async def test_the_demo_with_reused_uids_projects_and_exports_every_step(tmp_path: Path) -> None:
+    from sessions.batches import to_plain_dict
+    from sessions.cli.demo import DemoConfig, run_demo
+
+    async with Ledger.open(tmp_path / "demo.db", run="reuse") as ledger:
+        await run_demo(ledger, DemoConfig(steps=3, prompts=3, group_size=2, fail_rate=0.3, cancel_rate=0.0, seed=5,
+                                          reuse_uids=True))
+        await ledger.project()
+        uids_by_step = []
+        for step in range(3):
+            plain = to_plain_dict(await ledger.batch("val", step, timeout=30))
+            assert len(plain["key"]) == 6 and set(plain["global_step"]) == {step}
+            uids_by_step.append(sorted(set(plain["uid"])))
+        assert uids_by_step[0] == uids_by_step[1] == uids_by_step[2] and len(uids_by_step[0]) == 3

@@ -36,6 +36,9 @@ class DemoConfig:
     cancel_rate: float = 0.05
     seed: int = 0
     concurrency: int = 256
+    #: The same uids at every step, as when dataset prompt ids serve as uids: each step's
+    #: groups are still their own (a group is (run, partition, global_step, uid)).
+    reuse_uids: bool = False
 
     def __post_init__(self) -> None:
         for name in ("steps", "prompts", "group_size", "concurrency"):
@@ -133,13 +136,13 @@ async def run_demo(ledger: Ledger, config: DemoConfig, *, on_session: Callable[[
         jobs = []
         for partition in ("train", "val"):
             for p in range(config.prompts):
-                uid = f"{run_tag}-{partition}{step}-p{p}"
+                uid = f"{run_tag}-p{p}" if config.reuse_uids else f"{run_tag}-{partition}{step}-p{p}"
                 difficulty = rng.betavariate(2, 2)
                 source = DATA_SOURCES[p % len(DATA_SOURCES)]
                 for k in range(config.group_size):
                     plan = plan_session(rng, config, difficulty)
                     jobs.append(one(
-                        f"{uid}-s{k}", plan, uid=uid, session_index=k, group_size=config.group_size,
+                        f"{run_tag}-{partition}{step}-p{p}-s{k}", plan, uid=uid, session_index=k, group_size=config.group_size,
                         partition=partition, global_step=step, data_source=source, runner="demo-agent",
                     ))
         await asyncio.gather(*jobs)

@@ -14,6 +14,7 @@ from typing import Any
 from sessions.cli.errors import EXIT_ERROR, drained, guarded
 from sessions.placeholder import PARTITIONS
 from store import normalize_url
+from store import read_models as rm
 
 
 def _step(text: str) -> int | None:
@@ -53,6 +54,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--cancel-rate", type=_rate, default=0.05)
     demo.add_argument("--seed", type=int, default=0)
     demo.add_argument("--run", default=None, help="run name (default: a new unique name)")
+    demo.add_argument("--reuse-uids", action="store_true",
+                      help="the same uids at every step (dataset prompt ids as uids); each step's groups stay their own")
 
     project = verbs.add_parser("project", parents=[common], help="run the projector to the end of the log")
     project.add_argument("--follow", action="store_true", help="keep tailing the log until interrupted")
@@ -131,7 +134,8 @@ async def _cmd_demo(args: argparse.Namespace) -> int:
     from sessions.cli.render import console as make_console
     from sessions.cli.render import summary_table
 
-    config = DemoConfig(args.steps, args.prompts, args.group_size, args.fail_rate, args.cancel_rate, args.seed)
+    config = DemoConfig(args.steps, args.prompts, args.group_size, args.fail_rate, args.cancel_rate, args.seed,
+                        reuse_uids=args.reuse_uids)
     run = args.run or new_run_name()
     console = make_console()
     total = config.steps * 2 * config.prompts * config.group_size
@@ -166,19 +170,39 @@ async def _cmd_project(args: argparse.Namespace) -> int:
 
     async with Ledger.open(args.db) as ledger:
         if not args.follow:
+            async with ledger.engine.connect() as conn:
+                before = await rm.get_checkpoint(conn)
             count = await ledger.project()
             print(f"projected {count} events")
+            await _report_quarantined(ledger, after=before)
             return 0
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(signum, stop.set)  # finish the page in hand, then exit 0
+        def page(r: Any) -> None:
+            quarantined = f", {r.quarantined} quarantined (see projection_errors)" if r.quarantined else ""
+            print(f"projected {r.events} events up to position {r.last_position}{quarantined}", flush=True)
+
         total = await ledger.projector.follow(
-            stop, poll_interval=args.poll, backoff=args.backoff, max_backoff=args.max_backoff,
-            on_page=lambda r: print(f"projected {r.events} events up to position {r.last_position}", flush=True),
+            stop, poll_interval=args.poll, backoff=args.backoff, max_backoff=args.max_backoff, on_page=page,
         )
         print(f"projected {total} events")
     return 0
+
+
+async def _report_quarantined(ledger: Any, *, after: int) -> None:
+    """Name every event this projection quarantined (DESIGN §7), a line each, on stdout."""
+    async with ledger.engine.connect() as conn:
+        errors = await rm.projection_error_rows(conn, after=after)
+    if not errors:
+        return
+    print(f"{len(errors)} event(s) could not be projected and were quarantined (table projection_errors; "
+          "`rollout-ledger audit` reports them too):")
+    for error in errors:
+        where = f" field {error['field']}:" if error["field"] else ""
+        print(f"  position {error['position']} {error['type']} of session {error['session_id']!r}:{where} "
+              f"{error['reason']} -> {error['outcome']}")
 
 
 async def _cmd_metrics(args: argparse.Namespace) -> int:
