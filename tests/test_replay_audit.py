@@ -33,7 +33,7 @@ from sessions.audit.replay import replay
 from store import create_engine
 from store.migrate import upgrade
 from store.records import StoredEvent
-from store.tables import READ_MODELS, checkpoints, events, groups, metric_counts, queue_rows, sessions
+from store.tables import READ_MODELS, checkpoints, events, groups, metric_counts, projection_errors, queue_rows, sessions
 from tests import golden
 from tests.conftest import BACKENDS, backend_of, fresh_database, wipe
 
@@ -318,9 +318,10 @@ def test_audit_cli_exit_status_and_first_divergence(tmp_path: Path, capsys: pyte
 TABLES = {
     "events": (events, ("position",), ()),
     "sessions": (sessions, ("session_id",), ()),
-    "groups": (groups, ("run", "uid"), ()),
+    "groups": (groups, ("run", "partition", "global_step", "uid"), ()),
     "metric_counts": (metric_counts, ("run", "partition", "global_step", "data_source", "metric"), ()),
     "queue_rows": (queue_rows, ("id",), ()),
+    "projection_errors": (projection_errors, ("position",), ()),
     "checkpoints": (checkpoints, ("name",), ("updated_at",)),
 }
 
