@@ -5,6 +5,7 @@ metric_counts is keyed by its natural key (revision 0003) without losing a store
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import warnings
@@ -14,7 +15,7 @@ from typing import Any
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
-from sqlalchemy import inspect, text
+from sqlalchemy import Column, inspect, text
 from sqlalchemy.exc import IntegrityError
 
 from store import SchemaError, create_engine, current_revision, head_revision, upgrade
@@ -36,13 +37,19 @@ def alembic(url: str, *args: str) -> subprocess.CompletedProcess[str]:
     return result
 
 
+def _expression_indexes() -> dict[str, tuple[str, bool]]:
+    """Indexes of the metadata on expressions (e.g. coalesce over a NULLable key part): name -> (table, unique)."""
+    return {index.name: (table.name, index.unique) for table in metadata.tables.values() for index in table.indexes
+            if any(not isinstance(e, Column) for e in index.expressions)}
+
+
 def _compare(context: MigrationContext, target: Any) -> list:
-    """compare_metadata, minus SQLite's two warnings that it cannot reflect (so cannot compare)
-    the expression index `uq_metric_counts_scope`; `test_metric_counts_natural_key_*` checks that
-    index on both backends instead."""
+    """compare_metadata, minus SQLite's two warnings that it cannot reflect (so cannot compare) our
+    expression indexes; `test_every_expression_index_is_created` checks those on both backends."""
+    names = "|".join(re.escape(name) for name in _expression_indexes())
     with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="Skipped unsupported reflection of expression-based index uq_metric_counts_scope")
-        warnings.filterwarnings("ignore", message="autogenerate skipping metadata-specified expression-based index 'uq_metric_counts_scope'")
+        warnings.filterwarnings("ignore", message=f"Skipped unsupported reflection of expression-based index ({names})$")
+        warnings.filterwarnings("ignore", message=f"autogenerate skipping metadata-specified expression-based index '({names})'")
         return compare_metadata(context, target)
 
 
@@ -166,7 +173,7 @@ async def test_concurrent_opens_migrate_once(db_url: str) -> None:
 
     async def open_and_append(i: int) -> None:
         async with Ledger.open(db_url) as ledger:
-            handle = await ledger.create_session(f"c-{i}", uid="u", session_index=0, group_size=1, partition="val")
+            handle = await ledger.create_session(f"c-{i}", uid=f"u{i}", session_index=0, group_size=1, partition="val")
             await handle.cancel()
 
     await asyncio.gather(*(open_and_append(i) for i in range(3)))
@@ -184,13 +191,31 @@ INSERT_METRIC = text(
 SCOPES = [(None, None), (0, None), (None, "gsm8k"), (0, "gsm8k")]
 
 
-async def _index_sql(conn: Any) -> str | None:
-    """The stored definition of uq_metric_counts_scope, from the backend's own catalog."""
+async def _index_sql(conn: Any, name: str = "uq_metric_counts_scope", table: str = "metric_counts") -> str | None:
+    """The stored definition of an index, from the backend's own catalog (SQLite's reflection skips
+    expression indexes)."""
     if conn.dialect.name == "postgresql":
-        query = "SELECT indexdef FROM pg_indexes WHERE tablename = 'metric_counts' AND indexname = 'uq_metric_counts_scope'"
+        query = "SELECT indexdef FROM pg_indexes WHERE tablename = :table AND indexname = :name"
     else:
-        query = "SELECT sql FROM sqlite_master WHERE type = 'index' AND tbl_name = 'metric_counts' AND name = 'uq_metric_counts_scope'"
-    return (await conn.execute(text(query))).scalar_one_or_none()
+        query = "SELECT sql FROM sqlite_master WHERE type = 'index' AND tbl_name = :table AND name = :name"
+    return (await conn.execute(text(query), {"table": table, "name": name})).scalar_one_or_none()
+
+
+async def test_every_expression_index_is_created(db_url: str) -> None:
+    """What the drift check cannot see on SQLite: each expression index of the metadata exists after
+    migrating, on its table, unique where declared so."""
+    expected = _expression_indexes()
+    assert "uq_metric_counts_scope" in expected
+    engine = create_engine(db_url)
+    try:
+        await upgrade(engine)
+        async with engine.connect() as conn:
+            for name, (table, unique) in expected.items():
+                definition = await _index_sql(conn, name, table)
+                assert definition is not None, f"index {name} on {table} is missing"
+                assert ("UNIQUE" in definition.upper()) == bool(unique), definition
+    finally:
+        await engine.dispose()
 
 
 async def test_metric_counts_natural_key_refuses_a_second_row_even_with_nulls(db_url: str) -> None:
