@@ -39,7 +39,12 @@ def ids() -> Callable[[str], str]:
     return lambda name: f"{name}-{token}"
 
 
-KW: dict[str, Any] = {"uid": "u1", "session_index": 0, "group_size": 1, "partition": "val", "global_step": 0}
+def kw(**overrides: Any) -> dict[str, Any]:
+    """Identity keywords of a session in a group of its own: a fresh uid per call. A group is
+    (run, partition, global_step, uid) and refuses a second session with the same index, so the
+    sessions of this module (one shared database) must not share a uid."""
+    return {"uid": f"u{uuid.uuid4().hex[:12]}", "session_index": 0, "group_size": 1, "partition": "val",
+            "global_step": 0, **overrides}
 
 
 async def stream(ledger: Any, sid: str) -> list[ev.Event]:
@@ -96,7 +101,7 @@ def test_rollout_failure_reason_is_per_instance() -> None:
 async def test_session_context_records_the_failure_and_reraises(ledger: Any, make: Any, reason: str, ids: Any) -> None:
     error = make()
     with pytest.raises(type(error)) as info:
-        async with ledger.session(ids("s-fail"), **KW) as s:
+        async with ledger.session(ids("s-fail"), **kw()) as s:
             await s.record_trajectory(prompt_ids=[1, 2], response_ids=[3, 4])
             await s.post_reward(0.9, acc=1.0)
             raise error
@@ -119,7 +124,7 @@ async def test_session_context_records_the_failure_and_reraises(ledger: Any, mak
 
 async def test_invalid_input_raised_inside_a_session_fails_it_as_invalid_output(ledger: Any, ids: Any) -> None:
     with pytest.raises(InvalidInput) as info:
-        async with ledger.session(ids("s-bad-output"), **KW) as s:
+        async with ledger.session(ids("s-bad-output"), **kw()) as s:
             await s.record_trajectory(prompt_ids=[1], response_ids=[2, 3], response_mask=[1, 2])
     assert info.value.field == "response_mask"
     assert await types(ledger, ids("s-bad-output")) == [
@@ -133,7 +138,7 @@ async def test_invalid_input_raised_inside_a_session_fails_it_as_invalid_output(
 
 
 async def test_session_context_completes_on_normal_exit(ledger: Any, ids: Any) -> None:
-    async with ledger.session(ids("s-ok"), **KW) as s:
+    async with ledger.session(ids("s-ok"), **kw()) as s:
         await s.record_trajectory(prompt_ids=[1, 2, 3], response_ids=[4, 5], response_mask=[1, 0], num_turns=2)
         await s.post_reward(1.0, acc=1.0)
     assert s.state == "succeeded"
@@ -144,7 +149,7 @@ async def test_session_context_completes_on_normal_exit(ledger: Any, ids: Any) -
 
 
 async def test_session_context_without_trajectory_is_an_empty_output_failure(ledger: Any, ids: Any) -> None:
-    async with ledger.session(ids("s-empty"), **KW) as s:
+    async with ledger.session(ids("s-empty"), **kw()) as s:
         await s.post_reward(1.0)
     assert s.state == "failed" and s.view.failure_reason == "empty_output"
     events = await stream(ledger, ids("s-empty"))
@@ -154,14 +159,14 @@ async def test_session_context_without_trajectory_is_an_empty_output_failure(led
 
 
 async def test_session_context_respects_an_explicit_end(ledger: Any, ids: Any) -> None:
-    async with ledger.session(ids("s-explicit"), **KW) as s:
+    async with ledger.session(ids("s-explicit"), **kw()) as s:
         await s.record_trajectory(prompt_ids=[1], response_ids=[2])
         await s.fail("sandbox_error", message="tool crashed")
-    async with ledger.session(ids("s-explicit-error"), **KW) as t:
+    async with ledger.session(ids("s-explicit-error"), **kw()) as t:
         await t.cancel("not needed")
     # an exception after the session ended is re-raised but records nothing more
     with pytest.raises(RuntimeError):
-        async with ledger.session(ids("s-after-end"), **KW) as u:
+        async with ledger.session(ids("s-after-end"), **kw()) as u:
             await u.record_trajectory(prompt_ids=[1], response_ids=[2])
             await u.complete()
             raise RuntimeError("late")
@@ -190,14 +195,14 @@ async def test_run_session_records_failures_without_raising(ledger: Any, ids: An
     async def explicit(handle: Any) -> None:
         await handle.fail("finalize_error", message="reward model down")
 
-    outcome = await ledger.run_session(crashing, ids("r-crash"), **KW)
+    outcome = await ledger.run_session(crashing, ids("r-crash"), **kw())
     assert (outcome.session_id, outcome.state, outcome.failure_reason) == (ids("r-crash"), "failed", "runner_error")
     assert outcome.error is boom and not outcome.succeeded
-    outcome = await ledger.run_session(sandboxed, ids("r-sandbox"), **KW)
+    outcome = await ledger.run_session(sandboxed, ids("r-sandbox"), **kw())
     assert (outcome.state, outcome.failure_reason) == ("failed", "sandbox_error")
-    outcome = await ledger.run_session(good, ids("r-good"), **KW)
+    outcome = await ledger.run_session(good, ids("r-good"), **kw())
     assert outcome.succeeded and outcome.failure_reason is None and outcome.error is None
-    outcome = await ledger.run_session(explicit, ids("r-explicit"), **KW)
+    outcome = await ledger.run_session(explicit, ids("r-explicit"), **kw())
     assert (outcome.state, outcome.failure_reason) == ("failed", "finalize_error")
     for sid in (ids("r-crash"), ids("r-sandbox"), ids("r-explicit")):
         names = await types(ledger, sid)
@@ -215,7 +220,7 @@ async def test_run_session_timeout_records_timeout_and_returns(ledger: Any, ids:
         reached_end = True
 
     began = time.monotonic()
-    outcome = await ledger.run_session(slow, ids("r-slow"), timeout=0.05, **KW)
+    outcome = await ledger.run_session(slow, ids("r-slow"), timeout=0.05, **kw())
     elapsed = time.monotonic() - began
     assert elapsed < 5, f"the timeout did not interrupt the runner ({elapsed:.1f}s)"
     assert not reached_end
@@ -238,7 +243,7 @@ async def test_timeout_during_appends_keeps_the_handle_in_step_with_the_log(ledg
         for i in range(100_000):
             await handle.record_trajectory(prompt_ids=[1, i + 1], response_ids=[2])
 
-    outcome = await ledger.run_session(busy, ids("r-busy"), timeout=0.2, **KW)
+    outcome = await ledger.run_session(busy, ids("r-busy"), timeout=0.2, **kw())
     assert (outcome.state, outcome.failure_reason) == ("failed", "timeout")
     events = await stream(ledger, ids("r-busy"))
     recorded = sum(isinstance(e, ev.TrajectoryRecorded) for e in events)
@@ -255,7 +260,7 @@ async def test_cancelling_a_session_context_records_cancelled_and_reraises(ledge
     handles: list[Any] = []
 
     async def work() -> None:
-        async with ledger.session(ids("c-ctx"), **KW) as s:
+        async with ledger.session(ids("c-ctx"), **kw()) as s:
             handles.append(s)
             await s.record_trajectory(prompt_ids=[1], response_ids=[2])
             inside.set()
@@ -283,7 +288,7 @@ async def test_cancelling_run_session_records_cancelled_and_reraises(ledger: Any
         inside.set()
         await asyncio.sleep(10)
 
-    task = asyncio.ensure_future(ledger.run_session(runner, ids("c-run"), timeout=30, **KW))
+    task = asyncio.ensure_future(ledger.run_session(runner, ids("c-run"), timeout=30, **kw()))
     await asyncio.wait_for(inside.wait(), 5)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
@@ -310,7 +315,7 @@ async def test_cancellation_during_appends_keeps_the_handle_in_step_with_the_log
         sid = ids(f"c-busy-{attempt}")
         handles.clear()
         progress.clear()
-        task = asyncio.ensure_future(ledger.run_session(busy, sid, **KW))
+        task = asyncio.ensure_future(ledger.run_session(busy, sid, **kw()))
         await asyncio.wait_for(progress.wait(), 5)
         for _ in range(attempt):
             await asyncio.sleep(0)
@@ -342,7 +347,7 @@ BAD_IDENTITIES = [
 async def test_invalid_identities_are_rejected_and_nothing_is_written(ledger: Any, ids: Any) -> None:
     position = await ledger.store.last_position()
     for field, overrides in BAD_IDENTITIES:
-        kwargs = {**KW, "group_size": 4, **overrides}
+        kwargs = kw(**{"group_size": 4, **overrides})
         sid = kwargs.pop("session_id", ids("s-id"))
         with pytest.raises(InvalidInput) as info:
             await ledger.create_session(sid, **kwargs)
@@ -357,9 +362,9 @@ async def test_invalid_identities_are_rejected_and_nothing_is_written(ledger: An
         ran = True
 
     with pytest.raises(InvalidInput, match="uid"):
-        await ledger.run_session(runner, ids("s-id"), **{**KW, "uid": "a_b"})
+        await ledger.run_session(runner, ids("s-id"), **kw(uid="a_b"))
     with pytest.raises(InvalidInput, match="partition"):
-        async with ledger.session(ids("s-id"), **{**KW, "partition": "test"}):
+        async with ledger.session(ids("s-id"), **kw(partition="test")):
             ran = True
     assert not ran
     assert await ledger.store.last_position() == position
@@ -386,7 +391,7 @@ BAD_TRAJECTORIES = [
 
 
 async def test_invalid_trajectories_and_rewards_are_rejected_and_nothing_is_written(ledger: Any, ids: Any) -> None:
-    handle = await ledger.create_session(ids("s-inputs"), **KW)
+    handle = await ledger.create_session(ids("s-inputs"), **kw())
     version, position = handle.version, await ledger.store.last_position()
     good = {"prompt_ids": [1, 2], "response_ids": [3, 4]}
     for field, overrides in BAD_TRAJECTORIES:
@@ -421,7 +426,7 @@ async def test_invalid_trajectories_and_rewards_are_rejected_and_nothing_is_writ
 
 async def test_torch_tensors_are_accepted(ledger: Any, ids: Any) -> None:
     torch = pytest.importorskip("torch")
-    handle = await ledger.create_session(ids("s-torch"), **KW)
+    handle = await ledger.create_session(ids("s-torch"), **kw())
     await handle.record_trajectory(
         prompt_ids=torch.tensor([1, 2, 3]), response_ids=torch.tensor([4, 5]), response_mask=torch.tensor([1, 0]),
     )
@@ -431,24 +436,27 @@ async def test_torch_tensors_are_accepted(ledger: Any, ids: Any) -> None:
 
 async def test_duplicate_session_id_is_rejected_and_nothing_is_written(ledger: Any, ids: Any) -> None:
     dup = ids("dup")
-    first = await ledger.create_session(dup, **KW)
+    identity = kw()
+    first = await ledger.create_session(dup, **identity)
     await first.record_trajectory(prompt_ids=[1], response_ids=[2])
     position = await ledger.store.last_position()
-    for start in (True, False):
-        with pytest.raises(InvalidInput) as info:
-            await ledger.create_session(dup, **{**KW, "uid": "other"}, start=start)
-        assert info.value.field == "session_id" and dup in str(info.value)
+    # the same id again, in another group or in its own (same slot): the id is what is refused
+    for again in (kw(), identity):
+        for start in (True, False):
+            with pytest.raises(InvalidInput) as info:
+                await ledger.create_session(dup, **again, start=start)
+            assert info.value.field == "session_id" and dup in str(info.value)
     assert await ledger.store.last_position() == position
     await first.complete()
     position = await ledger.store.last_position()
     with pytest.raises(InvalidInput, match="session_id"):
-        await ledger.run_session(lambda h: asyncio.sleep(0), dup, **KW)
+        await ledger.run_session(lambda h: asyncio.sleep(0), dup, **kw())
     assert await ledger.store.last_position() == position
     stored = await ledger.store.read_stream(dup)
     assert [e.type for e in stored] == [
         "SessionCreated", "SessionStarted", "TrajectoryRecorded", "SessionSucceeded",
     ]
-    assert all(e.uid == "u1" for e in stored)
+    assert all(e.uid == identity["uid"] for e in stored)
 
 
 async def test_load_session_of_an_unknown_id_is_invalid_input(ledger: Any, ids: Any) -> None:
@@ -458,12 +466,12 @@ async def test_load_session_of_an_unknown_id_is_invalid_input(ledger: Any, ids: 
 
 # ------------------------------------------------------------------ terminal sessions
 async def _terminal_sessions(ledger: Any, ids: Any) -> dict[str, Any]:
-    succeeded = await ledger.create_session(ids("t-succeeded"), **KW)
+    succeeded = await ledger.create_session(ids("t-succeeded"), **kw())
     await succeeded.record_trajectory(prompt_ids=[1], response_ids=[2])
     await succeeded.complete()
-    failed = await ledger.create_session(ids("t-failed"), **KW)
+    failed = await ledger.create_session(ids("t-failed"), **kw())
     await failed.fail("timeout")
-    cancelled = await ledger.create_session(ids("t-cancelled"), **KW, start=False)
+    cancelled = await ledger.create_session(ids("t-cancelled"), **kw(), start=False)
     await cancelled.cancel()
     return {"succeeded": succeeded, "failed": failed, "cancelled": cancelled}
 
@@ -499,7 +507,7 @@ async def test_commands_on_terminal_sessions_raise_and_append_nothing(ledger: An
 
 
 async def test_commands_from_created_state(ledger: Any, ids: Any) -> None:
-    handle = await ledger.create_session(ids("t-created"), **KW, start=False)
+    handle = await ledger.create_session(ids("t-created"), **kw(), start=False)
     assert handle.state == "created"
     for command in ("record_trajectory", "post_reward", "complete"):
         with pytest.raises(InvalidTransition) as info:
@@ -511,14 +519,14 @@ async def test_commands_from_created_state(ledger: Any, ids: Any) -> None:
     await handle.record_trajectory(prompt_ids=[1], response_ids=[2])
     assert await handle.complete() == "succeeded"
     # a session that failed before it started still gets its placeholder
-    never = await ledger.create_session(ids("t-never-started"), **KW, start=False)
+    never = await ledger.create_session(ids("t-never-started"), **kw(), start=False)
     await never.fail("sandbox_error")
     assert await types(ledger, ids("t-never-started")) == ["SessionCreated", "SessionFailed", "PlaceholderEmitted"]
 
 
 # ------------------------------------------------------------------ rewards
 async def test_reward_info_merges_across_reward_events(ledger: Any, ids: Any) -> None:
-    handle = await ledger.create_session(ids("rw-merge"), **KW)
+    handle = await ledger.create_session(ids("rw-merge"), **kw())
     await handle.record_trajectory(prompt_ids=[1], response_ids=[2])
     await handle.post_reward(0.5, acc=1.0, lang="py")
     await handle.post_reward(0.75, steps=3)
@@ -538,7 +546,7 @@ async def test_reward_info_merges_across_reward_events(ledger: Any, ids: Any) ->
 
 async def test_absent_reward_stays_distinct_from_zero(ledger: Any, ids: Any) -> None:
     async def session(sid: str, *rewards: float | None, score: float | None = None) -> Any:
-        handle = await ledger.create_session(sid, **KW)
+        handle = await ledger.create_session(sid, **kw())
         await handle.record_trajectory(prompt_ids=[1], response_ids=[2])
         for reward in rewards:
             await handle.post_reward(reward)
@@ -569,7 +577,7 @@ async def test_failure_message_is_truncated(ledger: Any, ids: Any) -> None:
     async def runner(handle: Any) -> None:
         raise RuntimeError("x" * 5000)
 
-    await ledger.run_session(runner, ids("msg-long"), **KW)
+    await ledger.run_session(runner, ids("msg-long"), **kw())
     failed = [e for e in await stream(ledger, ids("msg-long")) if isinstance(e, ev.SessionFailed)][0]
     assert len(failed.message) == ev.MESSAGE_LIMIT and failed.message == "x" * ev.MESSAGE_LIMIT
 
@@ -583,12 +591,12 @@ async def test_failure_fields_fit_the_read_model_columns(ledger: Any, ids: Any) 
     async def runner(handle: Any) -> None:
         raise long_error("m" * 600)
 
-    outcome = await ledger.run_session(runner, ids("long-error"), **KW)
+    outcome = await ledger.run_session(runner, ids("long-error"), **kw())
     assert outcome.state == "failed"
     failed = [e for e in await stream(ledger, ids("long-error")) if isinstance(e, ev.SessionFailed)][0]
     assert failed.error_type is not None and failed.error_type.startswith("EEEE")
     assert len(failed.error_type) <= sessions_table.c.error_type.type.length
     assert len(failed.message) <= sessions_table.c.message.type.length
-    handle = await ledger.create_session(ids("long-error-type"), **KW)
+    handle = await ledger.create_session(ids("long-error-type"), **kw())
     await handle.fail("runner_error", error_type="X" * 1000)
     assert len(handle.view.error_type or "") <= sessions_table.c.error_type.type.length
