@@ -11,6 +11,7 @@ The files are written only by `tests/fixtures/make_golden.py` (see its docstring
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 from datetime import datetime
 from pathlib import Path
@@ -23,7 +24,7 @@ from store import read_models as rm
 from store.engine import WRITE_LOCK
 from store.migrate import upgrade
 from store.records import StoredEvent
-from store.tables import events, groups, queue_rows
+from store.tables import events, groups, projection_errors, queue_rows
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 COLUMNS = tuple(c.name for c in events.c)
@@ -40,6 +41,10 @@ EXPECTED_METRICS = (
 def golden_logs() -> list[Path]:
     """Every golden log, oldest schema first."""
     return sorted(FIXTURES.glob("golden_v*.jsonl"))
+
+
+#: `events` columns added after the golden logs were written (revision 0004: a creation's slot).
+ADDED_LATER = ("session_index", "group_size")
 
 
 def expectation_path(log: Path) -> Path:
@@ -63,6 +68,8 @@ def to_line(row: dict[str, Any]) -> str:
 def from_line(line: str) -> dict[str, Any]:
     """A JSON line back to an `events` row (bytes payload, aware datetime)."""
     raw = json.loads(line)
+    for name in ADDED_LATER:  # a log written before these columns existed: they are NULL there
+        raw.setdefault(name, None)
     missing = set(COLUMNS) - raw.keys()
     if missing:
         raise ValueError(f"golden line lacks columns {sorted(missing)}: {line[:120]}")
@@ -79,9 +86,13 @@ def read_rows(path: Path) -> list[dict[str, Any]]:
     return [from_line(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
+#: The `events` columns a `StoredEvent` carries (the slot columns are the store's, not the reader's).
+STORED_FIELDS = tuple(f.name for f in dataclasses.fields(StoredEvent))
+
+
 def stored_events(path: Path) -> list[StoredEvent]:
     """The golden log as the store would hand it back (for decoding without a database)."""
-    return [StoredEvent(**row) for row in read_rows(path)]
+    return [StoredEvent(**{name: row[name] for name in STORED_FIELDS}) for row in read_rows(path)]
 
 
 # ------------------------------------------------------------------ databases
@@ -115,7 +126,10 @@ async def projection_summary(engine: AsyncEngine) -> dict[str, Any]:
     """What an expectation file pins: queue order, group tags and a few metric values."""
     async with engine.connect() as conn:
         queue = [dict(r) for r in (await conn.execute(select(queue_rows).order_by(queue_rows.c.id))).mappings()]
-        group_rows = [dict(r) for r in (await conn.execute(select(groups).order_by(groups.c.run, groups.c.uid))).mappings()]
+        group_rows = [dict(r) for r in (await conn.execute(
+            select(groups).order_by(groups.c.run, groups.c.partition, groups.c.global_step, groups.c.uid))).mappings()]
+        quarantined = [dict(r) for r in (await conn.execute(
+            select(projection_errors).order_by(projection_errors.c.position))).mappings()]
         metrics = await rm.metric_rows(conn)
     scoped: dict[str, dict[str, float]] = {}
     for row in metrics:
@@ -130,6 +144,9 @@ async def projection_summary(engine: AsyncEngine) -> dict[str, Any]:
             for q in queue
         ],
         "group_tags": {q["key"]: q["tags"]["status"] for q in queue if q["kind"] == "tag"},
-        "groups": {g["uid"]: {"status": g["status"], "settled_position": g["settled_position"]} for g in group_rows},
+        "groups": {g["uid"]: {"status": g["status"], "settled_position": g["settled_position"], "members": g["members"]}
+                   for g in group_rows},
+        "projection_errors": [{"position": e["position"], "type": e["type"], "field": e["field"], "outcome": e["outcome"]}
+                              for e in quarantined],
         "metrics": {scope: dict(sorted(values.items())) for scope, values in sorted(scoped.items())},
     }
