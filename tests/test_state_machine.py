@@ -346,8 +346,8 @@ def sqlite_harness(sqlite_url: str) -> Iterator[Harness]:
 
 async def _run_on_store(ledger: Any, sid: str, scenario: dict[str, Any]) -> None:
     store = ledger.store
-    handle = await ledger.create_session(
-        sid, uid="u", session_index=0, group_size=1, partition=scenario["partition"], global_step=0,
+    handle = await ledger.create_session(  # a group of its own per example: one group holds one session_index 0
+        sid, uid=f"u-{sid}", session_index=0, group_size=1, partition=scenario["partition"], global_step=0,
         start=scenario["started"],
     )
     model = Model(state=handle.state, partition=scenario["partition"], policy=ledger.policy)
