@@ -15,6 +15,7 @@ import numpy as np
 from sessions import events as ev
 from sessions import tokens
 from sessions.batches import BatchRow
+from sessions.errors import ProjectionError
 from store import read_models as rm
 
 META_COLUMNS = (
@@ -49,7 +50,10 @@ def materialise(
             continue
         source = sources.get(row["source_position"])
         if source is None:
-            raise LookupError(f"queue row {row['key']!r} points at event position {row['source_position']}, which is missing")
+            raise ProjectionError(
+                f"queue row {row['key']!r} points at event position {row['source_position']}, which is missing; "
+                "the database was altered outside rollout-ledger — run `rollout-ledger audit`"
+            )
         type_, schema_version, data, payload = source
         if row["is_placeholder"]:
             arrays = placeholder_arrays(placeholder_token(type_, data))

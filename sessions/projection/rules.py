@@ -15,7 +15,6 @@ skipped validation) never stops projection: it is quarantined by a deterministic
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,8 +30,6 @@ __all__ = [
     "WorkingSet",
     "group_key",
 ]
-
-log = logging.getLogger(__name__)
 
 Row = dict[str, Any]
 #: A group's key: (run, partition, global_step, uid) — a uid that comes back at a later step is a
