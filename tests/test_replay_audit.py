@@ -186,7 +186,7 @@ async def change_metric_count(conn: AsyncConnection) -> Expect:
 
 async def change_queue_reward(conn: AsyncConnection) -> Expect:
     await conn.execute(update(queue_rows).where(queue_rows.c.key == "t0-a_0_0").values(reward=0.5))
-    return Expect("queue_rows", "golden/train/t0-a_0_0", "reward", 1.0, 0.5)
+    return Expect("queue_rows", "golden/train/0/t0-a_0_0", "reward", 1.0, 0.5)
 
 
 async def repoint_queue_row(conn: AsyncConnection) -> Expect:
@@ -194,7 +194,7 @@ async def repoint_queue_row(conn: AsyncConnection) -> Expect:
     own = _event("t0-a-s0", "TrajectoryRecorded").position
     other = _event("t0-a-s1", "TrajectoryRecorded").position
     await conn.execute(update(queue_rows).where(queue_rows.c.key == "t0-a_0_0").values(source_position=other))
-    return Expect("queue_rows", "golden/train/t0-a_0_0", "source_position", own, other)
+    return Expect("queue_rows", "golden/train/0/t0-a_0_0", "source_position", own, other)
 
 
 async def delete_event(conn: AsyncConnection) -> Expect:
