@@ -233,3 +233,31 @@ def test_no_module_is_over_600_lines() -> None:
     assert len(sizes) > 20
     over = [f"{path.relative_to(ROOT)}: {lines} lines" for path, lines in sorted(sizes.items()) if lines > MAX_LINES]
     assert not over, f"modules over {MAX_LINES} lines (split them by job):\n" + "\n".join(over)
+
+
+def _documented_modules() -> set[str]:
+    """The module paths docs/architecture.md names: `name.py` cells under each package's heading."""
+    import re
+
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    named: set[str] = set()
+    package = None
+    for line in text.splitlines():
+        heading = re.match(r"### `([\w/]+)/`", line)
+        if heading:
+            package = heading.group(1)
+            continue
+        if package and line.startswith("| `"):
+            cell = line.split("|")[1]
+            for name in re.findall(r"`([\w/]+\.py)`", cell):
+                named.add(f"{package}/{name}")
+    return named
+
+
+def test_the_architecture_map_names_every_module_and_no_missing_one() -> None:
+    """docs/architecture.md is a newcomer's first page: it must match the tree."""
+    tree = {str(p.relative_to(ROOT)) for package in ("sessions", "store") for p in modules(package)}
+    documented = _documented_modules()
+    assert documented, "no module tables found in docs/architecture.md"
+    assert sorted(tree - documented) == [], "modules docs/architecture.md does not name"
+    assert sorted(documented - tree) == [], "modules docs/architecture.md names that are gone"
