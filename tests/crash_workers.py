@@ -9,7 +9,8 @@ SIGKILL: it is the children's parent, so it reaps them itself and a pid can neve
 Jobs:
 
 - `writer`: a `Ledger` running sessions through `run_session` and `session()`, many at once, in
-  groups of 1–4, with every outcome the recorder knows (success, runner error, sandbox error,
+  groups of 1–4 (eight a step, their uids used again at every step, as dataset prompt ids are:
+  a group is (run, partition, global_step, uid)), with every outcome the recorder knows (success, runner error, sandbox error,
   timeout, empty output, invalid output, cancellation). The plan of a session is the last part of
   its id, so the parent can tell what its stream must look like. After each command the writer's
   runner acknowledges, it appends `<session> <version>` to a journal (and `<session> end
@@ -74,7 +75,7 @@ class FileSink:
 
     async def put(self, items: Sequence[Any]) -> None:
         lines = [
-            json.dumps({"run": i.run, "partition": i.partition, "key": i.key, "uid": i.uid,
+            json.dumps({"run": i.run, "partition": i.partition, "global_step": i.global_step, "key": i.key, "uid": i.uid,
                         "kind": "tag" if i.is_tag else "row", "status": i.tags.get("status")}) + "\n"
             for i in items
         ]
@@ -177,7 +178,9 @@ async def writer(url: str, prefix: str, seed: int, journal: str, concurrency: in
                     break
                 plan = rng.choices(plans, weights)[0]
                 await limit.acquire()
-                tasks.append(asyncio.ensure_future(one(f"{prefix}-{n}-{plan}", plan, f"{prefix}g{group}", index, size, group // 8)))
+                # eight groups a step, their uids used again at every step: (run, partition, step, uid) is the group
+                uid = f"{prefix}g{group % 8}"
+                tasks.append(asyncio.ensure_future(one(f"{prefix}-{n}-{plan}", plan, uid, index, size, group // 8)))
             else:
                 continue
             break
@@ -398,12 +401,12 @@ async def check_projection(engine: Any, streams: dict[str, list[tuple[int, int, 
         checkpoint = (await conn.execute(select(checkpoints.c.position).where(checkpoints.c.name == "projector"))).scalar() or 0
         queue = [dict(r) for r in (await conn.execute(select(queue_rows))).mappings()]
         session_rows = {r["session_id"]: dict(r) for r in (await conn.execute(select(sessions))).mappings()}
-        group_rows = {(r["run"], r["uid"]): dict(r) for r in (await conn.execute(select(groups))).mappings()}
+        group_rows = {group_key(r): dict(r) for r in (await conn.execute(select(groups))).mappings()}
         metrics = {
             (r["run"], r["partition"], r["global_step"], r["metric"]): r["value"]
             for r in (await conn.execute(select(metric_counts).where(metric_counts.c.data_source.is_(None)))).mappings()
         }
-    keys = [(q["run"], q["partition"], q["key"]) for q in queue]
+    keys = [queue_key(q) for q in queue]
     assert len(keys) == len(set(keys)), "a queue key appears twice"
     rows = [q for q in queue if q["kind"] == "row"]
     tags = [q for q in queue if q["kind"] == "tag"]
@@ -430,10 +433,10 @@ async def check_projection(engine: Any, streams: dict[str, list[tuple[int, int, 
         assert s["state"] == want_state, f"{sid}: state {s['state']} but the log says {want_state}"
 
     # groups: settled iff group_size of its sessions settled in the log; tag after every row
-    members: dict[tuple[str, str], list[str]] = {}
+    members: dict[tuple[Any, ...], list[str]] = {}
     for sid, s in session_rows.items():
-        members.setdefault((s["run"], s["uid"]), []).append(sid)
-    tag_at = {(q["run"], q["uid"]): q for q in tags}
+        members.setdefault(group_key(s), []).append(sid)
+    tag_at = {group_key(q): q for q in tags}
     for key, group in group_rows.items():
         settled = sum(
             any(t in SETTLING or (t == "SessionFailed" and d.get("placeholder") == "drop") for _, _, t, d in seen[sid])
@@ -446,7 +449,7 @@ async def check_projection(engine: Any, streams: dict[str, list[tuple[int, int, 
             succeeded = any(session_rows[sid]["state"] == "succeeded" for sid in members[key])
             assert group["status"] == ("finished" if succeeded else "failure"), f"group {key}: {group['status']}"
             assert tag_at[key]["tags"]["status"] == group["status"]
-            row_positions = [q["produced_position"] for q in rows if (q["run"], q["uid"]) == key]
+            row_positions = [q["produced_position"] for q in rows if group_key(q) == key]
             assert all(p <= tag_at[key]["produced_position"] for p in row_positions), f"group {key}: tag before a row"
 
     # metrics: counters equal a brute-force count of the sessions table
@@ -476,10 +479,20 @@ async def check_projection(engine: Any, streams: dict[str, list[tuple[int, int, 
             assert found == counts.get(name, 0), f"metric {name} of {run}/{partition}/step {step}: {found}, counted {counts.get(name, 0)}"
     return {
         "checkpoint": checkpoint, "rows": len(rows), "tags": len(tags),
-        "keys": {(q["run"], q["partition"], q["key"]) for q in queue},
+        "keys": {queue_key(q) for q in queue},
         "pending_groups": sum(g["status"] == "pending" for g in group_rows.values()),
-        "row_keys_by_group": {key: {(q["run"], q["partition"], q["key"]) for q in rows if (q["run"], q["uid"]) == key} for key in group_rows},
+        "row_keys_by_group": {key: {queue_key(q) for q in rows if group_key(q) == key} for key in group_rows},
     }
+
+
+def group_key(row: Any) -> tuple[Any, ...]:
+    """A group's identity (DESIGN §2): a uid that comes back at a later step is a new group."""
+    return (row["run"], row["partition"], row["global_step"], row["uid"])
+
+
+def queue_key(row: Any) -> tuple[Any, ...]:
+    """A queue row's or sink item's identity: keys are unique per (run, partition, global_step)."""
+    return (row["run"], row["partition"], row["global_step"], row["key"])
 
 
 def check_sink(path: str, projection: dict[str, Any], *, exact: bool = True) -> int:
@@ -489,15 +502,15 @@ def check_sink(path: str, projection: dict[str, Any], *, exact: bool = True) -> 
     delivered = read_sink(path)
     first: dict[tuple[str, str, str], int] = {}
     for index, item in enumerate(delivered):
-        first.setdefault((item["run"], item["partition"], item["key"]), index)
+        first.setdefault(queue_key(item), index)
     missing = projection["keys"] - set(first)
     assert not missing, f"committed queue keys the sink never got: {sorted(missing)[:5]}"
     if exact:
         assert set(first) == projection["keys"], f"sink keys never committed: {sorted(set(first) - projection['keys'])[:5]}"
     for item in delivered:
         if item["kind"] == "tag":
-            key = (item["run"], item["partition"], item["key"])
-            rows = projection["row_keys_by_group"].get((item["run"], item["uid"]), set())
+            key = queue_key(item)
+            rows = projection["row_keys_by_group"].get(group_key(item), set())
             late = [r for r in rows if first.get(r, len(delivered)) > first[key]]
             assert not late, f"sink got the tag of {item['uid']} before its rows {late[:3]}"
     return len(delivered) - len(first)
