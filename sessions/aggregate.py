@@ -199,6 +199,8 @@ def decide_fail(
     machine.next_state(view.session_id, view.state, "fail")
     if reason not in ev.FAILURE_REASONS:
         raise InvalidInput(view.session_id, "reason", f"unknown failure reason {reason!r}; use one of {', '.join(ev.FAILURE_REASONS)}")
+    _check_text(view.session_id, "message", message)
+    _check_text(view.session_id, "error_type", error_type)
     decision = policy.decide(view.partition, reason)
     failed = ev.SessionFailed(
         reason=reason,
@@ -215,4 +217,11 @@ def decide_fail(
 
 def decide_cancel(view: SessionView, *, message: str | None = None) -> list[ev.Event]:
     machine.next_state(view.session_id, view.state, "cancel")
+    _check_text(view.session_id, "message", message)
     return [ev.SessionCancelled(message=(message or None) and message[: ev.MESSAGE_LIMIT])]
+
+
+def _check_text(session_id: str, field: str, value: object) -> None:
+    """Free text must be text (None allowed); what it holds is made storable later (`storable`)."""
+    if value is not None and not isinstance(value, str):
+        raise InvalidInput(session_id, field, f"must be a string or None, got {type(value).__name__}")

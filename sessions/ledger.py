@@ -164,7 +164,7 @@ class Ledger:
                 session_id, "session_id", "already exists in this database; session ids must be unique — use a fresh id"
             ) from None
         except GroupConflict as conflict:
-            raise InvalidInput(None, conflict.field, str(conflict)) from None
+            raise InvalidInput(conflict.session_id, conflict.field, conflict.problem) from None
         except asyncio.CancelledError:
             if view.state != agg.NEW:  # created, then cancelled before the caller got the handle
                 await asyncio.shield(handle.cancel("cancelled while being created"))

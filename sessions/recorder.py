@@ -9,6 +9,8 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
+import numpy as np
+
 from sessions import aggregate as agg
 from sessions import events as ev
 from sessions import tokens, validation
@@ -192,8 +194,9 @@ class SessionHandle:
         """Record one trajectory; returns its index. Mask defaults to all 1 (every token trainable)."""
         sid = self.session_id
         arrays = validation.trajectory(sid, prompt_ids, response_ids, response_mask, response_logprobs)
-        if not isinstance(num_turns, int) or isinstance(num_turns, bool) or num_turns < 0:
+        if isinstance(num_turns, bool) or not isinstance(num_turns, (int, np.integer)) or num_turns < 0:
             raise InvalidInput(sid, "num_turns", f"must be an integer >= 0, got {num_turns!r}")
+        num_turns = int(num_turns)
         extra = validation.json_dict(sid, "extra", extra)
         async with self._locked():
             event = ev.TrajectoryRecorded(

@@ -20,6 +20,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from sessions import events as ev
 from sessions.errors import InvalidInput
 from store import ColumnSpec, column_spec
@@ -278,6 +280,9 @@ def problems(type_: str, data: Mapping[str, Any]) -> tuple[dict[str, Any], list[
         if value is _ABSENT:
             continue
         if field.free_text:
+            if spec.kind == "str" and value is not None and not isinstance(value, str):
+                found.append((name, f"must be a string or None, got {type(value).__name__}"))
+                continue
             fixed = _clean(field, spec, value)
             if fixed is not value and fixed != value:
                 if cleaned is None:
@@ -301,6 +306,13 @@ def problems(type_: str, data: Mapping[str, Any]) -> tuple[dict[str, Any], list[
     return (cleaned if cleaned is not None else data), found  # type: ignore[return-value]
 
 
+def _python_scalar(value: Any) -> Any:
+    """A numpy integer, float or bool as its Python equivalent; anything else unchanged."""
+    if isinstance(value, np.generic) and not isinstance(value, (np.str_, np.bytes_)):
+        return value.item()
+    return value
+
+
 def session_id_problem(session_id: Any) -> str | None:
     if not isinstance(session_id, str) or not session_id:
         return f"must be a non-empty string, got {session_id!r:.60}"
@@ -314,6 +326,10 @@ def clean_event(session_id: str, event: ev.Event) -> ev.Event:
     if problem is not None:
         raise InvalidInput(None, "session_id", problem)
     data = event.to_data()
+    plain = {name: _python_scalar(value) for name, value in data.items()}
+    if any(plain[name] is not data[name] for name in data):
+        data = plain  # numpy scalars as the Python numbers they stand for, in every field alike
+        event = dataclasses.replace(event, **{k: v for k, v in plain.items() if k != "payload"})
     cleaned, found = problems(event.TYPE, data)
     if found:
         name, why = found[0]

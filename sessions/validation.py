@@ -69,6 +69,10 @@ def token_array(session_id: str, field: str, values: Any) -> np.ndarray:
         raise InvalidInput(session_id, field, "is empty; a trajectory needs at least one prompt and one response token")
     if array.dtype.kind not in "iu":
         if array.dtype.kind == "f" and np.all(np.isfinite(array)) and np.all(array == np.floor(array)):
+            wide = array.astype(np.float64)  # float16 cannot hold 2**31 to compare with
+            outside = wide[(wide < 0) | (wide >= TOKEN_LIMIT)]
+            if outside.size:  # named as given: the cast below would wrap it first
+                raise InvalidInput(session_id, field, f"token id {outside[0]:g} is outside [0, 2**31)")
             array = array.astype(np.int64)
         else:
             raise InvalidInput(session_id, field, f"must hold integer token ids, got dtype {array.dtype}")
@@ -103,7 +107,8 @@ def logprob_array(session_id: str, values: Any, length: int) -> np.ndarray:
     array = _as_1d(session_id, "response_logprobs", values)
     if array.dtype.kind not in "fiu":
         raise InvalidInput(session_id, "response_logprobs", f"must hold numbers, got dtype {array.dtype}")
-    array = array.astype(np.float32)
+    with np.errstate(over="ignore"):  # a value beyond float32 becomes inf, refused just below
+        array = array.astype(np.float32)
     if array.shape[0] != length:
         raise InvalidInput(session_id, "response_logprobs", f"has length {array.shape[0]} but response_ids has {length}")
     if not np.all(np.isfinite(array)):
@@ -129,7 +134,10 @@ def reward(session_id: str, field: str, value: Any) -> float | None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
         raise InvalidInput(session_id, field, f"must be a finite number or None, got {type(value).__name__} {value!r}")
-    number = float(value)
+    try:
+        number = float(value)
+    except OverflowError:
+        raise InvalidInput(session_id, field, f"must be finite, got an integer of {len(str(value))} digits") from None
     if not math.isfinite(number):
         raise InvalidInput(session_id, field, f"must be finite, got {number}")
     return number

@@ -187,10 +187,12 @@ class GroupConflict(StoreError, ValueError):
 
     def __init__(self, event: NewEvent, field: str, problem: str) -> None:
         step = "no step" if event.global_step is None else f"step {event.global_step}"
-        super().__init__(
-            f"session {event.session_id!r}: {field} {problem} (group uid {event.uid!r}, run {event.run!r}, "
-            f"{event.partition}, {step}); give each session of a group its own session_index and the same group_size"
+        #: What is wrong, without the session (the ledger's InvalidInput names it).
+        self.problem = (
+            f"{problem} (group uid {event.uid!r}, run {event.run!r}, {event.partition}, {step}); "
+            "give each session of a group its own session_index and the same group_size"
         )
+        super().__init__(f"session {event.session_id!r}: {field} {self.problem}")
         self.session_id = event.session_id
         self.field = field
 

@@ -117,8 +117,19 @@ async def _merged(
 
 
 def _normal(value: Any) -> Any:
+    """A value as both backends can hold it: datetimes without their (UTC) zone, and JSON numbers as
+    floats — PostgreSQL's jsonb prints an integral float such as 1e300 as an integer."""
     if hasattr(value, "tzinfo") and value.tzinfo is not None:
         return value.replace(tzinfo=None)  # SQLite keeps no zone; both sides are UTC
+    if isinstance(value, dict):
+        return {k: _normal(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_normal(v) for v in value]
+    if isinstance(value, int) and not isinstance(value, bool):
+        try:
+            return float(value)
+        except OverflowError:  # beyond any float: both backends keep it exactly
+            return value
     return value
 
 

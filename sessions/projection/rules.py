@@ -225,6 +225,8 @@ class Rules:
 
     def _reward(self, s: Row, position: int, e: dict[str, Any], recorded_at: Any) -> None:
         reward = e["reward"]
+        if reward is not None:
+            reward = float(reward)  # PostgreSQL's jsonb hands 1e19 back as an int
         s["reward"] = reward
         s["reward_info"] = {**s["reward_info"], **e.get("info", {}), "reward": reward}
 
@@ -244,7 +246,7 @@ class Rules:
         self._terminal(s, "succeeded", position, recorded_at)
         score, selected = e["score"], e["selected"]
         reward = 0.0 if score is None else float(score)
-        s["reward"], s["score_source"], s["selected_rows"] = score, e["score_source"], len(selected)
+        s["reward"], s["score_source"], s["selected_rows"] = None if score is None else reward, e["score_source"], len(selected)
         tables = self._of_session(s)
         _add(tables, m.SESSIONS_SUCCEEDED)
         if score is None:
