@@ -11,7 +11,7 @@ from datetime import datetime, timezone
 from types import EllipsisType
 from typing import Any
 
-from sqlalchemy import and_, bindparam, func, or_, select, text, update
+from sqlalchemy import Text, and_, bindparam, cast, func, or_, select, text, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from store.tables import checkpoints, events, groups, metric_counts, projection_errors, queue_rows, sessions
@@ -187,9 +187,15 @@ async def events_after(conn: AsyncConnection, after: int, limit: int) -> list[tu
     """Up to `limit` events after a position, as the projection decoder reads them:
     (position, session_id, version, type, schema_version, data, recorded_at), no payloads."""
     result = await conn.execute(
-        select(*(events.c[name] for name in DECODER_COLUMNS)).where(events.c.position > after).order_by(events.c.position).limit(limit)
+        select(*_decoder_columns()).where(events.c.position > after).order_by(events.c.position).limit(limit)
     )
     return [_utc_row(row) for row in result]
+
+
+def _decoder_columns() -> list[Any]:
+    """`DECODER_COLUMNS`, with `data` as its stored text: the decoder parses it, so a row of
+    malformed JSON is one event to quarantine, not a page that cannot be read."""
+    return [cast(events.c.data, Text) if name == "data" else events.c[name] for name in DECODER_COLUMNS]
 
 
 def _utc_row(row: Any) -> tuple[Any, ...]:
@@ -205,7 +211,7 @@ async def trajectory_events(conn: AsyncConnection, session_ids: Sequence[str], u
     out: list[tuple[Any, ...]] = []
     for chunk in _chunks(list(session_ids)):
         result = await conn.execute(
-            select(*(events.c[name] for name in DECODER_COLUMNS)).where(
+            select(*_decoder_columns()).where(
                 events.c.session_id.in_(chunk), events.c.type == "TrajectoryRecorded", events.c.position <= up_to
             )
         )

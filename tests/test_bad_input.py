@@ -852,11 +852,6 @@ async def test_ledger_open_validates_caps(sqlite_url: str) -> None:
 
 
 # ------------------------------------------------------------------------------ a damaged log
-MALFORMED_JSON_STOPS = Bug(
-    "on SQLite a malformed JSON row stops the incremental projector: SQLAlchemy's JSON result processor "
-    "(store.engine.load_json) raises StoredJSONError while the page is read, before the decoder that would "
-    "quarantine it; audit's rebuild quarantines the same row (outcome session_failed), so projector and "
-    "replay disagree and the checkpoint never passes the row (DESIGN §7)", StoredJSONError, ("sqlite",))
 
 
 async def _two_sessions(ledger: Ledger) -> int:
@@ -917,8 +912,7 @@ async def test_malformed_json_in_a_stored_event(db_url: str) -> None:
             ("events", "hit", "data"), ("events", "hit", "RewardPosted")}
         assert all("stored JSON is malformed" in str(d.found) for d in report.divergences)
         assert await _checkpoint(ledger) == checkpoint
-        with known_bug(MALFORMED_JSON_STOPS, backend_of(db_url)):
-            await _projection_quarantines(ledger, position, "RewardPosted", "session_failed", "stored JSON is malformed")
+        await _projection_quarantines(ledger, position, "RewardPosted", "session_failed", "stored JSON is malformed")
 
 
 async def test_audit_reports_malformed_json_as_a_divergence(sqlite_url: str) -> None:
