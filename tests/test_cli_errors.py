@@ -247,7 +247,7 @@ def _free_port() -> int:
 
 def _refused(url: str) -> tuple[str, tuple[str, ...]]:
     port = _free_port()
-    return make_url(url).set(host="127.0.0.1", port=port, password="hunter2").render_as_string(hide_password=False), (
+    return make_url(url).set(host="127.0.0.1", port=port, password="not-a-real-password").render_as_string(hide_password=False), (
         "cannot connect", f":{port}", "is the server running")
 
 
@@ -270,7 +270,7 @@ def test_an_unreachable_postgres_fails_in_one_line(pg_url: str, case: Callable[[
     line = one_line(cli(*verb, "--db", url, cwd=tmp_path))
     for text in says:
         assert text in line, line
-    assert "hunter2" not in line
+    assert "not-a-real-password" not in line
 
 
 def test_a_missing_driver_names_the_extra_to_install(tmp_path: Path) -> None:
