@@ -22,36 +22,21 @@ class Dialect:
     #: Whether the backend serialises projector pages by an explicit lock statement (SQLite's page
     #: transaction takes the file's write lock with BEGIN IMMEDIATE instead: `store.engine.WRITE_LOCK`).
     page_lock_sql: str | None = None
-    #: Whether followers elect one leader (SQLite: one file, one machine; followers just take turns).
-    leader_lock: bool = False
 
     def mark(self, index: int) -> str:
         """The driver's parameter mark for the `index`-th (1-based) parameter."""
         return "?"
-
-    def marks(self, count: int) -> str:
-        return ", ".join(self.mark(i) for i in range(1, count + 1))
-
-    @property
-    def json_text(self) -> str:
-        """How to select the `data` column as JSON text at driver level."""
-        return "data"
 
 
 @dataclass(frozen=True)
 class PostgresDialect(Dialect):
     name: str = "postgresql"
     page_lock_sql: str | None = f"SELECT pg_advisory_xact_lock({PG_PROJECTOR_LOCK})"
-    leader_lock: bool = True
     try_leader_sql: str = f"SELECT pg_try_advisory_lock({PG_LEADER_LOCK})"
     release_leader_sql: str = f"SELECT pg_advisory_unlock({PG_LEADER_LOCK})"
 
     def mark(self, index: int) -> str:
         return f"${index}"
-
-    @property
-    def json_text(self) -> str:
-        return "data::text"
 
 
 SQLITE = Dialect()
