@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# The whole test suite, in the two environments the project's users run, each set up from scratch:
+#
+#   .venv       the newest releases (tensordict, numpy, ...) with the TransferQueue and bench
+#               extras: every test.
+#   .venv-verl  verl 0.9.1 and its pins (tensordict 0.10.0, see tests/environments/verl-pins.txt):
+#               the tests marked `verl_env` (batches, the verl integration, the synchronous ledger,
+#               the example), with ROLLOUT_LEDGER_REQUIRE_VERL=1 so a missing verl fails them
+#               instead of skipping them.
+#
+# The two runs go side by side (the verl environment installs while the main suite runs); the
+# exit status is the main run's if it failed, else the verl run's. pytest's own codes pass
+# through unchanged: 5 ("no tests collected") is a failure here too.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+python3 -m venv .venv && .venv/bin/pip install -q torch==2.13.0 \
+  && .venv/bin/pip install -q -e '.[test,transferqueue,bench]' || exit 1
+
+verl_log="$(mktemp -t rollout-ledger-verl-XXXXXX.log)"
+(
+  python3 -m venv .venv-verl \
+    && .venv-verl/bin/pip install -q -c tests/environments/verl-pins.txt torch==2.13.0 \
+    && .venv-verl/bin/pip install -q -c tests/environments/verl-pins.txt -e '.[test,verl]' \
+    && .venv-verl/bin/pip check \
+    && ROLLOUT_LEDGER_REQUIRE_VERL=1 .venv-verl/bin/python -m pytest -q -p no:cacheprovider -m verl_env
+) >"$verl_log" 2>&1 &
+verl_pid=$!
+
+echo "== newest releases (.venv): the whole suite"
+.venv/bin/python -m pytest -q
+main_status=$?
+
+wait "$verl_pid"
+verl_status=$?
+echo "== verl 0.9.1 pins (.venv-verl): the verl_env tests"
+cat "$verl_log"
+rm -f "$verl_log"
+echo "== exit: newest releases $main_status, verl pins $verl_status"
+[ "$main_status" -ne 0 ] && exit "$main_status"
+exit "$verl_status"
