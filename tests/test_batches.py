@@ -147,8 +147,8 @@ def reference_padded(rows: list[BatchRow], pad: int) -> dict[str, torch.Tensor]:
         cols["rm_scores"].append(rm)
         lp = torch.zeros(lr) if r.logprobs is None else torch.as_tensor(r.logprobs)
         cols["rollout_log_probs"].append(F.pad(lp.float(), (0, R - lr)))
-        cols["prompt_length"].append(torch.tensor(lp_))
-        cols["response_length"].append(torch.tensor(lr))
+        cols["prompt_length"].append(torch.tensor(float(lp_)))  # float32, as verl reads them
+        cols["response_length"].append(torch.tensor(float(lr)))
         cols["is_placeholder"].append(torch.tensor(r.is_placeholder))
     out = {k: torch.stack(v) for k, v in cols.items()}
     if not any_lp:

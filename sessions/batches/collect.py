@@ -61,7 +61,7 @@ class _Rows:
     rollout_log_probs: list[np.ndarray | None] | None  # None: no row has them; a None entry: zeros
     rm_scores: list[np.ndarray] | None  # None: each row's reward on its last response token
     rewards: np.ndarray  # [B] float32, read when rm_scores is None
-    prompt_lengths: np.ndarray  # [B] int64
+    prompt_lengths: np.ndarray  # [B] int64 (indices; the batch column is float32)
     response_lengths: np.ndarray  # [B] int64
     is_placeholder: np.ndarray  # [B] bool
     non_tensor: dict[str, list[Any]]
@@ -132,12 +132,8 @@ def _collect(rows: Sequence[BatchRow]) -> tuple[_Rows, list[Any]]:
         rollout_log_probs=logprobs if has_logprobs else None,
         rm_scores=None,
         rewards=np.fromiter((float(r.reward) for r in rows), NUMPY_DTYPES["rm_scores"], count=n),
-        prompt_lengths=np.fromiter(
-            (a.shape[0] for a in prompts), NUMPY_DTYPES["prompt_length"], count=n
-        ),
-        response_lengths=np.fromiter(
-            (a.shape[0] for a in responses), NUMPY_DTYPES["response_length"], count=n
-        ),
+        prompt_lengths=np.fromiter((a.shape[0] for a in prompts), np.int64, count=n),
+        response_lengths=np.fromiter((a.shape[0] for a in responses), np.int64, count=n),
         is_placeholder=np.fromiter(
             (bool(r.is_placeholder) for r in rows), NUMPY_DTYPES["is_placeholder"], count=n
         ),

@@ -14,6 +14,7 @@ import torch
 __all__ = [
     "COLUMN_DTYPES",
     "LAYOUT_COLUMNS",
+    "MAX_EXACT_LENGTH",
     "NUMPY_DTYPES",
     "NON_TENSOR_COLUMNS",
     "PROMPT_COLUMNS",
@@ -57,10 +58,14 @@ COLUMN_DTYPES: Mapping[str, torch.dtype] = {
     "response_mask": torch.int64,
     "rm_scores": torch.float32,
     "rollout_log_probs": torch.float32,
-    "prompt_length": torch.int64,
-    "response_length": torch.int64,
+    # float, as verl V1 and its compute_data_metrics expect (torch.mean raises on int64)
+    "prompt_length": torch.float32,
+    "response_length": torch.float32,
     "is_placeholder": torch.bool,
 }
+
+#: the longest row a float32 length column holds exactly (2**24 tokens); longer rows are refused
+MAX_EXACT_LENGTH: int = 2**24
 
 #: the same dtypes for the numpy arrays rows are gathered into (derived, not declared again)
 NUMPY_DTYPES: Mapping[str, np.dtype] = {

@@ -16,7 +16,7 @@ import torch
 from tensordict import NonTensorData, NonTensorStack, TensorDictBase
 
 from sessions.batches.collect import _Rows
-from sessions.batches.columns import COLUMN_DTYPES, LAYOUT_COLUMNS, NUMPY_DTYPES
+from sessions.batches.columns import COLUMN_DTYPES, LAYOUT_COLUMNS, MAX_EXACT_LENGTH, NUMPY_DTYPES
 from sessions.batches.non_tensor_stacks import non_tensor
 
 
@@ -113,15 +113,50 @@ def _rows_from_flat(flat: _Flat) -> _Rows:
     )
 
 
+def _length_column(lengths: np.ndarray, name: str, keys: list[Any] | None) -> torch.Tensor:
+    """int64 lengths -> the float32 batch column, refusing a length float32 would round."""
+    over = np.flatnonzero(lengths > MAX_EXACT_LENGTH)
+    if over.size:
+        i = int(over[0])
+        row = keys[i] if keys is not None and keys[i] is not None else f"#{i}"
+        raise ValueError(
+            f"row {row!r}: {name} {int(lengths[i])} exceeds {MAX_EXACT_LENGTH} tokens, the longest "
+            f"a float32 {name} column holds exactly; cut the row (truncate=True with a "
+            f"max_*_length) or split it"
+        )
+    return torch.tensor(lengths, dtype=COLUMN_DTYPES[name])
+
+
 def _row_columns(
-    prompt_lengths: np.ndarray, response_lengths: np.ndarray, is_placeholder: np.ndarray
+    prompt_lengths: np.ndarray,
+    response_lengths: np.ndarray,
+    is_placeholder: np.ndarray,
+    keys: list[Any] | None = None,
 ) -> dict[str, torch.Tensor]:
-    """Per-row columns as fresh tensors (never views of the input they came from)."""
+    """Per-row columns as fresh tensors (never views of the input they came from).
+
+    Lengths arrive as int64 (they index tokens everywhere inside this package) and leave as
+    the float32 columns DESIGN section 6 declares; ``keys`` name a refused row.
+    """
     return {
-        "prompt_length": torch.tensor(prompt_lengths),
-        "response_length": torch.tensor(response_lengths),
+        "prompt_length": _length_column(prompt_lengths, "prompt_length", keys),
+        "response_length": _length_column(response_lengths, "response_length", keys),
         "is_placeholder": torch.tensor(is_placeholder),
     }
+
+
+def lengths_as_index(lengths: torch.Tensor, name: str) -> torch.Tensor:
+    """A ``prompt_length``/``response_length`` column read back as int64, to index tokens with.
+
+    Takes the float32 columns of DESIGN section 6 and the int64 ones of older exports; a
+    negative or fractional length is refused (it cannot have come from a row).
+    """
+    if lengths.dtype.is_floating_point:
+        if not bool(torch.all((lengths >= 0) & (lengths == lengths.round()))):
+            raise ValueError(f"column {name!r} holds negative or fractional lengths; not a batch's")
+    elif lengths.numel() and int(lengths.min()) < 0:
+        raise ValueError(f"column {name!r} holds negative lengths; not a batch's")
+    return lengths.to(torch.int64)
 
 
 def _split_columns(batch: TensorDictBase) -> tuple[dict[str, Any], dict[str, list[Any]]]:

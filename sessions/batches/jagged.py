@@ -94,6 +94,7 @@ def _jagged_from_flat(flat: _Flat) -> TensorDict:
             _read_view(flat.prompt_lengths),
             _read_view(flat.response_lengths),
             _read_view(flat.is_placeholder),
+            flat.non_tensor.get("key"),
         )
     )
     batch = TensorDict(columns, batch_size=[flat.batch_size])

@@ -16,7 +16,13 @@ from tensordict import TensorDict, TensorDictBase
 
 from sessions.batches.collect import BatchRow, _Rows, _rows_from_batch_rows
 from sessions.batches.columns import COLUMN_DTYPES
-from sessions.batches.flat import _Flat, _reject_unknown, _row_columns, _split_columns
+from sessions.batches.flat import (
+    _Flat,
+    _reject_unknown,
+    _row_columns,
+    _split_columns,
+    lengths_as_index,
+)
 from sessions.batches.non_tensor_stacks import set_non_tensor_columns
 
 __all__ = ["build_padded"]
@@ -119,7 +125,10 @@ def _padded_from_rows(rows: _Rows, pad_token_id: int) -> TensorDict:
     if rows.rollout_log_probs is not None:
         dtype = COLUMN_DTYPES["rollout_log_probs"]
         columns["rollout_log_probs"] = _pad_rows_right(rows.rollout_log_probs, r_len, R, dtype)
-    columns.update(_row_columns(rows.prompt_lengths, rows.response_lengths, rows.is_placeholder))
+    keys = rows.non_tensor.get("key")
+    columns.update(
+        _row_columns(rows.prompt_lengths, rows.response_lengths, rows.is_placeholder, keys)
+    )
     batch = TensorDict(columns, batch_size=[rows.batch_size])
     set_non_tensor_columns(batch, rows.non_tensor)
     return batch
@@ -129,7 +138,8 @@ def _flat_from_padded(batch: TensorDictBase) -> _Flat:
     """A padded batch -> flat: each row's attended tokens, found from its two lengths."""
     tensors, non_tensors = _split_columns(batch)
     _reject_unknown(tensors)
-    p_len, r_len = tensors["prompt_length"], tensors["response_length"]
+    p_len = lengths_as_index(tensors["prompt_length"], "prompt_length")
+    r_len = lengths_as_index(tensors["response_length"], "response_length")
     P, R = tensors["prompts"].shape[1], tensors["responses"].shape[1]
     in_prompt = torch.arange(P) >= (P - p_len)[:, None]
     in_response = torch.arange(R) < r_len[:, None]

@@ -11,7 +11,7 @@ from typing import Any, Mapping
 import torch
 from tensordict import TensorDict, TensorDictBase
 
-from sessions.batches.flat import _split_columns
+from sessions.batches.flat import _length_column, _split_columns, lengths_as_index
 from sessions.batches.jagged import is_jagged, jagged_from_parts, jagged_parts
 from sessions.batches.non_tensor_stacks import set_non_tensor_columns
 
@@ -20,6 +20,9 @@ __all__ = ["from_plain_dict", "to_plain_dict"]
 #: separator of the plain-dict keys of jagged columns: ``"prompts.values"``, ``"prompts.offsets"``
 _VALUES_SUFFIX = ".values"
 _OFFSETS_SUFFIX = ".offsets"
+
+#: per-row lengths, float32 since DESIGN section 6 said so; older files hold int64
+_LENGTH_COLUMNS = frozenset({"prompt_length", "response_length"})
 
 #: the value types a non-tensor column may hold to stay weights_only-loadable
 _PLAIN_SCALARS = (type(None), bool, int, float, str)
@@ -73,7 +76,11 @@ def _plain_batch_size(plain: Mapping[str, Any]) -> int:
 
 
 def from_plain_dict(plain: Mapping[str, Any]) -> TensorDict:
-    """Inverse of ``to_plain_dict``; jagged columns sharing row lengths share one offsets tensor."""
+    """Inverse of ``to_plain_dict``; jagged columns sharing row lengths share one offsets tensor.
+
+    int64 ``prompt_length``/``response_length`` (files written before they became float32) come
+    back as float32, so an old export still feeds verl's metrics.
+    """
     columns: dict[str, torch.Tensor] = {}
     lists: dict[str, list[Any]] = {}
     shared_offsets: list[torch.Tensor] = []
@@ -87,6 +94,8 @@ def from_plain_dict(plain: Mapping[str, Any]) -> TensorDict:
             if not any(o is offsets for o in shared_offsets):
                 shared_offsets.append(offsets)
             columns[name] = jagged_from_parts(value, offsets)
+        elif key in _LENGTH_COLUMNS and isinstance(value, torch.Tensor):
+            columns[key] = _length_column(lengths_as_index(value, key).numpy(), key, None)
         elif isinstance(value, torch.Tensor):
             columns[key] = value
         else:

@@ -60,6 +60,7 @@ def to_padded(raw: TensorDictBase, *, pad_token_id: int = 0, keys: Sequence[str]
     from tensordict import NonTensorData, NonTensorStack, TensorDict
 
     from sessions.batches import COLUMN_DTYPES, LAYOUT_COLUMNS, densify, non_tensor
+    from sessions.batches.flat import lengths_as_index
     from sessions.batches.jagged import jagged_from_parts
 
     batch_size = int(raw.batch_size[0]) if raw.batch_size else 0
@@ -91,7 +92,7 @@ def to_padded(raw: TensorDictBase, *, pad_token_id: int = 0, keys: Sequence[str]
         jagged.set(name, NonTensorStack.from_list(list(values)))
     dense = densify(jagged, pad_token_id=pad_token_id)
     widths = (dense.get("prompts").shape[1], dense.get("responses").shape[1])
-    lengths = (dense.get("prompt_length"), dense.get("response_length"))
+    lengths = tuple(lengths_as_index(dense.get(n), n) for n in ("prompt_length", "response_length"))
     for name, value in extra.items():
         dense.set(name, _pad_extra(value, lengths, widths))
     if keys is not None and "key" in lists:
@@ -105,7 +106,7 @@ def to_padded(raw: TensorDictBase, *, pad_token_id: int = 0, keys: Sequence[str]
     return dense
 
 
-def _pad_extra(value: Any, lengths: tuple[Any, Any], widths: tuple[int, int]) -> Any:
+def _pad_extra(value: Any, lengths: tuple[Any, ...], widths: tuple[int, int]) -> Any:
     """Pad one extra column to the side it aligns with (see ``to_padded``); 0 fills the padding."""
     import torch
 
