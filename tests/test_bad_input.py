@@ -46,7 +46,7 @@ import numpy as np
 import pytest
 import pytest_asyncio
 from sqlalchemy import func, insert, select, text, update
-from sqlalchemy.exc import DBAPIError, IntegrityError
+from sqlalchemy.exc import DBAPIError
 
 from sessions import InvalidInput, Ledger, UnknownEventError
 from sessions import events as ev
@@ -806,37 +806,30 @@ async def test_a_non_text_message_never_stops_the_projector(db_url: str, command
         assert await session_column(ledger, good.session_id, "state") == "succeeded"
 
 
-class NotFinite(AssertionError):
-    """A metric the projector stored as NaN."""
-
-
-SUM_OVERFLOW_SQLITE = Bug(
-    "rewards that are each finite but sum past the float range (three of 1.7e308 in one group) make the "
-    "group-mean delta inf - inf = NaN (rules._settle, reward/uid_mean_sum@n); SQLite stores NaN as NULL, so the "
-    "metric_counts insert fails NOT NULL and the projector stops for every session (IntegrityError)",
-    IntegrityError, ("sqlite",))
-SUM_OVERFLOW_POSTGRES = Bug(
-    "the same rewards leave reward/uid_mean_sum@3 and reward/mean@3 NaN in metric_counts on PostgreSQL",
-    NotFinite, ("postgres",))
-
-
 async def test_rewards_whose_sum_overflows_never_stop_the_projector(db_url: str) -> None:
     """Each reward is finite, so each is accepted; what the projector derives from them must then be
-    storable too (DESIGN §4): projection goes on, and no metric is NaN."""
+    storable too (DESIGN §4): projection goes on and no metric is NaN. Two groups of three rewards of
+    +-1.7e308 (each group's sum past the float range): a group's mean stays in range (saturated at
+    +-float max), so the groups' means add up without ever meeting as inf - inf; a sum of rows past
+    the range is stored as +inf (both backends store infinities), and so is the mean derived from it."""
     async with Ledger.open(db_url) as ledger:
-        identity = kw(group_size=3)
-        for index in range(3):
-            async with ledger.session(fresh_id(), **{**identity, "session_index": index}) as s:
-                await s.record_trajectory(**GOOD)
-                await s.post_reward(1.7e308)
-        backend = backend_of(db_url)
-        with known_bug(SUM_OVERFLOW_SQLITE if backend == "sqlite" else SUM_OVERFLOW_POSTGRES, backend):
-            await ledger.project()
-            async with ledger.engine.connect() as conn:
-                values = {r.metric: r.value for r in await conn.execute(text("SELECT metric, value FROM metric_counts"))}
-            nan = sorted(name for name, value in values.items() if value is None or math.isnan(value))
-            if nan:
-                raise NotFinite(f"NaN metrics: {nan}")
+        for sign in (1.0, -1.0):
+            identity = kw(group_size=3)
+            for index in range(3):
+                async with ledger.session(fresh_id(), **{**identity, "session_index": index}) as s:
+                    await s.record_trajectory(**GOOD)
+                    await s.post_reward(sign * 1.7e308)
+        await ledger.project()
+        async with ledger.engine.connect() as conn:
+            values = {r.metric: r.value for r in await conn.execute(text(
+                "SELECT metric, value FROM metric_counts WHERE data_source IS NULL"))}
+            means = [r.reward_sum / r.reward_count for r in await conn.execute(text("SELECT reward_sum, reward_count FROM groups"))]
+    nan = sorted(name for name, value in values.items() if value is None or math.isnan(value))
+    assert nan == [], f"NaN metrics: {nan}"
+    assert sorted(means) == [-math.inf, math.inf]  # the groups' own sums left the float range
+    assert values["reward/uids@3"] == 2 and values["reward/mean@3"] == 0.0  # +max and -max: finite means
+    assert values["reward/mean_per_uid"] == 0.0 and values["reward/uids_excluded"] == 0
+    assert values["reward/sum"] == math.inf and values["reward/mean"] == math.inf  # +,+,+ then -,-,-: inf stays inf
 
 
 # ------------------------------------------------------------------------------ caps, beyond one command

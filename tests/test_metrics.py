@@ -10,11 +10,14 @@ both. The tests here pin hand-computed figures and the agreement with verl's sco
 from __future__ import annotations
 
 import math
+import sys
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -30,7 +33,7 @@ Scope = tuple[str, str, "int | None", "str | None"]
 #: metric families whose exact set of names is checked (no spurious reasons or group sizes)
 FAMILIES = ("failed/", "reward/mean@")
 #: means that must be absent while their denominator is zero
-MEANS = ("reward/mean", "reward/mean_success_only", "response_length/mean", "response_length/max", "coverage")
+MEANS = ("reward/mean", "reward/mean_success_only", "reward/mean_per_uid", "response_length/mean", "response_length/max", "coverage")
 
 
 # ------------------------------------------------------------------------------------------
@@ -70,12 +73,12 @@ async def read_events(engine: AsyncEngine) -> list[ev.Recorded]:
 async def recompute_from_events(engine: AsyncEngine) -> dict[Scope, dict[str, float]]:
     """Every contract metric, straight from the log (no projector code involved)."""
     sessions: dict[str, _Session] = {}
-    group_of: dict[tuple[str, str], list[str]] = defaultdict(list)
+    group_of: dict[tuple[str, str, int | None, str], list[str]] = defaultdict(list)
     for r in await read_events(engine):
         e = r.event
         if isinstance(e, ev.SessionCreated):
             sessions[r.session_id] = _Session(e.run, e.uid, e.group_size, e.partition, e.global_step, e.data_source)
-            group_of[(e.run, e.uid)].append(r.session_id)
+            group_of[(e.run, e.partition, e.global_step, e.uid)].append(r.session_id)
             continue
         s = sessions[r.session_id]
         if isinstance(e, ev.TrajectoryRecorded):
@@ -108,14 +111,17 @@ async def recompute_from_events(engine: AsyncEngine) -> dict[Scope, dict[str, fl
                 for index in s.selected:
                     rows[scope].append((0.0 if s.score is None else s.score, s.response_lens[index], True))
 
+    # verl's view of a settled group: its batch rows (a succeeded session's selected trajectories,
+    # each with the session's reward; a placeholder's one row); k = its row count.
     uid_means: dict[Scope, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
-    for (_run, _uid), sids in group_of.items():
+    settled_groups: dict[Scope, int] = defaultdict(int)
+    for sids in group_of.values():
         first = sessions[sids[0]]
         values = []
         for sid in sids:
             s = sessions[sid]
             if s.state == "succeeded":
-                values.append(0.0 if s.score is None else s.score)
+                values += [0.0 if s.score is None else s.score] * len(s.selected)
             elif s.placeholder_reward is not None:
                 values.append(s.placeholder_reward)
         terminal = sum(sessions[sid].state != "open" for sid in sids)
@@ -125,8 +131,9 @@ async def recompute_from_events(engine: AsyncEngine) -> dict[Scope, dict[str, fl
             c["groups/total"] += 1
             if settled:
                 c["groups/finished" if any(sessions[sid].state == "succeeded" for sid in sids) else "groups/failure"] += 1
-            if values:
-                uid_means[scope][first.group_size].append(sum(values) / len(values))
+                settled_groups[scope] += 1
+                if values:
+                    uid_means[scope][len(values)].append(sum(values) / len(values))
 
     out: dict[Scope, dict[str, float]] = {}
     for scope, c in counts.items():
@@ -147,8 +154,13 @@ async def recompute_from_events(engine: AsyncEngine) -> dict[Scope, dict[str, fl
         judged = metrics["sessions/succeeded"] + metrics["sessions/failed"]
         if judged:
             metrics["coverage"] = metrics["sessions/succeeded"] / judged
-        for n, means in uid_means.get(scope, {}).items():
-            metrics[f"reward/mean@{n}"] = sum(means) / len(means)
+        by_k = uid_means.get(scope, {})
+        for k, means in by_k.items():
+            metrics[f"reward/mean@{k}"] = sum(means) / len(means)
+        every = [mean for means in by_k.values() for mean in means]
+        if every:
+            metrics["reward/mean_per_uid"] = sum(every) / len(every)
+        metrics["reward/uids_excluded"] = settled_groups.get(scope, 0) - (len(by_k[max(by_k)]) if by_k else 0)
         out[scope] = metrics
     return out
 
@@ -254,8 +266,14 @@ async def test_hand_computed_metrics(db_url: str) -> None:
     assert everything["groups/unsettled"] == 1
     assert everything["reward/mean"] == pytest.approx((1.0 + 1.0 + 0 + 0.0 + 0 + 0.5 + 0) / 7)
     assert everything["reward/mean_success_only"] == pytest.approx((1.0 + 1.0 + 0.0 + 0.5) / 4)
-    # uid means: a (1+0)/2, b (0+0)/2, c 0.5/1 (cancelled excluded), d 0/1
-    assert everything["reward/mean@2"] == pytest.approx((0.5 + 0.0 + 0.5 + 0.0) / 4)
+    # verl's per-uid means over each settled group's rows: a has 3 rows (1.0, 1.0, 0) -> @3,
+    # b 2 rows (0.0, 0) -> @2, c 1 row (0.5; its cancelled sibling has none) -> @1; d is unsettled
+    assert everything["reward/mean@3"] == pytest.approx(2 / 3)
+    assert everything["reward/mean@2"] == 0.0
+    assert everything["reward/mean@1"] == 0.5
+    assert sorted(k for k in everything if k.startswith("reward/mean@")) == ["reward/mean@1", "reward/mean@2", "reward/mean@3"]
+    assert everything["reward/mean_per_uid"] == pytest.approx((2 / 3 + 0.0 + 0.5) / 3)
+    assert everything["reward/uids_excluded"] == 2  # b and c are outside the headline mean@3
     assert everything["coverage"] == pytest.approx(3 / 6)
     assert everything["response_length/mean"] == pytest.approx((4 + 6 + 2 + 8) / 4)
     assert everything["response_length/max"] == 8
@@ -263,7 +281,10 @@ async def test_hand_computed_metrics(db_url: str) -> None:
     assert math_only["sessions/total"] == 6
     assert math_only["reward/mean"] == pytest.approx((1.0 + 1.0 + 0 + 0.5 + 0) / 5)
     assert math_only["reward/mean_success_only"] == pytest.approx(2.5 / 3)
-    assert math_only["reward/mean@2"] == pytest.approx((0.5 + 0.5 + 0.0) / 3)
+    assert math_only["reward/mean@3"] == pytest.approx(2 / 3) and math_only["reward/mean@1"] == 0.5
+    assert "reward/mean@2" not in math_only
+    assert math_only["reward/mean_per_uid"] == pytest.approx((2 / 3 + 0.5) / 2)
+    assert math_only["reward/uids_excluded"] == 1
     assert math_only["groups/total"] == 3
     assert "failed/sandbox_error" not in math_only
     assert code_only["reward/mean"] == 0.0
@@ -271,6 +292,7 @@ async def test_hand_computed_metrics(db_url: str) -> None:
     assert code_only["reward/absent"] == 1
     assert code_only["coverage"] == pytest.approx(0.5)
     assert code_only["groups/finished"] == 1
+    assert code_only["reward/mean@2"] == 0.0 and code_only["reward/uids_excluded"] == 0
 
 
 async def test_drop_policy_keeps_failures_out_of_means(db_url: str) -> None:
@@ -284,14 +306,17 @@ async def test_drop_policy_keeps_failures_out_of_means(db_url: str) -> None:
     assert got["sessions/failed"] == 2
     assert got["placeholders"] == 1
     assert got["reward/mean"] == pytest.approx(0.5)
-    assert got["reward/mean@3"] == pytest.approx(0.5)
+    assert got["reward/mean@2"] == pytest.approx(0.5)  # the group of 3 has 2 rows: verl files it under mean@2
+    assert "reward/mean@3" not in got and got["reward/uids_excluded"] == 0
     assert got["coverage"] == pytest.approx(1 / 3)
     assert got["groups/finished"] == 1
 
 
 async def test_metrics_agree_with_verl_score_and_validation_metrics(sqlite_url: str) -> None:
-    """`reward/mean` is verl's critic/score/mean on the exported batch; `reward/mean@n` is its
-    `val-core/<source>/reward/mean@n` (per uid the mean over sessions' final rows, then over uids)."""
+    """`reward/mean` is verl's critic/score/mean on the exported batch; `reward/mean@k` is its
+    `val-core/<source>/reward/mean@k`: the batch rows grouped by uid (every row), per uid the mean
+    over its k rows, then per k the mean over the uids with k rows. (tests/test_verl_metrics.py
+    checks the same against verl's own code.)"""
     import numpy as np
 
     from sessions.batches import non_tensor
@@ -301,6 +326,8 @@ async def test_metrics_agree_with_verl_score_and_validation_metrics(sqlite_url: 
             "p": [((3, 5), 1.0, "complete"), ((2,), 0.0, "complete"), ((), None, "runner"), ((4,), 0.75, "complete")],
             "q": [((1,), None, "sandbox"), ((2,), None, "timeout"), ((6,), 0.25, "complete"), ((2, 2, 2), 0.5, "complete")],
             "r": [((3,), None, "runner"), ((), None, "complete"), ((1,), None, "sandbox"), ((5,), None, "timeout")],
+            "s": [((2,), 1.0, "complete"), ((3,), 0.5, "complete"), ((1,), None, "cancel"), ((), None, "runner")],
+            "v": [((2,), 0.5, "complete"), ((1,), None, "runner"), ((3,), 1.0, "complete"), ((2,), 0.0, "complete")],
         }
         for uid, sessions in plan.items():
             for i, (lengths, reward, end) in enumerate(sessions):
@@ -315,19 +342,20 @@ async def test_metrics_agree_with_verl_score_and_validation_metrics(sqlite_url: 
     assert torch_equal(attended, batch["response_length"])
     assert got["reward/mean"] == pytest.approx(float(score[attended > 0].double().mean()))
 
-    # verl process_validation_metrics over final rows (highest trajectory index per session)
-    keys, uids = non_tensor(batch, "key"), non_tensor(batch, "uid")
-    final: dict[tuple[str, str], tuple[int, float]] = {}
-    for key, uid, value in zip(keys, uids, score.tolist()):
-        _uid, index, t = key.split("_")
-        if (uid, index) not in final or int(t) > final[(uid, index)][0]:
-            final[(uid, index)] = (int(t), value)
     per_uid: dict[str, list[float]] = defaultdict(list)
-    for (uid, _index), (_t, value) in final.items():
+    for uid, value in zip(non_tensor(batch, "uid"), score.tolist()):
         per_uid[uid].append(value)
-    assert {len(v) for v in per_uid.values()} == {4}  # no session vanished: mean@4 covers every uid
-    assert got["reward/mean@4"] == pytest.approx(float(np.mean([np.mean(v) for v in per_uid.values()])))
-    # and the inflated figure differs: it ignores 6 failed sessions
+    by_k: dict[int, list[float]] = defaultdict(list)
+    for values in per_uid.values():
+        by_k[len(values)].append(float(np.mean(values)))
+    assert {k: len(means) for k, means in by_k.items()} == {5: 1, 6: 1, 4: 2, 3: 1}  # s lost a session to cancellation
+    assert sorted(k for k in got if k.startswith("reward/mean@")) == [f"reward/mean@{k}" for k in sorted(by_k)]
+    for k, means in by_k.items():
+        assert got[f"reward/mean@{k}"] == pytest.approx(float(np.mean(means)), abs=1e-6)
+    every = [mean for means in by_k.values() for mean in means]
+    assert got["reward/mean_per_uid"] == pytest.approx(float(np.mean(every)), abs=1e-6)
+    assert got["reward/uids_excluded"] == 4  # only q has the largest row count, 6
+    # and the inflated figure differs: it ignores the failed sessions
     assert got["reward/mean_success_only"] > got["reward/mean"]
 
 
@@ -349,7 +377,9 @@ def test_metric_table_derives_means_and_drops_undefined_ones() -> None:
     assert table.values["sessions/failed"] == 0 and table.values["groups/failure"] == 0  # zero counts are reported
     for name, amount in [("sessions/total", 5), ("sessions/succeeded", 2), ("sessions/failed", 2), ("sessions/cancelled", 1),
                          ("rows/total", 4), ("rows/succeeded", 2), ("reward/sum", 1.5), ("reward/sum_success_only", 1.5),
-                         ("groups/total", 3), ("groups/finished", 1), ("reward/uid_mean_sum@4", 1.25), ("reward/uids@4", 2)]:
+                         ("groups/total", 3), ("groups/finished", 1), ("groups/failure", 1), ("reward/uid_mean_sum@4", 1.25),
+                         ("reward/uids@4", 1), ("reward/uid_mean_sum@3", 0.5), ("reward/uids@3", 1),
+                         ("reward/uid_mean_sum", 1.75), ("reward/uids", 2)]:
         table.add(name, amount)
     table.maximum("response_length/max", 7)
     table.maximum("response_length/max", 3)
@@ -357,12 +387,51 @@ def test_metric_table_derives_means_and_drops_undefined_ones() -> None:
     v = table.values
     assert v["reward/mean"] == pytest.approx(1.5 / 4)
     assert v["reward/mean_success_only"] == pytest.approx(1.5 / 2)
-    assert v["reward/mean@4"] == pytest.approx(1.25 / 2)
+    assert v["reward/mean@4"] == 1.25 and v["reward/mean@3"] == 0.5
+    assert v["reward/mean_per_uid"] == pytest.approx(1.75 / 2)
+    assert v["reward/uids_excluded"] == 1  # two settled groups, one with the largest row count (4)
     assert v["coverage"] == pytest.approx(0.5)
-    assert v["groups/unsettled"] == 2
+    assert v["groups/unsettled"] == 1
     assert v["sessions/open"] == 0
     assert v["response_length/max"] == 7
     assert not math.isnan(v["reward/mean"])
+
+
+@given(groups=st.lists(st.tuples(st.integers(0, 6), st.lists(st.floats(-1e308, 1e308), min_size=6, max_size=6)), max_size=12))
+@settings(max_examples=200, deadline=None)
+def test_counting_settled_groups_as_the_rules_do_derives_verls_means(groups: list[tuple[int, list[float]]]) -> None:
+    """Settled groups (k rows each, k = 0 for a group with no row left), counted as
+    `rules._settle` counts them: `reward/mean@k` is the mean over the groups with k rows of their
+    row means, `reward/mean_per_uid` the mean over every group with a row, `reward/uids_excluded`
+    the groups outside the largest k; nothing is NaN, even where a group's sum leaves the range."""
+    table = m.MetricTable()
+    by_k: dict[int, list[float]] = defaultdict(list)
+    for k, rewards in groups:
+        table.add(m.GROUPS_FINISHED)
+        if k:
+            total = 0.0
+            for reward in rewards[:k]:
+                total += reward
+            mean = m.group_mean(total, k)
+            assert math.isfinite(mean)
+            if math.isfinite(total):
+                assert mean == total / k
+            else:
+                assert abs(mean) == sys.float_info.max and math.copysign(1, mean) == math.copysign(1, total)
+            by_k[k].append(mean)
+            for name, amount in ((m.UID_MEAN_SUM.format(n=k), mean), (m.UIDS.format(n=k), 1.0), (m.UID_MEAN_SUM_ALL, mean), (m.UIDS_ALL, 1.0)):
+                table.add(name, amount)
+    table.derive()
+    v = table.values
+    assert not any(math.isnan(value) for value in v.values())
+    assert {name for name in v if name.startswith("reward/mean@")} == {f"reward/mean@{k}" for k in by_k}
+    for k, means in by_k.items():
+        assert v[f"reward/uids@{k}"] == len(means)
+        if all(abs(mean) < 1e300 for mean in means):
+            assert v[f"reward/mean@{k}"] == pytest.approx(sum(means) / len(means), rel=1e-9, abs=1e-300)
+    every = [mean for means in by_k.values() for mean in means]
+    assert ("reward/mean_per_uid" in v) == bool(every)
+    assert v["reward/uids_excluded"] == len(groups) - (len(by_k[max(by_k)]) if by_k else 0)
 
 
 def test_scopes_add_the_all_sources_row() -> None:

@@ -8,13 +8,27 @@ scope changes. Definitions (DESIGN §7, issue "Projector"):
   of `rm_scores.sum(-1)`; failures count as zeros, cancelled sessions have no row. A succeeded
   session whose reward was never posted contributes 0.0 here and is counted in `reward/absent`.
 - `reward/mean_success_only`: the same over succeeded rows only — the inflated figure.
-- `reward/mean@n`: per uid the mean of its sessions' final rows, then the mean over uids (verl's
-  `val-core/<data_source>/reward/mean@n`), failures as zeros; n is the group size.
+- `reward/mean@k`: exactly verl's `val-core/<data_source>/reward/mean@k` (`process_validation_metrics`)
+  on the same batch: a settled group (uid) with k batch rows has the mean of its rows' rewards
+  (failures as zeros; with trajectory selection `all` a session gives several rows); the figure is
+  the mean over the groups with k rows. k is the row count, not the group size: a group of 4 that
+  lost a session to cancellation or a drop policy files under `mean@3`, as in verl, whose headline
+  is the largest k. Counted when the group settles (verl only ever sees settled batches).
+- `reward/mean_per_uid`: the ledger's own complete figure: the same per-group means, averaged over
+  every settled group with at least one row, whatever its row count.
+- `reward/uids_excluded`: settled groups outside the headline `reward/mean@N` (N the scope's largest
+  k): those with fewer rows, or none at all.
 - `coverage`: succeeded / (succeeded + failed): the share of sessions the success-only mean covers.
+
+Sums of finite rewards never become NaN (a sum past the float range is stored as +-infinity, and
+so is a mean derived from it); a group's mean, always in range, is computed so that it stays
+finite (`group_mean`), so the counters summing group means only ever add finite values.
 """
 
 from __future__ import annotations
 
+import math
+import sys
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -45,9 +59,14 @@ __all__ = [
     "SESSIONS_SUCCEEDED",
     "SESSIONS_TOTAL",
     "Scope",
+    "REWARD_MEAN_PER_UID",
     "UIDS",
+    "UIDS_ALL",
+    "UIDS_EXCLUDED",
     "UID_MEAN_SUM",
+    "UID_MEAN_SUM_ALL",
     "ZERO_FILLED",
+    "group_mean",
     "scopes",
     "summarise",
 ]
@@ -71,8 +90,12 @@ REWARD_SUM_SUCCESS = "reward/sum_success_only"
 RESPONSE_LENGTH_SUM = "response_length/sum"
 RESPONSE_LENGTH_MAX = "response_length/max"
 FAILED_BY_REASON = "failed/{reason}"
+#: Per row count k: the sum of the settled groups' means and how many groups have k rows.
 UID_MEAN_SUM = "reward/uid_mean_sum@{n}"
 UIDS = "reward/uids@{n}"
+#: The same over every settled group with a row, whatever its row count.
+UID_MEAN_SUM_ALL = "reward/uid_mean_sum"
+UIDS_ALL = "reward/uids"
 
 # Derived.
 GROUPS_UNSETTLED = "groups/unsettled"
@@ -80,6 +103,8 @@ SESSIONS_OPEN = "sessions/open"
 REWARD_MEAN = "reward/mean"
 REWARD_MEAN_SUCCESS = "reward/mean_success_only"
 REWARD_MEAN_AT = "reward/mean@{n}"
+REWARD_MEAN_PER_UID = "reward/mean_per_uid"
+UIDS_EXCLUDED = "reward/uids_excluded"
 RESPONSE_LENGTH_MEAN = "response_length/mean"
 COVERAGE = "coverage"
 
@@ -129,9 +154,27 @@ class MetricTable:
         _ratio(v, REWARD_MEAN_SUCCESS, self.get(REWARD_SUM_SUCCESS), self.get(ROWS_SUCCEEDED))
         _ratio(v, RESPONSE_LENGTH_MEAN, self.get(RESPONSE_LENGTH_SUM), self.get(ROWS_SUCCEEDED))
         _ratio(v, COVERAGE, self.get(SESSIONS_SUCCEEDED), self.get(SESSIONS_SUCCEEDED) + self.get(SESSIONS_FAILED))
-        for name in [k for k in v if k.startswith("reward/uids@")]:
-            n = name.split("@", 1)[1]
+        _ratio(v, REWARD_MEAN_PER_UID, self.get(UID_MEAN_SUM_ALL), self.get(UIDS_ALL))
+        top = 0
+        for name in [k for k in v if k.startswith(_UIDS_AT)]:
+            n = name[len(_UIDS_AT):]
+            top = max(top, int(n))
             _ratio(v, REWARD_MEAN_AT.format(n=n), self.get(UID_MEAN_SUM.format(n=n)), self.get(name))
+        # The name is fixed (no "@N"): N grows as groups settle, and a stored row is never deleted.
+        settled = self.get(GROUPS_FINISHED) + self.get(GROUPS_FAILURE)
+        v[UIDS_EXCLUDED] = settled - (self.get(UIDS.format(n=top)) if top else 0.0)
+
+
+_UIDS_AT = UIDS.format(n="")
+_FLOAT_MAX = sys.float_info.max
+
+
+def group_mean(reward_sum: float, rows: int) -> float:
+    """A group's mean row reward from its sum: finite for finite rewards. When the sum left the
+    float range (it is then +-inf) the mean, which cannot, saturates at +-float max: the sum no
+    longer says where in range it is, and an infinite addend could meet its opposite (NaN)."""
+    mean = reward_sum / rows
+    return mean if math.isfinite(mean) else math.copysign(_FLOAT_MAX, mean)
 
 
 def _ratio(values: dict[str, float], name: str, numerator: float, denominator: float) -> None:

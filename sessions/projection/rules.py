@@ -254,7 +254,7 @@ class Rules:
         for index in selected:
             source_position, data = known[index]
             self._row(s, position, index, source_position, reward, data=data)
-        self._settle(s, position, reward)
+        self._settle(s, position)
 
     def _failed(self, s: Row, position: int, e: dict[str, Any], recorded_at: Any) -> None:
         self._terminal(s, "failed", position, recorded_at)
@@ -264,7 +264,7 @@ class Rules:
         _add(tables, m.SESSIONS_FAILED)
         _add(tables, m.FAILED_BY_REASON.format(reason=reason))
         if e.get("placeholder", "emit") == "drop":
-            self._settle(s, position, None)
+            self._settle(s, position)
         # else: the session settles at its PlaceholderEmitted, so its row precedes the group tag.
 
     def _placeholder(self, s: Row, position: int, e: dict[str, Any], recorded_at: Any) -> None:
@@ -279,13 +279,13 @@ class Rules:
         s["selected_rows"] = 1
         self._row(s, position, 0, position, reward, data=None, failure_reason=reason, materialization_reason=materialization)
         _add(self._of_session(s), m.PLACEHOLDERS)
-        self._settle(s, position, reward)
+        self._settle(s, position)
 
     def _cancelled(self, s: Row, position: int, e: dict[str, Any], recorded_at: Any) -> None:
         self._terminal(s, "cancelled", position, recorded_at)
         s["message"] = e.get("message")
         _add(self._of_session(s), m.SESSIONS_CANCELLED)
-        self._settle(s, position, None)
+        self._settle(s, position)
 
     # -------------------------------------------------------- quarantine
     def _error(self, position: int, sid: str, type_: str, field_: str | None, reason: str, outcome: str) -> None:
@@ -352,6 +352,9 @@ class Rules:
             },
             "produced_position": position,
         })
+        group = self.state.groups[(s["run"], s["partition"], step, uid)]  # its rows' sum, for `reward/mean@k`
+        group["reward_sum"] += reward
+        group["reward_count"] += 1
         for table in self._of_session(s):  # `MetricTable.add` inlined: this runs once per row and scope
             values = table.values
             table.dirty = True
@@ -364,27 +367,25 @@ class Rules:
                 if response_len > values.get(_LENGTH_MAX, _MINUS_INF):
                     values[_LENGTH_MAX] = float(response_len)
 
-    def _settle(self, s: Row, position: int, value: float | None) -> None:
-        """A session is done for projection: count it in its group; tag the group once all are."""
+    def _settle(self, s: Row, position: int) -> None:
+        """A session is done for projection: count it in its group; once all are, tag the group
+        and count its rows' mean under `reward/mean@k` (k its row count), as verl would see it."""
         key = group_key(s)
         group = self.state.groups[key]
         self.state.touched_groups.add(key)
         group["terminal"] += 1
         group[s["state"]] += 1
-        tables = self._of(group)
-        if value is not None:
-            n = group["group_size"]
-            old = group["reward_sum"] / group["reward_count"] if group["reward_count"] else None
-            group["reward_sum"] += value
-            group["reward_count"] += 1
-            new = group["reward_sum"] / group["reward_count"]
-            _add(tables, m.UID_MEAN_SUM.format(n=n), new - (old or 0.0))
-            if old is None:
-                _add(tables, m.UIDS.format(n=n))
         if group["status"] == "pending" and group["terminal"] >= group["group_size"]:
             group["status"] = "finished" if group["succeeded"] > 0 else "failure"
             group["settled_position"] = position
+            tables = self._of(group)
             _add(tables, m.GROUPS_FINISHED if group["status"] == "finished" else m.GROUPS_FAILURE)
+            rows = group["reward_count"]
+            if rows:
+                mean = m.group_mean(group["reward_sum"], rows)
+                for name, amount in ((m.UID_MEAN_SUM.format(n=rows), mean), (m.UIDS.format(n=rows), 1.0),
+                                     (_UID_MEAN_SUM_ALL, mean), (_UIDS_ALL, 1.0)):
+                    _add(tables, name, amount)
             self._queue({
                 "run": group["run"], "partition": group["partition"], "global_step": group["global_step"],
                 "key": group["uid"], "kind": "tag", "uid": group["uid"], "session_id": None, "session_index": None,
@@ -410,6 +411,7 @@ def _group_conflict(group: Row, e: dict[str, Any]) -> tuple[str, str] | None:
 
 _ROWS, _REWARD_SUM, _ROWS_SUCCEEDED = m.ROWS, m.REWARD_SUM, m.ROWS_SUCCEEDED
 _REWARD_SUM_SUCCESS, _LENGTH_SUM, _LENGTH_MAX = m.REWARD_SUM_SUCCESS, m.RESPONSE_LENGTH_SUM, m.RESPONSE_LENGTH_MAX
+_UID_MEAN_SUM_ALL, _UIDS_ALL = m.UID_MEAN_SUM_ALL, m.UIDS_ALL
 _MINUS_INF = float("-inf")
 
 
