@@ -34,7 +34,7 @@ COLUMNS = tuple(c.name for c in events.c)
 EXPECTED_METRICS = (
     "sessions/total", "sessions/succeeded", "sessions/failed", "sessions/cancelled", "placeholders",
     "groups/total", "groups/finished", "groups/failure", "reward/absent", "rows/total",
-    "reward/mean", "reward/mean_success_only", "response_length/max",
+    "reward/mean", "reward/mean_success_only", "reward/mean_per_uid", "reward/uids_excluded", "response_length/max",
 )
 
 
