@@ -235,7 +235,7 @@ def shared_ledger(module_db_url: str) -> Iterator[SyncLedger]:
         yield opened
 
 
-@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(plan=st.lists(st.lists(st.sampled_from(OUTCOMES), min_size=1, max_size=4), min_size=2, max_size=6))
 def test_generated_interleavings_per_thread_count_exactly_what_happened(shared_ledger: SyncLedger, plan: list[list[str]]) -> None:
     """Threads (one outcome list each) record at once; the metrics equal the outcomes, whatever the interleaving."""
