@@ -16,16 +16,22 @@ from sessions.batches import flat as flat_module
 from sessions.batches import padded as padded_module
 from sessions.batches import (
     NON_TENSOR_COLUMNS,
+    UNKNOWN_TURNS,
     BatchRow,
     BatchTooLongError,
     build_jagged,
     build_padded,
+    concat_batches,
     concat_padded,
     densify,
     from_plain_dict,
     non_tensor,
+    select_rows,
     to_plain_dict,
 )
+from sessions.batches.tensordict_compat import NATIVE_JAGGED_ROW_OPS
+
+pytestmark = pytest.mark.verl_env  # also under verl's pin, tensordict 0.10.0
 
 FAST = settings(max_examples=50, deadline=None)
 HEAVY = settings(max_examples=25, deadline=None)  # several builds + a torch.save per example
@@ -40,6 +46,7 @@ TENSOR_KEYS = {
     "prompt_length",
     "response_length",
     "is_placeholder",
+    "num_turns",
 }
 
 
@@ -116,6 +123,7 @@ def batch_rows(draw: st.DrawFn, min_size: int = 1, max_size: int = 8) -> list[Ba
                 uid=uid,
                 session_index=i,
                 data_source="math",
+                **({"num_turns": draw(st.integers(0, 5))} if draw(st.booleans()) else {}),
             )
         )
     return rows
@@ -150,6 +158,8 @@ def reference_padded(rows: list[BatchRow], pad: int) -> dict[str, torch.Tensor]:
         cols["prompt_length"].append(torch.tensor(float(lp_)))  # float32, as verl reads them
         cols["response_length"].append(torch.tensor(float(lr)))
         cols["is_placeholder"].append(torch.tensor(r.is_placeholder))
+        turns = r.meta.get("num_turns")
+        cols["num_turns"].append(torch.tensor(turns if turns is not None else 0 if r.is_placeholder else UNKNOWN_TURNS))
     out = {k: torch.stack(v) for k, v in cols.items()}
     if not any_lp:
         del out["rollout_log_probs"]
@@ -481,10 +491,13 @@ def test_concat_padded_equals_building_all_rows(a: list[BatchRow], b: list[Batch
     assert_same_batch(got, expected)
     mixed = concat_padded([build_jagged(a), build_padded(b, pad_token_id=3)], pad_token_id=3)
     assert_same_batch(mixed, expected)
-    # jagged batches with the same columns concatenate with plain torch.cat
+    # jagged batches with the same columns concatenate with concat_batches (any tensordict)
+    # and, where tensordict does it for nested tensors (0.15.3, not 0.10.0), plain torch.cat
     ja, jb = build_jagged(a), build_jagged(b)
     if set(ja.keys()) == set(jb.keys()):
-        assert_same_batch(densify(torch.cat([ja, jb]), pad_token_id=3), expected)
+        assert_same_batch(densify(concat_batches([ja, jb]), pad_token_id=3), expected)
+        if NATIVE_JAGGED_ROW_OPS:
+            assert_same_batch(densify(torch.cat([ja, jb]), pad_token_id=3), expected)
 
 
 def test_concat_padded_of_nothing_is_empty_batch() -> None:
@@ -528,7 +541,10 @@ def test_jagged_rows_are_unpadded(rows: list[BatchRow]) -> None:
 def test_densify_after_reordering_rows() -> None:
     rows = [make_row([1, 2, 3], [4], key="a_0_0"), make_row([5], [6, 7, 8], key="b_0_0"), placeholder(9)]
     order = torch.tensor([2, 0, 1])
-    assert_same_batch(densify(build_jagged(rows)[order]), build_padded([rows[i] for i in order.tolist()]))
+    expected = build_padded([rows[i] for i in order.tolist()])
+    assert_same_batch(densify(select_rows(build_jagged(rows), order)), expected)
+    if NATIVE_JAGGED_ROW_OPS:  # tensordict 0.15.3 indexes jagged batches itself; 0.10.0 cannot
+        assert_same_batch(densify(build_jagged(rows)[order]), expected)
 
 
 def test_densify_rejects_unknown_token_columns() -> None:

@@ -12,7 +12,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from sessions.batches.columns import NON_TENSOR_COLUMNS, NUMPY_DTYPES
+from sessions.batches.columns import MAX_EXACT_LENGTH, META_COLUMNS, NUMPY_DTYPES, UNKNOWN_TURNS
 from sessions.batches.non_tensor_stacks import SCALAR_TYPES
 from sessions.errors import LedgerError
 
@@ -35,14 +35,15 @@ class BatchRow:
 
 
 class BatchTooLongError(LedgerError, ValueError):
-    """A row exceeds ``max_prompt_length``/``max_response_length`` and truncation was not asked."""
+    """A row exceeds a length limit (``max_*_length`` or a fixed ``*_width``), truncation not asked."""
 
-    def __init__(self, key: Any, side: str, length: int, limit: int) -> None:
-        self.key, self.side, self.length, self.limit = key, side, length, limit
+    def __init__(self, key: Any, side: str, length: int, limit: int, option: str | None = None) -> None:
+        option = option or f"max_{side}_length"
+        self.key, self.side, self.length, self.limit, self.option = key, side, length, limit, option
         super().__init__(
-            f"row {key!r}: {side} length {length} exceeds max_{side}_length={limit}; "
+            f"row {key!r}: {side} length {length} exceeds {option}={limit}; "
             f"pass truncate=True to cut it (prompts keep their last tokens, responses their "
-            f"first) or raise max_{side}_length"
+            f"first) or raise {option}"
         )
 
 
@@ -64,6 +65,7 @@ class _Rows:
     prompt_lengths: np.ndarray  # [B] int64 (indices; the batch column is float32)
     response_lengths: np.ndarray  # [B] int64
     is_placeholder: np.ndarray  # [B] bool
+    num_turns: np.ndarray  # [B] int64
     non_tensor: dict[str, list[Any]]
 
     @property
@@ -124,7 +126,10 @@ def _collect(rows: Sequence[BatchRow]) -> tuple[_Rows, list[Any]]:
         logprobs.append(lp)
         metas.append(row.meta or _NO_META)
     n = len(rows)
-    non_tensor = {name: _plain_column([m.get(name) for m in metas]) for name in NON_TENSOR_COLUMNS}
+    non_tensor = {name: _plain_column([m.get(name) for m in metas]) for name in META_COLUMNS}
+    is_placeholder = np.fromiter(
+        (bool(r.is_placeholder) for r in rows), NUMPY_DTYPES["is_placeholder"], count=n
+    )
     collected = _Rows(
         prompts=prompts,
         responses=responses,
@@ -134,34 +139,117 @@ def _collect(rows: Sequence[BatchRow]) -> tuple[_Rows, list[Any]]:
         rewards=np.fromiter((float(r.reward) for r in rows), NUMPY_DTYPES["rm_scores"], count=n),
         prompt_lengths=np.fromiter((a.shape[0] for a in prompts), np.int64, count=n),
         response_lengths=np.fromiter((a.shape[0] for a in responses), np.int64, count=n),
-        is_placeholder=np.fromiter(
-            (bool(r.is_placeholder) for r in rows), NUMPY_DTYPES["is_placeholder"], count=n
-        ),
+        is_placeholder=is_placeholder,
+        num_turns=_num_turns([m.get("num_turns") for m in metas], is_placeholder, keys),
         non_tensor=non_tensor,
     )
     return collected, keys
 
 
-def _check_limit(keys: list[Any], lengths: np.ndarray, limit: int | None, side: str) -> None:
+def _num_turns(values: list[Any], is_placeholder: np.ndarray, keys: list[Any]) -> np.ndarray:
+    """Each row's ``meta["num_turns"]``; without one, 0 for a placeholder, else UNKNOWN_TURNS."""
+    if all(type(v) is int for v in values):  # what queue rows hold: tested at C speed
+        turns = np.fromiter(values, NUMPY_DTYPES["num_turns"], count=len(values))
+        if not turns.size or turns.min() >= 0:
+            return turns
+    out = np.where(is_placeholder, 0, UNKNOWN_TURNS).astype(NUMPY_DTYPES["num_turns"])
+    for i, value in enumerate(values):
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
+            raise ValueError(f"row {keys[i]!r}: meta num_turns must be an int >= 0, got {value!r}")
+        out[i] = value
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """Per side: the length limit a writer applies, the option it came from, the fixed width.
+
+    A fixed width implies a limit of the same value; with both a width and a ``max_*_length``
+    the smaller one binds, and errors name it (the width on a tie).
+    """
+
+    prompt: int | None = None
+    prompt_option: str = "max_prompt_length"
+    response: int | None = None
+    response_option: str = "max_response_length"
+    prompt_width: int | None = None
+    response_width: int | None = None
+
+
+def _check_count(value: int | None, option: str, least: int) -> None:
+    try:
+        bad = value is not None and (isinstance(value, bool) or int(value) != value or value < least)
+    except (TypeError, ValueError):
+        bad = True
+    if bad:
+        kind = "a positive int" if least == 1 else f"an int >= {least}"
+        raise ValueError(f"{option} must be {kind} or None, got {value!r}")
+
+
+def _binding(max_length: int | None, width: int | None, side: str) -> tuple[int | None, str]:
+    option = f"max_{side}_length"
+    if width is not None and (max_length is None or width <= max_length):
+        return int(width), f"{side}_width"
+    return (None if max_length is None else int(max_length)), option
+
+
+def limits(
+    max_prompt_length: int | None = None,
+    max_response_length: int | None = None,
+    prompt_width: int | None = None,
+    response_width: int | None = None,
+) -> Limits:
+    """Check the four options and combine them per side.
+
+    Limits are positive ints; widths may be 0 too (a batch whose rows all have empty prompts is
+    0 wide there). None: no limit / as wide as the longest row.
+    """
+    for value, option, least in (
+        (max_prompt_length, "max_prompt_length", 1),
+        (max_response_length, "max_response_length", 1),
+        (prompt_width, "prompt_width", 0),
+        (response_width, "response_width", 0),
+    ):
+        _check_count(value, option, least)
+    prompt, prompt_option = _binding(max_prompt_length, prompt_width, "prompt")
+    response, response_option = _binding(max_response_length, response_width, "response")
+    return Limits(
+        prompt,
+        prompt_option,
+        response,
+        response_option,
+        None if prompt_width is None else int(prompt_width),
+        None if response_width is None else int(response_width),
+    )
+
+
+def _check_limit(
+    keys: list[Any], lengths: np.ndarray, limit: int | None, side: str, option: str
+) -> None:
     """Raise BatchTooLongError for the first row over ``limit`` (vectorised test)."""
     if limit is None:
         return
     over = np.flatnonzero(lengths > limit)
     if over.size:
         i = int(over[0])
-        raise BatchTooLongError(keys[i], side, int(lengths[i]), limit)
-
-
-def _check_limit_arg(limit: int | None, side: str) -> None:
-    if limit is not None and (isinstance(limit, bool) or int(limit) != limit or limit < 1):
-        raise ValueError(f"max_{side}_length must be a positive int or None, got {limit!r}")
+        raise BatchTooLongError(keys[i], side, int(lengths[i]), limit, option)
 
 
 def _truncate(rows: _Rows, max_prompt_length: int | None, max_response_length: int | None) -> None:
-    """Cut in place, by slicing (views): prompts keep their last tokens, responses their first."""
+    """Cut in place, by slicing (views): prompts keep their last tokens, responses their first.
+
+    A row cut to no response has no token for its reward (``_scores`` places none), as an empty row.
+
+    Per-token scores of a batch being re-laid out (``rm_scores`` set) are cut alike, the cut
+    tokens' scores added onto the new last token, so each row's score (``rm_scores.sum(-1)``,
+    what GRPO reads) is unchanged -- as when rows are built, where the reward moves there.
+    """
     if max_prompt_length is not None:
         for i in np.flatnonzero(rows.prompt_lengths > max_prompt_length).tolist():
-            rows.prompts[i] = rows.prompts[i][-max_prompt_length:]
+            prompt = rows.prompts[i]
+            rows.prompts[i] = prompt[prompt.shape[0] - max_prompt_length :]
         np.minimum(rows.prompt_lengths, max_prompt_length, out=rows.prompt_lengths)
     if max_response_length is not None:
         cut = slice(None, max_response_length)
@@ -170,7 +258,28 @@ def _truncate(rows: _Rows, max_prompt_length: int | None, max_response_length: i
             rows.response_mask[i] = rows.response_mask[i][cut]
             if rows.rollout_log_probs is not None and rows.rollout_log_probs[i] is not None:
                 rows.rollout_log_probs[i] = rows.rollout_log_probs[i][cut]
+            if rows.rm_scores is not None:
+                scores = rows.rm_scores[i]
+                kept = scores[cut].copy()
+                if kept.size:  # cut to nothing: no token to keep a score on, as for empty rows
+                    kept[-1] += scores[max_response_length:].sum(dtype=kept.dtype)
+                rows.rm_scores[i] = kept
         np.minimum(rows.response_lengths, max_response_length, out=rows.response_lengths)
+
+
+def row_keys(rows: _Rows) -> list[Any]:
+    """The names errors give rows of a batch being re-laid out: their ``key``, else ``#i``."""
+    keys = rows.non_tensor.get("key") or [None] * rows.batch_size
+    return [k if k is not None else f"#{i}" for i, k in enumerate(keys)]
+
+
+def apply_limits(rows: _Rows, keys: list[Any], limit: Limits, truncate: bool) -> None:
+    """Truncate (by slicing) or refuse (naming the row and the option) rows over a limit."""
+    if truncate:
+        _truncate(rows, limit.prompt, limit.response)
+        return
+    _check_limit(keys, rows.prompt_lengths, limit.prompt, "prompt", limit.prompt_option)
+    _check_limit(keys, rows.response_lengths, limit.response, "response", limit.response_option)
 
 
 def _check_values(rows: _Rows, keys: list[Any]) -> None:
@@ -190,20 +299,24 @@ def _check_values(rows: _Rows, keys: list[Any]) -> None:
             raise ValueError(f"row {keys[i]!r}: a placeholder must have response_mask all 0")
 
 
-def _rows_from_batch_rows(
-    rows: Sequence[BatchRow],
-    max_prompt_length: int | None,
-    max_response_length: int | None,
-    truncate: bool,
-) -> _Rows:
+def check_exact_lengths(lengths: np.ndarray, name: str, keys: list[Any] | None) -> None:
+    """Refuse a row longer than a float32 ``prompt_length``/``response_length`` holds exactly."""
+    over = np.flatnonzero(lengths > MAX_EXACT_LENGTH)
+    if over.size:
+        i = int(over[0])
+        row = keys[i] if keys is not None and keys[i] is not None else f"#{i}"
+        raise ValueError(
+            f"row {row!r}: {name} {int(lengths[i])} exceeds {MAX_EXACT_LENGTH} tokens, the longest "
+            f"a float32 {name} column holds exactly; cut the row (truncate=True with a "
+            f"max_*_length) or split it"
+        )
+
+
+def _rows_from_batch_rows(rows: Sequence[BatchRow], limit: Limits, truncate: bool) -> _Rows:
     """Validate (limits before anything is built), truncate by slicing, check mask values."""
-    _check_limit_arg(max_prompt_length, "prompt")
-    _check_limit_arg(max_response_length, "response")
     collected, keys = _collect(rows)
-    if truncate:
-        _truncate(collected, max_prompt_length, max_response_length)
-    else:
-        _check_limit(keys, collected.prompt_lengths, max_prompt_length, "prompt")
-        _check_limit(keys, collected.response_lengths, max_response_length, "response")
+    apply_limits(collected, keys, limit, truncate)
+    check_exact_lengths(collected.prompt_lengths, "prompt_length", keys)
+    check_exact_lengths(collected.response_lengths, "response_length", keys)
     _check_values(collected, keys)
     return collected

@@ -2,6 +2,12 @@
 
 Builders, converters and the TransferQueue adapter all take their column lists from this module,
 so a column added or retyped here is added or retyped for every layout at once.
+
+Beside DESIGN section 6's table, a batch carries the columns a verl 0.9.1 PPO step reads:
+``num_turns`` (int64 [B], read by the V1 trainer), ``__num_turns__`` (the same numbers as a
+non-tensor column: ``compute_data_metrics`` reports ``num_turns/*`` only when it is there) and
+``multi_modal_inputs`` (one dict per row, ``{}`` for text-only rows: ``RayPPOTrainer.fit`` reads
+it unconditionally).
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ __all__ = [
     "COLUMN_DTYPES",
     "LAYOUT_COLUMNS",
     "MAX_EXACT_LENGTH",
+    "META_COLUMNS",
     "NUMPY_DTYPES",
     "NON_TENSOR_COLUMNS",
     "PROMPT_COLUMNS",
@@ -22,9 +29,12 @@ __all__ = [
     "ROW_COLUMNS",
     "SEQUENCE_COLUMNS",
     "TOKEN_COLUMNS",
+    "UNKNOWN_TURNS",
+    "VERL_NON_TENSOR_COLUMNS",
 ]
 
-NON_TENSOR_COLUMNS: tuple[str, ...] = (
+#: non-tensor columns copied from each row's ``BatchRow.meta`` (None where it lacks one)
+META_COLUMNS: tuple[str, ...] = (
     "run",
     "uid",
     "session_id",
@@ -37,13 +47,21 @@ NON_TENSOR_COLUMNS: tuple[str, ...] = (
     "materialization_reason",
 )
 
+#: non-tensor columns verl reads, derived from the row rather than copied from its meta:
+#: ``__num_turns__`` is always ``num_turns`` again; ``multi_modal_inputs`` is ``{}`` per row
+#: unless the batch being re-laid out already had one
+VERL_NON_TENSOR_COLUMNS: tuple[str, ...] = ("__num_turns__", "multi_modal_inputs")
+
+#: every non-tensor column a batch has, in the order they are set
+NON_TENSOR_COLUMNS: tuple[str, ...] = META_COLUMNS + VERL_NON_TENSOR_COLUMNS
+
 #: token-level columns, by which side of the sequence they belong to
 PROMPT_COLUMNS: tuple[str, ...] = ("prompts",)
 RESPONSE_COLUMNS: tuple[str, ...] = ("responses", "response_mask", "rm_scores", "rollout_log_probs")
 SEQUENCE_COLUMNS: tuple[str, ...] = ("input_ids", "attention_mask", "position_ids")
 TOKEN_COLUMNS: tuple[str, ...] = PROMPT_COLUMNS + RESPONSE_COLUMNS + SEQUENCE_COLUMNS
 #: one value per row
-ROW_COLUMNS: tuple[str, ...] = ("prompt_length", "response_length", "is_placeholder")
+ROW_COLUMNS: tuple[str, ...] = ("prompt_length", "response_length", "is_placeholder", "num_turns")
 
 #: the tensor columns the converters re-lay out (densify, concat_padded); any other is refused
 LAYOUT_COLUMNS: frozenset[str] = frozenset(TOKEN_COLUMNS + ROW_COLUMNS)
@@ -62,7 +80,12 @@ COLUMN_DTYPES: Mapping[str, torch.dtype] = {
     "prompt_length": torch.float32,
     "response_length": torch.float32,
     "is_placeholder": torch.bool,
+    "num_turns": torch.int64,
 }
+
+#: ``num_turns`` of a row whose meta has none: a placeholder has 0 (DESIGN section 5), any other
+#: row this marker (what the TransferQueue adapter has always written for "unknown")
+UNKNOWN_TURNS: int = -1
 
 #: the longest row a float32 length column holds exactly (2**24 tokens); longer rows are refused
 MAX_EXACT_LENGTH: int = 2**24

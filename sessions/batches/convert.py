@@ -1,4 +1,4 @@
-"""Batch -> batch: densify a jagged batch, concatenate batches of any widths and layouts.
+"""Batch -> batch: densify a jagged batch, concatenate batches of any widths and layouts, re-pad.
 
 Both go through the flat form (``sessions.batches.flat``) and end in the padded writer, so their
 output equals ``build_padded`` on the same rows, byte for byte.
@@ -11,12 +11,13 @@ from typing import Sequence
 import torch
 from tensordict import TensorDict, TensorDictBase
 
+from sessions.batches.collect import apply_limits, limits, row_keys
 from sessions.batches.columns import COLUMN_DTYPES
 from sessions.batches.flat import _Flat, _rows_from_flat
 from sessions.batches.jagged import _flat_from_jagged, is_jagged
 from sessions.batches.padded import _flat_from_padded, _padded_from_rows, build_padded
 
-__all__ = ["concat_padded", "densify"]
+__all__ = ["concat_padded", "densify", "pad_to_widths"]
 
 
 def _flat_from_batch(batch: TensorDictBase) -> _Flat:
@@ -49,6 +50,7 @@ def _concat_flats(flats: Sequence[_Flat]) -> _Flat:
         if any_lp
         else None,
         is_placeholder=torch.cat([f.is_placeholder for f in flats]),
+        num_turns=torch.cat([f.num_turns for f in flats]),
         non_tensor={
             name: [v for f in flats for v in f.non_tensor.get(name, [None] * f.batch_size)]
             for name in names
@@ -56,23 +58,80 @@ def _concat_flats(flats: Sequence[_Flat]) -> _Flat:
     )
 
 
-def densify(jagged_td: TensorDictBase, pad_token_id: int = 0) -> TensorDict:
+def _padded_from_flat(
+    flat: _Flat,
+    pad_token_id: int,
+    prompt_width: int | None,
+    response_width: int | None,
+    truncate: bool,
+) -> TensorDict:
+    """Flat -> padded, widths checked (or rows truncated) against the given widths first."""
+    limit = limits(prompt_width=prompt_width, response_width=response_width)
+    rows = _rows_from_flat(flat)
+    apply_limits(rows, row_keys(rows), limit, truncate)
+    return _padded_from_rows(rows, pad_token_id, limit.prompt_width, limit.response_width)
+
+
+def densify(
+    jagged_td: TensorDictBase,
+    pad_token_id: int = 0,
+    *,
+    prompt_width: int | None = None,
+    response_width: int | None = None,
+    truncate: bool = False,
+) -> TensorDict:
     """Jagged batch -> padded batch, equal to ``build_padded`` on the same rows.
 
     Re-derives ``input_ids``/``attention_mask``/``position_ids`` from the prompt/response
-    columns; unknown tensor columns raise rather than being silently dropped.
+    columns; unknown tensor columns raise rather than being silently dropped. Widths and
+    ``truncate`` as in ``pad_to_widths``.
     """
-    return _padded_from_rows(_rows_from_flat(_flat_from_jagged(jagged_td)), pad_token_id)
+    flat = _flat_from_jagged(jagged_td)
+    return _padded_from_flat(flat, pad_token_id, prompt_width, response_width, truncate)
 
 
-def concat_padded(batches: Sequence[TensorDictBase], *, pad_token_id: int = 0) -> TensorDict:
+def concat_padded(
+    batches: Sequence[TensorDictBase],
+    *,
+    pad_token_id: int = 0,
+    prompt_width: int | None = None,
+    response_width: int | None = None,
+    truncate: bool = False,
+) -> TensorDict:
     """Concatenate batches of different widths (``torch.cat`` needs equal P and R).
 
-    Accepts padded or jagged batches (mixed) and re-pads to the widest prompt/response; a
-    batch lacking ``rollout_log_probs`` contributes zeros when another has it; missing
-    non-tensor columns become None.
+    Accepts padded or jagged batches (mixed) and re-pads to the widest prompt/response, or to
+    the given widths (as in ``pad_to_widths``); a batch lacking ``rollout_log_probs``
+    contributes zeros when another has it; missing non-tensor columns become None
+    (``multi_modal_inputs``: ``{}``).
     """
     if not batches:
-        return build_padded([], pad_token_id=pad_token_id)
+        return build_padded(
+            [], pad_token_id=pad_token_id, prompt_width=prompt_width, response_width=response_width
+        )
     flat = _concat_flats([_flat_from_batch(b) for b in batches])
-    return _padded_from_rows(_rows_from_flat(flat), pad_token_id)
+    return _padded_from_flat(flat, pad_token_id, prompt_width, response_width, truncate)
+
+
+def pad_to_widths(
+    batch: TensorDictBase,
+    prompt_width: int | None,
+    response_width: int | None,
+    *,
+    pad_token_id: int = 0,
+    truncate: bool = False,
+) -> TensorDict:
+    """A padded (or jagged) batch re-padded to exactly ``prompt_width`` x ``response_width``.
+
+    What makes batches of different steps ``torch.cat``-able, as verl's fixed
+    ``max_prompt_length``/``max_response_length`` do. None keeps that side as wide as its
+    longest row. A row longer than a width raises ``BatchTooLongError`` naming the row and the
+    option, unless ``truncate``: then prompts keep their last tokens, responses their first, and
+    the cut tokens' ``rm_scores`` are added onto the new last token (each row's score,
+    ``rm_scores.sum(-1)``, is unchanged). ``pad_token_id`` fills the padding: the batch does not
+    record the one it was built with. Token content, per-row and non-tensor columns are
+    otherwise those of the input (``num_turns``/``__num_turns__``, ``multi_modal_inputs``
+    included); unknown tensor columns are refused, as in ``densify``.
+    """
+    flat = _flat_from_batch(batch)
+    return _padded_from_flat(flat, pad_token_id, prompt_width, response_width, truncate)

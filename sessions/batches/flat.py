@@ -15,8 +15,13 @@ import numpy as np
 import torch
 from tensordict import NonTensorData, NonTensorStack, TensorDictBase
 
-from sessions.batches.collect import _Rows
-from sessions.batches.columns import COLUMN_DTYPES, LAYOUT_COLUMNS, MAX_EXACT_LENGTH, NUMPY_DTYPES
+from sessions.batches.collect import _Rows, check_exact_lengths
+from sessions.batches.columns import (
+    COLUMN_DTYPES,
+    LAYOUT_COLUMNS,
+    NUMPY_DTYPES,
+    UNKNOWN_TURNS,
+)
 from sessions.batches.non_tensor_stacks import non_tensor
 
 
@@ -32,6 +37,7 @@ class _Flat:
     rm_scores: torch.Tensor  # [Nr] float32
     rollout_log_probs: torch.Tensor | None  # [Nr] float32
     is_placeholder: torch.Tensor  # [B] bool
+    num_turns: torch.Tensor  # [B] int64
     non_tensor: dict[str, list[Any]]
 
     @property
@@ -71,6 +77,7 @@ def _flat_from_rows(rows: _Rows) -> _Flat:
         rm_scores=_reward_at_last_token(torch.from_numpy(rows.rewards), r_lengths),
         rollout_log_probs=torch.from_numpy(_concat(logprobs, lp_dtype)) if logprobs else None,
         is_placeholder=torch.from_numpy(rows.is_placeholder),
+        num_turns=torch.from_numpy(rows.num_turns),
         non_tensor=rows.non_tensor,
     )
 
@@ -96,8 +103,11 @@ def _split(values: torch.Tensor, lengths: np.ndarray) -> list[np.ndarray]:
 
 
 def _rows_from_flat(flat: _Flat) -> _Rows:
-    """Flat columns (from a batch) -> per-row views, rm_scores kept as they are."""
-    p_len, r_len = _read_view(flat.prompt_lengths), _read_view(flat.response_lengths)
+    """Flat columns (from a batch) -> per-row views, rm_scores kept as they are.
+
+    The per-row lengths are copies: truncation writes them, and they may be a caller's column.
+    """
+    p_len, r_len = _read_view(flat.prompt_lengths).copy(), _read_view(flat.response_lengths).copy()
     lp = flat.rollout_log_probs
     return _Rows(
         prompts=_split(flat.prompt_ids, p_len),
@@ -109,21 +119,14 @@ def _rows_from_flat(flat: _Flat) -> _Rows:
         prompt_lengths=p_len,
         response_lengths=r_len,
         is_placeholder=_read_view(flat.is_placeholder),
+        num_turns=_read_view(flat.num_turns),
         non_tensor=flat.non_tensor,
     )
 
 
 def _length_column(lengths: np.ndarray, name: str, keys: list[Any] | None) -> torch.Tensor:
     """int64 lengths -> the float32 batch column, refusing a length float32 would round."""
-    over = np.flatnonzero(lengths > MAX_EXACT_LENGTH)
-    if over.size:
-        i = int(over[0])
-        row = keys[i] if keys is not None and keys[i] is not None else f"#{i}"
-        raise ValueError(
-            f"row {row!r}: {name} {int(lengths[i])} exceeds {MAX_EXACT_LENGTH} tokens, the longest "
-            f"a float32 {name} column holds exactly; cut the row (truncate=True with a "
-            f"max_*_length) or split it"
-        )
+    check_exact_lengths(lengths, name, keys)
     return torch.tensor(lengths, dtype=COLUMN_DTYPES[name])
 
 
@@ -131,6 +134,7 @@ def _row_columns(
     prompt_lengths: np.ndarray,
     response_lengths: np.ndarray,
     is_placeholder: np.ndarray,
+    num_turns: np.ndarray,
     keys: list[Any] | None = None,
 ) -> dict[str, torch.Tensor]:
     """Per-row columns as fresh tensors (never views of the input they came from).
@@ -141,8 +145,32 @@ def _row_columns(
     return {
         "prompt_length": _length_column(prompt_lengths, "prompt_length", keys),
         "response_length": _length_column(response_lengths, "response_length", keys),
-        "is_placeholder": torch.tensor(is_placeholder),
+        "is_placeholder": torch.tensor(is_placeholder, dtype=COLUMN_DTYPES["is_placeholder"]),
+        "num_turns": torch.tensor(num_turns, dtype=COLUMN_DTYPES["num_turns"]),
     }
+
+
+def _non_tensor_columns(non_tensor: dict[str, list[Any]], num_turns: np.ndarray) -> dict[str, list[Any]]:
+    """The non-tensor columns a written batch gets: the given ones plus the two verl reads.
+
+    ``__num_turns__`` is always ``num_turns`` again (so the two cannot disagree);
+    ``multi_modal_inputs`` keeps a re-laid-out batch's dicts, ``{}`` for rows without one. Each
+    row gets its own dict: one shared by all would change every row when a trainer wrote one.
+    """
+    columns = dict(non_tensor)
+    columns["__num_turns__"] = num_turns.tolist()
+    given = columns.get("multi_modal_inputs")
+    if given is None:
+        columns["multi_modal_inputs"] = [{} for _ in range(num_turns.shape[0])]
+    else:
+        columns["multi_modal_inputs"] = [{} if v is None else v for v in given]
+    return columns
+
+
+def _default_turns(is_placeholder: torch.Tensor) -> torch.Tensor:
+    """``num_turns`` for a batch without the column: 0 on placeholders, else UNKNOWN_TURNS."""
+    unknown = torch.full(is_placeholder.shape, UNKNOWN_TURNS, dtype=COLUMN_DTYPES["num_turns"])
+    return unknown.masked_fill(is_placeholder.to(torch.bool), 0)
 
 
 def lengths_as_index(lengths: torch.Tensor, name: str) -> torch.Tensor:

@@ -14,10 +14,12 @@ import numpy as np
 import torch
 from tensordict import TensorDict, TensorDictBase
 
-from sessions.batches.collect import BatchRow, _rows_from_batch_rows
+from sessions.batches.collect import BatchRow, _rows_from_batch_rows, limits
 from sessions.batches.columns import COLUMN_DTYPES, RESPONSE_COLUMNS
 from sessions.batches.flat import (
+    _default_turns,
     _Flat,
+    _non_tensor_columns,
     _flat_from_rows,
     _read_view,
     _reject_unknown,
@@ -26,7 +28,14 @@ from sessions.batches.flat import (
 )
 from sessions.batches.non_tensor_stacks import set_non_tensor_columns
 
-__all__ = ["build_jagged", "is_jagged", "jagged_from_parts", "jagged_parts", "row_ids_and_positions"]
+__all__ = [
+    "build_jagged",
+    "is_jagged",
+    "jagged_from_parts",
+    "jagged_parts",
+    "row_ids_and_positions",
+    "seqlen_bounds",
+]
 
 #: the jagged columns a batch must have to be read back (the rest are derived or optional)
 _REQUIRED = frozenset({"prompts", "responses", "response_mask", "rm_scores"})
@@ -46,9 +55,28 @@ def jagged_parts(value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return values, offsets - offsets[0]
 
 
-def jagged_from_parts(values: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
-    """A jagged nested tensor over ``values``; columns given one offsets tensor share row lengths."""
-    return torch.nested.nested_tensor_from_jagged(values, offsets)
+def seqlen_bounds(offsets: torch.Tensor) -> tuple[int, int]:
+    """(shortest, longest) row of jagged ``offsets`` ((0, 0) for no rows)."""
+    if offsets.numel() < 2:
+        return 0, 0
+    lengths = offsets.diff()
+    return int(lengths.min()), int(lengths.max())
+
+
+def jagged_from_parts(
+    values: torch.Tensor,
+    offsets: torch.Tensor,
+    *,
+    bounds: tuple[int, int] | None = None,
+) -> torch.Tensor:
+    """A jagged nested tensor over ``values``; columns given one offsets tensor share row lengths.
+
+    Built with its ``min_seqlen``/``max_seqlen`` (``bounds``, computed from ``offsets`` unless
+    given): without them torch takes the row width to be the total token count, so
+    ``to_padded_tensor`` of one 1,024-token row in a 20k-token batch made 20k columns.
+    """
+    low, high = seqlen_bounds(offsets) if bounds is None else bounds
+    return torch.nested.nested_tensor_from_jagged(values, offsets, min_seqlen=low, max_seqlen=high)
 
 
 def row_ids_and_positions(lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -78,27 +106,30 @@ def _jagged_from_flat(flat: _Flat) -> TensorDict:
     rows, positions = row_ids_and_positions(r_len)
     input_ids[s_off[rows] + p_len[rows] + positions] = flat.response_ids
     _, seq_positions = row_ids_and_positions(seq_len)
+    p_b, r_b, s_b = seqlen_bounds(p_off), seqlen_bounds(r_off), seqlen_bounds(s_off)
     columns: dict[str, torch.Tensor] = {
-        "prompts": jagged_from_parts(flat.prompt_ids, p_off),
-        "responses": jagged_from_parts(flat.response_ids, r_off),
-        "input_ids": jagged_from_parts(input_ids, s_off),
-        "attention_mask": jagged_from_parts(torch.ones_like(input_ids), s_off),
-        "position_ids": jagged_from_parts(seq_positions, s_off),
-        "response_mask": jagged_from_parts(flat.response_mask, r_off),
-        "rm_scores": jagged_from_parts(flat.rm_scores, r_off),
+        "prompts": jagged_from_parts(flat.prompt_ids, p_off, bounds=p_b),
+        "responses": jagged_from_parts(flat.response_ids, r_off, bounds=r_b),
+        "input_ids": jagged_from_parts(input_ids, s_off, bounds=s_b),
+        "attention_mask": jagged_from_parts(torch.ones_like(input_ids), s_off, bounds=s_b),
+        "position_ids": jagged_from_parts(seq_positions, s_off, bounds=s_b),
+        "response_mask": jagged_from_parts(flat.response_mask, r_off, bounds=r_b),
+        "rm_scores": jagged_from_parts(flat.rm_scores, r_off, bounds=r_b),
     }
     if flat.rollout_log_probs is not None:
-        columns["rollout_log_probs"] = jagged_from_parts(flat.rollout_log_probs, r_off)
+        columns["rollout_log_probs"] = jagged_from_parts(flat.rollout_log_probs, r_off, bounds=r_b)
+    turns = _read_view(flat.num_turns)
     columns.update(
         _row_columns(
             _read_view(flat.prompt_lengths),
             _read_view(flat.response_lengths),
             _read_view(flat.is_placeholder),
+            turns,
             flat.non_tensor.get("key"),
         )
     )
     batch = TensorDict(columns, batch_size=[flat.batch_size])
-    set_non_tensor_columns(batch, flat.non_tensor)
+    set_non_tensor_columns(batch, _non_tensor_columns(flat.non_tensor, turns))
     return batch
 
 
@@ -117,6 +148,8 @@ def _flat_from_jagged(batch: TensorDictBase) -> _Flat:
         if name in parts and not torch.equal(parts[name][1], r_off):
             raise ValueError(f"column {name!r}: row lengths differ from 'responses'")
     lp = parts.get("rollout_log_probs")
+    is_placeholder = tensors["is_placeholder"].to(COLUMN_DTYPES["is_placeholder"])
+    turns = tensors.get("num_turns")
     return _Flat(
         prompt_ids=prompt_ids.to(COLUMN_DTYPES["prompts"]),
         prompt_lengths=p_len,
@@ -125,7 +158,8 @@ def _flat_from_jagged(batch: TensorDictBase) -> _Flat:
         response_mask=parts["response_mask"][0].to(COLUMN_DTYPES["response_mask"]),
         rm_scores=parts["rm_scores"][0].to(COLUMN_DTYPES["rm_scores"]),
         rollout_log_probs=lp[0].to(COLUMN_DTYPES["rollout_log_probs"]) if lp is not None else None,
-        is_placeholder=tensors["is_placeholder"].to(COLUMN_DTYPES["is_placeholder"]),
+        is_placeholder=is_placeholder,
+        num_turns=_default_turns(is_placeholder) if turns is None else turns.to(COLUMN_DTYPES["num_turns"]),
         non_tensor=non_tensors,
     )
 
@@ -137,6 +171,9 @@ def build_jagged(
     max_response_length: int | None = None,
     truncate: bool = False,
 ) -> TensorDict:
-    """Rows -> unpadded batch: token columns are ``torch.jagged`` nested tensors [B, j]."""
-    collected = _rows_from_batch_rows(rows, max_prompt_length, max_response_length, truncate)
-    return _jagged_from_flat(_flat_from_rows(collected))
+    """Rows -> unpadded batch: token columns are ``torch.jagged`` nested tensors [B, j].
+
+    Limits and truncation as in ``build_padded``; there are no widths (nothing is padded).
+    """
+    limit = limits(max_prompt_length, max_response_length)
+    return _jagged_from_flat(_flat_from_rows(_rows_from_batch_rows(rows, limit, truncate)))

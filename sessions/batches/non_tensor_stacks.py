@@ -1,7 +1,7 @@
-"""tensordict ``NonTensorStack`` columns: built fast (10 per batch x B rows), read back as lists.
+"""tensordict ``NonTensorStack`` columns: built fast (12 per batch x B rows), read back as lists.
 
 tensordict's constructors cost ~2 µs per element and set off garbage collections (the stacks are
-2 x 10 x B new tracked objects); these builders make the same objects directly and with the cyclic
+2 x 12 x B new tracked objects); these builders make the same objects directly and with the cyclic
 GC paused, after checking once that they match this tensordict version's own.
 """
 
@@ -16,8 +16,13 @@ from typing import Any, Iterator, Mapping
 import torch
 from tensordict import NonTensorData, NonTensorStack, TensorDict, TensorDictBase
 
-#: Values the direct builder takes (anything else goes through ``NonTensorStack.from_list``).
+from sessions.batches.tensordict_compat import set_stack
+
+#: Plain scalars: what ``meta`` columns hold (numpy scalars are turned into these first).
 SCALAR_TYPES = frozenset((str, int, float, bool, bytes, type(None)))
+#: Values the direct builder takes (anything else goes through ``NonTensorStack.from_list``):
+#: scalars and dicts (``multi_modal_inputs`` holds one per row, tensordict wraps it as is)
+DIRECT_TYPES = SCALAR_TYPES | {dict}
 
 _EMPTY_SIZE = torch.Size([])
 
@@ -26,7 +31,7 @@ def _direct_stack(values: list[Any]) -> NonTensorStack:
     """``NonTensorStack.from_list(values)`` for scalars, its objects built without constructors.
 
     One ``NonTensorData`` (around an empty ``TensorDict``) per value, attributes set as
-    tensordict's own fast path sets them; the loop is inlined because it runs 10 x B times a batch.
+    tensordict's own fast path sets them; the loop is inlined because it runs 12 x B times a batch.
     """
     new, setattr_, size = object.__new__, object.__setattr__, _EMPTY_SIZE
     members = []
@@ -72,7 +77,7 @@ def _same_state(a: Any, b: Any) -> bool:
 
 def _direct_build_matches() -> bool:
     """Whether the direct builders reproduce this tensordict version's own objects exactly."""
-    probe = ["a", 1, 2.5, True, b"x", None]
+    probe = ["a", 1, 2.5, True, b"x", None, {}, {"k": 1}]
     try:
         return _same_state(_direct_stack(probe), NonTensorStack.from_list(probe))
     except Exception:  # another tensordict layout: use its constructors
@@ -83,14 +88,14 @@ _DIRECT_STACKS = _direct_build_matches()
 
 
 def non_tensor_stack(values: list[Any]) -> NonTensorStack:
-    """``NonTensorStack.from_list(values)``, built directly when every value is a plain scalar.
+    """``NonTensorStack.from_list(values)``, built directly when every value is a scalar or dict.
 
-    Why: tensordict's constructor costs ~2 us per element, and a batch has 10 non-tensor
+    Why: tensordict's constructor costs ~2 us per element, and a batch has 12 non-tensor
     columns x B rows. The direct build is checked once (``_direct_build_matches``) to give
     the same objects as this tensordict version's own; otherwise, or for other values,
     ``from_list`` is used.
     """
-    if _DIRECT_STACKS and values and SCALAR_TYPES.issuperset(map(type, values)):
+    if _DIRECT_STACKS and values and DIRECT_TYPES.issuperset(map(type, values)):
         return _direct_stack(values)
     return NonTensorStack.from_list(list(values))
 
@@ -98,7 +103,7 @@ def non_tensor_stack(values: list[Any]) -> NonTensorStack:
 def set_non_tensor_columns(batch: TensorDict, columns: Mapping[str, list[Any]]) -> None:
     """One NonTensorStack per column, built with the cyclic GC paused.
 
-    Why the pause: a batch's stacks are 2 x 10 x B new GC-tracked objects, all alive until the
+    Why the pause: a batch's stacks are 2 x 12 x B new GC-tracked objects, all alive until the
     batch is dropped. With the GC running, the young collections their allocation sets off
     promote them to the oldest generation, which then triggers full collections of the whole
     heap (torch alone is ~350k objects): in the projection benchmark (5 passes over 16 batches
@@ -111,7 +116,7 @@ def set_non_tensor_columns(batch: TensorDict, columns: Mapping[str, list[Any]]) 
     with gc_paused():
         stacks = {name: non_tensor_stack(values) for name, values in columns.items()}
     for name, stack in stacks.items():
-        batch.set(name, stack)
+        set_stack(batch, name, stack)
 
 
 def non_tensor(batch: TensorDictBase, name: str) -> list[Any]:

@@ -14,10 +14,12 @@ import numpy as np
 import torch
 from tensordict import TensorDict, TensorDictBase
 
-from sessions.batches.collect import BatchRow, _Rows, _rows_from_batch_rows
+from sessions.batches.collect import BatchRow, _Rows, _rows_from_batch_rows, limits
 from sessions.batches.columns import COLUMN_DTYPES
 from sessions.batches.flat import (
+    _default_turns,
     _Flat,
+    _non_tensor_columns,
     _reject_unknown,
     _row_columns,
     _split_columns,
@@ -57,7 +59,7 @@ def _pad_rows_right(
 
 
 def _token_columns(
-    rows: _Rows, p_len: list[int], r_len: list[int], pad_token_id: int
+    rows: _Rows, p_len: list[int], r_len: list[int], P: int, R: int, pad_token_id: int
 ) -> dict[str, torch.Tensor]:
     """prompts, responses, input_ids, attention_mask, position_ids and response_mask.
 
@@ -66,8 +68,7 @@ def _token_columns(
     written directly: 0 on the left padding, 0..n-1 on the n attended tokens, n-1 (or 0) on the
     right padding.
     """
-    B, P, R = len(p_len), max(p_len, default=0), max(r_len, default=0)
-    T = P + R
+    B, T = len(p_len), P + R
     input_ids, ids = _empty((B, T), COLUMN_DTYPES["input_ids"])
     attention_mask, attn = _empty((B, T), COLUMN_DTYPES["attention_mask"])
     position_ids, pos = _empty((B, T), COLUMN_DTYPES["position_ids"])
@@ -116,21 +117,29 @@ def _scores(rows: _Rows, r_len: list[int], R: int) -> torch.Tensor:
     return tensor
 
 
-def _padded_from_rows(rows: _Rows, pad_token_id: int) -> TensorDict:
-    """Section 6 padded columns, as wide as the longest prompt and response."""
+def _padded_from_rows(
+    rows: _Rows, pad_token_id: int, prompt_width: int | None = None, response_width: int | None = None
+) -> TensorDict:
+    """Section 6 padded columns, as wide as the longest prompt and response or the given widths.
+
+    A given width must hold every row (``collect.apply_limits`` made sure). The per-row columns
+    come first: a row whose length float32 cannot hold is refused before anything large is built.
+    """
+    keys = rows.non_tensor.get("key")
+    row_columns = _row_columns(
+        rows.prompt_lengths, rows.response_lengths, rows.is_placeholder, rows.num_turns, keys
+    )
     p_len, r_len = rows.prompt_lengths.tolist(), rows.response_lengths.tolist()
-    R = max(r_len, default=0)
-    columns = _token_columns(rows, p_len, r_len, pad_token_id)
+    P = max(p_len, default=0) if prompt_width is None else prompt_width
+    R = max(r_len, default=0) if response_width is None else response_width
+    columns = _token_columns(rows, p_len, r_len, P, R, pad_token_id)
     columns["rm_scores"] = _scores(rows, r_len, R)
     if rows.rollout_log_probs is not None:
         dtype = COLUMN_DTYPES["rollout_log_probs"]
         columns["rollout_log_probs"] = _pad_rows_right(rows.rollout_log_probs, r_len, R, dtype)
-    keys = rows.non_tensor.get("key")
-    columns.update(
-        _row_columns(rows.prompt_lengths, rows.response_lengths, rows.is_placeholder, keys)
-    )
+    columns.update(row_columns)
     batch = TensorDict(columns, batch_size=[rows.batch_size])
-    set_non_tensor_columns(batch, rows.non_tensor)
+    set_non_tensor_columns(batch, _non_tensor_columns(rows.non_tensor, rows.num_turns))
     return batch
 
 
@@ -144,6 +153,8 @@ def _flat_from_padded(batch: TensorDictBase) -> _Flat:
     in_prompt = torch.arange(P) >= (P - p_len)[:, None]
     in_response = torch.arange(R) < r_len[:, None]
     lp = tensors.get("rollout_log_probs")
+    is_placeholder = tensors["is_placeholder"].to(COLUMN_DTYPES["is_placeholder"])
+    turns = tensors.get("num_turns")
     return _Flat(
         prompt_ids=tensors["prompts"][in_prompt],
         prompt_lengths=p_len,
@@ -152,7 +163,8 @@ def _flat_from_padded(batch: TensorDictBase) -> _Flat:
         response_mask=tensors["response_mask"][in_response],
         rm_scores=tensors["rm_scores"][in_response],
         rollout_log_probs=lp[in_response] if lp is not None else None,
-        is_placeholder=tensors["is_placeholder"],
+        is_placeholder=is_placeholder,
+        num_turns=_default_turns(is_placeholder) if turns is None else turns.to(COLUMN_DTYPES["num_turns"]),
         non_tensor=non_tensors,
     )
 
@@ -164,13 +176,19 @@ def build_padded(
     max_prompt_length: int | None = None,
     max_response_length: int | None = None,
     truncate: bool = False,
+    prompt_width: int | None = None,
+    response_width: int | None = None,
 ) -> TensorDict:
     """Rows -> padded section 6 batch (prompts left-, responses right-padded).
 
-    Without ``truncate`` an over-long row raises ``BatchTooLongError`` before any tensor is
-    built; with it, prompts keep their last and responses their first tokens (mask and
-    logprobs cut alike) and the reward moves to the new last response token.
+    Padded as wide as the longest prompt and response, or exactly ``prompt_width`` /
+    ``response_width`` when given (verl pads every step to ``max_prompt_length`` /
+    ``max_response_length``, so two steps' batches ``torch.cat``). A width is also a limit.
+    Without ``truncate`` an over-long row raises ``BatchTooLongError`` (naming the row and the
+    option it broke) before any tensor is built; with it, prompts keep their last and responses
+    their first tokens (mask and logprobs cut alike) and the reward moves to the new last
+    response token.
     """
-    return _padded_from_rows(
-        _rows_from_batch_rows(rows, max_prompt_length, max_response_length, truncate), pad_token_id
-    )
+    limit = limits(max_prompt_length, max_response_length, prompt_width, response_width)
+    rows_ = _rows_from_batch_rows(rows, limit, truncate)
+    return _padded_from_rows(rows_, pad_token_id, limit.prompt_width, limit.response_width)

@@ -28,12 +28,27 @@ _LENGTH_COLUMNS = frozenset({"prompt_length", "response_length"})
 _PLAIN_SCALARS = (type(None), bool, int, float, str)
 
 
+def _loadable(value: Any) -> bool:
+    """Whether ``torch.load(weights_only=True)`` gives ``value`` back: plain scalars, and dicts
+    (str keys) / lists / tuples of them or of tensors -- ``multi_modal_inputs`` is a dict a row."""
+    if isinstance(value, _PLAIN_SCALARS):
+        return True
+    if isinstance(value, dict):
+        return all(type(k) is str and (_loadable(v) or isinstance(v, torch.Tensor)) for k, v in value.items())
+    if isinstance(value, (list, tuple)):
+        return all(_loadable(v) or isinstance(v, torch.Tensor) for v in value)
+    return False
+
+
 def _check_plain(name: str, values: list[Any]) -> None:
+    if all(type(v) in _PLAIN_SCALARS for v in values):  # the usual case, tested at C speed
+        return
     for v in values:
-        if not isinstance(v, _PLAIN_SCALARS):
+        if not _loadable(v):
             raise TypeError(
                 f"non-tensor column {name!r} holds a {type(v).__name__}; only None/bool/int/"
-                "float/str survive torch.load(weights_only=True)"
+                "float/str, and dicts (str keys) or lists of them or of tensors, survive "
+                "torch.load(weights_only=True)"
             )
 
 
@@ -42,7 +57,8 @@ def to_plain_dict(batch: TensorDictBase) -> dict[str, Any]:
 
     Dense tensor columns keep their key. A jagged column ``c`` becomes two tensors,
     ``"c.values"`` (all rows' tokens concatenated) and ``"c.offsets"`` (int64 [B+1], row i is
-    ``values[offsets[i]:offsets[i+1]]``). Non-tensor columns become Python lists of length B.
+    ``values[offsets[i]:offsets[i+1]]``). Non-tensor columns become Python lists of length B
+    (``multi_modal_inputs``: a list of dicts, which ``weights_only`` loads too).
     ``from_plain_dict`` inverts it. Plain values/offsets rather than pickled nested tensors:
     readable by any consumer (numpy, other torch versions) without nested-tensor internals
     (torch 2.13 does load jagged tensors with ``weights_only=True``; that is not a stable promise).
@@ -60,7 +76,7 @@ def to_plain_dict(batch: TensorDictBase) -> dict[str, Any]:
             plain[key] = value.clone()
     for key, values in non_tensors.items():
         _check_plain(key, values)
-        plain[key] = list(values)
+        plain[key] = [dict(v) if type(v) is dict else v for v in values]  # not the batch's dicts
     return plain
 
 
