@@ -65,7 +65,7 @@ PARTITIONS = ("train", "val")
 DEMO = DemoConfig(steps=1, prompts=4, group_size=2, fail_rate=0.3, cancel_rate=0.0, seed=5)
 COMPARED = (
     "prompts", "responses", "input_ids", "attention_mask", "position_ids", "response_mask", "rm_scores",
-    "rollout_log_probs", "prompt_length", "response_length", "is_placeholder",
+    "rollout_log_probs", "prompt_length", "response_length", "is_placeholder", "num_turns",
 )
 ROW_TAGS = ("status", "global_steps", "prompt_len", "response_len", "seq_len", "uid", "materialization_reason", "is_placeholder")
 
@@ -231,7 +231,7 @@ def test_rows_read_back_equal_the_durable_batch(projected: Projected, partition:
     assert got.get("loss_mask").dtype == torch.int64
     assert torch.equal(got.get("loss_mask"), batch.get("response_mask"))
     for name in ("uid", "session_id", "session_index", "data_source", "run", "partition", "global_step",
-                 "failure_reason", "materialization_reason"):
+                 "failure_reason", "materialization_reason", "__num_turns__", "multi_modal_inputs"):
         assert non_tensor(got, name) == non_tensor(batch, name), name
     assert non_tensor(got, "global_steps") == [0] * len(keys)
 
@@ -287,6 +287,7 @@ def test_row_tags_and_raw_row_layout(projected: Projected) -> None:
         for name in ("rm_scores", "rollout_log_probs"):
             assert raw.get(name).dtype == torch.float32, name
         assert raw.get("num_turns").shape == (len(keys),) and raw.get("num_turns").dtype == torch.int64
+        assert "__num_turns__" not in raw.keys() and "multi_modal_inputs" not in raw.keys()  # read_rows adds them
         for i, key in enumerate(keys):
             uid, session_index, index = key.rsplit("_", 2)
             assert non_tensor(batch, "uid")[i] == uid and int(session_index) == non_tensor(batch, "session_index")[i]
