@@ -46,7 +46,7 @@ def per_row_padded(rows: list[Any], pad_token_id: int = 0) -> Any:
     import torch.nn.functional as F
     from tensordict import NonTensorStack, TensorDict
 
-    from sessions.batches import NON_TENSOR_COLUMNS
+    from sessions.batches.columns import COLUMN_DTYPES, META_COLUMNS, UNKNOWN_TURNS
 
     P = max((len(r.prompt_ids) for r in rows), default=0)
     R = max((len(r.response_ids) for r in rows), default=0)
@@ -82,13 +82,17 @@ def per_row_padded(rows: list[Any], pad_token_id: int = 0) -> Any:
     }
     if has_lp:
         columns["rollout_log_probs"] = torch.stack(logprobs)
-    columns["prompt_length"] = torch.tensor([len(r.prompt_ids) for r in rows], dtype=torch.int64)
-    columns["response_length"] = torch.tensor([len(r.response_ids) for r in rows], dtype=torch.int64)
+    columns["prompt_length"] = torch.tensor([len(r.prompt_ids) for r in rows], dtype=COLUMN_DTYPES["prompt_length"])
+    columns["response_length"] = torch.tensor([len(r.response_ids) for r in rows], dtype=COLUMN_DTYPES["response_length"])
     columns["is_placeholder"] = torch.tensor([bool(r.is_placeholder) for r in rows], dtype=torch.bool)
+    turns = [int(r.meta.get("num_turns", 0 if r.is_placeholder else UNKNOWN_TURNS)) for r in rows]
+    columns["num_turns"] = torch.tensor(turns, dtype=COLUMN_DTYPES["num_turns"])
     batch = TensorDict(columns, batch_size=[len(rows)])
-    for name in NON_TENSOR_COLUMNS:
+    for name in META_COLUMNS:
         values = [r.meta.get(name) for r in rows]
         batch.set(name, NonTensorStack.from_list([v.item() if isinstance(v, np.generic) else v for v in values]))
+    batch.set("__num_turns__", NonTensorStack.from_list(turns))
+    batch.set("multi_modal_inputs", NonTensorStack.from_list([{} for _ in rows]))
     return batch
 
 
