@@ -49,16 +49,32 @@ def _direct_stack(values: list[Any]) -> NonTensorStack:
         setattr_(member, "_is_initialized", True)
         append(member)
     stack = new(NonTensorStack)
-    for name, attr in (
-        ("_is_locked", None),
-        ("stack_dim", 0),
-        ("_batch_size", torch.Size([len(members)])),
-        ("tensordicts", members),
-        ("_hook_out", None),
-        ("_hook_in", None),
-    ):
+    for name, attr in _STACK_ATTRIBUTES:
         setattr_(stack, name, attr)
+    setattr_(stack, "_batch_size", torch.Size([len(members)]))
+    setattr_(stack, "tensordicts", members)
     return stack
+
+
+def _stack_attributes() -> tuple[tuple[str, Any], ...]:
+    """The attributes tensordict's own ``from_list`` gives a stack, but its size and members.
+
+    Probed, because their names differ between versions (``_hook_in`` in 0.15.3, ``hook_in`` in
+    0.10.0). Only immutable values are copied into every stack built; with any other the
+    attributes of 0.15.3 are used, which ``_direct_build_matches`` then finds do not match.
+    """
+    fallback = (("_is_locked", None), ("stack_dim", 0), ("_hook_out", None), ("_hook_in", None))
+    try:
+        state = vars(NonTensorStack.from_list([""]))
+    except Exception:  # another tensordict layout: the probe of the direct build decides
+        return fallback
+    attrs = tuple((k, v) for k, v in state.items() if k not in ("_batch_size", "tensordicts"))
+    if all(v is None or type(v) in (int, bool, str) for _, v in attrs):
+        return attrs
+    return fallback
+
+
+_STACK_ATTRIBUTES = _stack_attributes()
 
 
 def _same_state(a: Any, b: Any) -> bool:
