@@ -162,7 +162,7 @@ def test_a_row_longer_than_float32_counts_exactly_is_refused(builder: Any) -> No
 def test_lengths_read_back_as_int64_and_bad_ones_are_refused() -> None:
     assert lengths_as_index(torch.tensor([0.0, 3.0]), "prompt_length").dtype == torch.int64
     assert lengths_as_index(torch.tensor([2, 5]), "prompt_length").tolist() == [2, 5]
-    for bad in (torch.tensor([1.5]), torch.tensor([-1.0]), torch.tensor([-2])):
+    for bad in (torch.tensor([1.5]), torch.tensor([-1.0]), torch.tensor([float("inf")]), torch.tensor([-2])):
         with pytest.raises(ValueError, match="prompt_length"):
             lengths_as_index(bad, "prompt_length")
 

@@ -180,8 +180,9 @@ def lengths_as_index(lengths: torch.Tensor, name: str) -> torch.Tensor:
     negative or fractional length is refused (it cannot have come from a row).
     """
     if lengths.dtype.is_floating_point:
-        if not bool(torch.all((lengths >= 0) & (lengths == lengths.round()))):
-            raise ValueError(f"column {name!r} holds negative or fractional lengths; not a batch's")
+        whole = torch.isfinite(lengths) & (lengths >= 0) & (lengths == lengths.round())
+        if not bool(torch.all(whole)):
+            raise ValueError(f"column {name!r} holds negative, fractional or infinite lengths; not a batch's")
     elif lengths.numel() and int(lengths.min()) < 0:
         raise ValueError(f"column {name!r} holds negative lengths; not a batch's")
     return lengths.to(torch.int64)

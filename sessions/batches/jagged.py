@@ -2,8 +2,10 @@
 
 What row stores such as TransferQueue hold. This module owns both directions (flat -> jagged
 batch, jagged batch -> flat) and the few nested-tensor operations other code needs, so values /
-offsets arithmetic is written once: ``jagged_from_parts``, ``jagged_parts``, ``is_jagged`` and
-``row_ids_and_positions`` are public for the integrations that read jagged rows back.
+offsets arithmetic is written once: ``jagged_from_parts``, ``jagged_parts``, ``is_jagged``,
+``seqlen_bounds`` and ``row_ids_and_positions`` are public for the integrations that read
+jagged rows back and for ``indexing``. Every nested tensor is built with its
+``min_seqlen``/``max_seqlen``, so ``to_padded_tensor`` is as wide as the longest row.
 """
 
 from __future__ import annotations
