@@ -36,8 +36,9 @@ are built directly, with the cyclic GC paused (``non_tensor_stacks``).
 Row operations keep every column aligned, non-tensor ones included. ``select_rows``,
 ``concat_batches`` and ``split_batch`` (``indexing``) work on both layouts under every
 supported tensordict; plain ``batch[index]``, ``torch.cat`` and ``batch.split`` do too with
-tensordict 0.15.3, and on padded batches with verl's pin 0.10.0 except where the result or the
-input has no rows (``tensordict_compat`` records what 0.10.0 lacks).
+tensordict 0.15.3 (but its ``split`` makes a chunk of 0 rows without proper non-tensor
+columns), and on padded batches with verl's pin 0.10.0 except where the result or the input
+has no rows (``tensordict_compat`` records what 0.10.0 lacks).
 
 Decisions recorded here (the contract is silent on them):
 
