@@ -225,7 +225,8 @@ async def test_views_agree_with_the_metrics(db_url: str) -> None:
         assert math.isclose(train["reward_mean"], 3 / 7) and math.isclose(train["reward_mean_success_only"], 3 / 5)
         assert (train["sessions_total"], train["sessions_failed"], train["sessions_cancelled"], train["placeholders"]) == (8, 3, 1, 2)
         val = next(r for r in by_step if r["partition"] == "val" and r["data_source"] is None)
-        assert val["n"] == 2 and math.isclose(val["reward_mean_at_n"], (0.5 + 0.5 + 1.0) / 3)  # the size-1 group is @1
+        # step2-math-0 and -1 have 2 rows each (mean 0.5); step2-code-0 is pending (not counted); the group of one is @1
+        assert val["n"] == 2 and math.isclose(val["reward_mean_at_n"], (0.5 + 0.5) / 2)
 
         # failure_breakdown: failed/<reason> of the all-sources scopes, and placeholders
         breakdown = await rows_of(engine, "SELECT * FROM failure_breakdown")
@@ -245,16 +246,20 @@ async def test_views_agree_with_the_metrics(db_url: str) -> None:
             ("train", "runner_error", 1, 1), ("train", "sandbox_error", 1, 0), ("train", "timeout", 1, 1), ("val", "runner_error", 1, 1),
         }
 
-        # group_status: the groups table, and reward/mean@n as the mean over uids of mean_reward
+        # group_status: the groups table, and reward/mean@k as the mean of mean_reward over the settled
+        # uids with k batch rows (groups.reward_count)
         groups = await rows_of(engine, "SELECT * FROM group_status")
         assert len(groups) == 8
+        row_counts = {(r["run"], r["partition"], r["global_step"], r["uid"]): r["reward_count"]
+                      for r in await rows_of(engine, "SELECT run, partition, global_step, uid, reward_count FROM groups")}
         macro: dict[tuple, list[float]] = defaultdict(list)
         for g in groups:
             assert g["terminal"] == g["succeeded"] + g["failed"] + g["cancelled"]
             assert (g["status"] == "pending") == (g["terminal"] < g["group_size"])
-            if g["mean_reward"] is not None:
+            if g["mean_reward"] is not None and g["status"] != "pending":
+                k = row_counts[(g["run"], g["partition"], g["global_step"], g["uid"])]
                 for source in (g["data_source"], None):
-                    macro[(g["run"], g["partition"], g["global_step"], source, g["group_size"])].append(g["mean_reward"])
+                    macro[(g["run"], g["partition"], g["global_step"], source, k)].append(g["mean_reward"])
         assert {g["uid"]: g["status"] for g in groups if g["status"] != "finished"} == {"step1-code-0": "failure", "step2-code-0": "pending"}
         assert next(g for g in groups if g["uid"] == "step1-code-0")["mean_reward"] is None  # dropped + cancelled: no row
         for (run, partition, step, source, n), means in macro.items():
