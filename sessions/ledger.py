@@ -271,6 +271,8 @@ class Ledger:
         pad_token_id: int = 0,
         max_prompt_length: int | None = None,
         max_response_length: int | None = None,
+        prompt_width: int | None = None,
+        response_width: int | None = None,
         truncate: bool = False,
         poll_interval: float = 0.5,
     ) -> Any:
@@ -278,8 +280,64 @@ class Ledger:
 
         Projects as it waits. Raises TimeoutError naming the unsettled groups after `timeout`
         seconds (None waits forever): a group that never settles is a session someone must
-        fail or cancel (see `recover`), not a reason to hang.
+        fail or cancel (see `recover`), not a reason to hang. `prompt_width`/`response_width`
+        pad the padded layout to exactly those widths (verl's `max_prompt_length` /
+        `max_response_length`), so the batches of every step concatenate; a longer row is an
+        error unless `truncate`.
         """
+        if jagged and (prompt_width is not None or response_width is not None):
+            raise ValueError(
+                "prompt_width/response_width fix the padded layout's widths; a jagged batch has "
+                "none (densify it with sessions.batches.densify(batch, prompt_width=..., response_width=...))"
+            )
+        queue = await self._settled_rows(partition, global_step, run, timeout, poll_interval)
+        async with self.engine.connect() as conn:
+            sources = await rm.source_events(conn, [q["source_position"] for q in queue])
+        from sessions.batches import build_jagged, build_padded  # torch: imported only when batches are built
+        from sessions.batches.rows import materialise
+
+        rows = materialise(queue, sources)
+        if jagged:
+            return build_jagged(rows, max_prompt_length=max_prompt_length, max_response_length=max_response_length, truncate=truncate)
+        return build_padded(
+            rows, pad_token_id=pad_token_id, max_prompt_length=max_prompt_length,
+            max_response_length=max_response_length, prompt_width=prompt_width,
+            response_width=response_width, truncate=truncate,
+        )
+
+    async def metrics_dict(
+        self,
+        partition: str,
+        global_step: int | None,
+        *,
+        run: str | None = None,
+        timeout: float | None = 60.0,
+        max_prompt_length: int | None = None,
+        max_response_length: int | None = None,
+        poll_interval: float = 0.5,
+    ) -> dict[str, float]:
+        """One flat dict for an experiment tracker (verl's `Tracking.log(data=..., step=...)`).
+
+        Once the step is settled (as `batch` waits): verl's own names and numbers computed from
+        the rows the step's batch holds -- `val`: `val-core/<ds>/reward/mean@N`, `best@N/...`,
+        `val-aux/...` as verl's `process_validation_metrics` and `_val_metrics_update` give them;
+        `train`: the batch-only parts of `compute_data_metrics` (`critic/score/*`,
+        `response_length/*`, ...) -- plus every one of the ledger's metric counts under
+        `ledger/<partition>/<data_source or all>/<metric>`. `max_*_length` are verl's clip
+        thresholds for the `clip_ratio` figures of `train`.
+        """
+        queue = await self._settled_rows(partition, global_step, run, timeout, poll_interval)
+        rows = await self.metrics(partition, global_step, run=run, project=False)
+        from sessions.integrations.verl.validation_metrics import metrics_dict  # numpy only, loaded on use
+
+        return metrics_dict(
+            partition, queue, rows, max_prompt_length=max_prompt_length, max_response_length=max_response_length
+        )
+
+    async def _settled_rows(
+        self, partition: str, global_step: int | None, run: str | None, timeout: float | None, poll_interval: float
+    ) -> list[dict[str, Any]]:
+        """The step's queue rows once all its groups are settled, projecting while it waits."""
         if partition not in PARTITIONS:
             raise ValueError(f"partition must be 'train' or 'val', got {partition!r}")
         run = self.run if run is None else run
@@ -290,9 +348,7 @@ class Ledger:
             async with self.engine.connect() as conn:
                 status = await rm.group_status(conn, run, partition, global_step)
                 if status and not status.get("pending"):
-                    queue = await rm.queue_rows_for(conn, run, partition, global_step)
-                    sources = await rm.source_events(conn, [q["source_position"] for q in queue])
-                    break
+                    return await rm.queue_rows_for(conn, run, partition, global_step)
             remaining = None if deadline is None else deadline - loop.time()
             if remaining is not None and remaining <= 0:
                 if not status:
@@ -308,16 +364,6 @@ class Ledger:
                 )
             wait = poll_interval if remaining is None else min(poll_interval, remaining)
             await self.store.wait_for_commit(wait)
-        from sessions.batches import build_jagged, build_padded  # torch: imported only when batches are built
-        from sessions.batches.rows import materialise
-
-        rows = materialise(queue, sources)
-        if jagged:
-            return build_jagged(rows, max_prompt_length=max_prompt_length, max_response_length=max_response_length, truncate=truncate)
-        return build_padded(
-            rows, pad_token_id=pad_token_id, max_prompt_length=max_prompt_length,
-            max_response_length=max_response_length, truncate=truncate,
-        )
 
     async def metrics(
         self, partition: str | None = None, global_step: int | None | EllipsisType = ..., *, run: str | None = None,

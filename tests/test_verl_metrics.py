@@ -215,6 +215,9 @@ async def one_run(url: str, rnd: random.Random, verl_val: Callable[..., dict[str
         async with ledger.engine.connect() as conn:
             val_queue = await rm.queue_rows_for(conn, ledger.run, "val", 3)
             train_queue = await rm.queue_rows_for(conn, ledger.run, "train", 3)
+        widths = {"max_prompt_length": train_batch["prompts"].shape[1], "max_response_length": train_batch["responses"].shape[1]}
+        val_dict = await ledger.metrics_dict("val", 3, timeout=10)
+        train_dict = await ledger.metrics_dict("train", 3, timeout=10, **widths)
 
     sources, uids, scores = batch_rows(val_batch)
     by_source = verl_val(sources, uids, scores)
@@ -239,8 +242,16 @@ async def one_run(url: str, rnd: random.Random, verl_val: Callable[..., dict[str
     # what the lead's metrics_dict feeds: the queue rows of the step
     assert_same(vm.validation_metrics([q["data_source"] for q in val_queue], [q["uid"] for q in val_queue],
                                       [q["reward"] for q in val_queue]), by_source)
-    widths = {"max_prompt_length": train_batch["prompts"].shape[1], "max_response_length": train_batch["responses"].shape[1]}
-    mine = vm.metrics_dict("train", train_queue, train_rows, **widths)
+    # Ledger.metrics_dict: verl's validation dict as verl's V0 `_validate` builds it from this batch
+    # (scores, uids, data sources, `__num_turns__`), and the ledger's own figures under ledger/
+    from sessions.batches import non_tensor
+
+    turns = non_tensor(val_batch, "__num_turns__")
+    assert_same({k: v for k, v in val_dict.items() if not k.startswith("ledger/")}, verl_val(sources, uids, scores, turns),
+                {"rel": 1e-6, "abs": 1e-6})
+    assert {k: v for k, v in val_dict.items() if k.startswith("ledger/")} == vm.ledger_metrics(val_rows)
+    assert train_dict == vm.metrics_dict("train", train_queue, train_rows, **widths)
+    mine = train_dict
     scores_t = train_batch["rm_scores"]
     dp = DataProto.from_dict(tensors={
         "token_level_scores": scores_t, "token_level_rewards": scores_t, "advantages": scores_t * 0, "returns": scores_t * 0,
