@@ -154,7 +154,9 @@ async def _cmd_demo(args: argparse.Namespace) -> int:
     )
     console.print(
         "reward/mean counts failed sessions as zeros (placeholders); reward/mean_success_only is the "
-        "survivors-only figure other frameworks report."
+        "survivors-only figure other frameworks report. reward/mean@N is verl's val-core headline: the uids "
+        "with N rows only (those that lost a session are counted under 'uids not @N'); reward/mean_per_uid "
+        "averages every uid."
     )
     return 0
 

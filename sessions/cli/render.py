@@ -37,17 +37,26 @@ def summary_table(rows: Sequence[m.MetricRow], title: str) -> Table:
     table.add_column("step", justify="right")
     for header, _ in SUMMARY_COLUMNS:
         table.add_column(header, justify="right")
-    table.add_column("reward/\nmean@n", justify="right")
+    table.add_column("reward/\nmean@N", justify="right")
+    table.add_column("uids\nnot @N", justify="right")
+    table.add_column("reward/\nmean_per_uid", justify="right")
     table.add_column("failed by reason", overflow="fold")
     for (run, partition, step, _source), values in sorted(scopes.items(), key=lambda kv: (kv[0][1], kv[0][2] or -1)):
-        at_n = [f"@{k.split('@')[1]} {_fmt(v)}" for k, v in values.items() if k.startswith("reward/mean@")]
+        headline = _headline(values)
         reasons = " ".join(f"{k.split('/', 1)[1]}={int(v)}" for k, v in sorted(values.items()) if k.startswith("failed/"))
         table.add_row(
             partition, "-" if step is None else str(step),
             *(_fmt(values.get(name)) for _, name in SUMMARY_COLUMNS),
-            " ".join(at_n) or "-", reasons or "-",
+            "-" if headline is None else f"@{headline[0]} {_fmt(headline[1])}",
+            _fmt(values.get(m.UIDS_EXCLUDED)), _fmt(values.get(m.REWARD_MEAN_PER_UID)), reasons or "-",
         )
     return table
+
+
+def _headline(values: dict[str, float]) -> tuple[int, float] | None:
+    """verl's headline: `reward/mean@N` at the largest row count N of the scope (its `val-core`)."""
+    at = [(int(k.split("@")[1]), v) for k, v in values.items() if k.startswith("reward/mean@")]
+    return max(at) if at else None
 
 
 def metrics_table(rows: Sequence[m.MetricRow]) -> Table:

@@ -9,7 +9,7 @@ conventions (``fields``):
   ``attention_mask``, ``position_ids``, ``response_mask`` (and ``loss_mask``, the same values),
   float32 ``rm_scores`` (the reward on the last response token), float32 ``rollout_log_probs``
   (zeros where a row has none, as uni-agent writes them), a per-row int64 ``num_turns``, bool
-  ``is_placeholder``, int64 ``prompt_length`` / ``response_length``, and strings (any plain
+  ``is_placeholder``, float32 ``prompt_length`` / ``response_length``, and strings (any plain
   scalar) in ``NonTensorStack``: ``uid``, ``data_source``, ``session_id``, ``session_index``,
   ``key``, ``run``, ``partition``, ``global_step``, ``global_steps``, ``failure_reason``,
   ``materialization_reason``;
