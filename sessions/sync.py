@@ -333,9 +333,10 @@ class SyncLedger:
         """Metric counts, as `Ledger.metrics`."""
         return self._call(self.ledger.metrics(partition, global_step, run=run, project=project), "metrics")
 
-    def metrics_dict(self, partition: str, global_step: int | None, *, run: str | None = None) -> dict[str, float]:
-        """One step's metrics by name, verl's and the ledger's own, as `Ledger.metrics_dict`."""
-        return self._call(self.ledger.metrics_dict(partition, global_step, run=run), "metrics_dict")
+    def metrics_dict(self, partition: str, global_step: int | None, **options: Any) -> dict[str, float]:
+        """One step's metrics by name, verl's and the ledger's own (for verl's `Tracking.log`);
+        options as `Ledger.metrics_dict` (run, timeout, ...)."""
+        return self._call(self.ledger.metrics_dict(partition, global_step, **options), "metrics_dict")
 
     # ------------------------------------------------------------ reading (other loops)
     async def aproject(self) -> int:
@@ -350,8 +351,8 @@ class SyncLedger:
     ) -> list[MetricRow]:
         return await self._hop(self.ledger.metrics(partition, global_step, run=run, project=project), "ametrics")
 
-    async def ametrics_dict(self, partition: str, global_step: int | None, *, run: str | None = None) -> dict[str, float]:
-        return await self._hop(self.ledger.metrics_dict(partition, global_step, run=run), "ametrics_dict")
+    async def ametrics_dict(self, partition: str, global_step: int | None, **options: Any) -> dict[str, float]:
+        return await self._hop(self.ledger.metrics_dict(partition, global_step, **options), "ametrics_dict")
 
     # --------------------------------------------------------- recording (blocking)
     def create_session(self, session_id: str, **identity: Any) -> SyncSession:

@@ -24,7 +24,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sessions import InvalidInput, InvalidTransition, Ledger, LedgerError, SandboxError, SchemaError
+from sessions import InvalidInput, InvalidTransition, LedgerError, SandboxError, SchemaError
 from sessions.sync import SessionProxy, SyncLedger, SyncSession
 
 pytestmark = pytest.mark.verl_env
@@ -519,15 +519,18 @@ def test_ctrl_c_inside_a_session_block_cancels_the_session(ledger: SyncLedger) -
 
 
 # ------------------------------------------------------------------------ metrics_dict
-@pytest.mark.skipif(not hasattr(Ledger, "metrics_dict"), reason="Ledger.metrics_dict is not in sessions/ledger.py yet")
-def test_metrics_dict_is_the_async_ledgers_own(ledger: SyncLedger) -> None:
+def test_metrics_dict_is_the_async_ledgers_own_through_every_face(ledger: SyncLedger) -> None:
     for index, outcome in enumerate(["ok", "error", "ok_half", "cancel"]):
-        record_blocking(ledger, f"md{index}", outcome, **identity("md", index, 4, 14, partition="val"))
+        record_blocking(ledger, f"md{index}", outcome, **identity("md", index, 4, 14, partition="val", data_source="toy"))
 
     async def straight() -> dict[str, float]:
         return await ledger.ledger.metrics_dict("val", 14)
 
-    blocking = ledger.metrics_dict("val", 14)
-    assert blocking and all(isinstance(v, float) for v in blocking.values())
+    blocking = ledger.metrics_dict("val", 14, timeout=30)
+    # verl's headline for a uid that lost a session: mean@3 over its rows, the failure as a zero
+    assert blocking["val-core/toy/reward/mean@3"] == pytest.approx((1.0 + 0.0 + 0.5) / 3)
+    assert blocking["ledger/val/toy/reward/mean@3"] == pytest.approx(blocking["val-core/toy/reward/mean@3"])
     assert blocking == ledger._call(straight(), "metrics_dict")
     assert asyncio.run(ledger.ametrics_dict("val", 14)) == blocking
+    with pytest.raises(TimeoutError, match="no sessions"):
+        ledger.metrics_dict("val", 15, timeout=0.2)
