@@ -89,11 +89,10 @@ def last_row_reference(batch: Any) -> torch.Tensor:
 
 @pytest.fixture(scope="module")
 def recorded(module_db_url: str) -> Iterator[Any]:
-    """Record (train, val) steps of one plan into a new run; returns their batches and metrics."""
+    """Record (partition, step, plan)s into a new run; returns their batches and metrics."""
 
-    def record(plan_train: list[Any], plan_val: list[Any]) -> tuple[list[Any], list[Any]]:
-        run = new_run("vi")
-        return asyncio.run(recorded_batches(module_db_url, run, [("train", 0, plan_train), ("val", 0, plan_val)]))
+    def record(*steps: tuple[str, int, list[Any]]) -> tuple[list[Any], list[Any]]:
+        return asyncio.run(recorded_batches(module_db_url, new_run("vi"), list(steps)))
 
     yield record
 
@@ -123,7 +122,7 @@ def test_conversion_grpo_and_metrics_match_verl(
     from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage
     from verl.trainer.ppo.metric_utils import compute_data_metrics
 
-    (train, val), (train_metrics, val_metrics) = recorded(plan_train, plan_val)
+    (train, val), (train_metrics, val_metrics) = recorded(("train", 0, plan_train), ("val", 0, plan_val))
     for batch, metrics, partition in ((train, train_metrics, "train"), (val, val_metrics, "val")):
         size = batch.batch_size[0]
         stock = DataProto.from_tensordict(batch)  # the one-liner: no glue at all
@@ -187,7 +186,7 @@ def test_dataproto_operations_and_balance_batch_keep_rows_aligned(
     from verl.protocol import DataProto
     from verl.trainer.ppo.ray_trainer import RayPPOTrainer
 
-    (train, val), _ = recorded(plan_train, plan_val)
+    (train, val), _ = recorded(("train", 0, plan_train), ("val", 0, plan_val))
     dp = to_data_proto(train, pad_to_multiple=dp_size)
     reference = signatures(dp)
     assert len(dp) % dp_size == 0
@@ -221,3 +220,62 @@ def test_dataproto_operations_and_balance_batch_keep_rows_aligned(
     assert any(name.startswith("global_seqlen/") for name in metrics)
     assert_aligned(without_padding(joined), reference)
     assert not without_padding(joined).batch[IS_PADDING].any()
+
+
+@EXAMPLES
+@given(plan_0=plans(), plan_1=plans(), multiple=st.sampled_from([1, 4, 8]))
+def test_fixed_widths_let_two_steps_concatenate(
+    verl_installed: None, recorded: Any, plan_0: list[Any], plan_1: list[Any], multiple: int
+) -> None:
+    """Two steps padded to verl's fixed widths (and a multiple) concatenate with rows intact; their
+    groups, placeholders and filler rows keep uids of their own; verl's GRPO on the concatenation
+    equals it on each step alone."""
+    from verl.protocol import DataProto
+
+    from sessions.batches import BatchTooLongError
+
+    (first, second), _ = recorded(("train", 0, plan_0), ("train", 1, plan_1))
+    widths = {"prompt_width": 12, "response_width": 16}  # the scenarios' rows are at most 8 + 11 tokens
+    steps = [to_data_proto(b, pad_to_multiple=multiple, **widths) for b in (first, second)]
+    for dp in steps:
+        assert dp.batch["prompts"].shape[1] == 12 and dp.batch["responses"].shape[1] == 16
+        assert dp.batch["input_ids"].shape[1] == 28
+    both = DataProto.concat(steps)
+    assert_aligned(both, signatures(steps[0]) | signatures(steps[1]))
+    assert not set(steps[0].non_tensor_batch["uid"].tolist()) & set(steps[1].non_tensor_batch["uid"].tolist())
+    together = with_grpo(both).batch["advantages"]
+    alone = torch.cat([with_grpo(dp).batch["advantages"] for dp in steps])
+    torch.testing.assert_close(together, alone, rtol=0, atol=0)
+    unpadded = [to_data_proto(b) for b in (first, second)]
+    if unpadded[0].batch["responses"].shape[1] != unpadded[1].batch["responses"].shape[1]:
+        with pytest.raises(RuntimeError):  # each export's own widths: what fixed widths are for
+            DataProto.concat(unpadded)
+    with pytest.raises(BatchTooLongError):
+        to_data_proto(first, prompt_width=0, response_width=16)
+
+
+@EXAMPLES
+@given(plan_train=plans())
+def test_columns_a_verl_step_reads_are_there(verl_installed: None, recorded: Any, plan_train: list[Any]) -> None:
+    """num_turns (V1), __num_turns__ (compute_data_metrics' num_turns/*) and multi_modal_inputs
+    (RayPPOTrainer.fit reads it unconditionally) reach the DataProto, filler rows included."""
+    from verl.trainer.ppo.metric_utils import compute_data_metrics
+
+    (batch,), _ = recorded(("train", 0, plan_train))
+    dp = to_data_proto(batch, pad_to_multiple=8)
+    size = batch.batch_size[0]
+    turns = dp.batch["num_turns"]
+    assert turns.dtype == torch.int64
+    assert dp.non_tensor_batch["__num_turns__"].tolist() == turns.tolist()
+    assert not turns[size:].any() and not turns[:size][batch["is_placeholder"]].any()
+    assert (turns[:size][~batch["is_placeholder"]] >= 1).all()
+    images = []  # RayPPOTrainer.fit, verbatim in what it reads
+    for multi_modal_input in dp.non_tensor_batch["multi_modal_inputs"]:
+        if "image_grid_thw" not in multi_modal_input.keys():
+            continue
+        images.extend(multi_modal_input["images_seqlens"].tolist())
+    assert images == []
+    figures = compute_data_metrics(with_grpo(without_padding(dp)), use_critic=False)
+    real_turns = turns[:size].double()
+    assert figures["num_turns/mean"] == pytest.approx(float(real_turns.mean()))
+    assert figures["num_turns/max"] == int(real_turns.max()) and figures["num_turns/min"] == int(real_turns.min())

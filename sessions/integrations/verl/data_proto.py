@@ -12,6 +12,10 @@ adds what stock verl cannot know from the batch alone:
   by ``uid``, and an isolated placeholder would leave its prompt one value short (``mean@3``).
 * **fixed batch size** (``pad_to_multiple``): masked filler rows (``filler``), each with its
   own uid and ``is_padding`` True.
+* **fixed widths** (``prompt_width`` / ``response_width``, verl's ``max_prompt_length`` /
+  ``max_response_length``): the batch re-padded by ``sessions.batches.pad_to_widths`` first, so
+  every step's DataProto has the same shapes and ``DataProto.concat`` takes any of them
+  (``Ledger.batch(..., prompt_width=..., response_width=...)`` does the same at the source).
 
 Every DataProto made here has the ``group_uid`` and ``is_padding`` columns, so two steps'
 DataProtos have the same columns (``DataProto.concat`` needs that).
@@ -25,7 +29,7 @@ import numpy as np
 import torch
 from tensordict import NonTensorData, NonTensorStack, TensorDict, TensorDictBase
 
-from sessions.batches import non_tensor
+from sessions.batches import non_tensor, pad_to_widths
 from sessions.integrations.verl.filler import IS_PADDING, append_filler_rows
 
 if TYPE_CHECKING:
@@ -128,6 +132,8 @@ def to_data_proto(
     *,
     isolate_placeholders: bool | None = None,
     pad_to_multiple: int | None = None,
+    prompt_width: int | None = None,
+    response_width: int | None = None,
     pad_token_id: int = 0,
     meta_info: Mapping[str, Any] | None = None,
 ) -> DataProto:
@@ -142,9 +148,13 @@ def to_data_proto(
     ``pad_to_multiple``: append masked filler rows until the row count is a multiple of it
     (e.g. lcm(dp size, ppo_mini_batch_size x n), as verl's V1 trainer computes it); drop them
     with ``without_padding`` before ``compute_data_metrics``.
-    ``pad_token_id``: the token the filler rows are made of. ``meta_info``: passed through.
+    ``prompt_width`` / ``response_width``: exact padded widths (``pad_to_widths``; a longer row
+    raises ``BatchTooLongError``). ``pad_token_id``: the token that padding and filler rows are
+    made of. ``meta_info``: passed through.
     """
     DataProto = import_data_proto()
+    if prompt_width is not None or response_width is not None:
+        batch = pad_to_widths(batch, prompt_width, response_width, pad_token_id=pad_token_id)
     tensors, non_tensors = batch_columns(batch)
     size = int(batch.batch_size[0])
     if "is_placeholder" not in tensors:
