@@ -1,0 +1,140 @@
+"""The figures docs/verl.md quotes: what each sessions.integrations.verl option changes in verl's
+numbers, on recorded demo steps. Needs verl (``pip install 'rollout-ledger[verl]'``)::
+
+    rollout-ledger demo --db demo.db --steps 2 --prompts 16 --group-size 4 \\
+        --fail-rate 0.2 --cancel-rate 0.05 --seed 1 --run demo1
+    python -m benchmarks.verl_figures --db demo.db --run demo1 --steps 0 1
+
+Per train step: rows before/after padding to ``--multiple``; verl's GRPO group baselines (the
+per-group mean ``compute_grpo_outcome_advantage`` subtracts, read back from its advantages with
+std normalisation off), averaged over the groups that have a trainable row, with and without
+placeholder isolation, and the per-group shift; the loss scale of each ``loss_agg_mode`` in
+verl's worker loss (``ppo_loss``, one mini-batch of the whole step, dp 1): loss over the step
+divided by the loss over its trainable rows, without and with ``unbiased_seq_mean``; verl's
+``critic/score/mean`` beside the ledger's ``reward/mean``, with and without the filler rows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+from collections import defaultdict
+from typing import Any
+
+import torch
+
+MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+
+
+def group_baselines(dp: Any) -> dict[str, float]:
+    """group_uid -> the mean verl's GRPO subtracts from that group's trainable rows."""
+    from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage
+
+    scores = dp.batch["rm_scores"].sum(-1)
+    advantages, _ = compute_grpo_outcome_advantage(
+        dp.batch["rm_scores"], dp.batch["response_mask"], dp.non_tensor_batch["uid"], norm_adv_by_std_in_grpo=False
+    )
+    mask = dp.batch["response_mask"]
+    out: dict[str, float] = {}
+    for i, group in enumerate(dp.non_tensor_batch["group_uid"].tolist()):
+        if mask[i].sum() > 0 and not bool(dp.batch["is_padding"][i]):
+            first = int(mask[i].argmax())
+            out[group] = float(scores[i] - advantages[i, first])
+    return out
+
+
+def worker_loss(dp: Any, log_probs: torch.Tensor, mode: str, rows: torch.Tensor, global_batch_size: int | None) -> float:
+    """verl's ppo_loss over ``rows`` as one mini-batch on one rank."""
+    from verl.utils import tensordict_utils as tu
+    from verl.workers.config import ActorConfig
+    from verl.workers.utils.losses import ppo_loss
+    from verl.workers.utils.padding import left_right_2_no_padding
+
+    config = ActorConfig(strategy="fsdp", rollout_n=1, ppo_micro_batch_size_per_gpu=1, loss_agg_mode=mode, use_torch_compile=False)
+    td = left_right_2_no_padding(dp.select_idxs(rows).to_tensordict())
+    tu.assign_non_tensor(td, dp_size=1, batch_num_tokens=int(dp.batch["response_mask"][rows].sum()), global_batch_size=global_batch_size)
+    values = log_probs[rows][dp.batch["attention_mask"][rows].bool()]
+    loss, _ = ppo_loss(config, {"log_probs": values}, td)
+    return float(loss)
+
+
+def loss_scales(dp: Any) -> dict[str, tuple[float, float]]:
+    """mode -> (loss / loss over trainable rows) without and with the fix; one mini-batch of all rows."""
+    from sessions.integrations.verl import unbiased_seq_mean
+
+    generator = torch.Generator().manual_seed(0)
+    dp.batch["old_log_probs"] = dp.batch["rollout_log_probs"] - 0.1 * torch.rand(dp.batch["rollout_log_probs"].shape, generator=generator)
+    log_probs = -torch.rand(dp.batch["attention_mask"].shape, generator=generator)
+    every = torch.arange(len(dp))
+    trainable = every[dp.batch["response_mask"].sum(-1) > 0]
+    out = {}
+    for mode in MODES:
+        real = worker_loss(dp, log_probs, mode, trainable, None)
+        plain = worker_loss(dp, log_probs, mode, every, len(dp))
+        with unbiased_seq_mean(dp, loss_agg_mode=mode, mini_batch_size=len(dp)):
+            fixed = worker_loss(dp, log_probs, mode, every, len(dp))
+        out[mode] = (plain / real, fixed / real)
+    return out
+
+
+def grpo(dp: Any) -> Any:
+    from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage
+
+    dp.batch["token_level_scores"] = dp.batch["token_level_rewards"] = dp.batch["rm_scores"]
+    dp.batch["advantages"], dp.batch["returns"] = compute_grpo_outcome_advantage(
+        dp.batch["rm_scores"], dp.batch["response_mask"], dp.non_tensor_batch["uid"]
+    )
+    return dp
+
+
+async def figures(db: str, run: str, steps: list[int], multiple: int) -> None:
+    from verl.trainer.ppo.metric_utils import compute_data_metrics
+
+    from sessions import Ledger
+    from sessions.integrations.verl import to_data_proto, without_padding
+
+    async with Ledger.open(db, run=run, migrate=False) as ledger:
+        for step in steps:
+            batch = await ledger.batch("train", step)
+            metrics = {m.metric: m.value for m in await ledger.metrics("train", step) if m.data_source is None}
+            size = batch.batch_size[0]
+            placeholders = int(batch["is_placeholder"].sum())
+            print(f"## train step {step}: {size} rows ({placeholders} placeholders), padded to {multiple}: "
+                  f"{len(to_data_proto(batch, pad_to_multiple=multiple))} rows")
+            stock = group_baselines(to_data_proto(batch, isolate_placeholders=False))
+            isolated = group_baselines(to_data_proto(batch, isolate_placeholders=True))
+            shift = [isolated[g] - stock[g] for g in stock]
+            moved = sum(1 for s in shift if abs(s) > 1e-9)
+            print(f"GRPO baseline, mean over {len(stock)} groups with a trainable row: stock {sum(stock.values()) / len(stock):.4f}, "
+                  f"isolated {sum(isolated.values()) / len(isolated):.4f}; shift (isolated - stock) mean {sum(shift) / len(shift):.4f}, "
+                  f"min {min(shift):.4f}, max {max(shift):.4f}, groups moved {moved}")
+            padded = grpo(to_data_proto(batch, pad_to_multiple=multiple))
+            trainable = int((padded.batch["response_mask"].sum(-1) > 0).sum())
+            print(f"trainable rows {trainable} of {len(padded)} (mini-batch of {len(padded)}); loss scale (loss / loss over trainable rows):")
+            for mode, (plain, fixed) in loss_scales(padded).items():
+                print(f"  {mode:24s} stock {plain:.4f}   with unbiased_seq_mean {fixed:.4f}")
+            unpadded = grpo(to_data_proto(batch))
+            for mode, (plain, fixed) in loss_scales(unpadded).items():
+                if mode != "token-mean":
+                    print(f"  unpadded ({size} rows) {mode:24s} stock {plain:.4f}   fixed {fixed:.4f}")
+            counted = compute_data_metrics(padded, use_critic=False)
+            honest = compute_data_metrics(without_padding(padded), use_critic=False)
+            print(f"critic/score/mean: verl on the padded batch {counted['critic/score/mean']:.4f}, after without_padding "
+                  f"{honest['critic/score/mean']:.4f}; ledger reward/mean {metrics['reward/mean']:.4f}")
+            print(f"num_turns/mean {honest['num_turns/mean']:.4f}, response_length/mean {honest['response_length/mean']:.4f}")
+            print()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.verl_figures", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--db", required=True, help="database URL or SQLite file the demo recorded into")
+    parser.add_argument("--run", required=True, help="the demo's run name (--run of rollout-ledger demo)")
+    parser.add_argument("--steps", type=int, nargs="+", default=[0, 1])
+    parser.add_argument("--multiple", type=int, default=64, help="pad_to_multiple (verl's batch multiple)")
+    args = parser.parse_args(argv)
+    asyncio.run(figures(args.db, args.run, args.steps, args.multiple))
+
+
+if __name__ == "__main__":
+    main()
