@@ -21,8 +21,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from sessions.integrations.verl import to_data_proto
-from sessions.sync import SyncLedger
+from sessions import SyncLedger, to_data_proto
 from verl.trainer.ppo.core_algos import agg_loss, compute_grpo_outcome_advantage, get_policy_loss_fn
 from verl.trainer.ppo.metric_utils import compute_data_metrics
 from verl.trainer.ppo.reward import extract_reward

@@ -3,6 +3,7 @@
 Public API::
 
     from sessions import Ledger, SandboxError, InvalidTransition, ConcurrencyError
+    from sessions import SyncLedger          # the same ledger for synchronous code (verl's trainer loop)
 
 Names that need torch (batch building, the GRPO reference advantage, the TransferQueue sink) are
 imported on first use, so recording sessions never pays torch's import time.
@@ -31,12 +32,18 @@ from sessions.errors import ProjectionError
 from sessions.projection.projector import Projector
 from sessions.queues.sinks import InProcessQueue, QueueItem, QueueSink
 from sessions.recorder import SessionHandle, SessionOutcome
+from sessions.sync import SessionProxy, SyncLedger, SyncSession
 
 _LAZY = {
     "BatchRow": "sessions.batches",
     "BatchTooLongError": "sessions.batches",
     "build_padded": "sessions.batches",
     "build_jagged": "sessions.batches",
+    "concat_batches": "sessions.batches",
+    "pad_to_widths": "sessions.batches",
+    "select_rows": "sessions.batches",
+    "split_batch": "sessions.batches",
+    "to_data_proto": "sessions.integrations.verl",
     "densify": "sessions.batches",
     "to_plain_dict": "sessions.batches",
     "grpo_outcome_advantage": "sessions.batches.advantage",
@@ -72,7 +79,10 @@ __all__ = [
     "SchemaError",
     "SessionHandle",
     "SessionOutcome",
+    "SessionProxy",
     "StoreError",
+    "SyncLedger",
+    "SyncSession",
     "UnknownEventError",
     *_LAZY,
 ]
