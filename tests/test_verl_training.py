@@ -327,7 +327,10 @@ def test_rollout_corr_metrics_over_trainable_rows(
     assert ours.keys() == on_real.keys() == on_all.keys()
     for key, value in on_real.items():
         assert ours[key] == pytest.approx(value, rel=1e-6, abs=1e-9), key
-    per_sequence = {"training_ppl", "training_log_ppl", "rollout_ppl", "rollout_log_ppl", "log_ppl_diff", "ppl_ratio", "chi2_seq"}
+    per_sequence = {
+        "training_ppl", "training_log_ppl", "rollout_ppl", "rollout_log_ppl", "log_ppl_diff", "log_ppl_abs_diff", "ppl_ratio",
+        "chi2_seq", "rollout_is_seq_mean", "rollout_is_seq_min",
+    }
     for name in per_sequence:  # what verl gets wrong with placeholders in the batch
         assert on_all[f"rollout_corr/{name}"] != pytest.approx(on_real[f"rollout_corr/{name}"], rel=1e-6), name
     for name in ("kl", "k3_kl", "chi2_token", "rollout_rs_masked_fraction"):  # token-level: unaffected

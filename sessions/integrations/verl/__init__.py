@@ -4,10 +4,11 @@ The padded batch ``Ledger.batch(...)`` returns is already in verl's column conve
 ``DataProto.from_tensordict(batch)`` is all a verl step needs to run. What verl cannot tell from
 the batch, this package adds, each tested against verl's own code (``docs/verl.md``):
 
-* ``to_data_proto(batch, isolate_placeholders=..., pad_to_multiple=...)`` (``data_proto``):
-  each placeholder its own uid, so stock GRPO keeps it out of its siblings' baseline (default on
-  for ``train``, off for ``val``; the prompt's uid stays in ``group_uid``); masked filler rows up
-  to a fixed multiple, tagged ``is_padding`` (``filler``).
+* ``to_data_proto(batch, isolate_placeholders=..., pad_to_multiple=..., prompt_width=...,
+  response_width=...)`` (``data_proto``): each placeholder its own uid, so stock GRPO keeps it
+  out of its siblings' baseline (default on for ``train``, off for ``val``; the prompt's uid
+  stays in ``group_uid``); masked filler rows up to a fixed multiple, tagged ``is_padding``
+  (``filler``); verl's fixed widths, so any two steps ``DataProto.concat``.
 * ``without_padding(dp)`` (before ``compute_data_metrics``) and ``trainable_rows(dp)``.
 * ``unbiased_seq_mean(dp, ...)`` / ``seq_mean_weights`` (``seq_mean``): the seq-mean loss modes
   in verl's worker divide by every row of a mini-batch; weighted advantages undo that.

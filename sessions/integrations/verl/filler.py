@@ -131,7 +131,8 @@ def without_padding(dp: DataProto) -> DataProto:
     """The rows that are not filler: what to hand verl's ``compute_data_metrics`` (and any metric).
 
     verl's V1 trainer does the same with its own padding before its metrics. Placeholders stay:
-    they count as zeros in the reward figures (DESIGN section 5).
+    they count as zeros in the reward figures (DESIGN section 5). ``dp`` itself when it has no
+    filler rows.
     """
     if IS_PADDING not in dp.batch.keys():
         return dp
@@ -140,6 +141,6 @@ def without_padding(dp: DataProto) -> DataProto:
 
 def trainable_rows(dp: DataProto) -> DataProto:
     """The rows with at least one loss token (no placeholders, no filler): what per-sequence
-    diagnostics such as verl's ``rollout_corr/*`` should average over."""
+    diagnostics such as verl's ``rollout_corr/*`` should average over (``dp`` itself if all are)."""
     keep = (dp.batch["response_mask"].sum(-1) > 0).cpu().numpy()
     return _select(dp, keep)

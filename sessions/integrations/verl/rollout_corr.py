@@ -5,9 +5,12 @@ every row of the batch. The token-level ones are masked means and ignore rows wi
 token, but the per-sequence ones average a per-row value over all rows, and a placeholder's (or
 filler row's) value is that of an empty sequence: ``training_ppl`` / ``rollout_ppl`` /
 ``ppl_ratio`` count it as 1, ``*_log_ppl`` / ``log_ppl_diff`` / ``log_ppl_abs_diff`` as 0,
-``chi2_seq`` as a squared ratio of 1, and ``log_ppl_diff_max`` / ``_min`` take its 0 into the
-extremes. The IS weights and the rejection mask themselves are right for every row (a row
-without loss tokens gets weight 0 and stays masked; batch normalisation excludes it).
+``chi2_seq`` as a squared ratio of 1, the sequence-level IS statistics (``rollout_is_seq_mean``,
+``_std``, ``_min``, ``_max_deviation``, ``_fraction_low``) as a sequence of weight 0, and
+``log_ppl_diff_max`` / ``_min`` take its 0 into the extremes. The rejection-sampling figures
+(``rollout_rs_*``) already skip such rows. The IS weights and the rejection mask themselves are
+right for every row (a row without loss tokens gets weight 0 and stays masked; batch
+normalisation excludes it).
 
 So the remedy replaces only the metrics. ``rollout_corr_metrics(dp, config)`` is verl's own
 computation over ``trainable_rows(dp)``; ``patch_rollout_corr_metrics()`` points verl's V0 and
