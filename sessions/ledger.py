@@ -13,7 +13,7 @@ from sessions import aggregate as agg
 from sessions import storable
 from sessions import events as ev
 from sessions import validation
-from sessions.errors import ConcurrencyError, InvalidInput
+from sessions.errors import ConcurrencyError, InvalidInput, LedgerError
 from sessions.projection.metrics import MetricRow
 from sessions.placeholder import PARTITIONS, PlaceholderPolicy
 from sessions.projection.projector import Projector
@@ -63,6 +63,23 @@ class Ledger:
         self.projector = Projector(engine, sinks=sinks, store=self.store)
         #: `run_session` work whose recording outlived its call (see `recording_timeout`).
         self._recording: set[asyncio.Future[SessionOutcome]] = set()
+        #: the event loop the ledger serves: its engine's pooled connections and its store's
+        #: group-commit worker belong to it (set on first use)
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def _own_loop(self) -> None:
+        """Refuse a call from another event loop with one clear error: there a pooled connection
+        fails with "attached to a different loop" and poisons the pool for the owner loop too."""
+        loop = asyncio.get_running_loop()
+        if self._loop is None:
+            self._loop = loop
+        elif loop is not self._loop:
+            state = "closed" if self._loop.is_closed() else "still running"
+            raise LedgerError(
+                f"this Ledger was opened on another event loop ({state}); its connections and "
+                "group-commit worker serve that loop only — open a Ledger in this loop, or use "
+                "sessions.SyncLedger, which any thread or event loop can share"
+            )
 
     @classmethod
     @asynccontextmanager
@@ -98,6 +115,7 @@ class Ledger:
                 engine, run=run, placeholder_policy=placeholder_policy,
                 trajectory_selection=trajectory_selection, sinks=sinks, limits=limits,
             )
+            ledger._loop = asyncio.get_running_loop()
             try:
                 yield ledger
             finally:
@@ -132,6 +150,7 @@ class Ledger:
         start: bool = True,
     ) -> SessionHandle:
         """Append SessionCreated (and SessionStarted unless start=False) in one atomic append."""
+        self._own_loop()
         run = self.run if run is None else run
         validation.check_identity(
             session_id, run=run, uid=uid, session_index=session_index, group_size=group_size,
@@ -173,6 +192,7 @@ class Ledger:
 
     async def load_session(self, session_id: str) -> SessionHandle:
         """A handle on an existing session, folded from its events (e.g. to fail an orphan)."""
+        self._own_loop()
         try:
             stored = await self.store.read_stream(session_id)
         except StoredJSONError as error:
@@ -218,6 +238,7 @@ class Ledger:
         state `recording` and a `TimeoutError`; the recording goes on in the background and lands
         when the database frees (or `rollout-ledger recover` fails the session as orphaned).
         """
+        self._own_loop()
         work = asyncio.ensure_future(self._run_session(runner, session_id, timeout, kwargs))
         if timeout is None:
             return await work
@@ -258,6 +279,7 @@ class Ledger:
     # ----------------------------------------------------------- projection
     async def project(self) -> int:
         """Project the log to its current end; returns the number of events projected."""
+        self._own_loop()
         return await self.projector.run()
 
     async def batch(
@@ -338,6 +360,7 @@ class Ledger:
         self, partition: str, global_step: int | None, run: str | None, timeout: float | None, poll_interval: float
     ) -> list[dict[str, Any]]:
         """The step's queue rows once all its groups are settled, projecting while it waits."""
+        self._own_loop()
         if partition not in PARTITIONS:
             raise ValueError(f"partition must be 'train' or 'val', got {partition!r}")
         run = self.run if run is None else run
@@ -374,6 +397,7 @@ class Ledger:
         `global_step`: `...` (default) every step; an integer that step; None only the rows of
         sessions recorded without a step.
         """
+        self._own_loop()
         if project:
             await self.project()
         async with self.engine.connect() as conn:

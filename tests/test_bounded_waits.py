@@ -103,3 +103,41 @@ async def test_opening_survives_a_connection_dropped_while_migrating(tmp_path: P
     async with Ledger.open(tmp_path / "ledger.db") as ledger:
         await ledger.create_session("opened", uid="opened", **KW)
     assert len(calls) == 2
+
+
+async def test_a_ledger_used_from_another_running_loop_refuses_every_call_and_keeps_serving_its_own(db_url: str) -> None:
+    """The ledger's reads and writes from a foreign loop (another thread's asyncio.run) raise one
+    clear error; without the check a PostgreSQL read fails with "attached to a different loop"
+    and leaves connections bound to the foreign loop in the owner's pool."""
+    async with Ledger.open(db_url) as ledger:
+        async with ledger.session("own-1", uid="own", **KW) as s:
+            await s.record_trajectory(prompt_ids=[1], response_ids=[2])
+            await s.post_reward(1.0)
+        calls = {
+            "project": lambda: ledger.project(),
+            "metrics": lambda: ledger.metrics("val", 0),
+            "batch": lambda: ledger.batch("val", 0, timeout=1),
+            "metrics_dict": lambda: ledger.metrics_dict("val", 0, timeout=1),
+            "load_session": lambda: ledger.load_session("own-1"),
+            "create_session": lambda: ledger.create_session("own-2", uid="own2", **KW),
+        }
+        refused: dict[str, str] = {}
+
+        async def foreign() -> None:
+            for name, call in calls.items():
+                try:
+                    await asyncio.wait_for(call(), 5)
+                except LedgerError as error:
+                    refused[name] = str(error)
+
+        errors: list[BaseException] = []
+        thread = threading.Thread(target=lambda: _run_into(foreign(), errors))
+        thread.start()
+        await asyncio.to_thread(thread.join, 30)
+        assert not thread.is_alive() and not errors, errors
+        assert set(refused) == set(calls), refused
+        assert all("another event loop" in message and "SyncLedger" in message for message in refused.values())
+        # the owner loop is unharmed: its pool holds no connection of the foreign loop
+        rows = {r.metric: r.value for r in await ledger.metrics("val", 0) if r.data_source is None}
+        assert rows["sessions/succeeded"] == 1.0
+        assert (await ledger.load_session("own-1")).state == "succeeded"
