@@ -3,10 +3,11 @@
 #
 #   .venv       the newest releases (tensordict, numpy, ...) with the TransferQueue and bench
 #               extras: every test.
-#   .venv-verl  verl 0.9.1 and its pins (tensordict 0.10.0, see tests/environments/verl-pins.txt):
-#               the tests marked `verl_env` (batches, the verl integration, the synchronous ledger,
-#               the example), with ROLLOUT_LEDGER_REQUIRE_VERL=1 so a missing verl fails them
-#               instead of skipping them.
+#   .venv-verl  verl 0.9.1 and its pins (tensordict 0.10.0, see tests/environments/verl-pins.txt),
+#               with TransferQueue as verl's V1 trainer has it: the tests marked `verl_env`
+#               (batches, the verl integration and metrics, the synchronous ledger, the example),
+#               with ROLLOUT_LEDGER_REQUIRE_VERL=1 so a missing verl fails them instead of
+#               skipping them.
 #
 # The two runs go side by side (the verl environment installs while the main suite runs); the
 # exit status is the main run's if it failed, else the verl run's. pytest's own codes pass
@@ -21,7 +22,7 @@ verl_log="$(mktemp -t rollout-ledger-verl-XXXXXX.log)"
 (
   python3 -m venv .venv-verl \
     && .venv-verl/bin/pip install -q -c tests/environments/verl-pins.txt torch==2.13.0 \
-    && .venv-verl/bin/pip install -q -c tests/environments/verl-pins.txt -e '.[test,verl]' \
+    && .venv-verl/bin/pip install -q -c tests/environments/verl-pins.txt -e '.[test,verl,transferqueue]' \
     && .venv-verl/bin/pip check \
     && ROLLOUT_LEDGER_REQUIRE_VERL=1 .venv-verl/bin/python -m pytest -q -p no:cacheprovider -m verl_env
 ) >"$verl_log" 2>&1 &
