@@ -253,3 +253,20 @@ def test_set_stack_refuses_a_stack_of_another_length() -> None:
     batch = TensorDict({}, batch_size=[2])
     with pytest.raises((ValueError, RuntimeError)):
         tensordict_compat.set_stack(batch, "x", NonTensorStack.from_list([]))
+
+
+def test_building_a_jagged_batch_prints_nothing_on_stderr() -> None:
+    """torch logs a tracing notice on the first nested_tensor_from_jagged of a process; the CLI's
+    one-line errors and exports must not carry it (tensordict_compat spends it silently)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import numpy as np\n"
+        "from sessions.batches import BatchRow, build_jagged\n"
+        "row = BatchRow(np.array([1, 2]), np.array([3]), np.array([1]), None, 1.0, False)\n"
+        "assert build_jagged([row, row])['responses'].to_padded_tensor(0).shape == (2, 1)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == "", done.stderr

@@ -64,6 +64,32 @@ def _native_empty_selection() -> bool:
     return tuple(empty.batch_size) == (0,)
 
 
+def _quiet_torch_fx_notice() -> None:
+    """Spend torch's once-per-process ``is_fx_tracing`` notice with its logger off.
+
+    torch (2.13) logs "is_fx_tracing will return true for both fx.symbolic_trace and
+    torch.export ..." to stderr the first time ``nested_tensor_from_jagged`` runs (it asks
+    ``is_fx_tracing()``, whose notice is an ``lru_cache``-d function). The notice is about
+    tracing, which nothing here does; unsilenced it is a stray line in the CLI's one-line errors
+    and in every export. Calling the cached function once with its logger disabled uses it up.
+    Private torch API, so absent or changed it is simply skipped.
+    """
+    import logging
+
+    try:
+        from torch.fx import _symbolic_trace
+        notice = _symbolic_trace.is_fx_tracing_warning
+    except (ImportError, AttributeError):
+        return
+    logger = logging.getLogger(_symbolic_trace.__name__)
+    disabled, logger.disabled = logger.disabled, True
+    try:
+        notice()
+    finally:
+        logger.disabled = disabled
+
+
+_quiet_torch_fx_notice()
 EMPTY_STACK_SET_FAILS: bool = _empty_stack_set_fails()
 NATIVE_EMPTY_SELECTION: bool = _native_empty_selection()
 NATIVE_JAGGED_ROW_OPS: bool = _native_jagged_row_ops()
