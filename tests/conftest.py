@@ -83,6 +83,19 @@ def _require_pg() -> None:
     pytest.skip(message)
 
 
+def default_sigint() -> None:
+    """`preexec_fn` for a child a test interrupts with SIGINT: give it SIGINT's default action.
+
+    A shell starts background jobs with SIGINT ignored (tests/run.sh runs the verl-pins job so,
+    and CI may run the whole suite so), and Python installs its KeyboardInterrupt handler only
+    when SIGINT is not ignored at start: without this the child would never see the Ctrl-C the
+    test sends it.
+    """
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 #: Set by the verl-pins job (see tests/run.sh): there the verl tests must run, never skip.
 VERL_REQUIRED = os.environ.get("ROLLOUT_LEDGER_REQUIRE_VERL", "").lower() in ("1", "true", "yes")
 

@@ -30,6 +30,7 @@ from sqlalchemy.engine import make_url
 
 from sessions import Ledger
 from sessions.cli.errors import EXIT_ERROR, EXIT_INTERRUPTED, reason
+from tests.conftest import default_sigint
 from store import create_engine
 from store.tables import events
 
@@ -283,7 +284,8 @@ def test_ctrl_c_stops_in_one_line(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k != "ROLLOUT_LEDGER_DB"}
     db = tmp_path / "demo.db"
     demo = subprocess.Popen([sys.executable, "-m", "sessions.cli", "demo", "--db", str(db), "--steps", "1000"],
-                            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=default_sigint)
     try:
         deadline = time.monotonic() + 60
         while not Path(f"{db}-wal").exists() and time.monotonic() < deadline and demo.poll() is None:

@@ -25,7 +25,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sessions import InvalidInput, InvalidTransition, LedgerError, SandboxError, SchemaError
-from sessions.sync import SessionProxy, SyncLedger, SyncSession
+from sessions import SessionProxy, SyncLedger, SyncSession
+from tests.conftest import default_sigint
 
 pytestmark = pytest.mark.verl_env
 
@@ -503,7 +504,7 @@ print("threads", sorted(t.name for t in threading.enumerate() if t.name == "roll
 def test_ctrl_c_in_a_blocking_call_cancels_it_and_leaves_the_ledger_serving(db_url: str) -> None:
     done = subprocess.run(
         [sys.executable, "-c", INTERRUPTED, db_url], cwd=REPO, capture_output=True, text=True, timeout=90,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
+        env={**os.environ, "PYTHONPATH": str(REPO)}, preexec_fn=default_sigint,
     )
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
