@@ -12,6 +12,8 @@ placeholder isolation, and the per-group shift; the loss scale of each ``loss_ag
 verl's worker loss (``ppo_loss``, one mini-batch of the whole step, dp 1): loss over the step
 divided by the loss over its trainable rows, without and with ``unbiased_seq_mean``; verl's
 ``critic/score/mean`` beside the ledger's ``reward/mean``, with and without the filler rows.
+Per val step: every ``val-core`` figure of verl's own ``_val_metrics_update`` beside
+``Ledger.metrics_dict``'s, and the ledger's ``reward/mean_per_uid`` / ``reward/uids_excluded``.
 """
 
 from __future__ import annotations
@@ -123,6 +125,35 @@ async def figures(db: str, run: str, steps: list[int], multiple: int) -> None:
                   f"{honest['critic/score/mean']:.4f}; ledger reward/mean {metrics['reward/mean']:.4f}")
             print(f"num_turns/mean {honest['num_turns/mean']:.4f}, response_length/mean {honest['response_length/mean']:.4f}")
             print()
+            await validation_figures(ledger, step)
+
+
+async def validation_figures(ledger: Any, step: int) -> None:
+    """verl's own validation dict (`RayPPOTrainer._val_metrics_update` on the val batch, as V0's
+    `_validate` feeds it) beside `Ledger.metrics_dict`: every val-core figure, and the largest
+    difference over all of verl's keys."""
+    import numpy as np
+    from verl.trainer.ppo.ray_trainer import RayPPOTrainer
+
+    from sessions.batches import non_tensor
+
+    batch = await ledger.batch("val", step)
+    mine = await ledger.metrics_dict("val", step)
+    verl = RayPPOTrainer._val_metrics_update(  # uses nothing of self
+        None, np.array(non_tensor(batch, "data_source"), dtype=object), non_tensor(batch, "uid"),
+        {"reward": batch["rm_scores"].sum(-1).tolist()}, [np.array(non_tensor(batch, "__num_turns__"))],
+    )
+    missing = sorted(set(verl) - set(mine))
+    worst = max(abs(float(verl[k]) - mine[k]) for k in verl if k in mine)
+    print(f"## val step {step}: {len(verl)} figures from verl, missing from metrics_dict: {missing or 'none'}; "
+          f"largest |verl - ledger| {worst:.1e}")
+    for key in sorted(k for k in verl if k.startswith("val-core/")):
+        print(f"  {key:40s} verl {float(verl[key]):.6f}   ledger {mine[key]:.6f}")
+    by_source = {m.data_source: m for m in await ledger.metrics("val", step) if m.metric == "reward/mean_per_uid"}
+    excluded = {m.data_source: m.value for m in await ledger.metrics("val", step) if m.metric == "reward/uids_excluded"}
+    for source, row in sorted(by_source.items(), key=lambda kv: str(kv[0])):
+        print(f"  ledger {source or 'all'}: reward/mean_per_uid {row.value:.6f}, reward/uids_excluded {excluded.get(source, 0):.0f}")
+    print()
 
 
 def main(argv: list[str] | None = None) -> None:
