@@ -18,15 +18,12 @@ run as verl wrote it (it uses nothing of `self`). Tests without verl pin the sem
 
 from __future__ import annotations
 
-import ast
 import asyncio
-import importlib.util
 import math
 import random
 import uuid
 from collections import defaultdict
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -49,20 +46,12 @@ TOLERANCE = {"rel": 1e-9, "abs": 1e-12}
 # ------------------------------------------------------------------------------ verl's own code
 @pytest.fixture(scope="module")
 def verl_val() -> Callable[..., dict[str, Any]]:
-    """verl's `_val_metrics_update(self, data_sources, sample_uids, reward_extra_infos_dict,
-    sample_turns)`, compiled from its installed source with the names its module gives it."""
+    """verl's own `RayPPOTrainer._val_metrics_update(self, data_sources, sample_uids,
+    reward_extra_infos_dict, sample_turns)` (it uses nothing of `self`)."""
     require_verl()
-    import verl.trainer.ppo.metric_utils as metric_utils
+    from verl.trainer.ppo.ray_trainer import RayPPOTrainer
 
-    spec = importlib.util.find_spec("verl")
-    assert spec is not None and spec.origin is not None
-    path = Path(spec.origin).parent / "trainer" / "ppo" / "ray_trainer.py"
-    tree = ast.parse(path.read_text(encoding="utf-8"))
-    trainer = next(node for node in tree.body if isinstance(node, ast.ClassDef) and node.name == "RayPPOTrainer")
-    method = next(node for node in trainer.body if isinstance(node, ast.FunctionDef) and node.name == "_val_metrics_update")
-    namespace: dict[str, Any] = {"np": np, "process_validation_metrics": metric_utils.process_validation_metrics}
-    exec(compile(ast.Module(body=[method], type_ignores=[]), str(path), "exec"), namespace)  # noqa: S102
-    update = namespace["_val_metrics_update"]
+    update = RayPPOTrainer._val_metrics_update
 
     def run(data_sources: list[Any], uids: list[Any], scores: list[float], turns: list[int] | None = None) -> dict[str, Any]:
         sample_turns = [] if turns is None else [np.array(turns, dtype=np.int32)]
