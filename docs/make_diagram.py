@@ -113,10 +113,12 @@ def svg() -> str:
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{right:.0f}" height="{bottom - top:.0f}" '
         f'viewBox="0 {top:.0f} {right:.0f} {bottom - top:.0f}" font-family="monospace" font-size="14">',
         "<title>rollout-ledger session states</title>",
-        f"<desc>Drawn by docs/make_diagram.py from sessions/machine.py. The machine in Mermaid:\n{escape(machine.mermaid())}</desc>",
+        "<desc>Drawn by docs/make_diagram.py from sessions/machine.py. The machine in Mermaid:",
+        f"{escape(machine.mermaid())}</desc>",
         "<style>.state{fill:#fff;stroke:#333;stroke-width:1.5}.terminal{fill:#f3f3f3;stroke:#333;stroke-width:3}"
         ".edge{fill:none;stroke:#555;stroke-width:1.3;marker-end:url(#arrow)}"
-        ".label{fill:#1a4f8b;font-size:12px;text-anchor:middle}.name{text-anchor:middle;dominant-baseline:central}</style>",
+        ".label{fill:#1a4f8b;font-size:12px;text-anchor:middle}"
+        ".name{text-anchor:middle;dominant-baseline:central}</style>",
         '<defs><marker id="arrow" viewBox="0 0 10 10" refX="10" refY="5" markerWidth="8" markerHeight="8" '
         'orient="auto-start-reverse"><path d="M0,0 L10,5 L0,10 z" fill="#555"/></marker></defs>',
         f'<circle cx="{MARGIN:.1f}" cy="{first.y:.1f}" r="8" fill="#333"/>',

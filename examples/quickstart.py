@@ -3,19 +3,20 @@
 import asyncio
 import sys
 import tempfile
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-from sessions import Ledger, SandboxError
+from sessions import Ledger, SandboxError, SessionHandle
 
 GROUP_SIZE = 4  # sessions per prompt (uid): `ledger.batch` waits until all 4 of every group have ended
 PROMPT_7 = [101, 2054, 2003, 1016, 1009, 1016, 102]  # token ids, as a tokenizer would give them
 PROMPT_8 = [101, 2054, 2003, 1017, 1008, 1017, 102]
 
 
-def agent(prompt_ids: list[int], response_ids: list[int], reward: float):
+def agent(prompt_ids: list[int], response_ids: list[int], reward: float) -> Callable[[SessionHandle], Awaitable[None]]:
     """A runner: an async function given the session's handle (a real one would sample the policy)."""
 
-    async def runner(s) -> None:
+    async def runner(s: SessionHandle) -> None:
         mask = [1] * len(response_ids)  # 1 = trainable token; tool output inside a response would be 0
         await s.record_trajectory(prompt_ids=prompt_ids, response_ids=response_ids, response_mask=mask, num_turns=1)
         await s.post_reward(reward, acc=reward)
@@ -23,7 +24,7 @@ def agent(prompt_ids: list[int], response_ids: list[int], reward: float):
     return runner
 
 
-async def broken_sandbox(s) -> None:
+async def broken_sandbox(s: SessionHandle) -> None:
     raise SandboxError("the code sandbox died")  # recorded as failed (sandbox_error), with a placeholder row
 
 
