@@ -1,5 +1,5 @@
 """The figures docs/verl.md quotes: what each sessions.integrations.verl option changes in verl's
-numbers, on recorded demo steps. Needs verl (``pip install 'rollout-ledger[verl]'``)::
+numbers, on recorded demo steps. Needs verl (``pip install -e '.[verl]'`` in a clone)::
 
     rollout-ledger demo --db demo.db --steps 2 --prompts 16 --group-size 4 \\
         --fail-rate 0.2 --cancel-rate 0.05 --seed 1 --run demo1

@@ -49,7 +49,7 @@ def import_data_proto() -> type:
         from verl.protocol import DataProto
     except ImportError as error:
         raise ImportError(
-            "this needs verl: pip install 'rollout-ledger[verl]' (verl 0.9.1, which pins tensordict 0.10.0)"
+            "this needs verl: pip install -e '.[verl]' from a clone of rollout-ledger (verl 0.9.1, which pins tensordict 0.10.0)"
         ) from error
     return DataProto
 

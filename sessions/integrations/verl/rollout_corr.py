@@ -42,7 +42,7 @@ def _helper() -> Any:
         import verl.trainer.ppo.rollout_corr_helper as helper
     except ImportError as error:
         raise ImportError(
-            "this needs verl: pip install 'rollout-ledger[verl]' (verl 0.9.1, which pins tensordict 0.10.0)"
+            "this needs verl: pip install -e '.[verl]' from a clone of rollout-ledger (verl 0.9.1, which pins tensordict 0.10.0)"
         ) from error
     return helper
 
