@@ -7,17 +7,29 @@ what `run_query` returns.
 from __future__ import annotations
 
 import re
+import time
 from typing import Any
 
 from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from store.errors import LedgerError, StoreError
 
-__all__ = ["QueryError", "WriteRefused", "has_separator", "run_query"]
+__all__ = ["DEFAULT_TIMEOUT_S", "QueryError", "QueryTimeout", "WriteRefused", "code_of", "has_separator",
+           "projector_lag", "run_query"]
+
+#: `rollout-ledger sql`'s default statement timeout: long enough for any honest read of a ledger.
+DEFAULT_TIMEOUT_S = 30.0
 
 _READ_ONLY_START = re.compile(r"^\s*(select|with|explain|values|pragma\s+table_info|show)\b", re.IGNORECASE)
+#: First words of statements that change something: these are refused as writes, any other word is a typo.
+_WRITES = frozenset(
+    "insert update delete drop create alter replace truncate attach detach vacuum reindex grant revoke "
+    "pragma begin commit rollback savepoint release copy merge analyze cluster comment lock set reset "
+    "call do refresh upsert".split()
+)
+_DOLLAR_TAG = re.compile(r"\$[A-Za-z_]*\$")
 
 
 class WriteRefused(LedgerError, ValueError):
@@ -28,62 +40,136 @@ class QueryError(StoreError, ValueError):
     """A read-only query that is empty or that the database rejected (its message says why)."""
 
 
-#: What can hide a ';' that separates nothing: quoted text, quoted names, comments, $tag$ bodies.
-_NOT_CODE = re.compile(
-    r"'(?:[^']|'')*'"  # 'string', '' escapes a quote
-    r'|"(?:[^"]|"")*"'  # "identifier"
-    r"|--[^\n]*"  # -- line comment
-    r"|/\*.*?\*/"  # /* block comment */
-    r"|(\$[A-Za-z_]*\$).*?\1",  # PostgreSQL $tag$ ... $tag$
-    re.DOTALL,
-)
+class QueryTimeout(QueryError):
+    """A query stopped by `run_query`'s statement timeout."""
+
+
+def code_of(statement: str) -> str:
+    """`statement` with quoted text, quoted names, comments and `$tag$` bodies blanked out.
+
+    One pass, each hidden part skipped with `str.find`, so the check costs O(len) however many
+    comments or quotes the statement holds (the regular expression it replaces was quadratic on
+    comment-heavy text). An unterminated quote or comment hides the rest: the database rejects it.
+    """
+    out: list[str] = []
+    i, n, start = 0, len(statement), 0
+    while i < n:
+        ch = statement[i]
+        if ch in "'\"":
+            end = i + 1
+            while True:  # '' (or "") inside escapes the quote
+                end = statement.find(ch, end)
+                if end < 0 or statement[end + 1:end + 2] != ch:
+                    break
+                end += 2
+            close = n if end < 0 else end + 1
+        elif statement.startswith("--", i):
+            end = statement.find("\n", i)
+            close = n if end < 0 else end
+        elif statement.startswith("/*", i):
+            end = statement.find("*/", i + 2)
+            close = n if end < 0 else end + 2
+        elif ch == "$" and (tag := _DOLLAR_TAG.match(statement, i)):
+            end = statement.find(tag[0], tag.end())
+            close = n if end < 0 else end + len(tag[0])
+        else:
+            i += 1
+            continue
+        out.append(statement[start:i])
+        out.append(" ")
+        i = start = close
+    out.append(statement[start:])
+    return "".join(out)
 
 
 def has_separator(statement: str) -> bool:
     """Whether `statement` holds a ';' outside literals, quoted names and comments."""
-    return ";" in _NOT_CODE.sub(" ", statement)
+    return ";" in code_of(statement)
 
 
 def check_read_only(statement: str) -> str:
     """The statement without its trailing ';', or WriteRefused / QueryError before it reaches the database."""
     statement = statement.strip().rstrip(";")
-    if not statement:
+    code = code_of(statement)
+    if not code.strip():
         raise QueryError("empty query: pass a SELECT statement, e.g. rollout-ledger sql \"SELECT * FROM sessions LIMIT 5\"")
-    if has_separator(statement):
+    if ";" in code:
         raise WriteRefused("one statement at a time: remove the ';' separators")
-    if not _READ_ONLY_START.match(statement):
+    if not _READ_ONLY_START.match(code):
+        word = code.split()[0]
+        if word.lower() not in _WRITES:
+            raise QueryError(f"not a query: {word[:40]!r} is not SELECT, WITH, EXPLAIN or VALUES (a typo?)")
         raise WriteRefused(
-            f"refused: `sql` runs read-only queries (SELECT / WITH / EXPLAIN), not {statement.split()[0].upper()}; "
+            f"refused: `sql` runs read-only queries (SELECT / WITH / EXPLAIN), not {word.upper()}; "
             "the read models are rebuilt from events — change the log through the API instead"
         )
     return statement
 
 
-async def run_query(engine: AsyncEngine, statement: str, *, limit: int | None = None) -> tuple[list[str], list[tuple[Any, ...]]]:
+async def projector_lag(engine: AsyncEngine) -> int:
+    """How many events the log holds past the projector's checkpoint (0: the read models are current)."""
+    async with engine.connect() as conn:
+        result = await conn.execute(text(
+            "SELECT (SELECT COUNT(*) FROM events WHERE position > "
+            "COALESCE((SELECT position FROM checkpoints WHERE name = 'projector'), 0))"
+        ))
+        return int(result.scalar_one() or 0)
+
+
+async def _sqlite_deadline(conn: AsyncConnection, seconds: float | None) -> None:
+    """Interrupt the statement after `seconds` (None: remove the handler), checked every 1000 VM steps."""
+    raw = (await conn.get_raw_connection()).driver_connection
+    if seconds is None:
+        await raw.set_progress_handler(None, 0)
+        return
+    deadline = time.monotonic() + seconds
+    await raw.set_progress_handler(lambda: int(time.monotonic() > deadline), 1000)
+
+
+def _timed_out(message: str) -> bool:
+    lowered = message.lower()
+    return "interrupted" in lowered or "statement timeout" in lowered or "canceling statement" in lowered
+
+
+async def run_query(engine: AsyncEngine, statement: str, *, limit: int | None = None,
+                    timeout: float | None = DEFAULT_TIMEOUT_S) -> tuple[list[str], list[tuple[Any, ...]]]:
     """Run one read-only statement; returns (column names, rows).
 
     Refused before it reaches the database unless it starts like a query; and run inside a
     read-only transaction (PostgreSQL) or with `query_only` on (SQLite), so a write hidden in a
-    CTE or function is refused by the database itself.
+    CTE or function is refused by the database itself. A statement still running after `timeout`
+    seconds (None or 0: no limit) is stopped by the database (`statement_timeout`) or by SQLite's
+    progress handler, and raises QueryTimeout.
     """
     statement = check_read_only(statement)
+    timeout = timeout or None
     async with engine.connect() as conn:
-        if conn.dialect.name == "postgresql":
+        postgres = conn.dialect.name == "postgresql"
+        if postgres:
             await conn.execute(text("SET TRANSACTION READ ONLY"))
+            if timeout:
+                await conn.exec_driver_sql(f"SET LOCAL statement_timeout = {max(1, int(timeout * 1000))}")
         else:
             await conn.exec_driver_sql("PRAGMA query_only = ON")
+            if timeout:
+                await _sqlite_deadline(conn, timeout)
         try:
             # Sent as written: text() would read ` :name` inside a literal as a bind parameter.
             result = await conn.exec_driver_sql(statement)
             columns = list(result.keys())
             rows = [tuple(row) for row in (result.fetchmany(limit) if limit else result.fetchall())]
         except DBAPIError as error:
-            message = str(error.orig).splitlines()[0]
+            message = str(error.orig).splitlines()[0] if str(error.orig) else type(error.orig).__name__
+            if timeout and _timed_out(message):
+                raise QueryTimeout(f"query stopped after the {timeout:g} s statement timeout "
+                                   "(pass --timeout SECONDS for longer, 0 for none)") from None
             if "read-only" in message.lower() or "readonly" in message.lower() or "query_only" in message.lower():
                 raise WriteRefused(f"refused: the statement tries to write ({message})") from None
             raise QueryError(f"query failed: {message}") from None
         finally:
-            if conn.dialect.name != "postgresql":
+            if not postgres:
+                if timeout:
+                    await _sqlite_deadline(conn, None)
                 await conn.exec_driver_sql("PRAGMA query_only = OFF")
             await conn.rollback()
     return columns, rows

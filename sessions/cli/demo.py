@@ -149,3 +149,25 @@ async def run_demo(ledger: Ledger, config: DemoConfig, *, on_session: Callable[[
     elapsed = time.perf_counter() - started
     appended = ledger.store.events_committed - events_before
     return {"seconds": elapsed, "events": appended, "events_per_second": appended / elapsed if elapsed else 0.0}
+
+
+def example_session(run: str, config: DemoConfig) -> str:
+    """The id `run_demo` gives the first session of the last val step (one to show with `history`)."""
+    return f"{run.replace('_', '-')}-val{config.steps - 1}-p0-s0"
+
+
+def next_commands(run: str, db: str | None, session_id: str) -> list[str]:
+    """The commands the demo suggests after its summary, ready to paste into a POSIX shell."""
+    import re
+    import shlex
+
+    where = "" if db is None else f" --db {shlex.quote(db)}"
+    quoted = run.replace("'", "''")
+    query = f"SELECT * FROM failure_breakdown WHERE run = '{quoted}'"
+    # double quotes read better around SQL; only when nothing in it means something to the shell
+    shown = f'"{query}"' if re.fullmatch(r"[\w.-]+", run) else shlex.quote(query)
+    return [
+        f"rollout-ledger metrics{where}",
+        f"rollout-ledger history {shlex.quote(session_id)}{where}",
+        f"rollout-ledger sql {shown}{where}",
+    ]

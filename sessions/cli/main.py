@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import signal
 import sys
 from collections.abc import Sequence
@@ -90,6 +89,8 @@ def build_parser() -> argparse.ArgumentParser:
     sql.add_argument("query")
     sql.add_argument("--limit", type=int, default=None, help="print at most this many rows")
     sql.add_argument("--json", action="store_true", help="print rows as JSON objects")
+    sql.add_argument("--timeout", type=float, default=30.0, metavar="SECONDS",
+                     help="stop the statement after this long (default: 30; 0 for no limit)")
 
     recover = verbs.add_parser("recover", parents=[common], help="fail sessions left open by a dead process (reason orphaned)")
     recover.add_argument("--older-than", required=True, metavar="DURATION", help="idle time, e.g. 30m, 2h")
@@ -133,6 +134,8 @@ async def _cmd_demo(args: argparse.Namespace) -> int:
     from sessions.ledger import Ledger
     from sessions.cli.render import console as make_console
     from sessions.cli.render import summary_table
+    from sessions.cli.demo import example_session, next_commands
+    from rich.text import Text
 
     config = DemoConfig(args.steps, args.prompts, args.group_size, args.fail_rate, args.cancel_rate, args.seed,
                         reuse_uids=args.reuse_uids)
@@ -148,16 +151,19 @@ async def _cmd_demo(args: argparse.Namespace) -> int:
         projected = await ledger.project()
         rows = await ledger.metrics()
     console.print(summary_table(rows, f"run {run} — db {_display(args.db)}"))
-    console.print(
-        f"recorded {int(figures['events'])} events from {total} sessions in {figures['seconds']:.2f}s "
-        f"({figures['events_per_second']:.0f} events/s appended); projected {projected} events"
-    )
-    console.print(
-        "reward/mean counts failed sessions as zeros (placeholders); reward/mean_success_only is the "
+    console.print(Text(
+        f"\nrecorded {int(figures['events'])} events from {total} sessions in {figures['seconds']:.1f}s "
+        f"(mostly the simulated agents' waits and hangs); projected {projected} events"
+    ))
+    console.print(Text(
+        "reward/mean counts failed sessions as zeros (placeholders); reward/mean success_only is the "
         "survivors-only figure other frameworks report. reward/mean@N is verl's val-core headline: the uids "
-        "with N rows only (those that lost a session are counted under 'uids not @N'); reward/mean_per_uid "
+        "with N rows only (those that lost a session are counted under 'uids not @N'); reward/mean per_uid "
         "averages every uid."
-    )
+    ))
+    console.print(Text("\nnext, try:"))
+    for command in next_commands(run, args.db, example_session(run, config)):
+        console.print(Text(f"  {command}"), soft_wrap=True)
     return 0
 
 
@@ -209,15 +215,18 @@ async def _report_quarantined(ledger: Any, *, after: int) -> None:
 
 async def _cmd_metrics(args: argparse.Namespace) -> int:
     from sessions.ledger import Ledger
-    from sessions.cli.render import metrics_table, print_table
+    from sessions.cli.render import metrics_table, print_json, print_table, visible
 
     async with Ledger.open(args.db) as ledger:
         run = await _resolve_run(ledger, args.run)
         rows = await ledger.metrics(args.partition, args.step, run=run)
     if args.json:
-        print(json.dumps([row.as_json() for row in rows], indent=1))
-    elif not rows:
-        print(f"no metrics for run {run!r} with these filters")
+        print_json([row.as_json() for row in rows])
+        return 0
+    chosen = "" if args.run else " (the most recent; --run NAME for another)"
+    print(f"run '{visible(run)}'{chosen}")
+    if not rows:
+        print("no metrics for this run with these filters")
     else:
         print_table(metrics_table(rows))
     return 0
@@ -296,25 +305,24 @@ async def _cmd_audit(args: argparse.Namespace) -> int:
 
 
 async def _cmd_sql(args: argparse.Namespace) -> int:
-    from rich.table import Table
-
-    from sessions.cli.render import print_table
+    from sessions.cli.render import json_value, print_json, print_table, rows_table
     from store import check_schema, console, create_engine
 
     engine = create_engine(args.db)
     try:
         await check_schema(engine)
-        columns, rows = await console.run_query(engine, args.query, limit=args.limit)
+        columns, rows = await console.run_query(engine, args.query, limit=args.limit, timeout=args.timeout)
+        behind = await console.projector_lag(engine)
     finally:
         await engine.dispose()
     if args.json:
-        print(json.dumps([dict(zip(columns, row)) for row in rows], default=str, indent=1))
-        return 0
-    table = Table(*columns)
-    for row in rows:
-        table.add_row(*("NULL" if v is None else str(v) for v in row))
-    print_table(table)
-    print(f"{len(rows)} row(s)")
+        print_json([{c: json_value(v) for c, v in zip(columns, row)} for row in rows])
+    else:
+        print_table(rows_table(columns, rows))
+        print(f"{len(rows)} row(s)")
+    if behind:  # `sql` only reads, so it reports the lag rather than projecting (docs/sql.md)
+        print(f"note: the read models are {behind} event(s) behind the log; run `rollout-ledger project` "
+              "to bring them up to date", file=sys.stderr)
     return 0
 
 

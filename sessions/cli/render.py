@@ -1,26 +1,83 @@
-"""Terminal tables for the CLI (rich)."""
+"""Terminal tables for the CLI (rich), with every stored value shown as stored.
+
+Values from the database are user data: they become `rich.text.Text` (never markup), control
+characters are written as escapes, binary as its length and a hex prefix, and long values are cut
+with a marker that says how much was left out. A record tool that alters what it shows is lying.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import json
+import os
+import sys
+from collections.abc import Iterable, Sequence
 from typing import Any
 
-from rich.console import Console
+from rich import box
+from rich.console import Console, RenderableType
 from rich.table import Table
+from rich.text import Text
 
 from sessions.projection import metrics as m
 
-SUMMARY_COLUMNS = (
-    ("sessions", m.SESSIONS_TOTAL),
-    ("ok", m.SESSIONS_SUCCEEDED),
-    ("failed", m.SESSIONS_FAILED),
-    ("cancel", m.SESSIONS_CANCELLED),
-    ("placeh.", m.PLACEHOLDERS),
-    ("groups", m.GROUPS_TOTAL),
-    ("unsettled", m.GROUPS_UNSETTLED),
-    ("reward/mean", m.REWARD_MEAN),
-    ("reward/mean\nsuccess_only", m.REWARD_MEAN_SUCCESS),
-)
+#: Longest text shown in a cell before it is cut (the rest is counted, not shown).
+MAX_CHARS = 200
+#: Bytes of a binary value shown in hex.
+HEX_BYTES = 8
+
+_VISIBLE = {"\n": "\\n", "\r": "\\r", "\t": "\\t", "\\": "\\\\"}
+
+
+def visible(text: str) -> str:
+    """`text` with every control character written as an escape (`\\n`, `\\x1b`, `\\u2028`…)."""
+    if text.isprintable() and "\\" not in text:
+        return text
+    out = []
+    for ch in text:
+        if ch in _VISIBLE:
+            out.append(_VISIBLE[ch])
+        elif ch.isprintable() or ch == " ":
+            out.append(ch)
+        else:
+            code = ord(ch)
+            out.append(f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}")
+    return "".join(out)
+
+
+def cut(text: str, limit: int = MAX_CHARS) -> str:
+    """`text` shortened to `limit` characters with an explicit `… (+N chars)` marker."""
+    return text if len(text) <= limit else f"{text[:limit]}… (+{len(text) - limit} chars)"
+
+
+def shown(value: Any, *, limit: int = MAX_CHARS) -> str:
+    """One database value as the plain text a terminal shows (NULL, binary, text, numbers)."""
+    if value is None:
+        return "NULL"
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        data = bytes(value)
+        more = "…" if len(data) > HEX_BYTES else ""
+        return f"<{len(data)} bytes> {data[:HEX_BYTES].hex()}{more}" if data else "<0 bytes>"
+    if isinstance(value, float):
+        return repr(value)
+    return cut(visible(str(value)), limit)
+
+
+def cell(value: Any, *, limit: int = MAX_CHARS) -> Text:
+    """A table cell for a stored value: a `Text`, so rich never reads it as markup."""
+    return Text(shown(value, limit=limit), style="dim" if value is None else "")
+
+
+def label(text: str) -> Text:
+    """Stored text used as a title or header (run names, data sources, column names)."""
+    return Text(cut(visible(text), 80))
+
+
+def json_value(value: Any) -> Any:
+    """A JSON-safe form of a stored value: binary as `{"bytes": N, "hex": all of it}` (JSON is for programs)."""
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        data = bytes(value)
+        return {"bytes": len(data), "hex": data.hex()}
+    return value
 
 
 def _fmt(value: float | None) -> str:
@@ -29,28 +86,60 @@ def _fmt(value: float | None) -> str:
     return f"{value:.0f}" if float(value).is_integer() else f"{value:.4f}"
 
 
-def summary_table(rows: Sequence[m.MetricRow], title: str) -> Table:
-    """One line per (partition, step) over all data sources: the demo's headline table."""
-    scopes = m.summarise(r for r in rows if r.data_source is None)
-    table = Table(title=title)
-    table.add_column("partition")
-    table.add_column("step", justify="right")
-    for header, _ in SUMMARY_COLUMNS:
-        table.add_column(header, justify="right")
-    table.add_column("reward/\nmean@N", justify="right")
-    table.add_column("uids\nnot @N", justify="right")
-    table.add_column("reward/\nmean_per_uid", justify="right")
-    table.add_column("failed by reason", overflow="fold")
-    for (run, partition, step, _source), values in sorted(scopes.items(), key=lambda kv: (kv[0][1], kv[0][2] or -1)):
+def _compact(title: str) -> Table:
+    """A table without outer edges, so more of an 80-column terminal is left for values."""
+    return Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
+
+
+def _number(table: Table, header: str) -> None:
+    table.add_column(header, justify="right", no_wrap=True)
+
+
+def _scope_key(scope: m.Scope) -> tuple[Any, ...]:
+    run, partition, step, source = scope
+    return (run, partition, -1 if step is None else step, source or "")
+
+
+def _where(partition: str, step: int | None) -> Text:
+    return Text(f"{partition} {'-' if step is None else step}")
+
+
+def summary_table(rows: Sequence[m.MetricRow], title: str = "") -> RenderableType:
+    """The demo's headline: three narrow tables (sessions, failures, rewards) per (partition, step).
+
+    Each fits an 80-column terminal without cutting a figure; `title` (stored text: run and
+    database) is printed above them as plain text.
+    """
+    from rich.console import Group
+
+    scopes = sorted(((k, v) for k, v in m.summarise(r for r in rows if r.data_source is None).items()),
+                    key=lambda kv: _scope_key(kv[0]))
+    sessions = _compact("sessions and groups")
+    failures = _compact("failed sessions by reason")
+    rewards = _compact("rewards (failed sessions count as 0.0)")
+    for table in (sessions, failures, rewards):
+        table.add_column("partition\nstep", no_wrap=True)
+    for header in ("sessions", "succeeded", "failed", "cancelled", "groups", "unsettled"):
+        _number(sessions, header)
+    reasons = sorted({k for _, v in scopes for k in v if k.startswith("failed/")})
+    _number(failures, "placeholders")
+    for reason in reasons:
+        _number(failures, reason.split("/", 1)[1])
+    for header in ("reward/mean", "reward/mean\nsuccess_only", "reward/\nmean@N", "uids\nnot @N", "reward/mean\nper_uid"):
+        _number(rewards, header)
+    for (_run, partition, step, _source), values in scopes:
+        where = _where(partition, step)
+        sessions.add_row(where, *(_fmt(values.get(name)) for name in (
+            m.SESSIONS_TOTAL, m.SESSIONS_SUCCEEDED, m.SESSIONS_FAILED, m.SESSIONS_CANCELLED, m.GROUPS_TOTAL, m.GROUPS_UNSETTLED)))
+        failures.add_row(where, _fmt(values.get(m.PLACEHOLDERS)), *(_fmt(values.get(r, 0.0)) for r in reasons))
         headline = _headline(values)
-        reasons = " ".join(f"{k.split('/', 1)[1]}={int(v)}" for k, v in sorted(values.items()) if k.startswith("failed/"))
-        table.add_row(
-            partition, "-" if step is None else str(step),
-            *(_fmt(values.get(name)) for _, name in SUMMARY_COLUMNS),
+        rewards.add_row(
+            where, _fmt(values.get(m.REWARD_MEAN)), _fmt(values.get(m.REWARD_MEAN_SUCCESS)),
             "-" if headline is None else f"@{headline[0]} {_fmt(headline[1])}",
-            _fmt(values.get(m.UIDS_EXCLUDED)), _fmt(values.get(m.REWARD_MEAN_PER_UID)), reasons or "-",
+            _fmt(values.get(m.UIDS_EXCLUDED)), _fmt(values.get(m.REWARD_MEAN_PER_UID)),
         )
-    return table
+    parts: list[RenderableType] = [label(title)] if title else []
+    return Group(*parts, sessions, Text(""), failures, Text(""), rewards)
 
 
 def _headline(values: dict[str, float]) -> tuple[int, float] | None:
@@ -59,33 +148,90 @@ def _headline(values: dict[str, float]) -> tuple[int, float] | None:
     return max(at) if at else None
 
 
-def metrics_table(rows: Sequence[m.MetricRow]) -> Table:
+def metrics_tables(rows: Sequence[m.MetricRow]) -> list[Table]:
+    """One table per (partition, step), a column per data source: metric names are never cut.
+
+    A single wide table (a column per scope) cut every name and figure in an 80-column terminal.
+    """
     scopes = m.summarise(rows)
-    names = sorted({r.metric for r in rows})
-    table = Table(title="metric counts")
-    table.add_column("metric")
-    ordered = sorted(scopes, key=lambda s: (s[0], s[1], -1 if s[2] is None else s[2], s[3] or ""))
-    for run, partition, step, source in ordered:
-        table.add_column(f"{partition} step {step}\n{source or 'all'}", justify="right")
-    for name in names:
-        table.add_row(name, *(_fmt(scopes[s].get(name)) for s in ordered))
-    return table
+    steps = sorted({(s[0], s[1], s[2]) for s in scopes}, key=lambda s: (s[0], s[1], -1 if s[2] is None else s[2]))
+    tables = []
+    for run, partition, step in steps:
+        sources = sorted((s for s in scopes if s[:3] == (run, partition, step)), key=_scope_key)
+        names = sorted({name for s in sources for name in scopes[s]})
+        table = _compact(f"{partition} step {'-' if step is None else step}")
+        table.add_column("metric", no_wrap=True, min_width=max(len(n) for n in names))
+        for source in sources:
+            table.add_column(label(source[3] or "all sources"), justify="right", no_wrap=True)
+        for name in names:
+            table.add_row(label(name), *(_fmt(scopes[s].get(name)) for s in sources))
+        tables.append(table)
+    return tables
+
+
+def metrics_table(rows: Sequence[m.MetricRow]) -> RenderableType:
+    """Every metric of `rows`, one block per (partition, step) (see `metrics_tables`)."""
+    from rich.console import Group
+
+    tables = metrics_tables(rows)
+    spaced: list[RenderableType] = []
+    for table in tables:
+        spaced += [table, Text("")]
+    return Group(*spaced[:-1])
 
 
 def history_table(session_id: str, rows: Sequence[dict[str, Any]]) -> Table:
-    table = Table(title=f"session {session_id}")
+    table = Table(title=label(f"session {session_id}"))
     for header in ("pos", "ver", "recorded_at (UTC)", "type", "details"):
-        table.add_column(header, justify="right" if header in ("pos", "ver") else "left")
+        table.add_column(header, justify="right" if header in ("pos", "ver") else "left",
+                         overflow="fold", no_wrap=header != "details")
     for row in rows:
-        table.add_row(str(row["position"]), str(row["version"]), row["recorded_at"], row["type"], row["details"])
+        table.add_row(*(cell(row[k], limit=1000) for k in ("position", "version", "recorded_at", "type", "details")))
+    return table
+
+
+def rows_table(columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> Table:
+    """`sql`'s result: every value verbatim (see `cell`), cut only with a visible marker."""
+    table = Table()
+    for column in columns:
+        table.add_column(label(column), overflow="fold")
+    for row in rows:
+        table.add_row(*(cell(v) for v in row))
     return table
 
 
 def console() -> Console:
-    """A console that does not squeeze tables to 80 columns when output is not a terminal."""
+    """A console that does not squeeze tables to 80 columns when output is not a terminal (unless $COLUMNS says so)."""
     out = Console()
-    return out if out.is_terminal else Console(width=160)
+    return out if out.is_terminal or os.environ.get("COLUMNS") else Console(width=160)
 
 
-def print_table(table: Table, out: Console | None = None) -> None:
-    (out or console()).print(table)
+def print_table(table: RenderableType, out: Console | None = None) -> None:
+    with closed_pipe_ok():
+        (out or console()).print(table)
+
+
+def print_json(data: Any) -> None:
+    """JSON on stdout; a reader that stops early (`| head -1`) ends the output quietly."""
+    with closed_pipe_ok():
+        sys.stdout.write(json.dumps(data, default=str, indent=1) + "\n")
+        sys.stdout.flush()
+
+
+class closed_pipe_ok:
+    """Stop writing, without a traceback, when stdout's reader has gone (`| head`).
+
+    Python would report BrokenPipeError once here and again when it flushes stdout at exit,
+    so stdout is pointed at /dev/null before leaving.
+    """
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, _tb: Any) -> bool:
+        if kind is None or not issubclass(kind, BrokenPipeError):
+            return False
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return True
