@@ -11,20 +11,29 @@ SQLite reports `database is locked`; appends retry that a few times with backoff
 busy timeout. Set it with `create_engine(url, sqlite_busy_timeout=SECONDS)` (and so
 `Ledger.open(url, sqlite_busy_timeout=SECONDS)`). A read-only SQLite file opens with
 `?mode=ro&uri=true` on a `file:` URL: `sqlite+aiosqlite:///file:/path/ledger.db?mode=ro&uri=true`.
+
+Connecting to a SQLite file creates it if it is missing and switches it to WAL, which a reader must
+not do to a mistyped path or another application's file: `create_engine(url, require_ledger=True)`
+first checks, reading only, that the file is a rollout-ledger database at head (see
+`require_ledger_file`), and raises `SchemaError` saying what it found otherwise.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shlex
 import sqlite3
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
+import sqlalchemy
+import sqlalchemy.exc
 from sqlalchemy import event
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
-from sqlalchemy.pool import StaticPool
+from sqlalchemy.pool import NullPool, StaticPool
 
 from store.errors import StoreError
 
@@ -104,16 +113,22 @@ def _backend(engine_or_url: AsyncEngine | str) -> str:
 
 
 def create_engine(
-    url: str | os.PathLike[str] | None = None, *, sqlite_busy_timeout: float | None = None, **kwargs: Any
+    url: str | os.PathLike[str] | None = None, *, sqlite_busy_timeout: float | None = None,
+    require_ledger: bool = False, **kwargs: Any,
 ) -> AsyncEngine:
     """Create an async engine with the settings the ledger depends on.
 
     `sqlite_busy_timeout` (seconds, SQLite only; default 30) bounds each wait for another
-    process's write lock.
+    process's write lock. `require_ledger` (SQLite: checked here, before any connection;
+    PostgreSQL: `check_schema` does it, connecting changes nothing there) refuses a file that is
+    missing, empty, not a ledger or not at head, so that opening it writes nothing.
     """
     text = normalize_url(url)
     parsed = make_url(text)
     if parsed.get_backend_name() == "sqlite":
+        database = sqlite_file(parsed)
+        if require_ledger and database and database != ":memory:" and parsed.query.get("mode") != "memory":
+            require_ledger_file(database)
         return _sqlite_engine(text, parsed, busy_timeout=sqlite_busy_timeout, **kwargs)
     if sqlite_busy_timeout is not None:
         raise ValueError("sqlite_busy_timeout applies to SQLite databases only (PostgreSQL appends use a lock timeout)")
@@ -129,7 +144,7 @@ def _busy_timeout_ms(seconds: float | None) -> int:
     return int(round(seconds * 1000))
 
 
-def _sqlite_file(parsed: Any) -> str | None:
+def sqlite_file(parsed: Any) -> str | None:
     """The file behind a SQLite URL; for `file:` URIs (`?uri=true`) the path part of the URI."""
     database = parsed.database
     uri = str(parsed.query.get("uri", "")).lower() in ("true", "1")
@@ -189,12 +204,64 @@ def _enable_wal(cursor: Any, busy_ms: int) -> None:
         cursor.execute(f"PRAGMA busy_timeout={busy_ms}")
 
 
+#: The first 16 bytes of every SQLite database file.
+SQLITE_HEADER = b"SQLite format 3\x00"
+
+
+def require_ledger_file(database: str) -> None:
+    """Raise SchemaError unless `database` is an existing rollout-ledger SQLite file at head.
+
+    Reads only: the file is opened read-only (`mode=ro`, or `immutable=1` when nothing has it open),
+    so a missing path is not created, and another application's file is neither migrated nor
+    switched to WAL.
+    """
+    from store.errors import SchemaError
+    from store.migrate import read_state, schema_problem
+
+    path = Path(database).expanduser()
+    where, target = f"SQLite file {database}", shlex.quote(database)
+    create = f"`rollout-ledger demo --db {target}` or `rollout-ledger migrate --db {target}`"
+    if path.is_dir():
+        raise SchemaError(f"{database} is a directory, not a SQLite file: pass a file path such as "
+                          f"{os.path.join(database, 'rollouts.db')}")
+    if not path.exists():
+        raise SchemaError(f"no SQLite file {database}: check --db (is the path mistyped?); this command "
+                          f"never creates a database — {create} creates a ledger there")
+    if not os.access(path, os.R_OK):
+        raise SchemaError(f"permission denied: this process may not read the SQLite file {database}; "
+                          "check its owner and mode")
+    with open(path, "rb") as file:
+        header = file.read(len(SQLITE_HEADER))
+    wal = Path(f"{path}-wal")
+    if not header and not (wal.exists() and wal.stat().st_size):
+        raise SchemaError(f"{where} is empty (0 bytes), not a rollout-ledger database: check --db, or run {create} "
+                          "to make it one")
+    if header and header != SQLITE_HEADER:
+        raise SchemaError(f"{database} is not a database (not a SQLite file: it starts {header[:8]!r}, not "
+                          f"'SQLite format 3'): point --db at a rollout-ledger database, or restore it from a backup")
+    # Without a -wal or -journal beside it no connection has the file open and it holds every commit,
+    # so it is read as immutable: not even the -shm and -wal files a WAL reader creates appear.
+    busy = any(Path(f"{path}{suffix}").exists() for suffix in ("-wal", "-journal"))
+    uri = f"file:{quote(str(path.resolve()))}?{'mode=ro' if busy else 'immutable=1'}"
+    sync = sqlalchemy.create_engine("sqlite://", creator=lambda: sqlite3.connect(uri, uri=True), poolclass=NullPool)
+    try:
+        with sync.connect() as conn:
+            state = read_state(conn)
+    except sqlalchemy.exc.DBAPIError as error:
+        raise error.orig from None  # sqlite3's own error ("file is not a database", "malformed", …)
+    finally:
+        sync.dispose()
+    problem = schema_problem(state, where, target)
+    if problem:
+        raise SchemaError(problem)
+
+
 #: Each wait for the lock that switching a file to WAL needs (see `_enable_wal`).
 _WAL_SWITCH_WAIT_MS = 100
 
 
 def _sqlite_engine(url: str, parsed: Any, *, busy_timeout: float | None = None, **kwargs: Any) -> AsyncEngine:
-    database = _sqlite_file(parsed)
+    database = sqlite_file(parsed)
     busy_ms = _busy_timeout_ms(busy_timeout)
     in_memory = not database or database == ":memory:" or parsed.query.get("mode") == "memory"
     if in_memory:

@@ -1,7 +1,14 @@
-"""Schema revisions applied from the library: upgrade on open, refuse what we do not know."""
+"""Schema revisions applied from the library: upgrade on open, refuse what we do not know.
+
+`check_schema` (and `read_state` / `schema_problem` behind it) is how a reader that must not
+migrate tells an empty database, another application's, an older one and a newer one apart, so
+that its refusal can say what it found and what to run.
+"""
 
 from __future__ import annotations
 
+import shlex
+from dataclasses import dataclass
 from pathlib import Path
 
 from alembic import command
@@ -9,8 +16,8 @@ from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from alembic.util.exc import CommandError
-from sqlalchemy import text
-from sqlalchemy.engine import Connection
+from sqlalchemy import inspect, text
+from sqlalchemy.engine import Connection, make_url
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from store.engine import WRITE_LOCK
@@ -77,18 +84,85 @@ async def upgrade(engine: AsyncEngine, target: str = "head") -> None:
 
 
 async def check_schema(engine: AsyncEngine) -> None:
-    """Raise SchemaError unless the database is exactly at head (used when migrate=False)."""
+    """Raise SchemaError unless the database is exactly at head (used when migrate=False).
+
+    Only reads: nothing is created or altered, whatever the database turns out to be.
+    """
     async with engine.connect() as conn:
-        revision = await conn.run_sync(_current)
+        state = await conn.run_sync(read_state)
+    problem = schema_problem(state, *describe(engine.url))
+    if problem:
+        raise SchemaError(problem)
+
+
+@dataclass(frozen=True)
+class SchemaState:
+    """What a database holds, as far as telling a ledger from anything else goes."""
+
+    tables: tuple[str, ...]  # every table (and view) of the default schema, sorted
+    revision: str | None  # the row of alembic_version, if the table exists and has one
+
+    @property
+    def versioned(self) -> bool:
+        return "alembic_version" in self.tables
+
+
+def read_state(conn: Connection) -> SchemaState:
+    """The tables and the schema revision of the database behind `conn`, by reading only."""
+    inspector = inspect(conn)
+    tables = tuple(sorted({*inspector.get_table_names(), *inspector.get_view_names()}))
+    revision = _current(conn) if "alembic_version" in tables else None
+    return SchemaState(tables, revision)
+
+
+def describe(url: object) -> tuple[str, str]:
+    """How to name the database at `url` in a message, and the `--db` value that reaches it."""
+    parsed = make_url(str(url)) if not hasattr(url, "get_backend_name") else url
+    if parsed.get_backend_name() == "sqlite":
+        from store.engine import sqlite_file
+
+        path = sqlite_file(parsed) or ":memory:"
+        return f"SQLite file {path}", shlex.quote(path)
+    shown = parsed.render_as_string(hide_password=True)
+    return f"PostgreSQL database {shown}", shlex.quote(shown)
+
+
+def schema_problem(state: SchemaState, where: str, target: str) -> str | None:
+    """Why a reader must not use this database, naming what was found and what to run; None if at head."""
     head = head_revision()
-    if revision != head:
-        script = ScriptDirectory.from_config(alembic_config())
-        async with engine.connect() as conn:
-            await conn.run_sync(_check_known, script)
-        raise SchemaError(
-            f"the database is at schema revision {revision!r} but this rollout-ledger needs {head!r}: "
-            "run `rollout-ledger migrate --db URL` (or open with migrate=True)"
-        )
+    if state.revision == head:
+        return None
+    migrate = f"run `rollout-ledger migrate --db {target}` (or open with migrate=True)"
+    if not state.tables:
+        return f"{where} is empty (no tables), not a rollout-ledger database yet: check --db, or {migrate} to make it one"
+    found = _listing(state.tables)
+    script = ScriptDirectory.from_config(alembic_config())
+    if not state.versioned:
+        return (f"{where} is not a rollout-ledger database: no alembic_version table (found {found}); point --db "
+                "at a rollout-ledger database (reading never changes this one)")
+    if state.revision is None:
+        return f"{where} has an empty alembic_version table (no schema revision; found {found}): {migrate}"
+    if not _known(script, state.revision):
+        if "events" not in state.tables:
+            return (f"{where} is not a rollout-ledger database: its alembic_version holds {state.revision!r}, which "
+                    f"no rollout-ledger revision names, and it has no events table (found {found}); point --db at a "
+                    "rollout-ledger database")
+        return (f"{where} is at schema revision {state.revision!r}, which this version of rollout-ledger does not "
+                f"know (its newest is {head!r}); it was written by a newer rollout-ledger — upgrade the package, "
+                "or point --db at another database")
+    return f"{where} is at schema revision {state.revision!r}, older than the {head!r} this rollout-ledger needs: {migrate}"
+
+
+def _known(script: ScriptDirectory, revision: str) -> bool:
+    try:
+        return script.get_revision(revision) is not None
+    except CommandError:
+        return False
+
+
+def _listing(tables: tuple[str, ...], most: int = 6) -> str:
+    shown = ", ".join(tables[:most]) + (f" and {len(tables) - most} more" if len(tables) > most else "")
+    return f"{len(tables)} table(s): {shown}"
 
 
 async def current_revision(engine: AsyncEngine) -> str | None:

@@ -11,7 +11,9 @@ process for what a subprocess cannot easily provoke (a full disk, a bug).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
+import hashlib
 import os
 import random
 import shutil
@@ -19,9 +21,10 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -264,7 +267,7 @@ def _no_role(url: str) -> tuple[str, tuple[str, ...]]:
 
 @pytest.mark.postgres
 @pytest.mark.parametrize("case", [_refused, _no_database, _no_role], ids=lambda f: f.__name__.strip("_"))
-@pytest.mark.parametrize("verb", [["project"], ["sql", "SELECT 1"]], ids=lambda v: v[0])
+@pytest.mark.parametrize("verb", [["project"], ["metrics"], ["sql", "SELECT 1"]], ids=lambda v: v[0])
 def test_an_unreachable_postgres_fails_in_one_line(pg_url: str, case: Callable[[str], tuple[str, tuple[str, ...]]],
                                                      verb: list[str], tmp_path: Path) -> None:
     url, says = case(pg_url)
@@ -320,3 +323,176 @@ def test_reason_names_the_problem_in_one_line(error: BaseException, says: tuple[
     assert "\n" not in line and "  " not in line
     for text in says:
         assert text in line, line
+
+
+# -- the cases of issue 15, item 4: one line, non-zero, no traceback, nothing changed on disk ----
+
+def _digests(folder: Path) -> dict[str, str]:
+    """Every file under `folder` and a digest of its bytes (what 'nothing changed on disk' compares)."""
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def unprojected_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A ledger whose events were never projected, so `project` and `metrics` have writing to do."""
+    path = tmp_path_factory.mktemp("unprojected") / "ledger.db"
+
+    async def record() -> None:
+        async with Ledger.open(str(path)) as ledger:
+            for index in range(60):
+                handle = await ledger.create_session(f"s{index}", **{**KW, "uid": f"u{index}"})
+                await handle.record_trajectory(prompt_ids=[1, 2], response_ids=list(range(3, 400)))
+                await handle.complete()
+        engine = create_engine(str(path))
+        try:
+            async with engine.connect() as conn:
+                await conn.exec_driver_sql("PRAGMA wal_checkpoint(TRUNCATE)")
+        finally:
+            await engine.dispose()
+
+    asyncio.run(record())
+    return path
+
+
+def _fresh_copy(db: Path, folder: Path) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(db, folder / db.name)
+    return folder / db.name
+
+
+WRITING_VERBS = {"project": ["project"], "metrics": ["metrics"]}  # metrics projects first, as DESIGN §11 says
+
+
+@contextlib.contextmanager
+def _immutable(path: Path) -> Iterator[None]:
+    """Make `path` unwritable even for root (`chattr +i`), or by its mode for anyone else."""
+    if os.geteuid() == 0:
+        if subprocess.run(["chattr", "+i", str(path)], capture_output=True).returncode != 0:
+            pytest.skip("cannot make a file immutable here (chattr +i refused)")
+        try:
+            yield
+        finally:
+            subprocess.run(["chattr", "-i", str(path)], check=True)
+        return
+    path.chmod(0o444)
+    yield
+
+
+@pytest.mark.parametrize("verb", WRITING_VERBS)
+def test_a_read_only_file_with_events_to_project_fails_in_one_line(unprojected_db: Path, verb: str, tmp_path: Path) -> None:
+    db = _fresh_copy(unprojected_db, tmp_path / "data")
+    with _immutable(db):
+        before = hashlib.sha256(db.read_bytes()).hexdigest()
+        line = one_line(cli(*WRITING_VERBS[verb], "--db", str(db), cwd=tmp_path))
+        assert hashlib.sha256(db.read_bytes()).hexdigest() == before
+    assert "read-only" in line and str(db) in line and "copy it somewhere writable" in line, line
+
+
+@pytest.mark.parametrize("verb", WRITING_VERBS)
+def test_a_read_only_uri_with_events_to_project_fails_in_one_line(unprojected_db: Path, verb: str, tmp_path: Path) -> None:
+    db = _fresh_copy(unprojected_db, tmp_path / "data")
+    before = _digests(tmp_path / "data")
+    line = one_line(cli(*WRITING_VERBS[verb], "--db", f"sqlite:///file:{db}?mode=ro&uri=true", cwd=tmp_path))
+    assert "cannot write to" in line and "readonly database" in line, line
+    assert _digests(tmp_path / "data")[db.name] == before[db.name]
+
+
+@pytest.fixture
+def tiny_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 4 MB tmpfs mounted for the test (root only), so a full disk is a real ENOSPC."""
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        pytest.skip("mounting a tmpfs needs root")
+    made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mount)], capture_output=True, text=True)
+    if made.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {made.stderr.strip()}")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", str(mount)], check=True)
+
+
+def _fill(disk: Path, leave_kb: int) -> None:
+    """Take the disk's free space down to about `leave_kb` kilobytes."""
+    free_kb = os.statvfs(disk).f_bavail * os.statvfs(disk).f_frsize // 1024
+    with open(disk / "filler", "wb") as filler:
+        try:
+            filler.write(b"\0" * max(0, free_kb - leave_kb) * 1024)
+        except OSError as error:
+            assert error.errno == errno.ENOSPC, error
+
+
+@pytest.mark.parametrize("leave_kb", [0, 64], ids=["full", "nearly-full"])
+@pytest.mark.parametrize("verb", WRITING_VERBS)
+def test_a_full_disk_fails_in_one_line(unprojected_db: Path, tiny_disk: Path, verb: str, leave_kb: int, tmp_path: Path) -> None:
+    """Nearly full: SQLite's own "database or disk is full"; full: it cannot even make its -shm file
+    and says "disk I/O error", which the file system then explains."""
+    db = _fresh_copy(unprojected_db, tiny_disk)
+    _fill(tiny_disk, leave_kb)
+    before = hashlib.sha256(db.read_bytes()).hexdigest()
+    line = one_line(cli(*WRITING_VERBS[verb], "--db", str(db), cwd=tmp_path))
+    assert "no space left" in line and str(db) in line and "free some disk space" in line, line
+    assert hashlib.sha256(db.read_bytes()).hexdigest() == before
+
+
+@contextlib.contextmanager
+def _hanging_up_server() -> Iterator[int]:
+    """A TCP server that reads a client's first message and hangs up: a connection terminated during open."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(16)
+    server.settimeout(0.2)
+    stop = threading.Event()
+
+    def serve() -> None:
+        while not stop.is_set():
+            try:
+                client, _ = server.accept()
+            except OSError:
+                continue
+            with client:
+                client.settimeout(5)
+                with contextlib.suppress(OSError):
+                    client.recv(1024)
+
+    worker = threading.Thread(target=serve, daemon=True)
+    worker.start()
+    try:
+        yield server.getsockname()[1]
+    finally:
+        stop.set()
+        worker.join(5)
+        server.close()
+
+
+@pytest.mark.parametrize("verb", [["project"], ["metrics"], ["sql", "SELECT 1"]], ids=lambda v: v[0])
+def test_a_connection_terminated_during_open_fails_in_one_line(verb: list[str], tmp_path: Path) -> None:
+    with _hanging_up_server() as port:
+        line = one_line(cli(*verb, "--db", f"postgresql://ledger@127.0.0.1:{port}/ledger", cwd=tmp_path))
+    assert "lost the connection" in line and f":{port}" in line and "run the command again" in line, line
+
+
+@pytest.mark.parametrize("out", ["missing-folder/batch.pt", "a-folder"])
+def test_export_into_a_missing_folder_fails_in_one_line(good_db: Path, out: str, tmp_path: Path) -> None:
+    db = _copy(good_db, tmp_path)
+    (tmp_path / "a-folder").mkdir()
+    before = _digests(tmp_path)
+    line = one_line(cli("export", "--partition", "val", "--step", "0", "--out", out, "--db", str(db), cwd=tmp_path))
+    assert f"--out {out}" in line and ("does not exist" in line or "is a directory" in line), line
+    assert _digests(tmp_path) == before
+
+
+def test_a_postgres_url_without_the_extra_names_it(tmp_path: Path) -> None:
+    """The real entry point, with asyncpg made unimportable by a sitecustomize (as if never installed)."""
+    hide = tmp_path / "hide"
+    hide.mkdir()
+    (hide / "sitecustomize.py").write_text("import sys\nsys.modules['asyncpg'] = None\n")
+    env = {k: v for k, v in os.environ.items() if k != "ROLLOUT_LEDGER_DB"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(hide), env.get("PYTHONPATH")]))
+    for verb in (["metrics"], ["sql", "SELECT 1"], ["migrate"]):
+        result = subprocess.run([sys.executable, "-m", "sessions.cli", *verb, "--db", "postgresql://ledger@127.0.0.1:1/ledger"],
+                                cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+        line = one_line(result)
+        assert "asyncpg is not installed" in line and "pip install 'rollout-ledger[postgres]'" in line, line

@@ -166,8 +166,8 @@ def _database_error(error: BaseException, databases: Sequence[str | None]) -> st
     where = _where(databases)
     message = _first_line(error)
     lowered = message.lower()
-    if "unable to open database file" in lowered:
-        problem = _sqlite_file_problem(databases)
+    if "unable to open database file" in lowered or "disk i/o error" in lowered or "readonly" in lowered:
+        problem = _sqlite_file_problem(databases, message)
         if problem:
             return problem
     for fragment, template in _SQLITE_HINTS:
@@ -178,14 +178,31 @@ def _database_error(error: BaseException, databases: Sequence[str | None]) -> st
     return f"{where}: {message}" + (f"; {hint}" if hint else "")
 
 
-def _sqlite_file_problem(databases: Sequence[str | None]) -> str | None:
-    """Why SQLite could not open a file among `databases`, when the file system can tell."""
+def _sqlite_file_problem(databases: Sequence[str | None], message: str) -> str | None:
+    """Why SQLite could not open or write a file among `databases`, when the file system can tell.
+
+    SQLite reports a full disk as "disk I/O error" when it cannot even create the -shm file, and a
+    read-only mount as a permission problem; the file system says which it was.
+    """
     for url in databases:
         path = _sqlite_path(url)
         if path is None:
             continue
         if os.path.isdir(path):
             return f"{path} is a directory, not a SQLite file: pass a file path such as {os.path.join(path, 'rollouts.db')}"
+        folder = os.path.dirname(os.path.abspath(path))
+        try:
+            disk = os.statvfs(folder)
+        except OSError:
+            continue
+        if disk.f_flag & os.ST_RDONLY:
+            return (f"SQLite file {path} is on a read-only file system ({message}), and this command writes to it: "
+                    "copy it somewhere writable, or remount the file system read-write")
+        if disk.f_bavail == 0 and "disk i/o error" in message.lower():
+            return f"no space left on the device holding SQLite file {path} ({message}): free some disk space and run the command again"
+        if os.path.exists(path) and os.access(path, os.R_OK) and not os.access(path, os.W_OK):
+            return (f"SQLite file {path} is read-only for this process ({message}), and this command writes to it: "
+                    "check its owner, mode and attributes (chmod u+w, lsattr), or copy it somewhere writable")
         if os.path.exists(path) and not os.access(path, os.R_OK | os.W_OK):
             return f"permission denied: this process may not read and write the SQLite file {path}; check its owner and mode"
     return None
