@@ -8,6 +8,7 @@ stops a runaway statement, checks a long one in linear time and says when the re
 from __future__ import annotations
 
 import json
+import shlex
 import subprocess
 import time
 from pathlib import Path
@@ -17,6 +18,7 @@ import pytest
 from rich.console import Console
 
 from sessions import Ledger
+from sessions.cli.errors import EXIT_BROKEN_PIPE
 from sessions.cli.demo import DemoConfig, example_session, next_commands
 from sessions.cli.render import metrics_table, shown, summary_table, visible
 from store.console import QueryTimeout, check_read_only, run_query
@@ -102,17 +104,19 @@ def test_metrics_names_the_run_and_shows_data_sources_verbatim(marked: Path) -> 
     assert SOURCE in result.stdout and "failed/runner_error" in result.stdout
 
 
-def test_metrics_json_into_a_closed_pipe_ends_quietly(marked: Path) -> None:
-    reader = subprocess.Popen([*_command(), "metrics", "--json", "--db", str(marked)], cwd=marked.parent,
+@pytest.mark.parametrize("verb", [("metrics", "--json"), ("metrics",), ("sql", "SELECT * FROM events")])
+def test_output_into_a_closed_pipe_ends_quietly(marked: Path, verb: tuple[str, ...]) -> None:
+    reader = subprocess.Popen([*_command(), *verb, "--db", str(marked)], cwd=marked.parent,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     assert reader.stdout is not None
     reader.stdout.close()  # gone before the first write: every write meets EPIPE
     _, err = reader.communicate(timeout=120)
-    assert reader.returncode == 0, err
+    assert reader.returncode == EXIT_BROKEN_PIPE, err  # what a shell reports for a pipe closed early
     assert b"Traceback" not in err and b"Broken pipe" not in err and b"BrokenPipe" not in err, err
-    piped = subprocess.run(f"'{_command()[0]}' metrics --json --db '{marked}' | head -1", shell=True, cwd=marked.parent,
+    args = " ".join(shlex.quote(a) for a in verb)
+    piped = subprocess.run(f"'{_command()[0]}' {args} --db '{marked}' | head -1", shell=True, cwd=marked.parent,
                            capture_output=True, text=True, timeout=120)
-    assert piped.stdout == "[\n" and piped.stderr == "", piped.stderr
+    assert len(piped.stdout.splitlines()) == 1 and piped.stderr == "", piped.stderr
 
 
 def fits(renderable: Any, width: int = 80) -> str:

@@ -181,7 +181,8 @@ def metrics_table(rows: Sequence[m.MetricRow]) -> RenderableType:
 
 
 def history_table(session_id: str, rows: Sequence[dict[str, Any]]) -> Table:
-    table = Table(title=label(f"session {session_id}"))
+    table = Table(title=label(f"session {session_id}"), title_justify="left", box=box.SIMPLE_HEAD, show_edge=False,
+                  pad_edge=False)
     for header in ("pos", "ver", "recorded_at (UTC)", "type", "details"):
         table.add_column(header, justify="right" if header in ("pos", "ver") else "left",
                          overflow="fold", no_wrap=header != "details")
@@ -200,38 +201,36 @@ def rows_table(columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> Table:
     return table
 
 
+class _Console(Console):
+    """rich's console, except that a reader gone from stdout (`| head`) is a BrokenPipeError.
+
+    rich itself exits with status 1 there; the CLI's handler (`sessions.cli.errors.guarded`)
+    silences stdout and exits 141, as a shell reports a pipe closed early, whatever wrote last.
+    """
+
+    def on_broken_pipe(self) -> None:
+        self.quiet = True
+        raise BrokenPipeError(32, "the reader of stdout went away")
+
+
 def console() -> Console:
     """A console that does not squeeze tables to 80 columns when output is not a terminal (unless $COLUMNS says so)."""
-    out = Console()
-    return out if out.is_terminal or os.environ.get("COLUMNS") else Console(width=160)
+    out = _Console()
+    return out if out.is_terminal or os.environ.get("COLUMNS") else _Console(width=160)
 
 
 def print_table(table: RenderableType, out: Console | None = None) -> None:
-    with closed_pipe_ok():
-        (out or console()).print(table)
+    show(table, out=out)
+
+
+def show(*items: RenderableType | str, out: Console | None = None) -> None:
+    """Print tables and lines; a `str` is plain text, never markup."""
+    target = out or console()
+    for item in items:
+        target.print(Text(item) if isinstance(item, str) else item, soft_wrap=isinstance(item, str))
 
 
 def print_json(data: Any) -> None:
-    """JSON on stdout; a reader that stops early (`| head -1`) ends the output quietly."""
-    with closed_pipe_ok():
-        sys.stdout.write(json.dumps(data, default=str, indent=1) + "\n")
-        sys.stdout.flush()
-
-
-class closed_pipe_ok:
-    """Stop writing, without a traceback, when stdout's reader has gone (`| head`).
-
-    Python would report BrokenPipeError once here and again when it flushes stdout at exit,
-    so stdout is pointed at /dev/null before leaving.
-    """
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, _tb: Any) -> bool:
-        if kind is None or not issubclass(kind, BrokenPipeError):
-            return False
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        os.close(devnull)
-        return True
+    """JSON on stdout, flushed here so a closed pipe is reported while the CLI's handler is listening."""
+    sys.stdout.write(json.dumps(data, default=str, indent=1) + "\n")
+    sys.stdout.flush()
