@@ -110,9 +110,46 @@ def main(argv: Sequence[str] | None = None) -> int:
     return guarded(lambda: asyncio.run(drained(_dispatch(args))), debug=args.debug, databases=databases)
 
 
+#: The verbs that may create or migrate the `--db` database (DESIGN §11); `replay` creates only
+#: its `--into` target. Every other verb opens an existing ledger at head, or refuses in one line.
+CREATING_VERBS = frozenset({"demo", "migrate"})
+
+
 async def _dispatch(args: argparse.Namespace) -> int:
     handler = globals()[f"_cmd_{args.verb}"]
+    _check_arguments(args)
+    if hasattr(args, "db") and args.verb not in CREATING_VERBS:
+        await _require_ledger(args.db)
     return await handler(args)
+
+
+def _check_arguments(args: argparse.Namespace) -> None:
+    """Refuse bad arguments before any database is opened: they are the first thing to fix."""
+    if args.verb == "project" and args.follow and not 0 < args.backoff <= args.max_backoff:
+        raise ValueError(f"need 0 < --backoff <= --max-backoff, got --backoff {args.backoff} "
+                         f"--max-backoff {args.max_backoff}")
+    if args.verb == "recover":
+        from sessions.recovery import parse_duration
+
+        parse_duration(args.older_than)
+    if args.verb == "export":
+        _check_out(args.out)
+
+
+async def _require_ledger(db: str | None) -> None:
+    """Refuse, before the verb opens it, a `--db` that is not an existing ledger at head.
+
+    Reads only: a mistyped path is not created, and another application's file is neither
+    migrated nor switched to WAL (the SQLite checks run before any connection is made).
+    """
+    from store import check_schema, create_engine, is_sqlite, retry_transient
+
+    engine = create_engine(db, require_ledger=True)
+    try:
+        if not is_sqlite(engine):  # SQLite was checked, read-only, by create_engine itself
+            await retry_transient(lambda: check_schema(engine), what="open (schema check)")
+    finally:
+        await engine.dispose()
 
 
 async def _resolve_run(ledger: Any, requested: str | None) -> str:
@@ -176,7 +213,7 @@ def _display(db: str | None) -> str:
 async def _cmd_project(args: argparse.Namespace) -> int:
     from sessions.ledger import Ledger
 
-    async with Ledger.open(args.db) as ledger:
+    async with Ledger.open(args.db, migrate=False) as ledger:
         if not args.follow:
             async with ledger.engine.connect() as conn:
                 before = await rm.get_checkpoint(conn)
@@ -217,7 +254,7 @@ async def _cmd_metrics(args: argparse.Namespace) -> int:
     from sessions.ledger import Ledger
     from sessions.cli.render import metrics_table, print_json, show, visible
 
-    async with Ledger.open(args.db) as ledger:
+    async with Ledger.open(args.db, migrate=False) as ledger:
         run = await _resolve_run(ledger, args.run)
         rows = await ledger.metrics(args.partition, args.step, run=run)
     if args.json:
@@ -235,7 +272,7 @@ async def _cmd_export(args: argparse.Namespace) -> int:
     from sessions.batches import to_plain_dict
     from sessions.ledger import Ledger
 
-    async with Ledger.open(args.db) as ledger:
+    async with Ledger.open(args.db, migrate=False) as ledger:
         run = await _resolve_run(ledger, args.run)
         batch = await ledger.batch(args.partition, args.step, run=run, timeout=args.timeout, jagged=args.jagged)
     with open(args.out, "wb") as out:  # open() names the file in its OSError; torch.save would not
@@ -245,12 +282,24 @@ async def _cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_out(out: str) -> None:
+    """Refuse an `--out` that cannot be written: a folder, or a file in a folder that does not exist."""
+    import os
+
+    folder = os.path.dirname(os.path.abspath(out))
+    if os.path.isdir(out):
+        raise ValueError(f"--out {out} is a directory: pass a file path such as {os.path.join(out, 'batch.pt')}")
+    if not os.path.isdir(folder):
+        raise ValueError(f"--out {out}: folder {os.path.dirname(out) or folder} does not exist; create it first "
+                         "(mkdir -p) or pass another path")
+
+
 async def _cmd_history(args: argparse.Namespace) -> int:
     from sessions.audit.history import session_history
     from sessions.ledger import Ledger
     from sessions.cli.render import history_table, print_table
 
-    async with Ledger.open(args.db) as ledger:
+    async with Ledger.open(args.db, migrate=False) as ledger:
         rows, view = await session_history(ledger.store, args.session_id, at_position=args.at)
     print_table(history_table(args.session_id, rows))
     where = "now" if args.at is None else f"as of position {args.at}"
@@ -263,11 +312,11 @@ async def _cmd_replay(args: argparse.Namespace) -> int:
     from rich.progress import Progress
 
     from sessions.audit.replay import replay
-    from store import create_engine, upgrade
+    from store import check_schema, create_engine, upgrade
 
     source, target = create_engine(args.db), create_engine(args.into)
     try:
-        await upgrade(source)
+        await check_schema(source)  # the source is only read; the target is created and migrated
         await upgrade(target)
         with Progress(transient=True) as progress:
             task = progress.add_task("replaying", total=None)
@@ -327,7 +376,7 @@ async def _cmd_recover(args: argparse.Namespace) -> int:
     from sessions.recovery import parse_duration, recover
 
     older_than = parse_duration(args.older_than)
-    async with Ledger.open(args.db) as ledger:
+    async with Ledger.open(args.db, migrate=False) as ledger:
         failed = await recover(ledger, older_than, run=args.run)
         await ledger.project()
     print(f"failed {len(failed)} orphaned session(s)" + (": " + ", ".join(failed[:20]) + (" …" if len(failed) > 20 else "") if failed else ""))
