@@ -138,7 +138,7 @@ def summary_table(rows: Sequence[m.MetricRow], title: str = "") -> RenderableTyp
             "-" if headline is None else f"@{headline[0]} {_fmt(headline[1])}",
             _fmt(values.get(m.UIDS_EXCLUDED)), _fmt(values.get(m.REWARD_MEAN_PER_UID)),
         )
-    parts: list[RenderableType] = [label(title)] if title else []
+    parts: list[RenderableType] = [Text(visible(title))] if title else []  # wrapped, never cut: it names the database
     return Group(*parts, sessions, Text(""), failures, Text(""), rewards)
 
 
