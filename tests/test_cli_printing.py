@@ -153,7 +153,7 @@ async def test_demo_summary_and_metrics_fit_80_columns_on_a_real_demo(sqlite_url
         assert name in listed, name  # full names, never cut
 
 
-def test_demo_closing_lines_suggest_commands_that_run(marked: Path, tmp_path: Path) -> None:
+def test_demo_closing_lines_suggest_commands_that_run(tmp_path: Path) -> None:
     db = tmp_path / "demo.db"
     result = ok(cli("demo", "--db", str(db), "--steps", "1", "--prompts", "2", "--group-size", "2", "--run", "fit", cwd=tmp_path))
     assert "events/s" not in result.stdout and "next, try:" in result.stdout
