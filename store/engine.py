@@ -237,8 +237,8 @@ def require_ledger_file(database: str) -> None:
         raise SchemaError(f"{where} is empty (0 bytes), not a rollout-ledger database: check --db, or run {create} "
                           "to make it one")
     if header and header != SQLITE_HEADER:
-        raise SchemaError(f"{database} is not a database (not a SQLite file: it starts {header[:8]!r}, not "
-                          f"'SQLite format 3'): point --db at a rollout-ledger database, or restore it from a backup")
+        raise SchemaError(f"{database} is not a database (not a SQLite file: it starts with bytes {header[:8].hex()}, "
+                          "not 'SQLite format 3'): point --db at a rollout-ledger database, or restore it from a backup")
     # Without a -wal or -journal beside it no connection has the file open and it holds every commit,
     # so it is read as immutable: not even the -shm and -wal files a WAL reader creates appear.
     busy = any(Path(f"{path}{suffix}").exists() for suffix in ("-wal", "-journal"))

@@ -123,7 +123,7 @@ def describe(url: object) -> tuple[str, str]:
 
         path = sqlite_file(parsed) or ":memory:"
         return f"SQLite file {path}", shlex.quote(path)
-    shown = parsed.render_as_string(hide_password=True)
+    shown = parsed.set(drivername="postgresql").render_as_string(hide_password=True)  # as a user would type it
     return f"PostgreSQL database {shown}", shlex.quote(shown)
 
 

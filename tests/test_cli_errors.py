@@ -394,7 +394,7 @@ def test_a_read_only_uri_with_events_to_project_fails_in_one_line(unprojected_db
     db = _fresh_copy(unprojected_db, tmp_path / "data")
     before = _digests(tmp_path / "data")
     line = one_line(cli(*WRITING_VERBS[verb], "--db", f"sqlite:///file:{db}?mode=ro&uri=true", cwd=tmp_path))
-    assert "cannot write to" in line and "readonly database" in line, line
+    assert "opens SQLite file" in line and "read-only" in line and "drop mode=ro" in line, line
     assert _digests(tmp_path / "data")[db.name] == before[db.name]
 
 
@@ -496,3 +496,18 @@ def test_a_postgres_url_without_the_extra_names_it(tmp_path: Path) -> None:
                                 cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
         line = one_line(result)
         assert "asyncpg is not installed" in line and "pip install 'rollout-ledger[postgres]'" in line, line
+
+
+@pytest.mark.parametrize(("query", "says"), [
+    ("SELEC * FROM events", ("'SELEC'", "typo")),
+    ("SELECT * FRM events", ("syntax error", "FRM")),
+], ids=["misspelt-verb", "misspelt-clause"])
+def test_a_misspelt_query_is_a_syntax_error_not_a_refused_write(good_db: Path, query: str, says: tuple[str, ...],
+                                                                 tmp_path: Path) -> None:
+    db = _copy(good_db, tmp_path)
+    before = hashlib.sha256(db.read_bytes()).hexdigest()
+    line = one_line(cli("sql", query, "--db", str(db), cwd=tmp_path))
+    assert "refused" not in line and "read-only" not in line, line
+    for text in says:
+        assert text in line, line
+    assert hashlib.sha256(db.read_bytes()).hexdigest() == before

@@ -190,14 +190,17 @@ def _sqlite_file_problem(databases: Sequence[str | None], message: str) -> str |
             continue
         if os.path.isdir(path):
             return f"{path} is a directory, not a SQLite file: pass a file path such as {os.path.join(path, 'rollouts.db')}"
+        if "readonly" in message.lower() and _opened_read_only(url):
+            return (f"the --db URL opens SQLite file {path} read-only ({message}), and this command writes to it "
+                    "(it projects the log's new events into the read models): drop mode=ro / immutable=1 from the URL")
         folder = os.path.dirname(os.path.abspath(path))
         try:
             disk = os.statvfs(folder)
         except OSError:
             continue
         if disk.f_flag & os.ST_RDONLY:
-            return (f"SQLite file {path} is on a read-only file system ({message}), and this command writes to it: "
-                    "copy it somewhere writable, or remount the file system read-write")
+            return (f"SQLite file {path} is on a read-only file system ({message}); a ledger (a WAL database) "
+                    "writes beside its file even to be read: copy it somewhere writable, or remount the file system read-write")
         if disk.f_bavail == 0 and "disk i/o error" in message.lower():
             return f"no space left on the device holding SQLite file {path} ({message}): free some disk space and run the command again"
         if os.path.exists(path) and os.access(path, os.R_OK) and not os.access(path, os.W_OK):
@@ -206,6 +209,14 @@ def _sqlite_file_problem(databases: Sequence[str | None], message: str) -> str |
         if os.path.exists(path) and not os.access(path, os.R_OK | os.W_OK):
             return f"permission denied: this process may not read and write the SQLite file {path}; check its owner and mode"
     return None
+
+
+def _opened_read_only(url: str | None) -> bool:
+    try:
+        query = make_url(normalize_url(url)).query
+    except (ValueError, SQLAlchemyError):
+        return False
+    return "ro" in str(query.get("mode", "")).lower() or str(query.get("immutable", "")).lower() in ("1", "true")
 
 
 def _os_error(error: OSError, databases: Sequence[str | None]) -> str:
@@ -244,7 +255,7 @@ def _display(url: str | None) -> str:
     except (ValueError, SQLAlchemyError):
         return "the --db URL"
     if parsed.get_backend_name() == "sqlite":
-        return f"SQLite file {parsed.database}"
+        return f"SQLite file {_sqlite_path(url)}"
     as_given = make_url(url) if url and "://" in url else parsed
     return f"PostgreSQL database {as_given.render_as_string(hide_password=True)}"
 
@@ -254,7 +265,12 @@ def _sqlite_path(url: str | None) -> str | None:
         parsed = make_url(normalize_url(url))
     except (ValueError, SQLAlchemyError):
         return None
-    return parsed.database if parsed.get_backend_name() == "sqlite" and parsed.database else None
+    if parsed.get_backend_name() != "sqlite" or not parsed.database:
+        return None
+    database = parsed.database
+    if database.startswith("file:") and str(parsed.query.get("uri", "")).lower() in ("true", "1"):
+        database = database[len("file:"):].split("?", 1)[0]  # a `file:` URI names its path before the query
+    return database
 
 
 def _is_asyncpg(error: BaseException) -> bool:
