@@ -19,6 +19,7 @@ import random
 import shutil
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -311,13 +312,14 @@ class _Bug(Exception):
 
 @pytest.mark.parametrize(("error", "says"), [
     (OSError(errno.ENOSPC, "No space left on device", "/data/batch.pt"), ("no space left", "/data/batch.pt", "free some")),
+    (sqlite3.OperationalError("database or disk is full"), ("no space left", "SQLite file ledger.db", "free some")),
     (PermissionError(errno.EACCES, "Permission denied", "/data/batch.pt"), ("permission denied", "/data/batch.pt")),
     (ModuleNotFoundError("No module named 'transfer_queue'", name="transfer_queue"), ("pip install -e '.[transferqueue]'",)),
     (ModuleNotFoundError("No module named 'rich'", name="rich"), ("rich", "pip install -e .")),
     (_Bug("line one\n  line two"), ("internal error", "_Bug", "line one line two", "--debug")),
     (ExceptionGroup("two", [ValueError("first problem"), ValueError("second")]), ("first problem", "1 more")),
     (KeyboardInterrupt(), ("interrupted",)),
-], ids=["disk-full", "permission", "optional-extra", "core-module", "bug", "group", "ctrl-c"])
+], ids=["disk-full", "sqlite-disk-full", "permission", "optional-extra", "core-module", "bug", "group", "ctrl-c"])
 def test_reason_names_the_problem_in_one_line(error: BaseException, says: tuple[str, ...]) -> None:
     line = reason(error, ["sqlite+aiosqlite:///ledger.db"])
     assert "\n" not in line and "  " not in line
@@ -511,3 +513,10 @@ def test_a_misspelt_query_is_a_syntax_error_not_a_refused_write(good_db: Path, q
     for text in says:
         assert text in line, line
     assert hashlib.sha256(db.read_bytes()).hexdigest() == before
+
+
+def test_debug_shows_the_traceback_of_a_refused_open_too(tmp_path: Path) -> None:
+    result = cli("--debug", "metrics", "--db", "mistyped.db", cwd=tmp_path)
+    assert result.returncode != 0
+    assert "Traceback (most recent call last)" in result.stderr and "SchemaError: no SQLite file mistyped.db" in result.stderr
+    assert not (tmp_path / "mistyped.db").exists()

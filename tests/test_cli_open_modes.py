@@ -235,3 +235,16 @@ def test_postgres_read_verbs_refuse_without_migrating(case: str, verb: str, tmp_
                 assert asyncio.run(current_revision(engine)) == "0003"
             finally:
                 asyncio.run(engine.dispose())
+
+
+async def test_the_library_can_open_the_same_way(tmp_path: Path) -> None:
+    """`Ledger.open(url, migrate=False, require_ledger=True)`: the CLI's read-only open, for a library user."""
+    from store import SchemaError
+
+    for make in (_missing, _foreign):
+        db = make(tmp_path)
+        before = _snapshot(tmp_path)
+        with pytest.raises(SchemaError, match="no SQLite file|not a rollout-ledger database"):
+            async with Ledger.open(str(db), migrate=False, require_ledger=True):
+                pytest.fail("opened what is not a ledger")
+        assert _snapshot(tmp_path) == before
