@@ -193,9 +193,9 @@ async def _cmd_demo(args: argparse.Namespace) -> int:
         f"(mostly the simulated agents' waits and hangs); projected {projected} events"
     ))
     console.print(Text(
-        "reward/mean counts failed sessions as zeros (placeholders); reward/mean success_only is the "
+        "reward/mean counts failed sessions as zeros (placeholders); reward/mean_success_only is the "
         "survivors-only figure other frameworks report. reward/mean@N is verl's val-core headline: the uids "
-        "with N rows only (those that lost a session are counted under 'uids not @N'); reward/mean per_uid "
+        "with N rows only (those that lost a session are counted under 'uids not @N'); reward/mean_per_uid "
         "averages every uid."
     ))
     console.print(Text("\nnext, try:"))
