@@ -230,10 +230,20 @@ def test_rows_read_back_equal_the_durable_batch(projected: Projected, partition:
         assert torch.equal(actual, expected), name
     assert got.get("loss_mask").dtype == torch.int64
     assert torch.equal(got.get("loss_mask"), batch.get("response_mask"))
-    for name in ("uid", "session_id", "session_index", "data_source", "run", "partition", "global_step",
+    for name in ("session_id", "session_index", "data_source", "run", "partition", "global_step",
                  "failure_reason", "materialization_reason", "__num_turns__", "multi_modal_inputs"):
         assert non_tensor(got, name) == non_tensor(batch, name), name
     assert non_tensor(got, "global_steps") == [0] * len(keys)
+    # uid: the prompt's in group_uid; in uid too, but a train placeholder's own ({uid}-ph{index}),
+    # so verl V1's stock GRPO (grouping by this field) keeps it out of its siblings' baseline
+    uids, placeholders = non_tensor(batch, "uid"), batch.get("is_placeholder").tolist()
+    assert non_tensor(got, "group_uid") == uids
+    isolate = partition == "train"
+    assert non_tensor(got, "uid") == [
+        f"{u}-ph{i}" if isolate and p else u for u, i, p in zip(uids, non_tensor(batch, "session_index"), placeholders)
+    ]
+    if isolate:
+        assert any(placeholders), "the demo projected no train placeholder: the isolation check checked nothing"
 
 
 async def test_async_read_in_any_key_order(projected: Projected) -> None:

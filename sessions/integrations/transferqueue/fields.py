@@ -18,14 +18,25 @@ from sessions.queues.sinks import QueueItem
 if TYPE_CHECKING:
     from tensordict import TensorDict
 
-__all__ = ["rows_to_tensordict"]
+__all__ = ["PLACEHOLDER_UID_SEPARATOR", "rows_to_tensordict"]
 
 
-def rows_to_tensordict(items: Sequence[QueueItem], *, write_log_probs: bool = True) -> TensorDict:
+#: an isolated placeholder's uid: ``{uid}-ph{session_index}`` (what ``to_data_proto`` gives it too)
+PLACEHOLDER_UID_SEPARATOR = "-ph"
+
+
+def rows_to_tensordict(
+    items: Sequence[QueueItem], *, write_log_probs: bool = True, isolate_placeholders: bool | None = None
+) -> TensorDict:
     """Row items -> the unpadded TensorDict one ``kv_batch_put`` stores (first dim = sample).
 
     Built with ``sessions.batches.build_jagged`` (one flat pass, no per-token Python loop), then
-    completed with uni-agent's extra columns.
+    completed with uni-agent's extra columns. Every row also carries ``group_uid`` (its prompt's
+    uid). ``isolate_placeholders`` (None: on for ``train`` rows, off for ``val``) gives each
+    placeholder row the ``uid`` field ``{uid}-ph{session_index}``: verl V1's GRPO groups the rows
+    it reads by that field, so a failed session's 0 stays out of its siblings' baseline, as
+    ``sessions.integrations.verl.to_data_proto`` does for V0; keys and tags keep the prompt's uid,
+    so the replay buffer's prompt bookkeeping is untouched.
     """
     import torch
     from tensordict import NonTensorStack
@@ -46,7 +57,18 @@ def rows_to_tensordict(items: Sequence[QueueItem], *, write_log_probs: bool = Tr
     mask = td.get("response_mask")
     td.set("loss_mask", jagged_from_parts(mask.values().clone(), mask.offsets()))
     td.set("global_steps", NonTensorStack.from_list([item.tags.get("global_steps", item.global_step) for item in items]))
+    td.set("group_uid", NonTensorStack.from_list([item.uid for item in items]))
+    td.set("uid", NonTensorStack.from_list([_field_uid(item, isolate_placeholders) for item in items]))
     return td
+
+
+def _field_uid(item: QueueItem, isolate: bool | None) -> str:
+    """The row's ``uid`` field: the prompt's, or the placeholder's own when isolated."""
+    row = item.row
+    on = item.partition == "train" if isolate is None else isolate
+    if on and row is not None and row.is_placeholder:
+        return f"{item.uid}{PLACEHOLDER_UID_SEPARATOR}{row.meta.get('session_index')}"
+    return item.uid
 
 
 def _row_tags(item: QueueItem) -> dict[str, Any]:

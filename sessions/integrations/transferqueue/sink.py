@@ -50,7 +50,10 @@ class TransferQueueSink:
     (default: the same names, ``train`` and ``val``). ``write_log_probs``: True writes
     ``rollout_log_probs`` on every row (zeros where a row has none), so that rows with and without
     logprobs can be read back together (TransferQueue refuses to read a field some keys lack);
-    False never writes it. ``max_rows_per_put`` bounds one message.
+    False never writes it. ``max_rows_per_put`` bounds one message. ``isolate_placeholders``
+    (None: on for ``train``, off for ``val``) writes a placeholder row's ``uid`` field as
+    ``{uid}-ph{session_index}``, so verl V1's stock GRPO keeps it out of its group's baseline;
+    ``group_uid`` always holds the prompt's uid.
     """
 
     def __init__(
@@ -60,6 +63,7 @@ class TransferQueueSink:
         partition_ids: Mapping[str, str] | None = None,
         write_log_probs: bool = True,
         max_rows_per_put: int = 256,
+        isolate_placeholders: bool | None = None,
     ) -> None:
         if timeout_s is not None and timeout_s <= 0:
             raise ValueError(f"timeout_s must be positive or None, got {timeout_s!r}")
@@ -69,6 +73,7 @@ class TransferQueueSink:
         self.partition_ids = dict(partition_ids or {})
         self.write_log_probs = write_log_probs
         self.max_rows_per_put = max_rows_per_put
+        self.isolate_placeholders = isolate_placeholders
         self._tq = import_transfer_queue()
         self.rows_put = 0
         self.tags_put = 0
@@ -129,7 +134,9 @@ class TransferQueueSink:
                 await tq.async_kv_batch_put(
                     keys=[item.key for item in chunk],
                     partition_id=partition_id,
-                    fields=rows_to_tensordict(chunk, write_log_probs=self.write_log_probs),
+                    fields=rows_to_tensordict(
+                        chunk, write_log_probs=self.write_log_probs, isolate_placeholders=self.isolate_placeholders
+                    ),
                     tags=[_row_tags(item) for item in chunk],
                 )
         for partition_id, w in work.items():
