@@ -15,13 +15,28 @@ from sessions.events import FAILURE_REASONS
 __all__ = [
     "ANY",
     "Decision",
+    "GROUP_UID",
     "PARTITIONS",
+    "PLACEHOLDER_UID_SEPARATOR",
     "PlaceholderPolicy",
+    "isolated_uid",
 ]
 
 Decision = Literal["emit", "drop"]
 PARTITIONS = ("train", "val")
 ANY = "*"
+
+#: The column (or TransferQueue field) that keeps a row's prompt uid when its `uid` is isolated.
+GROUP_UID = "group_uid"
+#: What an isolated placeholder's uid is made of: `{uid}-ph{session_index}` (no `_`: verl splits
+#: queue keys on it).
+PLACEHOLDER_UID_SEPARATOR = "-ph"
+
+
+def isolated_uid(uid: str, session_index: object) -> str:
+    """A placeholder's own uid, so stock GRPO makes it a group of one and keeps its 0 out of its
+    siblings' baseline: one rule for the verl adapter (V0 batches) and the TransferQueue sink (V1)."""
+    return f"{uid}{PLACEHOLDER_UID_SEPARATOR}{session_index}"
 
 
 @dataclass(frozen=True)

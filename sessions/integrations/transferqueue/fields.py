@@ -13,16 +13,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from sessions.placeholder import GROUP_UID, isolated_uid
 from sessions.queues.sinks import QueueItem
 
 if TYPE_CHECKING:
     from tensordict import TensorDict
 
-__all__ = ["PLACEHOLDER_UID_SEPARATOR", "rows_to_tensordict"]
-
-
-#: an isolated placeholder's uid: ``{uid}-ph{session_index}`` (what ``to_data_proto`` gives it too)
-PLACEHOLDER_UID_SEPARATOR = "-ph"
+__all__ = ["rows_to_tensordict"]
 
 
 def rows_to_tensordict(
@@ -57,7 +54,7 @@ def rows_to_tensordict(
     mask = td.get("response_mask")
     td.set("loss_mask", jagged_from_parts(mask.values().clone(), mask.offsets()))
     td.set("global_steps", NonTensorStack.from_list([item.tags.get("global_steps", item.global_step) for item in items]))
-    td.set("group_uid", NonTensorStack.from_list([item.uid for item in items]))
+    td.set(GROUP_UID, NonTensorStack.from_list([item.uid for item in items]))
     td.set("uid", NonTensorStack.from_list([_field_uid(item, isolate_placeholders) for item in items]))
     return td
 
@@ -67,7 +64,7 @@ def _field_uid(item: QueueItem, isolate: bool | None) -> str:
     row = item.row
     on = item.partition == "train" if isolate is None else isolate
     if on and row is not None and row.is_placeholder:
-        return f"{item.uid}{PLACEHOLDER_UID_SEPARATOR}{row.meta.get('session_index')}"
+        return isolated_uid(item.uid, row.meta.get("session_index"))
     return item.uid
 
 

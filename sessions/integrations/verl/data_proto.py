@@ -31,16 +31,13 @@ from tensordict import NonTensorData, NonTensorStack, TensorDict, TensorDictBase
 
 from sessions.batches import non_tensor, pad_to_widths
 from sessions.integrations.verl.filler import IS_PADDING, append_filler_rows
+from sessions.placeholder import GROUP_UID, isolated_uid
 
 if TYPE_CHECKING:
     from verl.protocol import DataProto
 
 __all__ = ["GROUP_UID", "batch_columns", "import_data_proto", "isolate_placeholder_uids", "to_data_proto"]
 
-#: non-tensor column holding each row's original uid (the prompt's group)
-GROUP_UID = "group_uid"
-#: what an isolated placeholder's uid is made of: ``{uid}-ph{session_index}``
-PLACEHOLDER_UID_SEPARATOR = "-ph"
 
 
 def import_data_proto() -> type:
@@ -104,7 +101,7 @@ def isolate_placeholder_uids(
     uids = non_tensors["uid"].copy()
     taken = set(uids.tolist())
     for i in np.flatnonzero(is_placeholder.cpu().numpy()):
-        isolated = f"{uids[i]}{PLACEHOLDER_UID_SEPARATOR}{non_tensors['session_index'][i]}"
+        isolated = isolated_uid(uids[i], non_tensors["session_index"][i])
         if isolated in taken:
             raise ValueError(
                 f"cannot isolate the placeholder of uid {uids[i]!r}: uid {isolated!r} is already in the batch "

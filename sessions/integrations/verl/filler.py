@@ -25,6 +25,8 @@ from typing import TYPE_CHECKING, Any, Mapping
 import numpy as np
 import torch
 
+from sessions.placeholder import GROUP_UID
+
 if TYPE_CHECKING:
     from verl.protocol import DataProto
 
@@ -64,7 +66,7 @@ def _filler_tensor(name: str, like: torch.Tensor, count: int, prompt_width: int,
 def _filler_values(name: str, first: Any, uids: list[str]) -> list[Any]:
     """Filler values for one non-tensor column."""
     count = len(uids)
-    if name in ("uid", "group_uid", "session_id"):
+    if name in ("uid", GROUP_UID, "session_id"):
         return list(uids)
     if name == "key":
         return [f"{uid}_0_0" for uid in uids]
