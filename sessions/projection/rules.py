@@ -352,7 +352,7 @@ class Rules:
             },
             "produced_position": position,
         })
-        group = self.state.groups[(s["run"], s["partition"], step, uid)]  # its rows' sum, for `reward/mean@k`
+        group = self.state.groups[group_key(s)]  # its rows' sum, for `reward/mean@k`
         group["reward_sum"] += reward
         group["reward_count"] += 1
         for table in self._of_session(s):  # `MetricTable.add` inlined: this runs once per row and scope
