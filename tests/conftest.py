@@ -96,6 +96,22 @@ def default_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
+def run_script(path: Path, *args: str, timeout: float = 120.0) -> tuple[Any, float]:
+    """Run a script of the repo (an example) as a user would, with this Python and the checkout on
+    `PYTHONPATH`; returns the finished process (output captured) and its wall time in seconds."""
+    import subprocess
+    import sys
+    import time
+
+    repo = Path(__file__).resolve().parents[1]
+    started = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, str(path), *args], cwd=repo, capture_output=True, text=True, timeout=timeout,
+        env={**os.environ, "PYTHONPATH": str(repo)},
+    )
+    return done, time.monotonic() - started
+
+
 #: Set by the verl-pins job (see tests/run.sh): there the verl tests must run, never skip.
 VERL_REQUIRED = os.environ.get("ROLLOUT_LEDGER_REQUIRE_VERL", "").lower() in ("1", "true", "yes")
 

@@ -210,19 +210,19 @@ UNREADABLE: dict[str, tuple[Callable[[Path, Path], Path], str]] = {  # case -> (
 }
 
 
-@pytest.fixture(scope="module")
-def good_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A healthy ledger database with one projected session (the source of the damaged copies)."""
-    path = tmp_path_factory.mktemp("good") / "good.db"
+def _recorded_db(path: Path, sessions: int, response_end: int, *, project: bool) -> Path:
+    """A ledger file of `sessions` succeeded sessions (responses of tokens 3 .. response_end - 1),
+    projected or not, with its WAL folded into the file, so the file's bytes are the database."""
 
     async def record() -> None:
         async with Ledger.open(str(path)) as ledger:
-            for index in range(40):  # enough pages that cutting the file in half loses some
+            for index in range(sessions):
                 handle = await ledger.create_session(f"s{index}", **{**KW, "uid": f"u{index}"})
-                await handle.record_trajectory(prompt_ids=[1, 2], response_ids=list(range(3, 200)))
+                await handle.record_trajectory(prompt_ids=[1, 2], response_ids=list(range(3, response_end)))
                 await handle.complete()
-            await ledger.project()
-        engine = create_engine(str(path))  # fold the WAL into the file, so the bytes are the database
+            if project:
+                await ledger.project()
+        engine = create_engine(str(path))
         try:
             async with engine.connect() as conn:
                 await conn.exec_driver_sql("PRAGMA wal_checkpoint(TRUNCATE)")
@@ -231,6 +231,13 @@ def good_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
     asyncio.run(record())
     return path
+
+
+@pytest.fixture(scope="module")
+def good_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A healthy ledger database with projected sessions (the source of the damaged copies); 40
+    sessions are enough pages that cutting the file in half loses some."""
+    return _recorded_db(tmp_path_factory.mktemp("good") / "good.db", 40, 200, project=True)
 
 
 @pytest.mark.parametrize("case", UNREADABLE)
@@ -338,29 +345,12 @@ def _digests(folder: Path) -> dict[str, str]:
 @pytest.fixture(scope="module")
 def unprojected_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A ledger whose events were never projected, so `project` and `metrics` have writing to do."""
-    path = tmp_path_factory.mktemp("unprojected") / "ledger.db"
-
-    async def record() -> None:
-        async with Ledger.open(str(path)) as ledger:
-            for index in range(60):
-                handle = await ledger.create_session(f"s{index}", **{**KW, "uid": f"u{index}"})
-                await handle.record_trajectory(prompt_ids=[1, 2], response_ids=list(range(3, 400)))
-                await handle.complete()
-        engine = create_engine(str(path))
-        try:
-            async with engine.connect() as conn:
-                await conn.exec_driver_sql("PRAGMA wal_checkpoint(TRUNCATE)")
-        finally:
-            await engine.dispose()
-
-    asyncio.run(record())
-    return path
+    return _recorded_db(tmp_path_factory.mktemp("unprojected") / "ledger.db", 60, 400, project=False)
 
 
 def _fresh_copy(db: Path, folder: Path) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(db, folder / db.name)
-    return folder / db.name
+    return _copy(db, folder)
 
 
 WRITING_VERBS = {"project": ["project"], "metrics": ["metrics"]}  # metrics projects first, as DESIGN §11 says

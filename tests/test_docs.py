@@ -11,11 +11,9 @@
 from __future__ import annotations
 
 import importlib.util
-import os
 import re
 import subprocess
 import sys
-import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 from types import ModuleType
@@ -23,6 +21,7 @@ from types import ModuleType
 import pytest
 
 from sessions import machine
+from tests.conftest import run_script
 
 REPO = Path(__file__).resolve().parents[1]
 QUICKSTART = REPO / "examples" / "quickstart.py"
@@ -38,12 +37,7 @@ FROM_PYPI = re.compile(r"pip install (?:-\S+ )*['\"]?rollout-ledger\b")
 
 
 def run_quickstart(*args: str) -> tuple[subprocess.CompletedProcess[str], float]:
-    started = time.monotonic()
-    done = subprocess.run(
-        [sys.executable, str(QUICKSTART), *args], cwd=REPO, capture_output=True, text=True, timeout=TIMEOUT,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-    )
-    return done, time.monotonic() - started
+    return run_script(QUICKSTART, *args, timeout=TIMEOUT)
 
 
 def printed_metric(output: str, name: str) -> float:

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
+
+from tests.conftest import run_script
 
 pytestmark = [pytest.mark.verl_env, pytest.mark.usefixtures("verl_installed")]
 
@@ -19,12 +18,7 @@ TIMEOUT = 120
 
 
 def run_example(name: str) -> tuple[subprocess.CompletedProcess[str], float]:
-    started = time.monotonic()
-    done = subprocess.run(
-        [sys.executable, str(REPO / "examples" / name)], cwd=REPO, capture_output=True, text=True, timeout=TIMEOUT,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-    )
-    return done, time.monotonic() - started
+    return run_script(REPO / "examples" / name, timeout=TIMEOUT)
 
 
 def metric(output: str, name: str) -> float:
