@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib
 import signal
 import sys
 from collections.abc import Sequence
@@ -100,7 +101,18 @@ def build_parser() -> argparse.ArgumentParser:
 
     diagram = verbs.add_parser("diagram", parents=[flags], help="the state machine, drawn from the machine itself")
     diagram.add_argument("--format", choices=("mermaid",), default="mermaid")
+    for module in VERB_MODULES.values():
+        importlib.import_module(module).register(verbs, common)
     return parser
+
+
+#: Verbs whose parser and handler live in a module of their own: `register(verbs, common)` adds
+#: the parser (importing nothing heavy), `async run(args) -> int` runs the verb, and an optional
+#: `check(args)` refuses bad arguments before any database is opened.
+VERB_MODULES = {
+    "export-dataset": "sessions.cli.export_dataset",
+    "report": "sessions.cli.report",
+}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -116,7 +128,14 @@ CREATING_VERBS = frozenset({"demo", "migrate"})
 
 
 async def _dispatch(args: argparse.Namespace) -> int:
-    handler = globals()[f"_cmd_{args.verb}"]
+    module = VERB_MODULES.get(args.verb)
+    if module is not None:
+        verb = importlib.import_module(module)
+        handler = verb.run
+        if hasattr(verb, "check"):
+            verb.check(args)
+    else:
+        handler = globals()[f"_cmd_{args.verb}"]
     _check_arguments(args)
     if hasattr(args, "db") and args.verb not in CREATING_VERBS:
         await _require_ledger(args.db)
