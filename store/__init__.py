@@ -20,6 +20,7 @@ from store.retry import is_transient, retry_transient
 from store.migrate import check_schema, current_revision, head_revision, upgrade
 from store.projection_locks import follower_leadership, projection_page
 from store.read_model_scan import READ_MODEL_KEYS, TableScan, scan
+from store.report_reads import report_failures, report_positions, report_runs, report_step_metrics
 from store.records import NewEvent, StoredEvent
 
 __all__ = [
@@ -54,6 +55,10 @@ __all__ = [
     "projection_page",
     "queue_claims",
     "read_models",
+    "report_failures",
+    "report_positions",
+    "report_runs",
+    "report_step_metrics",
     "retry_transient",
     "scan",
     "upgrade",
