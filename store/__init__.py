@@ -22,6 +22,7 @@ from store.projection_locks import follower_leadership, projection_page
 from store.read_model_scan import READ_MODEL_KEYS, TableScan, scan
 from store.report_reads import report_failures, report_positions, report_runs, report_step_metrics
 from store.records import NewEvent, StoredEvent
+from store.tracker_reads import failed_session_samples
 
 __all__ = [
     "READ_MODEL_KEYS",
@@ -45,6 +46,7 @@ __all__ = [
     "create_engine",
     "current_revision",
     "driver",
+    "failed_session_samples",
     "follower_leadership",
     "head_revision",
     "is_postgres",
