@@ -1,0 +1,189 @@
+"""What each figure of the report draws, as plain series (no matplotlib here).
+
+A figure is a grid of panels (a row per topic, a column per partition); a panel holds named
+series already downsampled (`downsample`). Keeping the series apart from the drawing lets a test
+check what a figure shows -- e.g. that the shaded gap between `reward/mean` and
+`reward/mean_success_only` is there -- without reading pixels.
+
+Metric names with an open suffix (`failed/<reason>`, `excluded/<reason>`, `failed_origin/<o>`,
+`retries/<reason>`) are found in the data, never listed here: a new reason shows up by itself.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from sessions.report.data import StepTable
+from sessions.report.downsample import MAX_POINTS, Buckets, bucket_steps, reduce
+
+__all__ = ["FigureSpec", "Panel", "Series", "plan_figures"]
+
+#: Series whose per-bucket reduction is the maximum, not the mean (they are maxima themselves).
+MAXIMA = ("response_length/max",)
+
+
+@dataclass(frozen=True)
+class Series:
+    label: str  # the metric name, as stored
+    x: list[float]
+    y: list[float]
+    style: str = "line"  # line | dashed | stack (stacked with the panel's other stack series)
+
+
+@dataclass
+class Panel:
+    title: str
+    series: list[Series] = field(default_factory=list)
+    ylabel: str = ""
+    gap: tuple[str, str] | None = None  # (lower, upper) labels: the area between them is shaded
+    note: str | None = None  # drawn across a panel with nothing to show
+    ylim: tuple[float, float] | None = None
+
+    def get(self, label: str) -> Series | None:
+        return next((s for s in self.series if s.label == label), None)
+
+
+@dataclass
+class FigureSpec:
+    name: str  # the PNG's file stem: fixed names only, never user text
+    title: str
+    caption: str
+    rows: list[list[Panel]]
+    steps_per_point: int = 1  # the largest bucket size of its panels (1: every step drawn)
+
+    def panel(self, title: str, row: int = 0) -> Panel:
+        return next(p for p in self.rows[row] if p.title == title)
+
+    def points(self) -> int:
+        """The most points any one series of the figure draws."""
+        return max((len(s.x) for r in self.rows for p in r for s in p.series), default=0)
+
+
+class _Columns:
+    """One partition's table with its buckets: series by metric name, reduced per bucket."""
+
+    def __init__(self, table: StepTable, max_points: int) -> None:
+        self.table = table
+        self.buckets: Buckets = bucket_steps(table.steps, max_points)
+
+    def series(self, metric: str, style: str = "line", *, counter: bool = False) -> Series:
+        """Counters are 0 at a step without their row; means are absent (a gap) there."""
+        raw = self.table.series(metric, absent=0.0 if counter else math.nan)
+        how = "max" if metric in MAXIMA else "mean"
+        return Series(metric, list(self.buckets.x), reduce(raw, self.buckets, how), style)
+
+    def title(self) -> str:
+        size = self.buckets.size
+        return self.table.partition + (f" ({size} steps per point)" if size > 1 else "")
+
+
+def _nonzero(columns: _Columns, metric: str) -> bool:
+    return any(v for v in columns.table.series(metric, absent=0.0))
+
+
+def _reward(c: _Columns) -> Panel:
+    series = [c.series("reward/mean"), c.series("reward/mean_success_only")]
+    if c.table.has("reward/mean_default_rule"):
+        series.append(c.series("reward/mean_default_rule", "dashed"))
+    return Panel(c.title(), series, "reward per step", gap=("reward/mean", "reward/mean_success_only"))
+
+
+def _outcomes(c: _Columns) -> Panel:
+    names = ["sessions/succeeded", "sessions/failed", "sessions/cancelled"]
+    names += [n for n in ("sessions/open",) if _nonzero(c, n)]
+    series = [c.series(n, "stack", counter=True) for n in names]
+    if c.table.has("sessions/excluded"):
+        series.append(c.series("sessions/excluded", "dashed", counter=True))
+    return Panel(c.title(), series, "sessions per step")
+
+
+def _stack(prefix: str, empty: str, extra: tuple[str, ...] = ()) -> Callable[[_Columns], Panel]:
+    """A panel stacking every `prefix<name>` counter the data holds (plus `extra` as lines)."""
+
+    def build(c: _Columns) -> Panel:
+        series = [c.series(n, "stack", counter=True) for n in c.table.names(prefix)]
+        series += [c.series(n, "line", counter=True) for n in extra if c.table.has(n)]
+        return Panel(c.title(), series, "sessions per step", note=None if series else empty)
+
+    return build
+
+
+def _coverage(c: _Columns) -> Panel:
+    return Panel(c.title(), [c.series("coverage")], "succeeded / (succeeded + failed)", ylim=(0.0, 1.05))
+
+
+def _attempts(c: _Columns) -> Panel:
+    series = [c.series(n, counter=True) for n in ("attempts/total", "sessions/total") if c.table.has(n)]
+    return Panel(c.title(), series, "per step")
+
+
+def _groups(c: _Columns) -> Panel:
+    names = ["groups/finished", "groups/failure"] + [n for n in ("groups/unsettled",) if _nonzero(c, n)]
+    series = [c.series(n, "stack", counter=True) for n in names]
+    if c.table.has("groups/below_min_valid"):
+        series.append(c.series("groups/below_min_valid", "dashed", counter=True))
+    return Panel(c.title(), series, "groups per step")
+
+
+def _lengths(c: _Columns) -> Panel:
+    series = [c.series(n) for n in ("response_length/mean", "response_length/max") if c.table.has(n)]
+    return Panel(c.title(), series, "tokens", note=None if series else "no response recorded")
+
+
+def _any(columns: list[_Columns], test: Callable[[StepTable], bool]) -> bool:
+    return any(test(c.table) for c in columns)
+
+
+def plan_figures(tables: dict[str, StepTable], *, max_points: int = MAX_POINTS) -> list[FigureSpec]:
+    """Every figure of the report, in page order, from the partitions' step tables."""
+    columns = [_Columns(t, max_points) for t in tables.values()]
+    if not columns:
+        return []
+    size = max(c.buckets.size for c in columns)
+
+    def figure(name: str, title: str, caption: str, *rows: Callable[[_Columns], Panel]) -> FigureSpec:
+        return FigureSpec(name, title, caption, [[build(c) for c in columns] for build in rows], size)
+
+    out = [
+        figure("reward", "Reward: honest vs. success-only",
+               "reward/mean counts every failed session as a reward-0 placeholder row; reward/mean_success_only "
+               "averages the succeeded rows only, which is what dropping failures reports. The shaded band between "
+               "them is the inflation.", _reward),
+        figure("sessions", "Sessions by outcome",
+               "Sessions created per step, stacked by how they ended (open: not ended when the report was read).",
+               _outcomes),
+    ]
+    failure_rows = [_stack("failed/", "no failures recorded")]
+    if _any(columns, lambda t: bool(t.names("failed_origin/"))):
+        failure_rows.append(_stack("failed_origin/", "no failure origin recorded"))
+    out.append(figure("failures", "Failures by reason",
+                      "Failed sessions per step, stacked by failure reason (the failed/<reason> counters)"
+                      + ("; below, by origin (failed_origin/<origin>)." if len(failure_rows) > 1 else "."),
+                      *failure_rows))
+    if _any(columns, lambda t: bool(t.names("excluded/")) or t.has("sessions/excluded")):
+        out.append(figure("exclusions", "Exclusions by reason",
+                          "Sessions excluded per step, stacked by reason (excluded/<reason>); "
+                          "sessions/excluded as a line.", _stack("excluded/", "no exclusions recorded",
+                                                                    ("sessions/excluded",))))
+    out.append(figure("coverage", "Coverage",
+                      "The share of ended sessions (succeeded or failed) that the success-only mean covers; "
+                      "1.0 means no failures.", _coverage))
+    retried = _any(columns, lambda t: t.has("attempts/total") or t.has("sessions/retried") or bool(t.names("retries/")))
+    if retried:
+        out.append(figure("retries", "Attempts and retries",
+                          "Above: attempts per step beside sessions per step. Below: retries per step, stacked by "
+                          "reason (retries/<reason>), and sessions that were retried (sessions/retried).",
+                          _attempts, _stack("retries/", "no retries recorded", ("sessions/retried",))))
+    else:
+        empty = Panel("all partitions", note="no retries recorded")
+        out.append(FigureSpec("retries", "Attempts and retries",
+                              "No attempts/total, sessions/retried or retries/<reason> metric in this run.",
+                              [[empty]], size))
+    out.append(figure("groups", "Group outcomes",
+                      "Settled groups per step: finished (at least one session succeeded) or failure (none did); "
+                      "unsettled groups are still waiting for sessions.", _groups))
+    out.append(figure("response_length", "Response lengths",
+                      "Response tokens of succeeded rows per step: mean and maximum.", _lengths))
+    return out
