@@ -4,7 +4,7 @@
 session is. This module is the whole of what `sessions` may use (tests/test_architecture.py
 checks it): the names below, and a few modules used as namespaces because their functions
 belong together (`read_models`, `queue_claims`, `driver`, `bulk_copy`, `bulk_read_models`,
-`console`).
+`console`, `export_reads`).
 Everything that differs between SQLite and PostgreSQL lives in `store.dialects`.
 """
 
@@ -13,6 +13,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from store.append_sql import GroupConflict
 from store.columns import ColumnSpec, column_spec
 from store import bulk_copy, bulk_read_models, console, driver, queue_claims, read_models
+from store import export_reads
 from store.engine import StoredJSONError, create_engine, is_postgres, is_sqlite, load_json, normalize_url
 from store.errors import ConcurrencyError, LedgerError, SchemaError, StoreError
 from store.event_store import EventStore
@@ -46,6 +47,7 @@ __all__ = [
     "create_engine",
     "current_revision",
     "driver",
+    "export_reads",
     "failed_session_samples",
     "follower_leadership",
     "head_revision",
