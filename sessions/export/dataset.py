@@ -153,10 +153,10 @@ async def _engine_of(source: Any) -> AsyncIterator[tuple[AsyncEngine, str | None
         finally:
             await engine.dispose()
         return
-    engine = getattr(source, "engine", source)
+    engine = source if isinstance(source, AsyncEngine) else getattr(source, "engine", None)  # an AsyncEngine has a sync .engine
     if not isinstance(engine, AsyncEngine):
         raise ExportError(f"export_dataset reads a Ledger, an AsyncEngine or a database URL, got {type(source).__name__}")
-    yield engine, getattr(source, "run", None)
+    yield engine, None if source is engine else getattr(source, "run", None)
 
 
 async def export_dataset(
