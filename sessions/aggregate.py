@@ -14,6 +14,7 @@ from typing import Any
 from sessions import events as ev
 from sessions import machine
 from sessions.errors import InvalidInput
+from sessions.failure_policy import MetricPolicy, check_reason
 from sessions.placeholder import PlaceholderPolicy
 
 __all__ = [
@@ -23,6 +24,7 @@ __all__ = [
     "decide_cancel",
     "decide_complete",
     "decide_fail",
+    "decide_retry",
     "decide_reward",
     "decide_start",
     "decide_trajectory",
@@ -70,6 +72,16 @@ class SessionView:
     placeholder_decision: str | None = None
     placeholder_emitted: int = 0
     placeholder_token_id: int | None = None
+    #: the current attempt (1-based; 0 before the session starts)
+    attempt: int = 0
+    #: trajectories recorded over all attempts (the next one's index); `trajectories` holds the
+    #: current attempt's only — a failed attempt's are superseded
+    recorded: int = 0
+    superseded: int = 0
+    #: (attempt, reason) of each superseded attempt
+    retries: list[tuple[int, str]] = field(default_factory=list)
+    failure_origin: str | None = None
+    metric_decision: str | None = None
 
     @property
     def terminal(self) -> bool:
@@ -98,12 +110,23 @@ def _created(view: SessionView, e: ev.SessionCreated) -> None:
     view.metadata = dict(e.metadata)
 
 
-def _started(view: SessionView, _e: ev.SessionStarted) -> None:
+def _started(view: SessionView, e: ev.SessionStarted) -> None:
     view.state = machine.RUNNING
+    view.attempt = e.attempt if e.attempt is not None else view.attempt + 1
 
 
 def _trajectory(view: SessionView, e: ev.TrajectoryRecorded) -> None:
     view.trajectories.append(TrajectoryInfo(e.index, e.num_turns, e.prompt_len, e.response_len))
+    view.recorded = max(view.recorded, e.index + 1)
+
+
+def _attempt_failed(view: SessionView, e: ev.AttemptFailed) -> None:
+    """The attempt's work is superseded: its trajectories and reward no longer count."""
+    view.state = machine.RETRYING
+    view.superseded += len(view.trajectories)
+    view.trajectories = []
+    view.reward, view.reward_posted, view.reward_info = None, False, {}
+    view.retries.append((e.attempt, e.reason))
 
 
 def _reward(view: SessionView, e: ev.RewardPosted) -> None:
@@ -124,6 +147,9 @@ def _failed(view: SessionView, e: ev.SessionFailed) -> None:
     view.state = machine.FAILED
     view.failure_reason, view.error_type, view.message = e.reason, e.error_type, e.message
     view.placeholder_decision = e.placeholder
+    view.failure_origin, view.metric_decision = e.origin, e.metric
+    if e.placeholder == "keep_partial":
+        view.selected = list(e.selected)
 
 
 def _placeholder(view: SessionView, e: ev.PlaceholderEmitted) -> None:
@@ -141,17 +167,41 @@ _APPLY: dict[type, Any] = {
     ev.SessionStarted: _started,
     ev.TrajectoryRecorded: _trajectory,
     ev.RewardPosted: _reward,
+    ev.AttemptFailed: _attempt_failed,
     ev.SessionSucceeded: _succeeded,
     ev.SessionFailed: _failed,
     ev.PlaceholderEmitted: _placeholder,
     ev.SessionCancelled: _cancelled,
+    ev.RunConfigured: lambda view, e: None,  # a run's stream, not a session's: nothing to fold
 }
 
 
 # ---------------------------------------------------------------- deciders
 def decide_start(view: SessionView, *, attempt: int | None = None, timeout_s: float | None = None) -> list[ev.Event]:
+    """The first attempt (from `created`), or the next one after a retry's backoff."""
     machine.next_state(view.session_id, view.state, "start")
+    if view.state == machine.RETRYING:
+        following = view.attempt + 1
+        if attempt is not None and attempt != following:
+            raise InvalidInput(view.session_id, "attempt", f"attempt {view.attempt} was retried, so the next is {following}, not {attempt!r}")
+        attempt = following
     return [ev.SessionStarted(attempt=attempt, timeout_s=timeout_s)]
+
+
+def decide_retry(
+    view: SessionView, reason: str, origin: str, *, message: str = "", error_type: str | None = None, retry_in_s: float = 0.0
+) -> list[ev.Event]:
+    """End the current attempt as failed and superseded; the session waits for its next start."""
+    machine.next_state(view.session_id, view.state, "retry")
+    _check_reason(view.session_id, reason)
+    _check_text(view.session_id, "message", message)
+    _check_text(view.session_id, "error_type", error_type)
+    return [ev.AttemptFailed(
+        attempt=max(view.attempt, 1), reason=reason, origin=origin,
+        error_type=None if error_type is None else error_type[: ev.ERROR_TYPE_LIMIT],
+        message=(message or "")[: ev.MESSAGE_LIMIT], discarded_trajectories=len(view.trajectories),
+        retry_in_s=float(retry_in_s),
+    )]
 
 
 def decide_trajectory(view: SessionView, event: ev.TrajectoryRecorded) -> list[ev.Event]:
@@ -164,20 +214,26 @@ def decide_reward(view: SessionView, reward: float | None, info: dict[str, Any])
     return [ev.RewardPosted(reward=reward, info=info)]
 
 
+def _select(view: SessionView, selection: str) -> list[int]:
+    """The current attempt's trajectories that go to the batch: all, or the longest."""
+    if selection == "all":
+        return [t.index for t in view.trajectories]
+    longest = max(view.trajectories, key=lambda t: (t.prompt_len + t.response_len, t.index))
+    return [longest.index]
+
+
 def decide_complete(
-    view: SessionView, policy: PlaceholderPolicy, *, score: float | None = None, selection: str = "all"
+    view: SessionView, policy: PlaceholderPolicy, *, score: float | None = None, selection: str = "all",
+    metrics: MetricPolicy | None = None,
 ) -> list[ev.Event]:
     """Success if there is a trajectory; otherwise the session failed with `empty_output`."""
     machine.next_state(view.session_id, view.state, "complete")
     if selection not in ("all", "longest"):
         raise InvalidInput(view.session_id, "trajectory_selection", f"must be 'all' or 'longest', got {selection!r}")
     if not view.trajectories:
-        return decide_fail(view, policy, "empty_output", message="complete() with no recorded trajectory")
-    if selection == "all":
-        selected = [t.index for t in view.trajectories]
-    else:
-        longest = max(view.trajectories, key=lambda t: (t.prompt_len + t.response_len, t.index))
-        selected = [longest.index]
+        return decide_fail(view, policy, "empty_output", message="complete() with no recorded trajectory",
+                           metrics=metrics, selection=selection)
+    selected = _select(view, selection)
     if score is not None:
         source = "external"
     elif view.reward_posted and view.reward is not None:
@@ -194,25 +250,58 @@ def decide_fail(
     *,
     message: str = "",
     error_type: str | None = None,
+    origin: str | None = None,
+    metrics: MetricPolicy | None = None,
+    selection: str = "all",
 ) -> list[ev.Event]:
-    """SessionFailed plus, policy permitting, its PlaceholderEmitted — appended together."""
+    """SessionFailed plus, policy permitting, its PlaceholderEmitted — appended together.
+
+    `origin` is what the runner declared (`RolloutFailure(origin=...)`); without one the metric
+    policy's origins (then the defaults) decide. A `keep_partial` decision with a posted reward
+    and a trajectory sends the selected trajectories with that reward instead of a placeholder;
+    without them it falls back to `emit`. The decisions applied are recorded in SessionFailed.
+    """
     machine.next_state(view.session_id, view.state, "fail")
-    if reason not in ev.FAILURE_REASONS:
-        raise InvalidInput(view.session_id, "reason", f"unknown failure reason {reason!r}; use one of {', '.join(ev.FAILURE_REASONS)}")
+    _check_reason(view.session_id, reason)
     _check_text(view.session_id, "message", message)
     _check_text(view.session_id, "error_type", error_type)
-    decision = policy.decide(view.partition, reason)
+    metrics = metrics or _DEFAULT_METRICS
+    origin = metrics.origin(reason, origin)  # type: ignore[arg-type]
+    decision = policy.decide(view.partition, reason, origin)
+    selected: list[int] = []
+    score = None
+    if decision == "keep_partial":
+        if view.trajectories and view.reward_posted and view.reward is not None:
+            selected, score = _select(view, selection), view.reward
+        else:
+            decision = "emit"
     failed = ev.SessionFailed(
         reason=reason,
         error_type=None if error_type is None else error_type[: ev.ERROR_TYPE_LIMIT],
         message=(message or "")[: ev.MESSAGE_LIMIT],
-        discarded_trajectories=len(view.trajectories),
+        discarded_trajectories=len(view.trajectories) - len(selected),
         placeholder=decision,
+        origin=origin,
+        metric=metrics.decide(view.partition, reason, origin),
+        selected=selected,
+        score=score,
     )
-    if decision == "drop":
+    if decision != "emit":
         return [failed]
     reward_info = {**view.reward_info, "reward": 0.0, "finished": False}
-    return [failed, ev.PlaceholderEmitted(reason=reason, token_id=policy.token_id, reward_info=reward_info)]
+    return [failed, ev.PlaceholderEmitted(
+        reason=reason, token_id=policy.token_id, reward_info=reward_info,
+        prompt_len=policy.prompt_length, response_len=policy.response_length,
+    )]
+
+
+_DEFAULT_METRICS = MetricPolicy()
+
+
+def _check_reason(session_id: str, reason: object) -> None:
+    problem = check_reason(reason)
+    if problem is not None:
+        raise InvalidInput(session_id, "reason", f"{problem}; built-in reasons: {', '.join(ev.FAILURE_REASONS)}")
 
 
 def decide_cancel(view: SessionView, *, message: str | None = None) -> list[ev.Event]:

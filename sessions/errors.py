@@ -40,20 +40,29 @@ class InvalidInput(LedgerError, ValueError):
 
 
 class RolloutFailure(LedgerError):
-    """Raise from a runner to fail its session with an explicit failure reason."""
+    """Raise from a runner to fail its session with an explicit failure reason, built-in or your
+    own (lowercase, e.g. `"tool_quota"`), and optionally its origin: `"infra"` (the model cannot
+    have caused it) or `"policy"`. Without an origin the ledger's metric policy, then the
+    defaults, decide (a custom reason nobody declared is `policy`)."""
 
     reason = "runner_error"
+    origin: str | None = None
 
-    def __init__(self, message: str = "", *, reason: str | None = None) -> None:
+    def __init__(self, message: str = "", *, reason: str | None = None, origin: str | None = None) -> None:
         super().__init__(message)
         if reason is not None:
             self.reason = reason
+        if origin is not None:
+            if origin not in ("infra", "policy"):
+                raise ValueError(f"RolloutFailure: origin must be 'infra' or 'policy', got {origin!r}")
+            self.origin = origin
 
 
 class SandboxError(RolloutFailure):
     """The tool/sandbox environment failed (infrastructure, not the policy): reason `sandbox_error`."""
 
     reason = "sandbox_error"
+    origin = "infra"
 
 
 class UnknownEventError(StoreError):

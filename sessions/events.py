@@ -21,6 +21,8 @@ from sessions.errors import UnknownEventError
 from store import NewEvent, StoredEvent
 
 __all__ = [
+    "AttemptFailed",
+    "DEFAULT_ORIGINS",
     "ERROR_TYPE_LIMIT",
     "EVENT_TYPES",
     "Event",
@@ -29,7 +31,9 @@ __all__ = [
     "PayloadUpcaster",
     "PlaceholderEmitted",
     "Recorded",
+    "RUN_STREAM_PREFIX",
     "RewardPosted",
+    "RunConfigured",
     "SessionCancelled",
     "SessionCreated",
     "SessionFailed",
@@ -60,6 +64,20 @@ FAILURE_REASONS = (
     "invalid_output",
     "orphaned",
 )
+#: The built-in reasons' origins (`sessions.failure_policy` says why): `infra` when the model
+#: cannot have caused the failure, `policy` otherwise. A custom reason nobody declared is `policy`.
+DEFAULT_ORIGINS: dict[str, str] = {
+    "runner_error": "policy",
+    "timeout": "policy",
+    "sandbox_error": "infra",
+    "empty_output": "policy",
+    "finalize_error": "infra",
+    "invalid_output": "policy",
+    "orphaned": "infra",
+}
+#: The stream a run's configuration fingerprints are recorded in: `@run:<run>` (a session id may
+#: not start with `@run:`).
+RUN_STREAM_PREFIX = "@run:"
 
 
 @functools.cache
@@ -100,6 +118,9 @@ class SessionCreated(Event):
     runner: str | None = None
     sample_index: int | None = None
     metadata: dict[str, Any] = field(default_factory=dict)
+    #: GRPO: a group with fewer valid (non-placeholder) rows than this gives no signal; counted
+    #: under `groups/below_min_valid` (None: the default, 2).
+    min_valid: int | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -165,24 +186,65 @@ class SessionSucceeded(Event):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class AttemptFailed(Event):
+    """One attempt of a session failed and another will follow (the retry policy said so): the
+    attempt's trajectories and reward are superseded — kept in the log, never in a batch."""
+
+    TYPE: ClassVar[str] = "AttemptFailed"
+    attempt: int
+    reason: str
+    origin: str
+    error_type: str | None
+    message: str
+    discarded_trajectories: int
+    retry_in_s: float = 0.0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class SessionFailed(Event):
+    """Schema 2 added `origin` and `metric` (the failure's origin and metric policy) and, for a
+    `keep_partial` decision, the `selected` trajectories sent with `score`. Every decision is
+    recorded here so replay never consults today's configuration."""
+
     TYPE: ClassVar[str] = "SessionFailed"
+    SCHEMA_VERSION: ClassVar[int] = 2
     reason: str
     error_type: str | None
     message: str
     discarded_trajectories: int
-    placeholder: str = "emit"  # the policy decision, recorded so replay never consults config
+    placeholder: str = "emit"  # emit | drop | keep_partial (applied: a fallback is recorded as emit)
+    origin: str = "policy"
+    metric: str = "zero"  # zero | exclude
+    selected: list[int] = field(default_factory=list)
+    score: float | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PlaceholderEmitted(Event):
+    """Schema 2 added the placeholder's lengths (`prompt_len`, `response_len`)."""
+
     TYPE: ClassVar[str] = "PlaceholderEmitted"
+    SCHEMA_VERSION: ClassVar[int] = 2
     reason: str
     token_id: int
     reward: float = 0.0
     finished: bool = False
     materialization_reason: str = "session_failed"
     reward_info: dict[str, Any] = field(default_factory=dict)
+    prompt_len: int = 1
+    response_len: int = 1
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunConfigured(Event):
+    """A run's configuration and its digest, in the run's own stream (`@run:<run>`), appended when
+    a ledger first writes to the run and again when it is resumed with another configuration
+    (`change` names the keys that changed)."""
+
+    TYPE: ClassVar[str] = "RunConfigured"
+    digest: str
+    config: dict[str, Any] = field(default_factory=dict)
+    change: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -199,9 +261,11 @@ EVENT_TYPES: dict[str, type[Event]] = {
         TrajectoryRecorded,
         RewardPosted,
         SessionSucceeded,
+        AttemptFailed,
         SessionFailed,
         PlaceholderEmitted,
         SessionCancelled,
+        RunConfigured,
     )
 }
 TERMINAL_EVENTS = frozenset({"SessionSucceeded", "SessionFailed", "SessionCancelled"})
@@ -259,6 +323,24 @@ def _trajectory_v1_to_v2(data: dict[str, Any], payload: bytes | None) -> dict[st
     data["trainable_tokens"] = count_trainable(
         payload, int(data["prompt_len"]), int(data["response_len"]), bool(data["has_logprobs"])
     )
+    return data
+
+
+@upcaster("SessionFailed", 1)
+def _failed_v1_to_v2(data: dict[str, Any]) -> dict[str, Any]:
+    """v2 recorded the failure's origin and metric policy; a v1 failure had the defaults then in force."""
+    data["origin"] = DEFAULT_ORIGINS.get(data.get("reason"), "policy")  # type: ignore[arg-type]
+    data["metric"] = "zero"
+    data["selected"] = []
+    data["score"] = None
+    return data
+
+
+@upcaster("PlaceholderEmitted", 1)
+def _placeholder_v1_to_v2(data: dict[str, Any]) -> dict[str, Any]:
+    """v2 recorded the placeholder's lengths; every v1 placeholder was 1 + 1 tokens."""
+    data["prompt_len"] = 1
+    data["response_len"] = 1
     return data
 
 

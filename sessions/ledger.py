@@ -14,6 +14,8 @@ from sessions import storable
 from sessions import events as ev
 from sessions import validation
 from sessions.errors import ConcurrencyError, InvalidInput, LedgerError
+from sessions import fingerprint
+from sessions.failure_policy import MetricPolicy, RetryPolicy
 from sessions.projection.metrics import MetricRow
 from sessions.placeholder import PARTITIONS, PlaceholderPolicy
 from sessions.projection.projector import Projector
@@ -26,6 +28,7 @@ from sessions.recorder import (
     SessionHandle,
     SessionOutcome,
     append_then_apply,
+    failure_origin,
     failure_reason,
     stored_bytes,
 )
@@ -41,8 +44,12 @@ RECORDING_TIMEOUT = 10.0
 Runner = Callable[[SessionHandle], Awaitable[Any]]
 
 
+#: GRPO's default: a group needs two valid members for a baseline (NeMo-RL, TRL do the same).
+MIN_VALID = 2
+
+
 class Ledger:
-    """One database, one event store, one placeholder policy. Use `Ledger.open(...)`."""
+    """One database, one event store, one set of failure policies. Use `Ledger.open(...)`."""
 
     def __init__(
         self,
@@ -50,6 +57,11 @@ class Ledger:
         *,
         run: str = DEFAULT_RUN,
         placeholder_policy: PlaceholderPolicy | None = None,
+        metric_policy: MetricPolicy | None = None,
+        retry_policy: RetryPolicy | None = None,
+        min_valid: int = MIN_VALID,
+        config: dict[str, Any] | None = None,
+        resume: str | None = None,
         trajectory_selection: str = "all",
         sinks: tuple[QueueSink, ...] | list[QueueSink] = (),
         limits: Limits | None = None,
@@ -58,7 +70,28 @@ class Ledger:
         self.store = EventStore(engine)
         self.run = run
         self.policy = placeholder_policy or PlaceholderPolicy()
+        self.metric_policy = metric_policy or MetricPolicy()
+        self.retry_policy = retry_policy or RetryPolicy()
+        if isinstance(min_valid, bool) or not isinstance(min_valid, int) or not 0 <= min_valid < 2**31:
+            raise ValueError(f"min_valid must be an integer >= 0, got {min_valid!r}")
+        self.min_valid = min_valid
+        if resume not in (None, fingerprint.NEW_CONFIG):
+            raise ValueError(f"resume must be None or {fingerprint.NEW_CONFIG!r}, got {resume!r}")
+        self.resume = resume
+        if trajectory_selection not in ("all", "longest"):
+            raise ValueError(f"trajectory_selection must be 'all' or 'longest', got {trajectory_selection!r}")
         self.trajectory_selection = trajectory_selection
+        #: what the run's fingerprint covers (`sessions.fingerprint`)
+        self.config = {
+            "placeholder": self.policy.as_config(),
+            "metrics": self.metric_policy.as_config(),
+            "retry": self.retry_policy.as_config(),
+            "trajectory_selection": trajectory_selection,
+            "min_valid": min_valid,
+            "user": fingerprint.canonical(config or {}),
+        }
+        #: runs whose recorded configuration this ledger has checked (or is checking)
+        self._configured: dict[str, asyncio.Future[None]] = {}
         self.limits = limits or Limits()
         self.projector = Projector(engine, sinks=sinks, store=self.store)
         #: `run_session` work whose recording outlived its call (see `recording_timeout`).
@@ -90,6 +123,11 @@ class Ledger:
         migrate: bool = True,
         run: str = DEFAULT_RUN,
         placeholder_policy: PlaceholderPolicy | None = None,
+        metric_policy: MetricPolicy | None = None,
+        retry_policy: RetryPolicy | None = None,
+        min_valid: int = MIN_VALID,
+        config: dict[str, Any] | None = None,
+        resume: str | None = None,
         trajectory_selection: str = "all",
         sinks: tuple[QueueSink, ...] | list[QueueSink] = (),
         max_event_bytes: int | None = MAX_EVENT_BYTES,
@@ -98,6 +136,15 @@ class Ledger:
         **engine_kwargs: Any,
     ) -> AsyncIterator[Ledger]:
         """Open (and by default migrate) the database at `url`; a bare path means a SQLite file.
+
+        Failure semantics (`docs/failures.md`): `placeholder_policy` (emit / drop / keep_partial,
+        placeholder lengths), `metric_policy` (zero / exclude, reasons' origins), `retry_policy`
+        (the default for `run_session`), `min_valid` (GRPO groups with fewer valid members give
+        no signal). With `config` (your trainer's settings, JSON-like) they make the run's
+        fingerprint: recorded by the first ledger that writes to the run, and a later ledger with
+        another one is refused (`RunConfigMismatch`, naming what changed) unless
+        `resume="new-config"` records the change. Passing `config` or `resume` checks at open;
+        otherwise at the ledger's first session of the run.
 
         `max_event_bytes` / `max_session_events` / `max_session_bytes` cap what a session may
         record (None: no cap); a command over a cap raises `InvalidInput` and writes nothing.
@@ -112,11 +159,14 @@ class Ledger:
             else:
                 await retry_transient(lambda: check_schema(engine), what="open (schema check)")
             ledger = cls(
-                engine, run=run, placeholder_policy=placeholder_policy,
+                engine, run=run, placeholder_policy=placeholder_policy, metric_policy=metric_policy,
+                retry_policy=retry_policy, min_valid=min_valid, config=config, resume=resume,
                 trajectory_selection=trajectory_selection, sinks=sinks, limits=limits,
             )
             ledger._loop = asyncio.get_running_loop()
             try:
+                if config is not None or resume is not None:
+                    await ledger._ensure_configured(run)
                 yield ledger
             finally:
                 await ledger.close()
@@ -159,12 +209,14 @@ class Ledger:
         metadata = validation.json_dict(session_id, "metadata", metadata)
         data_source = validation.optional_name(session_id, "data_source", data_source)
         runner = validation.optional_name(session_id, "runner", runner)
+        await self._ensure_configured(run)
         view = agg.SessionView(session_id)
         decided: list[ev.Event] = [
             ev.SessionCreated(
                 run=run, uid=uid, session_index=int(session_index), group_size=int(group_size), partition=partition,
                 global_step=None if global_step is None else int(global_step), data_source=data_source,
                 runner=runner, sample_index=sample_index, metadata=metadata,
+                min_valid=None if self.min_valid == MIN_VALID else self.min_valid,
             )
         ]
         if start:
@@ -175,7 +227,7 @@ class Ledger:
             for i, e in enumerate(decided, start=1)
         ]
         size = self.limits.check(session_id, "metadata", 0, 0, envelopes)
-        handle = SessionHandle(self.store, view, self.policy, self.trajectory_selection, limits=self.limits, stored_bytes=size)
+        handle = self._handle(view, size)
         try:
             await append_then_apply(self.store, view, decided, envelopes)
         except ConcurrencyError:
@@ -200,9 +252,28 @@ class Ledger:
         if not stored:
             raise InvalidInput(session_id, "session_id", "no such session in this database")
         view = agg.fold(session_id, (ev.decode(s).event for s in stored))
+        return self._handle(view, stored_bytes(stored))
+
+    def _handle(self, view: agg.SessionView, size: int) -> SessionHandle:
         return SessionHandle(
-            self.store, view, self.policy, self.trajectory_selection, limits=self.limits, stored_bytes=stored_bytes(stored)
+            self.store, view, self.policy, self.trajectory_selection, limits=self.limits, stored_bytes=size,
+            metrics=self.metric_policy,
         )
+
+    async def _ensure_configured(self, run: str) -> None:
+        """Check (once per run) that `run` was recorded with this ledger's configuration, or
+        record it; concurrent first sessions wait for the one check."""
+        check = self._configured.get(run)
+        if check is None:
+            check = self._configured[run] = asyncio.ensure_future(
+                fingerprint.ensure_recorded(self.store, run, self.config, self.resume)
+            )
+        try:
+            await asyncio.shield(check)
+        except BaseException:
+            if check.done() and (check.cancelled() or check.exception() is not None):
+                self._configured.pop(run, None)  # a failed check is made again next time
+            raise
 
     @asynccontextmanager
     async def session(self, session_id: str, **kwargs: Any) -> AsyncIterator[SessionHandle]:
@@ -225,7 +296,7 @@ class Ledger:
 
     async def run_session(
         self, runner: Runner, session_id: str, /, *, timeout: float | None = None,
-        recording_timeout: float = RECORDING_TIMEOUT, **kwargs: Any,
+        recording_timeout: float = RECORDING_TIMEOUT, retry: RetryPolicy | None = None, **kwargs: Any,
     ) -> SessionOutcome:
         """Run `runner(handle)` as a session under an asyncio timeout.
 
@@ -233,17 +304,24 @@ class Ledger:
         cancellation is recorded and re-raised. Errors of the ledger itself (bad identifiers,
         database failures) do raise.
 
+        `retry` (default: the ledger's `retry_policy`, one attempt) runs the runner again, on the
+        same handle, when an attempt fails with a reason the policy retries: the failed attempt
+        is recorded (`AttemptFailed`) and superseded, the next starts after the backoff, and
+        only the final attempt decides the outcome and the batch rows. `timeout` is per attempt.
+
         With a `timeout`, the call returns within `timeout + recording_timeout` seconds even when
         the database keeps the recording waiting (a lock held elsewhere): the outcome then has
         state `recording` and a `TimeoutError`; the recording goes on in the background and lands
         when the database frees (or `rollout-ledger recover` fails the session as orphaned).
         """
         self._own_loop()
-        work = asyncio.ensure_future(self._run_session(runner, session_id, timeout, kwargs))
+        retry = retry or self.retry_policy
+        work = asyncio.ensure_future(self._run_session(runner, session_id, timeout, retry, kwargs))
         if timeout is None:
             return await work
+        budget = timeout * retry.max_attempts + sum(retry.backoff(n) for n in range(1, retry.max_attempts))
         try:
-            done, _ = await asyncio.wait({work}, timeout=timeout + recording_timeout)
+            done, _ = await asyncio.wait({work}, timeout=budget + recording_timeout)
         except asyncio.CancelledError:
             work.cancel()  # the session records its cancellation (bounded as below), then re-raises
             await asyncio.wait({work}, timeout=recording_timeout)
@@ -257,24 +335,67 @@ class Ledger:
             f"recording_timeout={recording_timeout}s (the database is busy); it goes on in the background"
         ))
 
-    async def _run_session(self, runner: Runner, session_id: str, timeout: float | None, kwargs: dict[str, Any]) -> SessionOutcome:
+    async def _run_session(
+        self, runner: Runner, session_id: str, timeout: float | None, retry: RetryPolicy, kwargs: dict[str, Any]
+    ) -> SessionOutcome:
         handle = await self.create_session(session_id, timeout_s=timeout, **kwargs)
-        try:
-            if timeout is None:
-                await runner(handle)
-            else:
-                await asyncio.wait_for(runner(handle), timeout)
-        except Exception as error:
-            if not handle.terminal:
+        while True:
+            try:
+                if timeout is None:
+                    await runner(handle)
+                else:
+                    await asyncio.wait_for(runner(handle), timeout)
+            except Exception as error:
+                if handle.terminal:
+                    return self._outcome(handle, error)
+                reason = failure_reason(error)
+                if await self._retried(handle, retry, reason, failure_origin(error), error, timeout):
+                    continue
                 await _settle_or_note(handle.fail_with(error), error)
-            return SessionOutcome(session_id, handle.state, handle.view.failure_reason, error)
-        except BaseException as error:
+                return self._outcome(handle, error)
+            except BaseException as error:
+                await self._abort(handle, error)
+                raise
+            if not handle.terminal and not handle.view.trajectories and handle.view.state == "running":
+                # complete() would fail it as empty_output: retried like a raised failure, if asked
+                empty = RuntimeError("the runner returned without recording a trajectory")
+                if await self._retried(handle, retry, "empty_output", None, empty, timeout):
+                    continue
             if not handle.terminal:
-                await _settle_or_note(asyncio.shield(handle.cancel(f"{type(error).__name__}: {error}")), error)
+                await handle.complete()
+            return self._outcome(handle, None)
+
+    async def _retried(
+        self, handle: SessionHandle, retry: RetryPolicy, reason: str, origin: str | None, error: BaseException,
+        timeout: float | None,
+    ) -> bool:
+        """Record the failed attempt and start the next, if the policy retries it; a
+        cancellation during the backoff cancels the session (a pure abort) and propagates."""
+        origin = self.metric_policy.origin(reason, origin)  # type: ignore[arg-type]
+        if handle.view.state != "running" or not retry.retries(reason, origin, handle.attempt):
+            return False
+        wait = retry.backoff(handle.attempt)
+        message = str(error) or repr(error)
+        try:
+            await handle.retry(reason, message=message, error_type=type(error).__qualname__, origin=origin, retry_in_s=wait)
+            if wait > 0:
+                await asyncio.sleep(wait)
+            await handle.start(timeout_s=timeout)
+        except BaseException as interrupted:
+            if isinstance(interrupted, Exception):
+                raise
+            await self._abort(handle, interrupted)
             raise
+        return True
+
+    async def _abort(self, handle: SessionHandle, error: BaseException) -> None:
+        """Record a cancellation (or shutdown) of the session, then let the error propagate."""
         if not handle.terminal:
-            await handle.complete()
-        return SessionOutcome(session_id, handle.state, handle.view.failure_reason)
+            await _settle_or_note(asyncio.shield(handle.cancel(f"{type(error).__name__}: {error}")), error)
+
+    @staticmethod
+    def _outcome(handle: SessionHandle, error: BaseException | None) -> SessionOutcome:
+        return SessionOutcome(handle.session_id, handle.state, handle.view.failure_reason, error, max(handle.attempt, 1))
 
     # ----------------------------------------------------------- projection
     async def project(self) -> int:

@@ -23,10 +23,11 @@ __all__ = [
     "next_state",
 ]
 
-CREATED, RUNNING, SUCCEEDED, FAILED, CANCELLED = "created", "running", "succeeded", "failed", "cancelled"
-STATES = [CREATED, RUNNING, SUCCEEDED, FAILED, CANCELLED]
+CREATED, RUNNING, RETRYING = "created", "running", "retrying"
+SUCCEEDED, FAILED, CANCELLED = "succeeded", "failed", "cancelled"
+STATES = [CREATED, RUNNING, RETRYING, SUCCEEDED, FAILED, CANCELLED]
 TERMINAL_STATES = frozenset({SUCCEEDED, FAILED, CANCELLED})
-COMMANDS = ("start", "record_trajectory", "post_reward", "complete", "fail", "cancel")
+COMMANDS = ("start", "record_trajectory", "post_reward", "complete", "retry", "fail", "cancel")
 
 MACHINE = Machine(
     model=None,
@@ -37,8 +38,12 @@ MACHINE = Machine(
         {"trigger": "record_trajectory", "source": RUNNING, "dest": None},
         {"trigger": "post_reward", "source": RUNNING, "dest": None},
         {"trigger": "complete", "source": RUNNING, "dest": SUCCEEDED},
-        {"trigger": "fail", "source": [CREATED, RUNNING], "dest": FAILED},
-        {"trigger": "cancel", "source": [CREATED, RUNNING], "dest": CANCELLED},
+        # A failed attempt the retry policy retries: its work is superseded, the next attempt
+        # starts after the backoff (a cancellation meanwhile is still a pure abort).
+        {"trigger": "retry", "source": RUNNING, "dest": RETRYING},
+        {"trigger": "start", "source": RETRYING, "dest": RUNNING},
+        {"trigger": "fail", "source": [CREATED, RUNNING, RETRYING], "dest": FAILED},
+        {"trigger": "cancel", "source": [CREATED, RUNNING, RETRYING], "dest": CANCELLED},
     ],
     initial=None,
     auto_transitions=False,

@@ -10,11 +10,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
-from sessions.events import FAILURE_REASONS
+from sessions.failure_policy import check_rules, match
+
 
 __all__ = [
     "ANY",
+    "DECISIONS",
     "Decision",
+    "MAX_PLACEHOLDER_LENGTH",
     "GROUP_UID",
     "PARTITIONS",
     "PLACEHOLDER_UID_SEPARATOR",
@@ -22,7 +25,10 @@ __all__ = [
     "isolated_uid",
 ]
 
-Decision = Literal["emit", "drop"]
+Decision = Literal["emit", "drop", "keep_partial"]
+DECISIONS: tuple[str, ...] = ("emit", "drop", "keep_partial")
+#: A placeholder longer than this is surely a mistake (it is padding the whole batch pays for).
+MAX_PLACEHOLDER_LENGTH = 65_536
 PARTITIONS = ("train", "val")
 ANY = "*"
 
@@ -41,40 +47,48 @@ def isolated_uid(uid: str, session_index: object) -> str:
 
 @dataclass(frozen=True)
 class PlaceholderPolicy:
-    """`rules[partition][reason]` -> emit/drop; `"*"` matches any partition or reason.
+    """`rules[partition][reason or origin]` -> emit / drop / keep_partial; `"*"` matches any.
 
-    Example: drop infrastructure failures from training but keep policy-caused ones as zeros::
+    - `emit` (default): the failed session becomes one reward-0 placeholder row.
+    - `drop`: no row (the group files under a smaller `reward/mean@k`).
+    - `keep_partial`: when the session has a posted reward and a trajectory, its selected
+      trajectory goes to the batch with that reward (`is_partial`, `failure_reason` kept);
+      otherwise it falls back to `emit`.
 
-        PlaceholderPolicy(rules={"train": {"sandbox_error": "drop"}})
+    `prompt_length` / `response_length` size the placeholder (default 1 + 1; Megatron context
+    parallelism needs at least 2·tp·cp tokens per row): every token attended, mask 0, reward 0.
+    Example, drop infrastructure failures from training but keep policy-caused ones as zeros::
+
+        PlaceholderPolicy(rules={"train": {"infra": "drop"}})
     """
 
     default: Decision = "emit"
     rules: Mapping[str, Mapping[str, Decision]] = field(default_factory=dict)
     token_id: int = 0
+    prompt_length: int = 1
+    response_length: int = 1
 
     def __post_init__(self) -> None:
         _check_decision("default", self.default)
-        for partition, by_reason in self.rules.items():
-            if partition not in (*PARTITIONS, ANY):
-                raise ValueError(f"placeholder policy: unknown partition {partition!r}; use train, val or '*'")
-            for reason, decision in by_reason.items():
-                if reason not in (*FAILURE_REASONS, ANY):
-                    raise ValueError(
-                        f"placeholder policy: unknown failure reason {reason!r}; use one of {', '.join(FAILURE_REASONS)} or '*'"
-                    )
-                _check_decision(f"rules[{partition!r}][{reason!r}]", decision)
-        if not 0 <= self.token_id < 2**31:
-            raise ValueError(f"placeholder policy: token_id {self.token_id} must be in [0, 2**31)")
+        check_rules("placeholder policy", self.rules, DECISIONS)
+        if isinstance(self.token_id, bool) or not isinstance(self.token_id, int) or not 0 <= self.token_id < 2**31:
+            raise ValueError(f"placeholder policy: token_id {self.token_id!r} must be an integer in [0, 2**31)")
+        for name in ("prompt_length", "response_length"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_PLACEHOLDER_LENGTH:
+                raise ValueError(f"placeholder policy: {name} must be an integer in [1, {MAX_PLACEHOLDER_LENGTH}], got {value!r} "
+                                 "(for context parallelism use at least 2*tp*cp)")
 
-    def decide(self, partition: str, reason: str) -> Decision:
-        for p in (partition, ANY):
-            by_reason = self.rules.get(p, {})
-            for r in (reason, ANY):
-                if r in by_reason:
-                    return by_reason[r]
-        return self.default
+    def decide(self, partition: str, reason: str, origin: str = "policy") -> Decision:
+        return match(self.rules, partition, reason, origin, self.default)  # type: ignore[no-any-return]
+
+    def as_config(self) -> dict[str, object]:
+        return {
+            "default": self.default, "rules": {p: dict(sorted(r.items())) for p, r in sorted(self.rules.items())},
+            "token_id": self.token_id, "prompt_length": self.prompt_length, "response_length": self.response_length,
+        }
 
 
 def _check_decision(where: str, decision: str) -> None:
-    if decision not in ("emit", "drop"):
-        raise ValueError(f"placeholder policy: {where} is {decision!r}; use 'emit' or 'drop'")
+    if decision not in DECISIONS:
+        raise ValueError(f"placeholder policy: {where} is {decision!r}; use 'emit', 'drop' or 'keep_partial'")

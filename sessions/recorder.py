@@ -16,6 +16,7 @@ from sessions import events as ev
 from sessions import tokens, validation
 from sessions.errors import InvalidInput, LedgerError, RolloutFailure
 from sessions import storable
+from sessions.failure_policy import MetricPolicy
 from sessions.placeholder import PlaceholderPolicy
 from store import EventStore
 
@@ -28,6 +29,7 @@ __all__ = [
     "SessionOutcome",
     "append_then_apply",
     "event_bytes",
+    "failure_origin",
     "failure_reason",
     "stored_bytes",
 ]
@@ -114,6 +116,11 @@ def failure_reason(error: BaseException) -> str:
     return "runner_error"
 
 
+def failure_origin(error: BaseException) -> str | None:
+    """The origin a runner declared with its error (`RolloutFailure(origin=...)`), if any."""
+    return error.origin if isinstance(error, RolloutFailure) else None
+
+
 class SessionHandle:
     """Commands on one session. Each validates, appends its events, then applies them.
 
@@ -130,10 +137,12 @@ class SessionHandle:
         *,
         limits: Limits | None = None,
         stored_bytes: int = 0,
+        metrics: MetricPolicy | None = None,
     ) -> None:
         self._store = store
         self._view = view
         self._policy = policy
+        self._metrics = metrics or MetricPolicy()
         self._selection = selection
         self._limits = limits or Limits()
         self._bytes = stored_bytes  # the stream's size as `Limits` counts it
@@ -170,13 +179,19 @@ class SessionHandle:
         return self._view.terminal
 
     @property
+    def attempt(self) -> int:
+        """The current attempt, 1-based (a runner may behave differently on a retry)."""
+        return self._view.attempt
+
+    @property
     def view(self) -> agg.SessionView:
         """The folded state (read-only by convention)."""
         return self._view
 
     # -------------------------------------------------------------- commands
     async def start(self, *, attempt: int | None = None, timeout_s: float | None = None) -> None:
-        """Start a session created with `start=False` (created -> running)."""
+        """Start a session created with `start=False` (created -> running), or its next attempt
+        after `retry` (retrying -> running)."""
         async with self._locked():
             await self._commit(agg.decide_start(self._view, attempt=attempt, timeout_s=timeout_s))
 
@@ -200,7 +215,7 @@ class SessionHandle:
         extra = validation.json_dict(sid, "extra", extra)
         async with self._locked():
             event = ev.TrajectoryRecorded(
-                index=len(self._view.trajectories),
+                index=self._view.recorded,
                 num_turns=num_turns,
                 prompt_len=arrays.prompt_len,
                 response_len=arrays.response_len,
@@ -225,18 +240,43 @@ class SessionHandle:
         score = validation.reward(self.session_id, "score", score)
         async with self._locked():
             decided = agg.decide_complete(
-                self._view, self._policy, score=score, selection=trajectory_selection or self._selection
+                self._view, self._policy, score=score, selection=trajectory_selection or self._selection,
+                metrics=self._metrics,
             )
             await self._commit(decided)
         return self.state
 
-    async def fail(self, reason: str = "runner_error", *, message: str = "", error_type: str | None = None) -> None:
+    async def fail(
+        self, reason: str = "runner_error", *, message: str = "", error_type: str | None = None, origin: str | None = None
+    ) -> None:
+        """End the session as failed; `origin` (`infra`/`policy`) overrides the reason's default."""
         async with self._locked():
-            await self._commit(agg.decide_fail(self._view, self._policy, reason, message=message, error_type=error_type))
+            await self._commit(agg.decide_fail(
+                self._view, self._policy, reason, message=message, error_type=error_type, origin=origin,
+                metrics=self._metrics, selection=self._selection,
+            ))
 
     async def fail_with(self, error: BaseException) -> None:
         """Fail the session because `error` was raised inside it."""
-        await self.fail(failure_reason(error), message=str(error) or repr(error), error_type=type(error).__qualname__)
+        await self.fail(failure_reason(error), message=str(error) or repr(error), error_type=type(error).__qualname__,
+                        origin=failure_origin(error))
+
+    async def retry(
+        self, reason: str = "runner_error", *, message: str = "", error_type: str | None = None,
+        origin: str | None = None, retry_in_s: float = 0.0,
+    ) -> None:
+        """End the current attempt as failed and superseded (running -> retrying); `start()`
+        begins the next. `Ledger.run_session(retry=...)` does this for you."""
+        async with self._locked():
+            origin = self._metrics.origin(reason, origin)  # type: ignore[arg-type]
+            await self._commit(agg.decide_retry(
+                self._view, reason, origin, message=message, error_type=error_type, retry_in_s=retry_in_s
+            ))
+
+    async def retry_with(self, error: BaseException, *, retry_in_s: float = 0.0) -> None:
+        """`retry` because `error` was raised inside the attempt."""
+        await self.retry(failure_reason(error), message=str(error) or repr(error), error_type=type(error).__qualname__,
+                         origin=failure_origin(error), retry_in_s=retry_in_s)
 
     async def cancel(self, message: str | None = None) -> None:
         async with self._locked():
@@ -303,6 +343,8 @@ class SessionOutcome:
     state: str
     failure_reason: str | None = None
     error: BaseException | None = None
+    #: attempts made (more than 1 when the retry policy retried it)
+    attempts: int = 1
 
     @property
     def succeeded(self) -> bool:

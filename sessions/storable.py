@@ -75,6 +75,7 @@ DECLARATION: dict[str, dict[str, Field]] = {
         "runner": Field("sessions.runner", minimum=1),
         "sample_index": Field(kind="int", nullable=True, minimum=0),
         "metadata": Field(kind="json", free_text=True),
+        "min_valid": Field(kind="int", nullable=True, minimum=0, int_range=_INT32),
     },
     "SessionStarted": {
         "attempt": Field(kind="int", nullable=True, minimum=1, int_range=_INT32),
@@ -106,7 +107,20 @@ DECLARATION: dict[str, dict[str, Field]] = {
         "error_type": Field("sessions.error_type", free_text=True),
         "message": Field("sessions.message", nullable=False, free_text=True),
         "discarded_trajectories": Field(kind="int", minimum=0, int_range=_INT32),
-        "placeholder": Field(kind="json", choices=("emit", "drop")),
+        "placeholder": Field(kind="json", choices=("emit", "drop", "keep_partial")),
+        "origin": Field(kind="json", choices=("infra", "policy")),
+        "metric": Field(kind="json", choices=("zero", "exclude")),
+        "selected": Field(kind="int_list"),
+        "score": Field("sessions.reward"),
+    },
+    "AttemptFailed": {
+        "attempt": Field(kind="int", minimum=1, int_range=_INT32),
+        "reason": Field("sessions.failure_reason", nullable=False, minimum=1),
+        "origin": Field(kind="json", choices=("infra", "policy")),
+        "error_type": Field("sessions.error_type", free_text=True),
+        "message": Field("sessions.message", nullable=False, free_text=True),
+        "discarded_trajectories": Field(kind="int", minimum=0, int_range=_INT32),
+        "retry_in_s": Field(kind="float", minimum=0),
     },
     "PlaceholderEmitted": {
         "reason": Field("queue_rows.failure_reason", nullable=False, minimum=1),
@@ -115,9 +129,16 @@ DECLARATION: dict[str, dict[str, Field]] = {
         "finished": Field(kind="bool"),
         "materialization_reason": Field("queue_rows.materialization_reason", nullable=False),
         "reward_info": Field(kind="json", free_text=True),
+        "prompt_len": Field("queue_rows.prompt_len", nullable=False, minimum=1),
+        "response_len": Field("queue_rows.response_len", nullable=False, minimum=1),
     },
     "SessionCancelled": {
         "message": Field("sessions.message", free_text=True),
+    },
+    "RunConfigured": {
+        "digest": Field(kind="str"),
+        "config": Field(kind="json"),
+        "change": Field(kind="json", nullable=True),
     },
 }
 #: SessionCreated fields a session's read-model rows, group and queue keys are made of.

@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from sessions.errors import InvalidInput
+from sessions.events import RUN_STREAM_PREFIX
 from sessions.placeholder import PARTITIONS
 from sessions.tokens import TokenArrays
 
@@ -34,6 +35,9 @@ def check_identity(
 ) -> None:
     if not isinstance(session_id, str) or not session_id or len(session_id) > MAX_ID_LEN:
         raise InvalidInput(None, "session_id", f"must be a non-empty string of at most {MAX_ID_LEN} characters, got {session_id!r}")
+    if session_id.startswith(RUN_STREAM_PREFIX):
+        raise InvalidInput(None, "session_id", f"{session_id!r:.60} starts with {RUN_STREAM_PREFIX!r}, which names a run's "
+                           "configuration stream; use another session id")
     for name, value in (("run", run), ("uid", uid)):
         if not isinstance(value, str) or not value or len(value) > MAX_ID_LEN:
             raise InvalidInput(session_id, name, f"must be a non-empty string of at most {MAX_ID_LEN} characters, got {value!r}")

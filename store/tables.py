@@ -111,6 +111,11 @@ sessions = Table(
     Column("error_type", String(NAME), nullable=True),
     Column("message", String(512), nullable=True),
     Column("placeholder", Boolean, nullable=False),
+    # Revision 0005 (nullable only so they could be added in place; the projector always fills them).
+    Column("attempts", Integer, nullable=True),
+    Column("failure_origin", String(8), nullable=True),
+    Column("metric_policy", String(8), nullable=True),
+    Column("partial", Boolean, nullable=True),
     Column("created_position", BigInteger, nullable=False),
     Column("terminal_position", BigInteger, nullable=True),
     Column("created_at", DateTime(timezone=True), nullable=False),
@@ -142,6 +147,8 @@ groups = Table(
     Column("status", String(16), nullable=False),
     Column("settled_position", BigInteger, nullable=True),
     Column("members", Json, nullable=False),
+    Column("valid_rows", Integer, nullable=True),  # non-placeholder rows (revision 0005)
+    Column("min_valid", Integer, nullable=True),
     Index(None, "run", "partition", "global_step"),
     Index("uq_groups_key", "run", "partition", step_key(), "uid", unique=True),
 )
@@ -190,6 +197,7 @@ queue_rows = Table(
     Column("response_len", Integer, nullable=True),
     Column("tags", Json, nullable=False),
     Column("produced_position", BigInteger, nullable=False),
+    Column("is_partial", Boolean, nullable=True),  # a keep_partial failure's trajectory (revision 0005)
     Index(None, "run", "partition", "global_step"),
     Index("uq_queue_rows_key", "run", "partition", step_key(), "key", unique=True),
 )

@@ -7,7 +7,7 @@
 2. Structure, one session's stream at a time (in (session_id, version) order, which the unique
    index serves without sorting): versions 1..n in position order, a SessionCreated first, one
    terminal event, a placeholder after each SessionFailed that emits one, nothing else after the
-   terminal event.
+   terminal event; a run's configuration stream (`@run:<run>`) holds RunConfigured events only.
 
 Findings come back in log order (by position).
 """
@@ -194,13 +194,13 @@ async def _check_structure(read: driver.Reader, findings: list[Finding]) -> int:
             if row_sid != sid:
                 if sid is not None:
                     findings.extend(_check_stream(sid, stream))
-                    sessions += 1
+                    sessions += not sid.startswith(ev.RUN_STREAM_PREFIX)
                 sid, stream = row_sid, []
             stream.append(_Entry(position, version, type_, _decision(type_, schema, failed_data)))
         after = (rows[-1][0], rows[-1][1])
     if sid is not None:
         findings.extend(_check_stream(sid, stream))
-        sessions += 1
+        sessions += not sid.startswith(ev.RUN_STREAM_PREFIX)
     return sessions
 
 
@@ -230,6 +230,11 @@ def _check_stream(sid: str, stream: list[_Entry]) -> Iterable[Finding]:
             field_ = "version order" if expected_version in versions else "version"
             yield div(item.position, _SHAPE, field_, expected_version, item.version)
             return
+    if sid.startswith(ev.RUN_STREAM_PREFIX):  # a run's configuration stream holds nothing else
+        for item in stream:
+            if item.type != "RunConfigured":
+                yield div(item.position, _SHAPE, "type", "RunConfigured (a run's stream)", item.type)
+        return
     if stream[0].type != "SessionCreated":
         yield div(stream[0].position, _SHAPE, "type", "SessionCreated", stream[0].type)
     terminal = [item for item in stream if item.type in TERMINAL]

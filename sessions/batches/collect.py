@@ -12,7 +12,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from sessions.batches.columns import MAX_EXACT_LENGTH, META_COLUMNS, NUMPY_DTYPES, UNKNOWN_TURNS
+from sessions.batches.columns import MAX_EXACT_LENGTH, META_COLUMNS, META_DEFAULTS, NUMPY_DTYPES, UNKNOWN_TURNS
 from sessions.batches.non_tensor_stacks import SCALAR_TYPES
 from sessions.errors import LedgerError
 
@@ -126,7 +126,7 @@ def _collect(rows: Sequence[BatchRow]) -> tuple[_Rows, list[Any]]:
         logprobs.append(lp)
         metas.append(row.meta or _NO_META)
     n = len(rows)
-    non_tensor = {name: _plain_column([m.get(name) for m in metas]) for name in META_COLUMNS}
+    non_tensor = {name: _plain_column([m.get(name, META_DEFAULTS.get(name)) for m in metas]) for name in META_COLUMNS}
     is_placeholder = np.fromiter(
         (bool(r.is_placeholder) for r in rows), NUMPY_DTYPES["is_placeholder"], count=n
     )

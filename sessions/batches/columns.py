@@ -22,6 +22,7 @@ __all__ = [
     "LAYOUT_COLUMNS",
     "MAX_EXACT_LENGTH",
     "META_COLUMNS",
+    "META_DEFAULTS",
     "NUMPY_DTYPES",
     "NON_TENSOR_COLUMNS",
     "PROMPT_COLUMNS",
@@ -45,7 +46,12 @@ META_COLUMNS: tuple[str, ...] = (
     "data_source",
     "failure_reason",
     "materialization_reason",
+    # True on a failed session's trajectory sent with its own reward (placeholder policy keep_partial)
+    "is_partial",
 )
+
+#: what a META column holds for a row whose meta lacks it (others: None)
+META_DEFAULTS: Mapping[str, object] = {"is_partial": False}
 
 #: non-tensor columns verl reads, derived from the row rather than copied from its meta:
 #: ``__num_turns__`` is always ``num_turns`` again; ``multi_modal_inputs`` is ``{}`` per row

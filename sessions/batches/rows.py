@@ -20,14 +20,16 @@ from store import read_models as rm
 
 META_COLUMNS = (
     "run", "uid", "session_id", "session_index", "key", "partition", "global_step", "data_source",
-    "failure_reason", "materialization_reason", "num_turns",
+    "failure_reason", "materialization_reason", "num_turns", "is_partial",
 )
 
 
-def placeholder_arrays(token_id: int) -> tokens.TokenArrays:
-    """DESIGN §5: one prompt token, one response token with mask 0."""
-    ids = np.array([token_id], dtype="<i4")
-    return tokens.TokenArrays(ids, ids.copy(), np.zeros(1, dtype=np.uint8), None)
+def placeholder_arrays(token_id: int, prompt_len: int = 1, response_len: int = 1) -> tokens.TokenArrays:
+    """The placeholder's tokens: `prompt_len` + `response_len` copies of its token (default 1 + 1,
+    as the policy recorded them), every one attended, the response's mask all 0."""
+    prompt = np.full(prompt_len, token_id, dtype="<i4")
+    response = np.full(response_len, token_id, dtype="<i4")
+    return tokens.TokenArrays(prompt, response, np.zeros(response_len, dtype=np.uint8), None)
 
 
 def placeholder_token(type_: str, data: Any) -> int:
@@ -56,7 +58,9 @@ def materialise(
             )
         type_, schema_version, data, payload = source
         if row["is_placeholder"]:
-            arrays = placeholder_arrays(placeholder_token(type_, data))
+            arrays = placeholder_arrays(
+                placeholder_token(type_, data), int(row.get("prompt_len") or 1), int(row.get("response_len") or 1)
+            )
         else:
             data = ev.upcast(type_, schema_version, data)
             arrays = tokens.decode(payload or b"", int(data["prompt_len"]), int(data["response_len"]), bool(data["has_logprobs"]))
@@ -68,7 +72,7 @@ def materialise(
                 logprobs=arrays.logprobs,
                 reward=float(row["reward"] or 0.0),
                 is_placeholder=bool(row["is_placeholder"]),
-                meta={name: row.get(name) for name in META_COLUMNS},
+                meta={**{name: row.get(name) for name in META_COLUMNS}, "is_partial": bool(row.get("is_partial"))},
             )
         )
     return out

@@ -20,6 +20,17 @@ scope changes. Definitions (DESIGN §7, issue "Projector"):
   k): those with fewer rows, or none at all.
 - `coverage`: succeeded / (succeeded + failed): the share of sessions the success-only mean covers.
 
+Failure semantics (`docs/failures.md`), each decided when the session failed and read from its
+events: with a metric policy of `exclude` a failed session's rows leave `reward/mean` and the
+groups' means behind `reward/mean@k` (`rows/excluded`, `excluded/<reason>`, `sessions/excluded`
+count them), while `reward/mean_default_rule` — every row, failures as zeros — is always
+reported beside it; the two are equal when nothing is excluded. `rows/partial` counts the rows a
+`keep_partial` failure sent with its own reward (they are not in the success-only figures).
+`attempts/total` counts attempts started, `sessions/retried` the sessions with a superseded
+attempt and `retries/<reason>` the superseded attempts by reason. `failed_origin/<origin>` counts
+failures by origin. `groups/below_min_valid` counts settled train groups with fewer valid
+(non-placeholder) rows than the run's `min_valid`: groups GRPO takes no signal from.
+
 Sums of finite rewards never become NaN (a sum past the float range is stored as +-infinity, and
 so is a mean derived from it); a group's mean, always in range, is computed so that it stays
 finite (`group_mean`), so the counters summing group means only ever add finite values.
@@ -33,8 +44,19 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 __all__ = [
+    "ATTEMPTS",
     "COVERAGE",
+    "EXCLUDED_BY_REASON",
+    "FAILED_BY_ORIGIN",
     "FAILED_BY_REASON",
+    "GROUPS_BELOW_MIN_VALID",
+    "REWARD_MEAN_DEFAULT_RULE",
+    "REWARD_SUM_EXCLUDED",
+    "RETRIES_BY_REASON",
+    "ROWS_EXCLUDED",
+    "ROWS_PARTIAL",
+    "SESSIONS_EXCLUDED",
+    "SESSIONS_RETRIED",
     "GROUPS_FAILURE",
     "GROUPS_FINISHED",
     "GROUPS_TOTAL",
@@ -90,6 +112,16 @@ REWARD_SUM_SUCCESS = "reward/sum_success_only"
 RESPONSE_LENGTH_SUM = "response_length/sum"
 RESPONSE_LENGTH_MAX = "response_length/max"
 FAILED_BY_REASON = "failed/{reason}"
+FAILED_BY_ORIGIN = "failed_origin/{origin}"
+ATTEMPTS = "attempts/total"
+SESSIONS_RETRIED = "sessions/retried"
+RETRIES_BY_REASON = "retries/{reason}"
+EXCLUDED_BY_REASON = "excluded/{reason}"
+SESSIONS_EXCLUDED = "sessions/excluded"
+ROWS_EXCLUDED = "rows/excluded"
+REWARD_SUM_EXCLUDED = "reward/sum_excluded"
+ROWS_PARTIAL = "rows/partial"
+GROUPS_BELOW_MIN_VALID = "groups/below_min_valid"
 #: Per row count k: the sum of the settled groups' means and how many groups have k rows.
 UID_MEAN_SUM = "reward/uid_mean_sum@{n}"
 UIDS = "reward/uids@{n}"
@@ -101,6 +133,7 @@ UIDS_ALL = "reward/uids"
 GROUPS_UNSETTLED = "groups/unsettled"
 SESSIONS_OPEN = "sessions/open"
 REWARD_MEAN = "reward/mean"
+REWARD_MEAN_DEFAULT_RULE = "reward/mean_default_rule"
 REWARD_MEAN_SUCCESS = "reward/mean_success_only"
 REWARD_MEAN_AT = "reward/mean@{n}"
 REWARD_MEAN_PER_UID = "reward/mean_per_uid"
@@ -150,7 +183,8 @@ class MetricTable:
         v[SESSIONS_OPEN] = (
             self.get(SESSIONS_TOTAL) - self.get(SESSIONS_SUCCEEDED) - self.get(SESSIONS_FAILED) - self.get(SESSIONS_CANCELLED)
         )
-        _ratio(v, REWARD_MEAN, self.get(REWARD_SUM), self.get(ROWS))
+        _ratio(v, REWARD_MEAN, self.get(REWARD_SUM) - self.get(REWARD_SUM_EXCLUDED), self.get(ROWS) - self.get(ROWS_EXCLUDED))
+        _ratio(v, REWARD_MEAN_DEFAULT_RULE, self.get(REWARD_SUM), self.get(ROWS))
         _ratio(v, REWARD_MEAN_SUCCESS, self.get(REWARD_SUM_SUCCESS), self.get(ROWS_SUCCEEDED))
         _ratio(v, RESPONSE_LENGTH_MEAN, self.get(RESPONSE_LENGTH_SUM), self.get(ROWS_SUCCEEDED))
         _ratio(v, COVERAGE, self.get(SESSIONS_SUCCEEDED), self.get(SESSIONS_SUCCEEDED) + self.get(SESSIONS_FAILED))

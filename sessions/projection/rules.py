@@ -99,6 +99,7 @@ class Rules:
         self._session_tables: dict[str, list[m.MetricTable]] = {}
         self._handlers: dict[str, Callable[[Row, int, dict[str, Any], Any], None]] = {
             "SessionStarted": self._started,
+            "AttemptFailed": self._attempt_failed,
             "TrajectoryRecorded": self._trajectory,
             "RewardPosted": self._reward,
             "SessionSucceeded": self._succeeded,
@@ -109,6 +110,8 @@ class Rules:
 
     def apply(self, event: LogEvent) -> None:
         position, sid, version, type_, data, recorded_at, problem = event
+        if type_ == "RunConfigured":
+            return  # a run's configuration stream: read by the ledger, no read model of its own
         if type_ == "SessionCreated":
             self._created(sid, position, version, data, recorded_at, problem)
             return
@@ -189,6 +192,7 @@ class Rules:
             "data_source": source, "runner": runner, "state": "created", "version": version,
             "num_trajectories": 0, "selected_rows": 0, "reward": None, "score_source": None, "reward_info": {},
             "failure_reason": None, "error_type": None, "message": None, "placeholder": False,
+            "attempts": 0, "failure_origin": None, "metric_policy": None, "partial": False,
             "created_position": position, "terminal_position": None, "created_at": recorded_at, "terminal_at": None,
         }
         state.new_sessions.add(sid)
@@ -203,7 +207,8 @@ class Rules:
                 "run": run, "uid": uid, "partition": partition, "global_step": step,
                 "data_source": source, "group_size": e["group_size"], "sessions_seen": 0, "terminal": 0,
                 "succeeded": 0, "failed": 0, "cancelled": 0, "reward_sum": 0.0, "reward_count": 0,
-                "status": "pending", "settled_position": None, "members": [],
+                "status": "pending", "settled_position": None, "members": [], "valid_rows": 0,
+                "min_valid": _min_valid(e),
             }
             state.new_groups.add(key)
             _add(self._of(group), m.GROUPS_TOTAL)
@@ -215,6 +220,18 @@ class Rules:
 
     def _started(self, s: Row, position: int, e: dict[str, Any], recorded_at: Any) -> None:
         s["state"] = "running"
+        s["attempts"] += 1
+        _add(self._of_session(s), m.ATTEMPTS)
+
+    def _attempt_failed(self, s: Row, position: int, e: dict[str, Any], recorded_at: Any) -> None:
+        """A superseded attempt: its trajectories and reward are forgotten (the log keeps them)."""
+        s["state"] = "retrying"
+        self.state.trajectories.pop(s["session_id"], None)
+        s["reward"], s["reward_info"] = None, {}
+        tables = self._of_session(s)
+        if s["attempts"] <= 1:  # its first superseded attempt
+            _add(tables, m.SESSIONS_RETRIED)
+        _add(tables, m.RETRIES_BY_REASON.format(reason=e["reason"]))
 
     def _trajectory(self, s: Row, position: int, e: dict[str, Any], recorded_at: Any) -> None:
         s["num_trajectories"] += 1
@@ -257,13 +274,34 @@ class Rules:
         self._settle(s, position)
 
     def _failed(self, s: Row, position: int, e: dict[str, Any], recorded_at: Any) -> None:
+        decision = e.get("placeholder", "emit")
+        known = self.state.trajectories.get(s["session_id"]) or {}
+        selected = e.get("selected") or []
+        missing = [index for index in selected if index not in known]
+        if decision == "keep_partial" and (missing or not selected):
+            detail = f"keeps trajectory {missing[0]}, which has no TrajectoryRecorded in its attempt" if missing else "keeps no trajectory"
+            self._quarantine(s, position, "SessionFailed", ("selected", detail), recorded_at)
+            return
         self._terminal(s, "failed", position, recorded_at)
-        reason = e["reason"]
+        reason, origin, metric = e["reason"], e.get("origin", "policy"), e.get("metric", "zero")
         s["failure_reason"], s["error_type"], s["message"] = reason, e["error_type"], e["message"]
+        s["failure_origin"], s["metric_policy"] = origin, metric
         tables = self._of_session(s)
         _add(tables, m.SESSIONS_FAILED)
         _add(tables, m.FAILED_BY_REASON.format(reason=reason))
-        if e.get("placeholder", "emit") == "drop":
+        _add(tables, m.FAILED_BY_ORIGIN.format(origin=origin))
+        if metric == "exclude":
+            _add(tables, m.SESSIONS_EXCLUDED)
+            _add(tables, m.EXCLUDED_BY_REASON.format(reason=reason))
+        if decision == "keep_partial":
+            score = e.get("score")
+            reward = 0.0 if score is None else float(score)
+            s["reward"], s["partial"], s["selected_rows"] = reward, True, len(selected)
+            for index in selected:
+                source_position, data = known[index]
+                self._row(s, position, index, source_position, reward, data=data, failure_reason=reason, partial=True)
+            self._settle(s, position)
+        elif decision == "drop":
             self._settle(s, position)
         # else: the session settles at its PlaceholderEmitted, so its row precedes the group tag.
 
@@ -272,12 +310,18 @@ class Rules:
             self._error(position, s["session_id"], "PlaceholderEmitted", None, "the session's placeholder was already emitted", IGNORED)
             return
         reward = float(e.get("reward", 0.0))
-        self._emit_placeholder(s, position, reward, e["reason"], e.get("materialization_reason", "session_failed"))
+        self._emit_placeholder(
+            s, position, reward, e["reason"], e.get("materialization_reason", "session_failed"),
+            lengths=(int(e.get("prompt_len", 1)), int(e.get("response_len", 1))),
+        )
 
-    def _emit_placeholder(self, s: Row, position: int, reward: float, reason: str, materialization: str) -> None:
+    def _emit_placeholder(
+        self, s: Row, position: int, reward: float, reason: str, materialization: str, lengths: tuple[int, int] = (1, 1)
+    ) -> None:
         s["placeholder"] = True
         s["selected_rows"] = 1
-        self._row(s, position, 0, position, reward, data=None, failure_reason=reason, materialization_reason=materialization)
+        self._row(s, position, 0, position, reward, data=None, failure_reason=reason, materialization_reason=materialization,
+                  placeholder_lengths=lengths)
         _add(self._of_session(s), m.PLACEHOLDERS)
         self._settle(s, position)
 
@@ -300,10 +344,12 @@ class Rules:
         rebuild reads `recorded_at` only of creations and terminal events)."""
         self._terminal(s, "failed", position, None)
         s["failure_reason"], s["error_type"] = UNPROJECTABLE, None
+        s["failure_origin"], s["metric_policy"] = "infra", "zero"  # the ledger's own failure, never the model's
         s["message"] = clean_text(f"event at position {position} could not be projected: {reason}", 512)
         tables = self._of_session(s)
         _add(tables, m.SESSIONS_FAILED)
         _add(tables, m.FAILED_BY_REASON.format(reason=UNPROJECTABLE))
+        _add(tables, m.FAILED_BY_ORIGIN.format(origin="infra"))
 
     def _quarantine(self, s: Row, position: int, type_: str, problem: tuple[str | None, str], recorded_at: Any) -> None:
         """An event of session `s` cannot be projected: list it; fail the session (placeholder
@@ -330,11 +376,15 @@ class Rules:
     def _row(
         self, s: Row, position: int, key_index: int, source_position: int, reward: float, *,
         data: dict[str, Any] | None, failure_reason: str | None = None, materialization_reason: str | None = None,
+        partial: bool = False, placeholder_lengths: tuple[int, int] = (1, 1),
     ) -> None:
-        """One batch row (a selected trajectory, or the placeholder when `data` is None) and its counts."""
+        """One batch row (a selected trajectory, or the placeholder when `data` is None) and its
+        counts. A `partial` row is a failed session's trajectory sent with its reward (keep_partial):
+        in the reward means, not in the success-only figures. Rows of a session whose metric
+        policy is `exclude` stay out of `reward/mean` and of their group's mean."""
         placeholder = data is None
-        prompt_len = 1 if placeholder else int(data["prompt_len"])  # type: ignore[index]
-        response_len = 1 if placeholder else int(data["response_len"])  # type: ignore[index]
+        prompt_len = placeholder_lengths[0] if placeholder else int(data["prompt_len"])  # type: ignore[index]
+        response_len = placeholder_lengths[1] if placeholder else int(data["response_len"])  # type: ignore[index]
         materialization = materialization_reason if placeholder else data.get("materialization_reason")  # type: ignore[union-attr]
         uid, step = s["uid"], s["global_step"]
         self._queue({
@@ -342,25 +392,35 @@ class Rules:
             "key": f"{uid}_{s['session_index']}_{key_index}", "kind": "row", "uid": uid,
             "session_id": s["session_id"], "session_index": s["session_index"], "data_source": s["data_source"],
             "source_position": source_position, "reward": reward, "is_placeholder": placeholder,
-            "failure_reason": failure_reason, "materialization_reason": materialization,
+            "is_partial": partial, "failure_reason": failure_reason, "materialization_reason": materialization,
             "num_turns": 0 if placeholder else int(data["num_turns"]),  # type: ignore[index]
             "prompt_len": prompt_len, "response_len": response_len,
             "tags": {
                 "status": "finished", "global_steps": step, "prompt_len": prompt_len,
                 "response_len": response_len, "seq_len": prompt_len + response_len, "uid": uid,
                 "materialization_reason": materialization, "is_placeholder": placeholder,
+                **({"is_partial": True} if partial else {}),
             },
             "produced_position": position,
         })
-        group = self.state.groups[group_key(s)]  # its rows' sum, for `reward/mean@k`
-        group["reward_sum"] += reward
-        group["reward_count"] += 1
+        group = self.state.groups[group_key(s)]
+        excluded = s.get("metric_policy") == "exclude"
+        if not excluded:  # its rows' sum, for `reward/mean@k`
+            group["reward_sum"] += reward
+            group["reward_count"] += 1
+        if not placeholder:
+            group["valid_rows"] = group.get("valid_rows", 0) + 1
         for table in self._of_session(s):  # `MetricTable.add` inlined: this runs once per row and scope
             values = table.values
             table.dirty = True
             values[_ROWS] = values.get(_ROWS, 0.0) + 1.0
             values[_REWARD_SUM] = values.get(_REWARD_SUM, 0.0) + reward
-            if not placeholder:
+            if excluded:
+                values[_ROWS_EXCLUDED] = values.get(_ROWS_EXCLUDED, 0.0) + 1.0
+                values[_REWARD_SUM_EXCLUDED] = values.get(_REWARD_SUM_EXCLUDED, 0.0) + reward
+            if partial:
+                values[_ROWS_PARTIAL] = values.get(_ROWS_PARTIAL, 0.0) + 1.0
+            elif not placeholder:
                 values[_ROWS_SUCCEEDED] = values.get(_ROWS_SUCCEEDED, 0.0) + 1.0
                 values[_REWARD_SUM_SUCCESS] = values.get(_REWARD_SUM_SUCCESS, 0.0) + reward
                 values[_LENGTH_SUM] = values.get(_LENGTH_SUM, 0.0) + response_len
@@ -380,6 +440,8 @@ class Rules:
             group["settled_position"] = position
             tables = self._of(group)
             _add(tables, m.GROUPS_FINISHED if group["status"] == "finished" else m.GROUPS_FAILURE)
+            if group["partition"] == "train" and group.get("valid_rows", 0) < group.get("min_valid", 2):
+                _add(tables, m.GROUPS_BELOW_MIN_VALID)
             rows = group["reward_count"]
             if rows:
                 mean = m.group_mean(group["reward_sum"], rows)
@@ -390,7 +452,7 @@ class Rules:
                 "run": group["run"], "partition": group["partition"], "global_step": group["global_step"],
                 "key": group["uid"], "kind": "tag", "uid": group["uid"], "session_id": None, "session_index": None,
                 "data_source": group["data_source"], "source_position": None, "reward": None, "is_placeholder": False,
-                "failure_reason": None, "materialization_reason": None, "num_turns": None, "prompt_len": None,
+                "is_partial": False, "failure_reason": None, "materialization_reason": None, "num_turns": None, "prompt_len": None,
                 "response_len": None,
                 "tags": {"is_prompt": True, "status": group["status"], "global_steps": group["global_step"]},
                 "produced_position": position,
@@ -409,7 +471,14 @@ def _group_conflict(group: Row, e: dict[str, Any]) -> tuple[str, str] | None:
     return None
 
 
+def _min_valid(created: dict[str, Any]) -> int:
+    """The group's `min_valid`, from its first session's creation (2 when it names none)."""
+    value = created.get("min_valid")
+    return 2 if value is None else int(value)
+
+
 _ROWS, _REWARD_SUM, _ROWS_SUCCEEDED = m.ROWS, m.REWARD_SUM, m.ROWS_SUCCEEDED
+_ROWS_EXCLUDED, _REWARD_SUM_EXCLUDED, _ROWS_PARTIAL = m.ROWS_EXCLUDED, m.REWARD_SUM_EXCLUDED, m.ROWS_PARTIAL
 _REWARD_SUM_SUCCESS, _LENGTH_SUM, _LENGTH_MAX = m.REWARD_SUM_SUCCESS, m.RESPONSE_LENGTH_SUM, m.RESPONSE_LENGTH_MAX
 _UID_MEAN_SUM_ALL, _UIDS_ALL = m.UID_MEAN_SUM_ALL, m.UIDS_ALL
 _MINUS_INF = float("-inf")

@@ -1,0 +1,197 @@
+"""What a failure means: its origin (infra or policy), how metrics count it, and when it is retried.
+
+Each decision is taken when the session fails (or an attempt does) and written into that event
+(`SessionFailed.origin` / `.metric`, `AttemptFailed`), so a replay reads the decision from the log
+and never consults today's configuration. `docs/decisions.md` says why the defaults are what they are.
+
+- **Origin.** `infra`: the model cannot have caused it (the sandbox died, the verifier crashed, the
+  host went away): evaluation harnesses leave these out of headline figures and trainers retry
+  them. `policy`: the model's own doing, or possibly so (a timeout, an empty or invalid answer, a
+  runner exception, which is often a malformed tool call): it stays a zero, so a policy cannot
+  learn to escape a penalty by failing. A reason nobody declared is `policy`.
+- **Metric policy**, per partition and reason (or origin): `zero` (the default: a failure is a
+  zero in the reward means) or `exclude` (left out of `reward/mean` and `reward/mean@k`, counted
+  under `excluded/<reason>` and in coverage). `reward/mean_default_rule` is reported always.
+- **Retry policy**: which reasons start another attempt of the same session, how many attempts in
+  all, and how long to wait between them.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from sessions.events import DEFAULT_ORIGINS as _DEFAULT_ORIGINS
+from sessions.events import FAILURE_REASONS
+
+__all__ = [
+    "ANY",
+    "DEFAULT_ORIGINS",
+    "INFRA",
+    "MetricDecision",
+    "MetricPolicy",
+    "ORIGINS",
+    "Origin",
+    "POLICY",
+    "RESERVED_REASONS",
+    "RetryPolicy",
+    "check_reason",
+    "match",
+    "origin_of",
+]
+
+Origin = Literal["infra", "policy"]
+INFRA: Origin = "infra"
+POLICY: Origin = "policy"
+ORIGINS: tuple[Origin, ...] = (INFRA, POLICY)
+MetricDecision = Literal["zero", "exclude"]
+ANY = "*"
+
+#: The built-in reasons' origins. `runner_error` is `policy`: a runner's exception is as often the
+#: model's malformed tool call as the harness's bug, and a policy must not escape a zero by it;
+#: a runner that knows better raises `SandboxError` or `RolloutFailure(origin="infra")`.
+DEFAULT_ORIGINS: Mapping[str, Origin] = _DEFAULT_ORIGINS  # type: ignore[assignment]
+assert set(DEFAULT_ORIGINS) == set(FAILURE_REASONS)
+
+#: Names a custom reason may not take: the origins (rules match them too) and the projector's own.
+RESERVED_REASONS = frozenset({*ORIGINS, ANY, "unprojectable"})
+#: `sessions.failure_reason` is VARCHAR(32); a reason is also a metric name part (`failed/<reason>`).
+_REASON = re.compile(r"[a-z][a-z0-9_]{0,31}")
+
+
+def check_reason(reason: object) -> str | None:
+    """Why `reason` cannot name a failure (None when it can): built-in, or a custom lowercase name."""
+    if not isinstance(reason, str):
+        return f"a failure reason is a string, got {type(reason).__name__}"
+    if reason in FAILURE_REASONS:
+        return None
+    if reason in RESERVED_REASONS:
+        return f"{reason!r} is reserved (the origins 'infra'/'policy', '*' and the projector's 'unprojectable')"
+    if not _REASON.fullmatch(reason):
+        return (f"{reason!r} is not a reason name: use lowercase letters, digits and '_', starting with a letter, "
+                "at most 32 characters")
+    return None
+
+
+def origin_of(reason: str, overrides: Mapping[str, Origin] | None = None, declared: Origin | None = None) -> Origin:
+    """A reason's origin: what the runner declared for it, else the ledger's override, else the
+    default; a reason nobody declared is `policy` (a zero, never excused)."""
+    if declared is not None:
+        return declared
+    if overrides and reason in overrides:
+        return overrides[reason]
+    return DEFAULT_ORIGINS.get(reason, POLICY)
+
+
+def match(rules: Mapping[str, Mapping[str, Any]], partition: str, reason: str, origin: str, default: Any) -> Any:
+    """The rule for (partition, reason): the partition's own rules before `*`'s, and within them
+    the reason before its origin before `*`."""
+    for p in (partition, ANY):
+        by_key = rules.get(p)
+        if by_key:
+            for key in (reason, origin, ANY):
+                if key in by_key:
+                    return by_key[key]
+    return default
+
+
+def check_rules(kind: str, rules: Mapping[str, Mapping[str, Any]], choices: Collection[str]) -> None:
+    """Refuse a rule table with an unknown partition, reason or decision, naming the bad entry."""
+    for partition, by_key in rules.items():
+        if partition not in ("train", "val", ANY):
+            raise ValueError(f"{kind}: unknown partition {partition!r}; use 'train', 'val' or '*'")
+        for key, decision in by_key.items():
+            if key not in (*ORIGINS, ANY):
+                problem = check_reason(key)
+                if problem is not None:
+                    raise ValueError(f"{kind}: rules[{partition!r}]: {problem}; or use an origin ('infra', 'policy') or '*'")
+            if decision not in choices:
+                raise ValueError(f"{kind}: rules[{partition!r}][{key!r}] is {decision!r}; use {' or '.join(map(repr, choices))}")
+
+
+@dataclass(frozen=True)
+class MetricPolicy:
+    """`rules[partition][reason or origin]` -> `zero` / `exclude`; `*` matches any.
+
+    `origins` overrides (or adds) reasons' origins, e.g. `{"runner_error": "infra"}` for a harness
+    whose exceptions are never the model's. Example, infrastructure failures out of validation::
+
+        MetricPolicy(rules={"val": {"infra": "exclude"}})
+    """
+
+    default: MetricDecision = "zero"
+    rules: Mapping[str, Mapping[str, MetricDecision]] = field(default_factory=dict)
+    origins: Mapping[str, Origin] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.default not in ("zero", "exclude"):
+            raise ValueError(f"metric policy: default is {self.default!r}; use 'zero' or 'exclude'")
+        check_rules("metric policy", self.rules, ("zero", "exclude"))
+        for reason, origin in self.origins.items():
+            problem = check_reason(reason)
+            if problem is not None:
+                raise ValueError(f"metric policy: origins: {problem}")
+            if origin not in ORIGINS:
+                raise ValueError(f"metric policy: origins[{reason!r}] is {origin!r}; use 'infra' or 'policy'")
+
+    def origin(self, reason: str, declared: Origin | None = None) -> Origin:
+        return origin_of(reason, self.origins, declared)
+
+    def decide(self, partition: str, reason: str, origin: str) -> MetricDecision:
+        return match(self.rules, partition, reason, origin, self.default)  # type: ignore[no-any-return]
+
+    def as_config(self) -> dict[str, Any]:
+        return {"default": self.default, "rules": _plain(self.rules), "origins": dict(sorted(self.origins.items()))}
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Retry a session's failed attempt when its reason (or origin) is in `on`, up to
+    `max_attempts` attempts in all, waiting `backoff_s * multiplier**(n-1)` (at most
+    `max_backoff_s`) before attempt n+1. Default `on`: every infrastructure reason.
+
+    Only what the runner raises is retried; a cancellation (also during the wait) is a pure
+    abort, and a timeout is retried only when `on` names it.
+    """
+
+    max_attempts: int = 1
+    on: Collection[str] = (INFRA,)
+    backoff_s: float = 0.0
+    multiplier: float = 2.0
+    max_backoff_s: float = 30.0
+
+    def __post_init__(self) -> None:
+        if isinstance(self.max_attempts, bool) or not isinstance(self.max_attempts, int) or not 1 <= self.max_attempts <= 1000:
+            raise ValueError(f"retry policy: max_attempts must be an integer in [1, 1000], got {self.max_attempts!r}")
+        if isinstance(self.on, str):
+            raise ValueError(f"retry policy: on must be a collection of reasons or origins, got the string {self.on!r}; "
+                             f"write on=({self.on!r},)")
+        for key in self.on:
+            if key not in ORIGINS:
+                problem = check_reason(key)
+                if problem is not None:
+                    raise ValueError(f"retry policy: on: {problem}; or use an origin ('infra', 'policy')")
+        for name in ("backoff_s", "max_backoff_s"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < float("inf"):
+                raise ValueError(f"retry policy: {name} must be a finite number >= 0, got {value!r}")
+        if isinstance(self.multiplier, bool) or not isinstance(self.multiplier, (int, float)) or not 1 <= self.multiplier < float("inf"):
+            raise ValueError(f"retry policy: multiplier must be a finite number >= 1, got {self.multiplier!r}")
+
+    def retries(self, reason: str, origin: str, attempt: int) -> bool:
+        """Whether a failure of `attempt` (1-based) with this reason starts another attempt."""
+        return attempt < self.max_attempts and (reason in self.on or origin in self.on)
+
+    def backoff(self, attempt: int) -> float:
+        """Seconds to wait after failed `attempt` before the next one."""
+        return float(min(self.max_backoff_s, self.backoff_s * self.multiplier ** (attempt - 1)))
+
+    def as_config(self) -> dict[str, Any]:
+        return {"max_attempts": self.max_attempts, "on": sorted(self.on), "backoff_s": float(self.backoff_s),
+                "multiplier": float(self.multiplier), "max_backoff_s": float(self.max_backoff_s)}
+
+
+def _plain(rules: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {p: dict(sorted(by_key.items())) for p, by_key in sorted(rules.items())}
