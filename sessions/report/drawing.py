@@ -32,8 +32,8 @@ def require_matplotlib() -> Any:
         import matplotlib
     except ModuleNotFoundError as error:
         raise MissingReportDependency(
-            "the report draws its figures with matplotlib, which is not installed: pip install -e '.[report]' "
-            "(or pip install 'rollout-ledger[report]')"
+            "the report draws its figures with matplotlib, which is not installed: install the report extra "
+            "from the clone, pip install -e '.[report]'"
         ) from error
     return matplotlib
 
