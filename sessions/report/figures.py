@@ -83,9 +83,17 @@ def _nonzero(columns: _Columns, metric: str) -> bool:
     return any(v for v in columns.table.series(metric, absent=0.0))
 
 
+def _differs(table: StepTable, metric: str, other: str) -> bool:
+    """Whether `metric` is there and departs from `other` at some step (else drawing it adds nothing)."""
+    if not table.has(metric):
+        return False
+    return any(not math.isclose(a, b, rel_tol=1e-12, abs_tol=1e-12)
+               for a, b in zip(table.series(metric), table.series(other)) if not (math.isnan(a) and math.isnan(b)))
+
+
 def _reward(c: _Columns) -> Panel:
     series = [c.series("reward/mean"), c.series("reward/mean_success_only")]
-    if c.table.has("reward/mean_default_rule"):
+    if _differs(c.table, "reward/mean_default_rule", "reward/mean"):  # equal unless failures were excluded
         series.append(c.series("reward/mean_default_rule", "dashed"))
     return Panel(c.title(), series, "reward per step", gap=("reward/mean", "reward/mean_success_only"))
 
@@ -150,7 +158,9 @@ def plan_figures(tables: dict[str, StepTable], *, max_points: int = MAX_POINTS) 
         figure("reward", "Reward: honest vs. success-only",
                "reward/mean counts every failed session as a reward-0 placeholder row; reward/mean_success_only "
                "averages the succeeded rows only, which is what dropping failures reports. The shaded band between "
-               "them is the inflation.", _reward),
+               "them is the inflation. reward/mean_default_rule (every row, failures as zeros) is drawn dashed "
+               "only where a metric policy excluded failures, which is the only case where it differs from reward/mean.",
+               _reward),
         figure("sessions", "Sessions by outcome",
                "Sessions created per step, stacked by how they ended (open: not ended when the report was read).",
                _outcomes),
@@ -170,7 +180,7 @@ def plan_figures(tables: dict[str, StepTable], *, max_points: int = MAX_POINTS) 
     out.append(figure("coverage", "Coverage",
                       "The share of ended sessions (succeeded or failed) that the success-only mean covers; "
                       "1.0 means no failures.", _coverage))
-    retried = _any(columns, lambda t: t.has("attempts/total") or t.has("sessions/retried") or bool(t.names("retries/")))
+    retried = any(_nonzero(c, n) for c in columns for n in ["sessions/retried", *c.table.names("retries/")])
     if retried:
         out.append(figure("retries", "Attempts and retries",
                           "Above: attempts per step beside sessions per step. Below: retries per step, stacked by "
@@ -179,7 +189,8 @@ def plan_figures(tables: dict[str, StepTable], *, max_points: int = MAX_POINTS) 
     else:
         empty = Panel("all partitions", note="no retries recorded")
         out.append(FigureSpec("retries", "Attempts and retries",
-                              "No attempts/total, sessions/retried or retries/<reason> metric in this run.",
+                              "No session of this run was retried: no retries/<reason> or sessions/retried count "
+                              "above 0 at any step.",
                               [[empty]], size))
     out.append(figure("groups", "Group outcomes",
                       "Settled groups per step: finished (at least one session succeeded) or failure (none did); "
