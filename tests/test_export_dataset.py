@@ -294,6 +294,33 @@ def test_a_run_still_being_written_is_exported_up_to_the_checkpoint_and_says_so(
     assert "left out 1 session(s) not terminal" in text and "rollout-ledger project" in text
 
 
+def test_a_projector_moving_on_during_the_export_does_not_change_what_it_exports(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The cut is the checkpoint when the export began: a session whose end the projector
+    projects meanwhile is left out (and counted), not half in."""
+    from store import export_reads
+
+    async def go() -> Any:
+        async with Ledger.open(str(tmp_path / "moving.db")) as ledger:
+            await record(ledger, [Plan("early", "succeeded", [([1], [2], [1], None)])])
+            await ledger.project()
+            async with ledger.engine.connect() as conn:
+                began = await export_reads.snapshot(conn)
+            await record(ledger, [Plan("late", "failed", [([5], [6], [1], None)])])
+            await ledger.project()  # the projector moves on "during" the export
+
+            async def at_start(conn: Any) -> tuple[int, int]:
+                return began
+
+            monkeypatch.setattr(export_reads, "snapshot", at_start)
+            return await export_dataset(ledger, tmp_path / "cut.parquet")
+
+    summary = asyncio.run(go())
+    assert [r["session_id"] for r in rows_of(tmp_path / "cut.parquet")] == ["early"]
+    assert summary.states == {"succeeded": 1, "failed": 0, "cancelled": 0} and summary.open_sessions == 0
+
+
 def test_a_path_that_cannot_be_written_is_refused_and_a_failed_write_leaves_nothing(
     mixed_db: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -396,3 +423,33 @@ def test_the_cli_verb_refuses_bad_input_in_one_line(
     assert len(err) == 1 and err[0].startswith(PREFIX), err
     assert message.format(tmp=tmp_path) in err[0]
     assert not (tmp_path / "x.parquet").exists() and not (tmp_path / "x.jsonl").exists()
+
+
+# ------------------------------------------------------------------ docs/export.md stays the code's
+EXPORT_DOC = REPO / "docs" / "export.md"
+
+
+def test_the_page_documents_every_column_the_code_writes_with_its_type() -> None:
+    section = EXPORT_DOC.read_text(encoding="utf-8").split("## Columns", 1)[1].split("\n## ", 1)[0]
+    documented = re.findall(r"^\| `(\w+)` \| ([^|]+) \|", section, re.MULTILINE)
+    code = [*COLUMNS, *OPTIONAL_SESSION_COLUMNS, *TEXT_COLUMNS]
+    assert sorted(name for name, _ in documented) == sorted(c.name for c in code)
+    types = dict(documented)
+    for c in code:
+        kind = "timestamp" if c.type == "timestamp" else c.type
+        assert types[c.name].strip().startswith(kind), (c.name, types[c.name])
+        assert types[c.name].strip().endswith("null") == c.nullable, (c.name, types[c.name])
+
+
+def test_the_pages_sql_runs_on_exports_named_as_there(mixed_db: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    asyncio.run(export_dataset(str(mixed_db), "rollouts.parquet"))
+    asyncio.run(export_dataset(str(mixed_db), "val.jsonl", format="jsonl", partition="val", include_failed=False))
+    block = re.search(r"^```sql\n(.*?)^```$", EXPORT_DOC.read_text(encoding="utf-8"), re.MULTILINE | re.DOTALL)
+    assert block
+    statements = [s.strip() for s in block.group(1).split(";") if s.strip()]
+    results = [duckdb.sql(s).fetchall() for s in statements]
+    assert all(results), "every documented query returns rows on the mixed run"
+    assert sum(n for _, _, n in results[0]) == 5
+    by_step = {(p, s): (honest, survivors) for p, s, honest, survivors in results[1]}
+    assert by_step[("val", 1)] == (pytest.approx(0.5), pytest.approx(1.0))  # a: 1.0, b failed: 0 -> 0.5; survivors 1.0
