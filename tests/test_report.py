@@ -288,3 +288,19 @@ def test_a_run_still_being_written_says_how_far_it_is_projected(tmp_path: Path, 
     assert f"Read models projected up to position {projected}; the log ended at position {projected + 2}" in html
     assert "events past the projector's checkpoint" in html
     assert "train: 1 open session(s), 1 unsettled group(s)" in html
+
+
+def test_a_run_with_nothing_projected_yet_gets_a_page_saying_so(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    url = f"sqlite+aiosqlite:///{tmp_path / 'unprojected.db'}"
+
+    async def record() -> None:
+        async with Ledger.open(url, run="it's <new>") as ledger:
+            await ledger.create_session("u-0", uid="u", session_index=0, group_size=1, partition="val", global_step=0)
+
+    asyncio.run(record())
+    out = tmp_path / "page"
+    assert main(["report", "--db", url, "--out", str(out), "--no-project"]) == 0
+    assert "(nothing projected yet)" in capsys.readouterr().out
+    html = (out / "index.html").read_text()
+    assert "Nothing of run &quot;it&#x27;s &lt;new&gt;&quot; is projected yet" in html
+    assert sorted(p.name for p in out.iterdir()) == ["index.html"]  # no figure of nothing
