@@ -105,7 +105,9 @@ def _failures(failures: list[dict[str, Any]], limit: int) -> str:
         return "<p>No failed session in this run.</p>"
     rows = []
     for f in failures:
-        message = f["message"] if not f["error_type"] else f"{f['error_type']}: {f['message'] or ''}"
+        message, kind = f["message"] or "", f["error_type"]
+        if kind and not message.startswith(kind):  # "TimeoutError()" already names its type
+            message = f"{kind}: {message}"
         rows.append([("", f"<code>{_e(f['session_id'])}</code>"), ("num", _e(f["global_step"])),
                      ("", _e(f["partition"])), ("", _e(f["failure_reason"])), ("msg", _e(message)),
                      ("", "yes" if f["placeholder"] else "dropped"), ("", _when(f["terminal_at"]))])
