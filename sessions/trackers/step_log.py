@@ -1,0 +1,210 @@
+"""`log_step`: one settled step's metrics and failed-session sample, into every tracker, once.
+
+Why a call after each step and not a projector sink: the projector commits pages, and a page
+does not know whether it settled a step -- a sink would see a step's metric counts half-way
+(groups still open), and a page retried after a crash is put again. The trainer knows when a
+step is done; `log_step` then waits until the step is settled (as `Ledger.batch` does) and logs
+what is final.
+
+Each tracker remembers the steps it has logged (TensorBoard also in its log directory, so a
+restarted trainer does not log a step twice); a step already logged is not logged again, and
+the `LoggedStep` returned says, per tracker, what happened.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from types import ModuleType
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+from sessions.errors import LedgerError
+from sessions.trackers.content import FailedSession, StepContent, StepKey, collect_step
+
+if TYPE_CHECKING:
+    from sessions.ledger import Ledger
+    from sessions.sync import SyncLedger
+
+__all__ = [
+    "ALREADY_LOGGED",
+    "LOGGED",
+    "LoggedStep",
+    "MissingTrackerPackage",
+    "Tracker",
+    "log_step",
+    "log_step_sync",
+    "require",
+]
+
+log = logging.getLogger("sessions.trackers")
+
+LOGGED = "logged"
+ALREADY_LOGGED = "already logged"
+
+
+class MissingTrackerPackage(LedgerError, ImportError):
+    """A tracker's package is not installed."""
+
+
+def require(module: str, tracker: str) -> ModuleType:
+    """Import a tracker's package on first use, or say how to install it."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as error:
+        raise MissingTrackerPackage(
+            f"{tracker} needs the `{module.split('.')[0]}` package, which could not be imported ({error}); "
+            "install the trackers extra: pip install -e '.[trackers]' (from a clone of rollout-ledger)"
+        ) from error
+
+
+@runtime_checkable
+class Tracker(Protocol):
+    """Where a step's content goes. `write` returns "logged", or why nothing was written."""
+
+    @property
+    def name(self) -> str:
+        """Which tracker and where (a log directory, a run id), for the report of a call."""
+
+    def has_logged(self, key: StepKey) -> bool:
+        """Whether this tracker already holds the step (then `log_step` leaves it alone)."""
+
+    def write(self, content: StepContent, *, scalars: bool = True, failed_sessions: bool = True) -> str:
+        """Log the step: its scalars at `global_step`, and its failed-sessions table."""
+
+
+@dataclass(frozen=True)
+class LoggedStep:
+    """What one `log_step` call did: the step, what it logged (`scalars`, `failed`), and per
+    tracker (by name) "logged", "already logged" or why it was skipped."""
+
+    run: str
+    partition: str
+    global_step: int | None
+    scalars: dict[str, float] = field(default_factory=dict)
+    failed: tuple[FailedSession, ...] = ()
+    trackers: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def logged(self) -> list[str]:
+        """The trackers that wrote the step in this call."""
+        return [name for name, status in self.trackers.items() if status == LOGGED]
+
+    def __str__(self) -> str:
+        where = "; ".join(f"{name}: {status}" for name, status in self.trackers.items()) or "no trackers"
+        what = f"{len(self.scalars)} scalars and {len(self.failed)} failed-session samples" if self.logged else "nothing new"
+        return f"{self.partition} step {self.global_step} of run {self.run!r}: {what} ({where})"
+
+
+async def log_step(
+    ledger: Ledger,
+    partition: str,
+    global_step: int | None,
+    *,
+    trackers: Sequence[Tracker],
+    run: str | None = None,
+    timeout: float | None = 60.0,
+    scalars: bool = True,
+    failed_sessions: bool = True,
+    per_reason: int = 3,
+    max_failed: int = 20,
+    max_prompt_length: int | None = None,
+    max_response_length: int | None = None,
+) -> LoggedStep:
+    """Log one step of a `Ledger` (await it on the ledger's loop) into `trackers`, once each.
+
+    Waits until the step is settled (`timeout` seconds, as `Ledger.metrics_dict`), then writes its
+    scalars (verl's names and `ledger/...`; `scalars=False` if verl's own `Tracking` already logs
+    `metrics_dict`) and a table of up to `per_reason` failed sessions of each reason
+    (`max_failed` in all). A tracker that already has the step is skipped; the ledger is not even
+    read when every tracker has it. `max_*_length`: verl's clip widths for the `train` figures.
+    """
+    key, pending, statuses = _pending(ledger.run if run is None else run, partition, global_step, trackers)
+    if not pending:
+        return _report(key, None, statuses)
+    content = await collect_step(
+        ledger, partition, global_step, run=run, timeout=timeout, per_reason=per_reason, max_failed=max_failed,
+        max_prompt_length=max_prompt_length, max_response_length=max_response_length,
+    )
+    return _write(content, pending, statuses, scalars=scalars, failed_sessions=failed_sessions)
+
+
+def log_step_sync(
+    ledger: SyncLedger,
+    partition: str,
+    global_step: int | None,
+    *,
+    trackers: Sequence[Tracker],
+    run: str | None = None,
+    timeout: float | None = 60.0,
+    scalars: bool = True,
+    failed_sessions: bool = True,
+    per_reason: int = 3,
+    max_failed: int = 20,
+    max_prompt_length: int | None = None,
+    max_response_length: int | None = None,
+) -> LoggedStep:
+    """`log_step` for a `SyncLedger` (verl's synchronous `fit`; any thread but the ledger's own):
+    the step is read on the ledger's loop, the trackers are written in the calling thread, so
+    their file and network I/O never stalls the ledger's recording. Options as `log_step`."""
+    if ledger.closed:
+        raise LedgerError("log_step_sync: the SyncLedger is closed; log each step before closing it")
+    key, pending, statuses = _pending(ledger.run if run is None else run, partition, global_step, trackers)
+    if not pending:
+        return _report(key, None, statuses)
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        pass
+    else:
+        raise LedgerError(
+            "log_step_sync blocks until the step is read, and was called inside a running event loop; "
+            "there await log_step(sync_ledger.ledger, ...) on the ledger's own loop, or call log_step_sync from a thread"
+        )
+    coro = collect_step(
+        ledger.ledger, partition, global_step, run=run, timeout=timeout, per_reason=per_reason, max_failed=max_failed,
+        max_prompt_length=max_prompt_length, max_response_length=max_response_length,
+    )
+    content = asyncio.run_coroutine_threadsafe(coro, ledger.loop).result()  # bounded by `timeout`
+    return _write(content, pending, statuses, scalars=scalars, failed_sessions=failed_sessions)
+
+
+def _pending(run: str, partition: str, global_step: int | None, trackers: Sequence[Tracker]) -> tuple[StepKey, list[Tracker], dict[str, str]]:
+    if not trackers:
+        raise ValueError("log_step: no trackers given; pass trackers=[TensorBoardTracker(logdir), WandbTracker(...)]")
+    if global_step is None:
+        raise ValueError("log_step: a tracker plots each figure against a step, and global_step is None; "
+                         "record the sessions with global_step=... to log them")
+    key: StepKey = (run, partition, global_step)
+    statuses: dict[str, str] = {}
+    pending = []
+    for tracker in trackers:
+        if not isinstance(tracker, Tracker):
+            raise TypeError(f"log_step: {tracker!r} is not a tracker (it needs name, has_logged and write)")
+        if tracker.has_logged(key):
+            statuses[tracker.name] = ALREADY_LOGGED
+        else:
+            pending.append(tracker)
+    return key, pending, statuses
+
+
+def _write(content: StepContent, pending: list[Tracker], statuses: dict[str, str], *, scalars: bool, failed_sessions: bool) -> LoggedStep:
+    for tracker in pending:
+        statuses[tracker.name] = tracker.write(content, scalars=scalars, failed_sessions=failed_sessions)
+    return _report(content.key, content if scalars or failed_sessions else None, statuses, scalars=scalars,
+                   failed_sessions=failed_sessions)
+
+
+def _report(key: StepKey, content: StepContent | None, statuses: dict[str, str], *, scalars: bool = True,
+            failed_sessions: bool = True) -> LoggedStep:
+    run, partition, global_step = key
+    done = LoggedStep(
+        run, partition, global_step,
+        scalars=dict(content.scalars) if content is not None and scalars else {},
+        failed=tuple(content.failed) if content is not None and failed_sessions else (),
+        trackers=dict(statuses),
+    )
+    log.info("rollout-ledger trackers: %s", done)
+    return done
