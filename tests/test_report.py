@@ -304,3 +304,37 @@ def test_a_run_with_nothing_projected_yet_gets_a_page_saying_so(tmp_path: Path, 
     html = (out / "index.html").read_text()
     assert "Nothing of run &quot;it&#x27;s &lt;new&gt;&quot; is projected yet" in html
     assert sorted(p.name for p in out.iterdir()) == ["index.html"]  # no figure of nothing
+
+
+async def test_the_reports_reads_agree_on_both_backends(db_url: str) -> None:
+    """store/report_reads.py on SQLite and PostgreSQL: step tables, step-less rows, failures newest
+    first with UTC times, positions, and the run checks (no drawing here)."""
+    from sessions.report.data import resolve_run
+
+    async with Ledger.open(db_url, run="both") as ledger:
+        engine = ledger.engine
+        with pytest.raises(LookupError, match="the database has no events yet"):
+            await resolve_run(engine, None)
+        for step, index in ((0, 0), (0, 1), (1, 0), (None, 0)):
+            identity = dict(uid=f"u{step}", session_index=index, group_size=2 if step == 0 else 1, partition="val",
+                            global_step=step)
+            if index == 1 or step is None:
+                await ledger.run_session(_hostile_failure, f"fail-{step}-{index}", **identity)
+            else:
+                handle = await ledger.create_session(f"ok-{step}-{index}", **identity)
+                await handle.record_trajectory(prompt_ids=[1], response_ids=[2, 3], response_mask=[1, 1])
+                await handle.post_reward(1.0)
+                await handle.complete()
+        projected = await ledger.project()
+        assert await resolve_run(engine, None) == "both"
+        with pytest.raises(LookupError, match="run 'other' has no events in this database; .*: 'both'"):
+            await resolve_run(engine, "other")
+        data = await gather(engine, "both", failures=1)
+    table = data.tables["val"]
+    assert list(data.tables) == ["val"] and table.steps == [0, 1]
+    assert table.series("reward/mean") == [0.5, 1.0] and table.series("reward/mean_success_only") == [1.0, 1.0]
+    assert table.series("failed/runner_error", absent=0.0) == [1.0, 0.0]
+    assert data.stepless["val"]["sessions/failed"] == 1.0
+    assert [f["session_id"] for f in data.failures] == ["fail-None-0"]  # the newest only (failures=1)
+    assert data.failures[0]["message"] == HOSTILE_MESSAGE and data.failures[0]["terminal_at"].utcoffset().total_seconds() == 0
+    assert data.positions == {"projected": projected, "log_end": projected, "run_events": projected, "run_last": projected}
