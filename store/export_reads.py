@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
-from sqlalchemy import Text, and_, case, cast, column, func, inspect, literal_column, select
+from sqlalchemy import Text, and_, case, cast, column, func, inspect, literal_column, select, tuple_
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from store.read_models import get_checkpoint
@@ -104,19 +104,24 @@ async def count_sessions(conn: AsyncConnection, which: SessionFilter, up_to: int
 
 
 async def session_page(
-    conn: AsyncConnection, which: SessionFilter, *, states: Sequence[str], up_to: int, after: int, limit: int,
-    columns: Sequence[str],
+    conn: AsyncConnection, which: SessionFilter, *, states: Sequence[str], up_to: int, after: tuple[str, str] | None,
+    limit: int, columns: Sequence[str],
 ) -> list[dict[str, Any]]:
-    """Up to `limit` sessions terminal by `up_to` in `states`, after `created_position` `after`,
-    in creation order; `columns` names the columns wanted (those the table lacks in `tables.py`
-    are read as plain columns, without type processing)."""
+    """Up to `limit` sessions terminal by `up_to` in `states`, ordered by (uid, session_id) and
+    after the key `after` (None: from the start); `columns` names the columns wanted (those
+    `tables.py` lacks are read as plain columns, without type processing).
+
+    Keyed on (uid, session_id), not on creation order: the index on (run, uid) serves that order,
+    so each page walks only its own rows (creation order has no index, and every page would sort
+    the whole run)."""
     picked = [sessions.c[name] if name in sessions.c else column(name) for name in columns]
-    query = (
-        select(*picked)
-        .where(*which.where(), _done(up_to), sessions.c.state.in_(tuple(states)), sessions.c.created_position > after)
-        .order_by(sessions.c.created_position)
-        .limit(limit)
-    )
+    for name in ("uid", "session_id"):
+        if name not in columns:
+            picked.append(sessions.c[name])
+    conditions = [*which.where(), _done(up_to), sessions.c.state.in_(tuple(states))]
+    if after is not None:
+        conditions.append(tuple_(sessions.c.uid, sessions.c.session_id) > tuple_(*after))
+    query = select(*picked).where(*conditions).order_by(sessions.c.uid, sessions.c.session_id).limit(limit)
     out = []
     for row in (await conn.execute(query)).mappings():
         item = dict(row)

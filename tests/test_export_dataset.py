@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 from sessions import Ledger
 from sessions.export import ExportError, export_dataset
-from sessions.export.schema import COLUMNS, OPTIONAL_SESSION_COLUMNS, TEXT_COLUMNS
+from sessions.export.schema import COLUMNS, OPTIONAL_SESSION_COLUMNS, TEXT_COLUMNS, columns_for
 
 REPO = Path(__file__).resolve().parents[1]
 PREFIX = "rollout-ledger: error: "
@@ -64,6 +64,14 @@ def rows_of(path: Path, order: str = "session_id, trajectory_index") -> list[dic
     reader = f"read_json_auto('{path}')" if path.suffix == ".jsonl" else f"'{path}'"
     relation = duckdb.sql(f"SELECT * FROM {reader} ORDER BY {order}")
     return [dict(zip(relation.columns, row)) for row in relation.fetchall()]
+
+
+def file_columns(*, text: bool = False) -> list[str]:
+    """The columns an export of a database at this checkout's head holds (the optional session
+    columns included once `store.tables` declares them)."""
+    from store.tables import sessions
+
+    return [c.name for c in columns_for([col.name for col in sessions.columns], text=text)]
 
 
 def expected_trajectory(p: Plan, per: str) -> list[Trajectory | None]:
@@ -174,7 +182,7 @@ async def test_an_export_on_each_backend_holds_every_column_and_honours_the_filt
 
     assert everything.states == {"succeeded": 2, "failed": 2, "cancelled": 1} and everything.rows == 5
     rows = {r["session_id"]: r for r in rows_of(tmp_path / "all.parquet")}
-    assert list(rows_of(tmp_path / "all.parquet")[0]) == [c.name for c in COLUMNS]  # no optional columns at this revision
+    assert list(rows_of(tmp_path / "all.parquet")[0]) == file_columns()
     a, b, c, d, e = (rows[k] for k in "abcde")
     assert (a["run"], a["uid"], a["partition"], a["global_step"], a["group_size"], a["session_index"]) == ("r1", "ua", "val", 1, 1, 0)
     assert a["reward"] == 1.0 and a["score_source"] == "reward_info" and json.loads(a["reward_info"]) == {"judge": "x", "reward": 1.0}
@@ -220,7 +228,7 @@ def test_jsonl_and_parquet_hold_the_same_rows_and_datasets_reads_the_parquet(mix
 
     asyncio.run(go())
     parquet, jsonl = rows_of(tmp_path / "out.parquet"), rows_of(tmp_path / "out.jsonl")
-    assert set(parquet[0]) == {c.name for c in (*COLUMNS, *TEXT_COLUMNS)}
+    assert list(parquet[0]) == file_columns(text=True)
     for p, j in zip(parquet, jsonl):
         for name in ("session_id", "state", "prompt_ids", "response_ids", "response_mask", "reward", "reward_info", "prompt_text"):
             assert (list(p[name]) if isinstance(p[name], list) else p[name]) == (list(j[name]) if isinstance(j[name], list) else j[name]), name
@@ -246,7 +254,7 @@ def test_an_unknown_run_is_refused_naming_the_runs_and_a_selection_of_nothing_is
     summary = asyncio.run(export_dataset(str(mixed_db), tmp_path / "none.parquet", steps=(50, 60)))
     assert summary.rows == 0 and "the export is empty" in summary.lines()[1]
     relation = duckdb.sql(f"SELECT * FROM '{tmp_path / 'none.parquet'}'")
-    assert relation.fetchall() == [] and relation.columns == [c.name for c in COLUMNS]
+    assert relation.fetchall() == [] and relation.columns == file_columns()
 
 
 def test_a_database_without_events_is_refused(tmp_path: Path) -> None:
@@ -371,14 +379,18 @@ def test_bad_options_are_refused_before_reading(mixed_db: Path, tmp_path: Path) 
 
 
 def test_columns_a_newer_revision_adds_are_exported_where_the_table_has_them(mixed_db: Path, tmp_path: Path) -> None:
+    """`attempts` and `failure_origin` are read from the database's own table: the same code
+    exports a database with them (added here if this checkout's schema lacks them) and one
+    without them (dropped here if it has them)."""
     import sqlite3
 
     conn = sqlite3.connect(mixed_db)
-    conn.execute("ALTER TABLE sessions ADD COLUMN attempts INTEGER")
-    conn.execute("ALTER TABLE sessions ADD COLUMN failure_origin VARCHAR(16)")
+    present = {row[1] for row in conn.execute("PRAGMA table_info(sessions)")}
+    if "attempts" not in present:
+        conn.execute("ALTER TABLE sessions ADD COLUMN attempts INTEGER")
+        conn.execute("ALTER TABLE sessions ADD COLUMN failure_origin VARCHAR(16)")
     conn.execute("UPDATE sessions SET attempts = 2, failure_origin = CASE WHEN state = 'failed' THEN 'infra' END")
     conn.commit()
-    conn.close()
     asyncio.run(export_dataset(str(mixed_db), tmp_path / "new.parquet"))
     rows = {r["session_id"]: r for r in rows_of(tmp_path / "new.parquet")}
     names = list(rows["a"])
@@ -386,6 +398,16 @@ def test_columns_a_newer_revision_adds_are_exported_where_the_table_has_them(mix
     assert (rows["a"]["attempts"], rows["a"]["failure_origin"]) == (2, None)
     assert (rows["b"]["attempts"], rows["b"]["failure_origin"]) == (2, "infra")
     assert {c.name for c in OPTIONAL_SESSION_COLUMNS} <= set(names)
+
+    for (view,) in conn.execute("SELECT name FROM sqlite_master WHERE type = 'view'").fetchall():
+        conn.execute(f"DROP VIEW {view}")  # SQLite refuses to drop a column a view names
+    conn.execute("ALTER TABLE sessions DROP COLUMN attempts")
+    conn.execute("ALTER TABLE sessions DROP COLUMN failure_origin")
+    conn.commit()
+    conn.close()
+    asyncio.run(export_dataset(str(mixed_db), tmp_path / "old.parquet"))
+    old = rows_of(tmp_path / "old.parquet")
+    assert list(old[0]) == [c.name for c in COLUMNS] and len(old) == 5
 
 
 # ------------------------------------------------------------------ the CLI verb

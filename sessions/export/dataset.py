@@ -209,7 +209,7 @@ async def export_dataset(
         writer = open_writer(format, path, columns, row_group_size=row_group_size)
         exported = {s: 0 for s in states}
         rows = undecodable = done = 0
-        after = 0
+        after: tuple[str, str] | None = None
         try:
             while True:
                 page = await export_reads.session_page(
@@ -217,7 +217,7 @@ async def export_dataset(
                 )
                 if not page:
                     break
-                after = int(page[-1]["created_position"])
+                after = (page[-1]["uid"], page[-1]["session_id"])
                 built, bad = await _build_page(conn, page, columns, checkpoint, per=per, tokenizer=tokenizer)
                 n = len(built[columns[0].name])
                 if n:
