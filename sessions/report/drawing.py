@@ -78,7 +78,8 @@ def _panel(axes: Any, panel: Panel, colors: dict[str, str]) -> None:
     from matplotlib.ticker import MaxNLocator
 
     axes.set_title(panel.title, fontsize=10)
-    if panel.note is not None or not panel.series:
+    blank = all(math.isnan(v) for s in panel.series for v in s.y)  # e.g. a mean that never had a denominator
+    if panel.note is not None or blank:
         axes.text(0.5, 0.5, panel.note or "nothing recorded", ha="center", va="center", fontsize=12,
                   color="#666666", transform=axes.transAxes)
         axes.set_xticks([])
