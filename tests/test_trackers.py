@@ -45,7 +45,7 @@ from tensorboard.backend.event_processing import event_accumulator as ea  # noqa
 RUN = "trk"
 #: The hand-made step (after the demo's steps 0 and 1).
 HAND_STEP = 2
-MESSAGE = "tool | parser\nbroke *here* <b>not html</b> & `x` [a](b) \\ _y_"
+MESSAGE = "tool | parser\nbroke *here* <br> <b>not html</b> & `x` [a](b) \\ _y_"
 STEPS = [("train", 0), ("val", 0), ("train", 1), ("val", 1), ("val", HAND_STEP)]
 TEXT = "/text_summary"  # torch's add_text appends it to the tag
 
@@ -131,6 +131,16 @@ async def _hand_step(ledger: Ledger) -> None:
         with pytest.raises(SandboxError):
             async with ledger.session(f"hand-{g}-sandbox", uid=uid, session_index=2, data_source=source, **step):
                 raise SandboxError("the sandbox | died")
+    # a retried attempt, then success: whatever metrics the ledger counts for it are logged too
+    async with ledger.session("hand-2-retried", uid="hand-2", session_index=0, data_source="math", **step) as s:
+        await s.retry("timeout", message="first attempt hung")
+        await s.start()
+        await s.record_trajectory(prompt_ids=[1, 2], response_ids=[3], response_mask=[1])
+        await s.post_reward(0.5)
+    for index in (1, 2):
+        async with ledger.session(f"hand-2-{index}", uid="hand-2", session_index=index, data_source="math", **step) as s:
+            await s.record_trajectory(prompt_ids=[1, 2], response_ids=[3], response_mask=[1])
+            await s.post_reward(0.0)
 
 
 async def _all_failed(conn: Any, partition: str, step: int) -> list[dict[str, Any]]:
@@ -363,7 +373,7 @@ def test_log_step_sync_from_a_synchronous_loop(logged: Logged, tmp_path: Path) -
         assert event.step == HAND_STEP and same(event.value, float(np.float32(value)))
     # the hand step's reference values, from the metric rows themselves
     assert expected["ledger/val/all/sessions/failed"] == 4.0
-    assert expected["ledger/val/math/reward/mean"] == pytest.approx(1 / 3)
+    assert expected["ledger/val/math/reward/mean"] == pytest.approx((1 + 0.5) / 6)
 
 
 async def test_log_step_sync_refuses_a_running_event_loop_and_a_closed_ledger(logged: Logged, tmp_path: Path) -> None:
