@@ -360,6 +360,14 @@ async def test_a_new_tensorboard_tracker_on_the_same_logdir_does_not_log_a_step_
     assert {p.name: p.stat().st_size for p in logged.tb_dir.glob("events.*") if p.name in before} == before
 
 
+async def test_two_calls_at_once_for_one_step_write_it_once(logged: Logged, tmp_path: Path) -> None:
+    async with Ledger.open(logged.db_url, run=RUN) as ledger:
+        with TensorBoardTracker(tmp_path / "tb") as tracker:
+            both = await asyncio.gather(*(log_step(ledger, "val", 1, trackers=[tracker]) for _ in range(2)))
+    assert sorted(done.trackers[tracker.name] for done in both) == [ALREADY_LOGGED, LOGGED]
+    assert len(tensorboard(tmp_path / "tb").Scalars("ledger/val/all/reward/mean")) == 1
+
+
 def test_log_step_sync_from_a_synchronous_loop(logged: Logged, tmp_path: Path) -> None:
     with SyncLedger.open(logged.db_url, run=RUN) as ledger, TensorBoardTracker(tmp_path / "tb") as tracker:
         done = log_step_sync(ledger, "val", HAND_STEP, trackers=[tracker])

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import importlib
 import logging
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from types import ModuleType
@@ -42,6 +43,8 @@ __all__ = [
 log = logging.getLogger("sessions.trackers")
 
 LOGGED = "logged"
+#: Held while trackers are checked and written, so two calls for one step never both write it.
+_WRITING = threading.Lock()
 ALREADY_LOGGED = "already logged"
 
 
@@ -191,8 +194,14 @@ def _pending(run: str, partition: str, global_step: int | None, trackers: Sequen
 
 
 def _write(content: StepContent, pending: list[Tracker], statuses: dict[str, str], *, scalars: bool, failed_sessions: bool) -> LoggedStep:
-    for tracker in pending:
-        statuses[tracker.name] = tracker.write(content, scalars=scalars, failed_sessions=failed_sessions)
+    """Write into each pending tracker that still lacks the step: asked again under the lock, since
+    another call for the same step (a task, a thread) may have written it while this one read."""
+    with _WRITING:
+        for tracker in pending:
+            if tracker.has_logged(content.key):
+                statuses[tracker.name] = ALREADY_LOGGED
+            else:
+                statuses[tracker.name] = tracker.write(content, scalars=scalars, failed_sessions=failed_sessions)
     return _report(content.key, content if scalars or failed_sessions else None, statuses, scalars=scalars,
                    failed_sessions=failed_sessions)
 
