@@ -10,7 +10,8 @@ targets (goals, not assertions) beside them:
 3. replay/audit  sessions.audit.replay.replay and sessions.audit.auditing.audit over a recorded log
 4. pg append     1, 4, 8 writer processes via benchmarks/pg_append.py (if present and the server answers)
 5. overhead      recorder wall time per session in a loop of 1,000 concurrent simulated sessions
-6. memory        per workload: RSS high-water growth and tracemalloc peak (see benchmarks/common.py)
+6. export        export_dataset to Parquet vs pyarrow's own write of the same table (the floor)
+7. memory        per workload: RSS high-water growth and tracemalloc peak (see benchmarks/common.py)
 
 ``--quick`` is the CI smoke size (< 2 minutes on 2 cores; tests/test_benchmarks_smoke.py runs it),
 ``--full`` the size of the figures in docs/benchmarks.md, ``--tiny`` a few seconds (a check that
@@ -30,7 +31,7 @@ from pathlib import Path
 
 from benchmarks.common import Report, load_average, log, machine_info, machine_lines, preset, table
 
-WORKLOADS = ("append", "projection", "replay", "pg", "overhead")
+WORKLOADS = ("append", "projection", "replay", "pg", "overhead", "export")
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
@@ -90,8 +91,10 @@ def main(argv: list[str] | None = None) -> int:
     print(flush=True)
 
     from benchmarks import append, overhead, pg, projection, replay_audit
+    from benchmarks import export
 
-    modules = {"append": append, "projection": projection, "replay": replay_audit, "pg": pg, "overhead": overhead}
+    modules = {"append": append, "projection": projection, "replay": replay_audit, "pg": pg, "overhead": overhead,
+               "export": export}
     report = Report()
     for name in WORKLOADS:
         if not cfg.wants(name):

@@ -10,6 +10,7 @@ them is the inflated average this library exists to prevent.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import Callable, Sequence
@@ -210,6 +211,9 @@ async def export_dataset(
         exported = {s: 0 for s in states}
         rows = undecodable = done = 0
         after: tuple[str, str] | None = None
+        # A page is written (Parquet: encoded and compressed, without the GIL) in a worker thread
+        # while the next one is read: at most two pages are in memory at once.
+        writing: asyncio.Future[None] | None = None
         try:
             while True:
                 page = await export_reads.session_page(
@@ -220,8 +224,11 @@ async def export_dataset(
                 after = (page[-1]["uid"], page[-1]["session_id"])
                 built, bad = await _build_page(conn, page, columns, checkpoint, per=per, tokenizer=tokenizer)
                 n = len(built[columns[0].name])
+                if writing is not None:
+                    await writing
+                    writing = None
                 if n:
-                    writer.write(built, n)
+                    writing = asyncio.ensure_future(asyncio.to_thread(writer.write, built, n))
                 rows += n
                 undecodable += bad
                 for row in page:
@@ -229,8 +236,15 @@ async def export_dataset(
                 done += len(page)
                 if on_progress is not None:
                     on_progress(done, total)
+            if writing is not None:
+                await writing
+                writing = None
             size = writer.commit()
         except BaseException:
+            if writing is not None:  # let the worker thread finish with the file before it is removed
+                await asyncio.wait({writing})
+                if not writing.cancelled():
+                    writing.exception()  # retrieved: the error being raised is the one to report
             writer.abort()
             raise
     return ExportSummary(
