@@ -68,7 +68,7 @@ class Logged:
 
 WANDB_ENV = {
     "WANDB_MODE": "offline", "WANDB_SILENT": "true", "WANDB_DISABLE_GIT": "true", "WANDB_DISABLE_CODE": "true",
-    "WANDB_SAVE_CODE": "false", "WANDB_ERROR_REPORTING": "false", "WANDB_CONSOLE": "off", "WANDB_ANONYMOUS": "never",
+    "WANDB_SAVE_CODE": "false", "WANDB_ERROR_REPORTING": "false", "WANDB_CONSOLE": "off",
 }
 
 
@@ -368,6 +368,18 @@ async def test_two_calls_at_once_for_one_step_write_it_once(logged: Logged, tmp_
     assert len(tensorboard(tmp_path / "tb").Scalars("ledger/val/all/reward/mean")) == 1
 
 
+@pytest.mark.parametrize("scalars, failed_sessions", [(False, True), (True, False)])
+async def test_only_the_part_asked_for_is_written(logged: Logged, tmp_path: Path, scalars: bool, failed_sessions: bool) -> None:
+    """verl's own Tracking may log metrics_dict; then the tracker adds only the table (and back)."""
+    async with Ledger.open(logged.db_url, run=RUN) as ledger:
+        with TensorBoardTracker(tmp_path / "tb") as tracker:
+            done = await log_step(ledger, "val", 1, trackers=[tracker], scalars=scalars, failed_sessions=failed_sessions)
+    tags = tensorboard(tmp_path / "tb").Tags()
+    assert set(tags["scalars"]) == (set(logged.expected["val", 1]) if scalars else set())
+    assert tags["tensors"] == ([failed_table_key("val") + TEXT] if failed_sessions else [])
+    assert (bool(done.scalars), bool(done.failed)) == (scalars, failed_sessions)
+
+
 def test_log_step_sync_from_a_synchronous_loop(logged: Logged, tmp_path: Path) -> None:
     with SyncLedger.open(logged.db_url, run=RUN) as ledger, TensorBoardTracker(tmp_path / "tb") as tracker:
         done = log_step_sync(ledger, "val", HAND_STEP, trackers=[tracker])
@@ -402,6 +414,8 @@ async def test_a_step_without_a_number_or_no_tracker_is_refused(logged: Logged, 
         with TensorBoardTracker(tmp_path / "tb") as tracker:
             with pytest.raises(ValueError, match="global_step is None"):
                 await log_step(ledger, "val", None, trackers=[tracker])
+            with pytest.raises(ValueError, match="would log nothing"):
+                await log_step(ledger, "val", 0, trackers=[tracker], scalars=False, failed_sessions=False)
         with pytest.raises(ValueError, match="no trackers"):
             await log_step(ledger, "val", 0, trackers=[])
         with pytest.raises(TypeError, match="not a tracker"):

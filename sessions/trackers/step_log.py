@@ -124,7 +124,8 @@ async def log_step(
     (`max_failed` in all). A tracker that already has the step is skipped; the ledger is not even
     read when every tracker has it. `max_*_length`: verl's clip widths for the `train` figures.
     """
-    key, pending, statuses = _pending(ledger.run if run is None else run, partition, global_step, trackers)
+    key, pending, statuses = _pending(ledger.run if run is None else run, partition, global_step, trackers,
+                                      scalars or failed_sessions)
     if not pending:
         return _report(key, None, statuses)
     content = await collect_step(
@@ -154,7 +155,8 @@ def log_step_sync(
     their file and network I/O never stalls the ledger's recording. Options as `log_step`."""
     if ledger.closed:
         raise LedgerError("log_step_sync: the SyncLedger is closed; log each step before closing it")
-    key, pending, statuses = _pending(ledger.run if run is None else run, partition, global_step, trackers)
+    key, pending, statuses = _pending(ledger.run if run is None else run, partition, global_step, trackers,
+                                      scalars or failed_sessions)
     if not pending:
         return _report(key, None, statuses)
     try:
@@ -174,7 +176,12 @@ def log_step_sync(
     return _write(content, pending, statuses, scalars=scalars, failed_sessions=failed_sessions)
 
 
-def _pending(run: str, partition: str, global_step: int | None, trackers: Sequence[Tracker]) -> tuple[StepKey, list[Tracker], dict[str, str]]:
+def _pending(
+    run: str, partition: str, global_step: int | None, trackers: Sequence[Tracker], anything: bool,
+) -> tuple[StepKey, list[Tracker], dict[str, str]]:
+    """The step's key, the trackers that lack it, and a status per tracker in the order given."""
+    if not anything:
+        raise ValueError("log_step: scalars=False and failed_sessions=False would log nothing; keep one of them")
     if not trackers:
         raise ValueError("log_step: no trackers given; pass trackers=[TensorBoardTracker(logdir), WandbTracker(...)]")
     if global_step is None:
@@ -189,6 +196,7 @@ def _pending(run: str, partition: str, global_step: int | None, trackers: Sequen
         if tracker.has_logged(key):
             statuses[tracker.name] = ALREADY_LOGGED
         else:
+            statuses[tracker.name] = "pending"  # replaced by what `write` says
             pending.append(tracker)
     return key, pending, statuses
 
