@@ -172,7 +172,12 @@ def log_step_sync(
         ledger.ledger, partition, global_step, run=run, timeout=timeout, per_reason=per_reason, max_failed=max_failed,
         max_prompt_length=max_prompt_length, max_response_length=max_response_length,
     )
-    content = asyncio.run_coroutine_threadsafe(coro, ledger.loop).result()  # bounded by `timeout`
+    reading = asyncio.run_coroutine_threadsafe(coro, ledger.loop)
+    try:
+        content = reading.result()  # bounded by `timeout`
+    except BaseException:  # Ctrl-C here: stop the read on the ledger's loop too
+        reading.cancel()
+        raise
     return _write(content, pending, statuses, scalars=scalars, failed_sessions=failed_sessions)
 
 
