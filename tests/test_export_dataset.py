@@ -244,6 +244,9 @@ def test_jsonl_and_parquet_hold_the_same_rows_and_datasets_reads_the_parquet(mix
     assert str(loaded.features["prompt_ids"].feature.dtype) == "int32"
     first = loaded.filter(lambda r: r["session_id"] == "a")[0]
     assert first["prompt_ids"] == [1, 2, 3] and first["response_mask"] == [1, 0] and first["state"] == "succeeded"
+    from_jsonl = datasets.load_dataset("json", data_files=str(tmp_path / "out.jsonl"), split="train",
+                                       cache_dir=str(tmp_path / "hf-cache"))
+    assert from_jsonl.num_rows == 5 and sorted(from_jsonl["session_id"]) == list("abcde")
 
 
 # ------------------------------------------------------------------ bad input
