@@ -124,7 +124,7 @@ def plans(draw: Any) -> list[Plan]:
 _files = itertools.count()
 
 
-@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(plan=plans(), per=st.sampled_from(["session", "trajectory"]), fmt=st.sampled_from(["parquet", "jsonl"]))
 def test_every_terminal_session_is_exported_once_with_its_recorded_tokens(
     tmp_path: Path, plan: list[Plan], per: str, fmt: str
@@ -176,11 +176,17 @@ async def test_an_export_on_each_backend_holds_every_column_and_honours_the_filt
     async with Ledger.open(db_url, run="r1") as ledger:
         await record(ledger, MIXED)
         await ledger.project()
-        everything = await export_dataset(ledger, tmp_path / "all.parquet")
+        progress: list[tuple[int, int]] = []
+        everything = await export_dataset(ledger, tmp_path / "all.parquet", row_group_size=2,
+                                          on_progress=lambda done, total: progress.append((done, total)))
         val_steps = await export_dataset(ledger, tmp_path / "val.parquet", partition="val", steps="1:2")
         wins = await export_dataset(ledger, tmp_path / "wins.parquet", include_failed=False, per="trajectory")
 
     assert everything.states == {"succeeded": 2, "failed": 2, "cancelled": 1} and everything.rows == 5
+    assert progress == [(2, 5), (4, 5), (5, 5)]  # pages of 2 sessions, keyed on (uid, session_id), none twice
+    import pyarrow.parquet as pq
+
+    assert pq.ParquetFile(tmp_path / "all.parquet").metadata.num_row_groups == 3  # one row group per page
     rows = {r["session_id"]: r for r in rows_of(tmp_path / "all.parquet")}
     assert list(rows_of(tmp_path / "all.parquet")[0]) == file_columns()
     a, b, c, d, e = (rows[k] for k in "abcde")
