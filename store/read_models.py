@@ -54,6 +54,15 @@ async def load_sessions(conn: AsyncConnection, session_ids: Sequence[str]) -> di
     return out
 
 
+async def session_reward_infos(conn: AsyncConnection, session_ids: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """Each session's projected `reward_info` (what its rewards posted, merged by key)."""
+    out: dict[str, dict[str, Any]] = {}
+    for chunk in _chunks(sorted(set(session_ids))):
+        result = await conn.execute(select(sessions.c.session_id, sessions.c.reward_info).where(sessions.c.session_id.in_(chunk)))
+        out.update({sid: dict(info or {}) for sid, info in result.all()})
+    return out
+
+
 async def load_groups(conn: AsyncConnection, keys: Sequence[tuple[str, str, int | None, str]]) -> dict[tuple[str, str, int | None, str], dict[str, Any]]:
     """Groups by their key (run, partition, global_step, uid)."""
     # Select by uid alone (one IN list; a tree of OR-ed ANDs costs more to build than to run),

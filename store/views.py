@@ -1,4 +1,4 @@
-"""The documented SQL views (created by Alembic revision 0002, described in docs/sql.md).
+"""The documented SQL views (created by Alembic revisions 0002 and 0005, described in docs/sql.md).
 
 Views are pure SQL over `events` and the read models, so they are as rebuildable as the tables
 they read. They are not part of `store.tables.metadata` (Alembic's autogenerate compares tables
@@ -11,6 +11,8 @@ SESSION_TIMELINE = "session_timeline"
 FAILURE_BREAKDOWN = "failure_breakdown"
 REWARD_BY_STEP = "reward_by_step"
 GROUP_STATUS = "group_status"
+#: One row per attempt of a session, read from the log (revision 0005).
+SESSION_ATTEMPTS = "session_attempts"
 
 #: Every view the schema defines at head, in creation order.
-VIEWS = (SESSION_TIMELINE, FAILURE_BREAKDOWN, REWARD_BY_STEP, GROUP_STATUS)
+VIEWS = (SESSION_TIMELINE, FAILURE_BREAKDOWN, REWARD_BY_STEP, GROUP_STATUS, SESSION_ATTEMPTS)

@@ -9,6 +9,7 @@ Create Date: 2026-12-01
 * `groups` gains `valid_rows` (non-placeholder rows) and `min_valid` (GRPO's threshold).
 * `queue_rows` gains `is_partial`.
 * `session_attempts`: one row per attempt, read straight from the log (no projection lag).
+* `session_timeline` leaves out the runs' configuration streams (`RunConfigured`, no session).
 
 The columns are nullable so they can be added in place on both backends (SQLite cannot add a NOT
 NULL column without a default, nor drop a default after); the projector always fills them.
@@ -30,9 +31,10 @@ down_revision = '0004'
 branch_labels = None
 depends_on = None
 
-_VIEWS = importlib.import_module("migrations.versions.0002_sql_views").VIEWS
 #: `sessions.failure_origin` of failures recorded before this revision (the defaults then in force).
 _INFRA_REASONS = ("sandbox_error", "finalize_error", "orphaned", "unprojectable")
+_TIMELINE_0002 = importlib.import_module("migrations.versions.0002_sql_views").SESSION_TIMELINE
+_TIMELINE = _TIMELINE_0002.rstrip() + "\nWHERE e.type <> 'RunConfigured'\n"
 
 
 def _postgres() -> bool:
@@ -80,15 +82,17 @@ WHERE st.type = 'SessionStarted'
 """
 
 
-def _metric_from_sessions(metric_sql: str, value_sql: str, where: str) -> str:
-    """INSERT a counter per scope (each data source, and all of them) from the sessions table."""
+def _metric_from_sessions(metric_sql: str, value_sql: str, where: str, by: str = "") -> str:
+    """INSERT a counter per scope (each data source, and all of them) from the sessions table;
+    `by` names a further column the metric's name is made of."""
+    extra = f", {by}" if by else ""
     return f"""
 INSERT INTO metric_counts (run, partition, global_step, data_source, metric, value)
 SELECT run, partition, global_step, data_source, {metric_sql}, {value_sql} FROM sessions
-WHERE data_source IS NOT NULL AND {where} GROUP BY run, partition, global_step, data_source, {metric_sql}
+WHERE data_source IS NOT NULL AND {where} GROUP BY run, partition, global_step, data_source{extra}
 UNION ALL
 SELECT run, partition, global_step, NULL, {metric_sql}, {value_sql} FROM sessions
-WHERE {where} GROUP BY run, partition, global_step, {metric_sql}
+WHERE {where} GROUP BY run, partition, global_step{extra}
 """
 
 
@@ -117,9 +121,14 @@ def upgrade() -> None:
         "AND q.uid = groups.uid AND q.kind = 'row' AND NOT q.is_placeholder)"
     )
 
-    # The counters the projector now keeps, for what was projected before.
+    # The counters the projector now keeps, for what was projected before (recomputed whole: a
+    # database downgraded past 0005 and upgraded again still holds the old ones).
+    op.execute(
+        "DELETE FROM metric_counts WHERE metric IN ('attempts/total', 'groups/below_min_valid', "
+        "'reward/mean_default_rule') OR metric LIKE 'failed!_origin/%' ESCAPE '!'"
+    )
     op.execute(_metric_from_sessions("'attempts/total'", "SUM(attempts)", "attempts > 0"))
-    op.execute(_metric_from_sessions("'failed_origin/' || failure_origin", "COUNT(*)", "state = 'failed'"))
+    op.execute(_metric_from_sessions("'failed_origin/' || failure_origin", "COUNT(*)", "state = 'failed'", by="failure_origin"))
     op.execute(
         "INSERT INTO metric_counts (run, partition, global_step, data_source, metric, value) "
         "SELECT run, partition, global_step, data_source, 'groups/below_min_valid', COUNT(*) FROM groups "
@@ -135,25 +144,17 @@ def upgrade() -> None:
         "WHERE metric = 'reward/mean'"
     )
     op.execute(_attempts_view())
+    op.execute("DROP VIEW IF EXISTS session_timeline")
+    op.execute(_TIMELINE)
 
 
 def downgrade() -> None:
+    """Drop what 0005 added; its metric counters stay (rows an older projector never reads)."""
     op.execute("DROP VIEW IF EXISTS session_attempts")
-    op.execute(
-        "DELETE FROM metric_counts WHERE metric IN ('attempts/total', 'groups/below_min_valid', "
-        "'reward/mean_default_rule') OR metric LIKE 'failed\\_origin/%' ESCAPE '\\'"
-    )
-    for name, _sql in reversed(_VIEWS):  # SQLite's batch rebuild refuses a table a view reads
-        op.execute(f"DROP VIEW IF EXISTS {name}")
-    with op.batch_alter_table('queue_rows') as batch:
-        batch.drop_column('is_partial')
-    with op.batch_alter_table('groups') as batch:
-        batch.drop_column('min_valid')
-        batch.drop_column('valid_rows')
-    with op.batch_alter_table('sessions') as batch:
-        batch.drop_column('partial')
-        batch.drop_column('metric_policy')
-        batch.drop_column('failure_origin')
-        batch.drop_column('attempts')
-    for _name, sql in _VIEWS:
-        op.execute(sql)
+    op.execute("DROP VIEW IF EXISTS session_timeline")
+    op.execute(_TIMELINE_0002)
+    # Plain DROP COLUMN (SQLite >= 3.35 has it): a batch rebuild would lose the expression indexes.
+    for table, column in (("queue_rows", "is_partial"), ("groups", "min_valid"), ("groups", "valid_rows"),
+                          ("sessions", "partial"), ("sessions", "metric_policy"), ("sessions", "failure_origin"),
+                          ("sessions", "attempts")):
+        op.drop_column(table, column)
