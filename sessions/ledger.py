@@ -209,7 +209,6 @@ class Ledger:
         metadata = validation.json_dict(session_id, "metadata", metadata)
         data_source = validation.optional_name(session_id, "data_source", data_source)
         runner = validation.optional_name(session_id, "runner", runner)
-        await self._ensure_configured(run)
         view = agg.SessionView(session_id)
         decided: list[ev.Event] = [
             ev.SessionCreated(
@@ -227,8 +226,21 @@ class Ledger:
             for i, e in enumerate(decided, start=1)
         ]
         size = self.limits.check(session_id, "metadata", 0, 0, envelopes)
+        # The run's configuration is checked (recorded, the first time) once the session's own
+        # input passed: a refused session writes nothing. A cancellation meanwhile still creates
+        # the session and records it cancelled (as one during the creation append does), so its
+        # group settles.
+        cancelled = False
+        try:
+            await self._ensure_configured(run)
+        except asyncio.CancelledError:
+            cancelled = True
+            await asyncio.shield(self._ensure_configured(run))
         handle = self._handle(view, size)
         try:
+            if cancelled:
+                await asyncio.shield(append_then_apply(self.store, view, decided, envelopes))
+                raise asyncio.CancelledError
             await append_then_apply(self.store, view, decided, envelopes)
         except ConcurrencyError:
             raise InvalidInput(
@@ -418,6 +430,7 @@ class Ledger:
         response_width: int | None = None,
         truncate: bool = False,
         poll_interval: float = 0.5,
+        reward_info: bool = False,
     ) -> Any:
         """The step's batch (a TensorDict) once every group of the step is settled.
 
@@ -426,7 +439,10 @@ class Ledger:
         fail or cancel (see `recover`), not a reason to hang. `prompt_width`/`response_width`
         pad the padded layout to exactly those widths (verl's `max_prompt_length` /
         `max_response_length`), so the batches of every step concatenate; a longer row is an
-        error unless `truncate`.
+        error unless `truncate`. `reward_info=True` adds a non-tensor column per key the rows'
+        posted `reward_info` carries, filled on every row (`sessions.batches.reward_info`: a
+        placeholder gets 0.0 for a numeric key), which `to_data_proto` names verl's
+        `reward_extra_keys`.
         """
         if jagged and (prompt_width is not None or response_width is not None):
             raise ValueError(
@@ -436,17 +452,24 @@ class Ledger:
         queue = await self._settled_rows(partition, global_step, run, timeout, poll_interval)
         async with self.engine.connect() as conn:
             sources = await rm.source_events(conn, [q["source_position"] for q in queue])
+            infos = await rm.session_reward_infos(conn, [q["session_id"] for q in queue if q["kind"] == "row"]) if reward_info else {}
         from sessions.batches import build_jagged, build_padded  # torch: imported only when batches are built
         from sessions.batches.rows import materialise
 
         rows = materialise(queue, sources)
         if jagged:
-            return build_jagged(rows, max_prompt_length=max_prompt_length, max_response_length=max_response_length, truncate=truncate)
-        return build_padded(
-            rows, pad_token_id=pad_token_id, max_prompt_length=max_prompt_length,
-            max_response_length=max_response_length, prompt_width=prompt_width,
-            response_width=response_width, truncate=truncate,
-        )
+            batch = build_jagged(rows, max_prompt_length=max_prompt_length, max_response_length=max_response_length, truncate=truncate)
+        else:
+            batch = build_padded(
+                rows, pad_token_id=pad_token_id, max_prompt_length=max_prompt_length,
+                max_response_length=max_response_length, prompt_width=prompt_width,
+                response_width=response_width, truncate=truncate,
+            )
+        if reward_info:
+            from sessions.batches.reward_info import add_reward_info
+
+            add_reward_info(batch, [infos.get(row.meta["session_id"], {}) for row in rows])
+        return batch
 
     async def metrics_dict(
         self,

@@ -11,6 +11,14 @@ advantages, because masking stops at the loss, not at the baseline. With
 ``exclude_placeholders=True`` placeholder rows are left out of their group's statistics (the
 group is computed as if they were absent, including the group-of-one rule) and get advantage 0.
 
+``min_valid`` (default 2, as NeMo-RL and TRL): a group with fewer included rows than that gives no
+signal — every row of it gets advantage 0 (verl would give a lone row its raw score). With
+``min_valid=1`` and ``exclude_placeholders=False`` this is verl's function exactly. The ledger
+counts such train groups under ``groups/below_min_valid``. Isolating placeholders into groups of
+their own (``to_data_proto(isolate_placeholders=True)``) then running this with
+``exclude_placeholders=False`` gives the same advantages as excluding them: a placeholder alone
+has no valid member, and its siblings' group keeps its valid rows.
+
 Statistics are computed in float64 and the result cast to float32, so a group of identical
 scores gives exactly 0 rather than float32 rounding noise divided by ``epsilon``.
 """
@@ -58,6 +66,7 @@ def grpo_outcome_advantage(
     exclude_placeholders: bool = True,
     norm_by_std: bool = True,
     epsilon: float = 1e-6,
+    min_valid: int = 2,
 ) -> torch.Tensor:
     """GRPO outcome advantage [B, R] float32 for a padded section 6 batch.
 
@@ -74,8 +83,12 @@ def grpo_outcome_advantage(
         include = ~batch.get("is_placeholder").to(torch.bool)
     else:
         include = torch.ones_like(scores, dtype=torch.bool)
+    if isinstance(min_valid, bool) or not isinstance(min_valid, int) or min_valid < 0:
+        raise ValueError(f"min_valid must be an integer >= 0, got {min_valid!r}")
     mean, std = _group_mean_std(scores, group, include, n_groups)
     centred = scores - mean[group]
     scalar = centred / (std[group] + epsilon) if norm_by_std else centred
-    scalar = torch.where(include, scalar, torch.zeros_like(scalar))
+    valid = torch.zeros(n_groups, dtype=torch.int64).index_add_(0, group, include.to(torch.int64))
+    signal = include & (valid[group] >= min_valid)
+    scalar = torch.where(signal, scalar, torch.zeros_like(scalar))
     return (scalar.unsqueeze(-1) * response_mask.to(torch.float64)).to(torch.float32)

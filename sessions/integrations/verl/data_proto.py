@@ -30,6 +30,7 @@ import torch
 from tensordict import NonTensorData, NonTensorStack, TensorDict, TensorDictBase
 
 from sessions.batches import non_tensor, pad_to_widths
+from sessions.batches.columns import NON_TENSOR_COLUMNS
 from sessions.integrations.verl.filler import IS_PADDING, append_filler_rows
 from sessions.placeholder import GROUP_UID, isolated_uid
 
@@ -147,7 +148,9 @@ def to_data_proto(
     with ``without_padding`` before ``compute_data_metrics``.
     ``prompt_width`` / ``response_width``: exact padded widths (``pad_to_widths``; a longer row
     raises ``BatchTooLongError``). ``pad_token_id``: the token that padding and filler rows are
-    made of. ``meta_info``: passed through.
+    made of. ``meta_info``: passed through; non-tensor columns beyond the ledger's own (the
+    ``reward_info`` columns of ``Ledger.batch(reward_info=True)``) are listed in its
+    ``reward_extra_keys``, as verl's trainer reads them, unless ``meta_info`` names them.
     """
     DataProto = import_data_proto()
     if prompt_width is not None or response_width is not None:
@@ -168,8 +171,14 @@ def to_data_proto(
         tensors, non_tensors, size = append_filler_rows(
             tensors, non_tensors, multiple=pad_to_multiple, pad_token_id=pad_token_id
         )
+    meta = dict(meta_info or {})
+    extra = sorted(set(non_tensors) - set(NON_TENSOR_COLUMNS) - {GROUP_UID})
+    if extra and "reward_extra_keys" not in meta:
+        # the batch's reward_info columns (`Ledger.batch(reward_info=True)`): verl reads its
+        # validation's per-key lists from these non-tensor columns
+        meta["reward_extra_keys"] = extra
     return DataProto(
         batch=TensorDict(tensors, batch_size=[size]),
         non_tensor_batch=non_tensors,
-        meta_info=dict(meta_info or {}),
+        meta_info=meta,
     )
