@@ -25,6 +25,8 @@ from sessions.errors import (
     StoreError,
     UnknownEventError,
 )
+from sessions.failure_policy import MetricPolicy, RetryPolicy
+from sessions.fingerprint import RunConfigMismatch
 from sessions.ledger import DEFAULT_RUN, Ledger
 from sessions.projection.metrics import MetricRow
 from sessions.placeholder import PlaceholderPolicy
@@ -68,13 +70,16 @@ __all__ = [
     "InvalidTransition",
     "LedgerError",
     "Ledger",
+    "MetricPolicy",
     "MetricRow",
     "PlaceholderPolicy",
     "ProjectionError",
     "Projector",
     "QueueItem",
     "QueueSink",
+    "RetryPolicy",
     "RolloutFailure",
+    "RunConfigMismatch",
     "SandboxError",
     "SchemaError",
     "SessionHandle",

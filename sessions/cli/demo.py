@@ -3,12 +3,16 @@
 Every session is a real asyncio task running a simulated agent: a prompt of tens to hundreds of
 tokens, 1-6 turns of model output (mask 1) interleaved with tool output (mask 0), real
 `asyncio.wait_for` timeouts, and injected runner errors, sandbox failures and cancellations at the
-requested rates. Outcomes are drawn from `--seed`, so a run is reproducible.
+requested rates. Outcomes are drawn from `--seed`, so a run is reproducible. `--max-attempts N`
+retries sandbox failures (a retry finds a healthy host three times in four), `--exclude-infra`
+leaves infrastructure failures out of the reward means, and `--keep-partial` sends a timed-out
+agent's verified partial work to the batch instead of a placeholder.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import random
 import time
 import uuid
@@ -18,7 +22,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from sessions.errors import SandboxError
+from sessions.failure_policy import MetricPolicy, RetryPolicy
 from sessions.ledger import Ledger
+from sessions.placeholder import PlaceholderPolicy
 from sessions.recorder import SessionHandle
 
 DATA_SOURCES = ("gsm8k", "swe-lite")
@@ -39,9 +45,15 @@ class DemoConfig:
     #: The same uids at every step, as when dataset prompt ids serve as uids: each step's
     #: groups are still their own (a group is (run, partition, global_step, uid)).
     reuse_uids: bool = False
+    #: Attempts per session: infrastructure failures (the sandbox's) are retried up to this many.
+    max_attempts: int = 1
+    #: Leave infrastructure failures out of the reward means (metric policy `exclude`).
+    exclude_infra: bool = False
+    #: A timed-out agent's partial work, verified, goes to the batch (placeholder policy `keep_partial`).
+    keep_partial: bool = False
 
     def __post_init__(self) -> None:
-        for name in ("steps", "prompts", "group_size", "concurrency"):
+        for name in ("steps", "prompts", "group_size", "concurrency", "max_attempts"):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
         for name in ("fail_rate", "cancel_rate"):
@@ -77,9 +89,31 @@ def plan_session(rng: random.Random, config: DemoConfig, difficulty: float) -> P
     return Plan(outcome, rng.randint(1, 6), rng.randint(24, 400), difficulty, rng.randrange(2**31))
 
 
+#: How often a sandbox that failed fails again on the retry (a flaky host, not a bad task).
+SANDBOX_REFAIL = 0.25
+#: Seconds between attempts in the demo's retry policy.
+RETRY_BACKOFF_S = 0.01
+
+
+def policies(config: DemoConfig) -> dict[str, object]:
+    """The ledger options that carry out the demo's flags (all defaults without them)."""
+    # the demo's own settings are the run's user config: its fingerprint, checked (and recorded)
+    # as the ledger opens, so a rerun of `--run NAME` with other flags is refused, not mixed in
+    options: dict[str, object] = {"config": {"demo": dataclasses.asdict(config)}}
+    if config.max_attempts > 1:
+        options["retry_policy"] = RetryPolicy(max_attempts=config.max_attempts, on=("infra",), backoff_s=RETRY_BACKOFF_S)
+    if config.exclude_infra:
+        options["metric_policy"] = MetricPolicy(rules={"*": {"infra": "exclude"}})
+    if config.keep_partial:
+        options["placeholder_policy"] = PlaceholderPolicy(rules={"*": {"timeout": "keep_partial"}})
+    return options
+
+
 async def agent(handle: SessionHandle, plan: Plan) -> None:
     """One simulated agent episode; failures are raised the way real runners raise them."""
-    rng = np.random.default_rng(plan.seed)
+    rng = np.random.default_rng(plan.seed + 7919 * (handle.attempt - 1))
+    if plan.outcome == "sandbox_error" and handle.attempt > 1 and rng.random() >= SANDBOX_REFAIL:
+        plan = Plan("ok", plan.turns, plan.prompt_len, plan.difficulty, plan.seed)  # the retry found a healthy host
     prompt = rng.integers(0, VOCAB, plan.prompt_len)
     pieces, masks = [], []
     for turn in range(plan.turns):
@@ -95,16 +129,28 @@ async def agent(handle: SessionHandle, plan: Plan) -> None:
             raise SandboxError("sandbox container exited with code 137 (OOM-killed)")
         if plan.outcome == "runner_error" and turn == plan.turns // 2:
             raise RuntimeError("tool call parser: unterminated JSON in model output")
-        if plan.outcome in ("timeout", "cancel") and turn == plan.turns // 2:
-            await asyncio.sleep(HANG_S)  # a stuck tool call: the timeout (or a cancel) ends it
+        if plan.outcome == "timeout" and turn == plan.turns // 2:
+            # the work so far is recorded and verified (a partial score), then a tool call hangs
+            await _record(handle, rng, prompt, pieces, masks, turn + 1, plan.difficulty * 0.5)
+            await asyncio.sleep(HANG_S)
+        if plan.outcome == "cancel" and turn == plan.turns // 2:
+            await asyncio.sleep(HANG_S)  # a stuck tool call: the cancel ends it
+    await _record(handle, rng, prompt, pieces, masks, plan.turns, plan.difficulty)
+
+
+async def _record(
+    handle: SessionHandle, rng: np.random.Generator, prompt: np.ndarray, pieces: list[np.ndarray],
+    masks: list[np.ndarray], turns: int, difficulty: float,
+) -> None:
+    """Record the episode so far as a trajectory and post its verified reward."""
     response = np.concatenate(pieces)[:1024]
     mask = np.concatenate(masks)[:1024]
     logprobs = -rng.exponential(0.7, response.shape[0]).astype(np.float32)
     await handle.record_trajectory(
-        prompt_ids=prompt, response_ids=response, response_mask=mask, response_logprobs=logprobs, num_turns=plan.turns
+        prompt_ids=prompt, response_ids=response, response_mask=mask, response_logprobs=logprobs, num_turns=turns
     )
-    correct = float(rng.random() < plan.difficulty)
-    await handle.post_reward(correct, acc=correct, turns=plan.turns)
+    correct = float(rng.random() < difficulty)
+    await handle.post_reward(correct, acc=correct, turns=turns)
 
 
 async def run_demo(ledger: Ledger, config: DemoConfig, *, on_session: Callable[[], None] | None = None) -> dict[str, float]:

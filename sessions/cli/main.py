@@ -56,6 +56,12 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--run", default=None, help="run name (default: a new unique name)")
     demo.add_argument("--reuse-uids", action="store_true",
                       help="the same uids at every step (dataset prompt ids as uids); each step's groups stay their own")
+    demo.add_argument("--max-attempts", type=int, default=1, metavar="N",
+                      help="attempts per session: infrastructure failures are retried up to N attempts in all (default 1)")
+    demo.add_argument("--exclude-infra", action="store_true",
+                      help="metric policy: leave infrastructure failures out of reward/mean (reward/mean_default_rule keeps them)")
+    demo.add_argument("--keep-partial", action="store_true",
+                      help="placeholder policy: a timed-out session's verified partial trajectory goes to the batch")
 
     project = verbs.add_parser("project", parents=[common], help="run the projector to the end of the log")
     project.add_argument("--follow", action="store_true", help="keep tailing the log until interrupted")
@@ -194,11 +200,14 @@ async def _cmd_demo(args: argparse.Namespace) -> int:
     from rich.text import Text
 
     config = DemoConfig(args.steps, args.prompts, args.group_size, args.fail_rate, args.cancel_rate, args.seed,
-                        reuse_uids=args.reuse_uids)
+                        reuse_uids=args.reuse_uids, max_attempts=args.max_attempts, exclude_infra=args.exclude_infra,
+                        keep_partial=args.keep_partial)
     run = args.run or new_run_name()
     console = make_console()
     total = config.steps * 2 * config.prompts * config.group_size
-    async with Ledger.open(args.db, run=run) as ledger:
+    from sessions.cli.demo import policies
+
+    async with Ledger.open(args.db, run=run, **policies(config)) as ledger:
         with Progress(
             TextColumn("[bold]rollouts"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console, transient=False
         ) as progress:

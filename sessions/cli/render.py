@@ -105,10 +105,13 @@ def _where(partition: str, step: int | None) -> Text:
 
 
 def summary_table(rows: Sequence[m.MetricRow], title: str = "") -> RenderableType:
-    """The demo's headline: three narrow tables (sessions, failures, rewards) per (partition, step).
+    """The demo's headline: narrow tables (sessions, failures, rewards, and attempts and policies
+    when a run retried, excluded or kept partial work) per (partition, step).
 
     Each fits an 80-column terminal without cutting a figure; `title` (stored text: run and
-    database) is printed above them as plain text.
+    database) is printed above them as plain text. The rewards table shows the default rule
+    (failures as zeros) whatever the metric policy; the policy's own figure sits beside the
+    attempts, exclusions and partial rows that explain the difference.
     """
     from rich.console import Group
 
@@ -134,12 +137,35 @@ def summary_table(rows: Sequence[m.MetricRow], title: str = "") -> RenderableTyp
         failures.add_row(where, _fmt(values.get(m.PLACEHOLDERS)), *(_fmt(values.get(r, 0.0)) for r in reasons))
         headline = _headline(values)
         rewards.add_row(
-            where, _fmt(values.get(m.REWARD_MEAN)), _fmt(values.get(m.REWARD_MEAN_SUCCESS)),
+            where, _fmt(values.get(m.REWARD_MEAN_DEFAULT_RULE, values.get(m.REWARD_MEAN))),
+            _fmt(values.get(m.REWARD_MEAN_SUCCESS)),
             "-" if headline is None else f"@{headline[0]} {_fmt(headline[1])}",
             _fmt(values.get(m.UIDS_EXCLUDED)), _fmt(values.get(m.REWARD_MEAN_PER_UID)),
         )
     parts: list[RenderableType] = [Text(visible(title))] if title else []  # wrapped, never cut: it names the database
-    return Group(*parts, sessions, Text(""), failures, Text(""), rewards)
+    tables: list[RenderableType] = [sessions, Text(""), failures, Text(""), rewards]
+    if any(values.get(name) for _, values in scopes for name in _POLICY_FIGURES):
+        tables += [Text(""), _policy_table(scopes)]
+    return Group(*parts, *tables)
+
+
+#: What the attempts-and-policies table shows, beside the default figures.
+_POLICY_FIGURES = (m.SESSIONS_RETRIED, m.SESSIONS_EXCLUDED, m.ROWS_PARTIAL)
+
+
+def _policy_table(scopes: list[tuple[m.Scope, dict[str, float]]]) -> Table:
+    table = _compact("attempts and failure policies")
+    table.add_column("partition\nstep", no_wrap=True)
+    for header in ("attempts", "retried\nsessions", "excluded\nfailures", "partial\nrows", "reward/mean\npolicy",
+                   "reward/mean\ndefault"):
+        _number(table, header)
+    for (_run, partition, step, _source), values in scopes:
+        table.add_row(
+            _where(partition, step), _fmt(values.get(m.ATTEMPTS, 0.0)), _fmt(values.get(m.SESSIONS_RETRIED, 0.0)),
+            _fmt(values.get(m.SESSIONS_EXCLUDED, 0.0)), _fmt(values.get(m.ROWS_PARTIAL, 0.0)),
+            _fmt(values.get(m.REWARD_MEAN)), _fmt(values.get(m.REWARD_MEAN_DEFAULT_RULE, values.get(m.REWARD_MEAN))),
+        )
+    return table
 
 
 def _headline(values: dict[str, float]) -> tuple[int, float] | None:
