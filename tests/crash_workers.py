@@ -331,6 +331,9 @@ def check_streams(streams: dict[str, list[tuple[int, int, str, dict[str, Any]]]]
     plan (`PLANS`): a terminal stream is the whole plan, an open one a prefix of it."""
     open_ids, ends = [], {"succeeded": 0, "failed": 0, "cancelled": 0}
     for sid, stream in streams.items():
+        if sid.startswith("@run:"):  # a run's configuration stream: RunConfigured events only
+            assert {t for _, _, t, _ in stream} == {"RunConfigured"}, f"{sid}: {stream}"
+            continue
         versions = [v for _, v, _, _ in stream]
         types = [t for _, _, t, _ in stream]
         assert versions == list(range(1, len(stream) + 1)), f"{sid}: versions {versions} are not 1..n in log order"

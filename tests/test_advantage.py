@@ -47,8 +47,9 @@ def scalar_advantages(batch: Any, **kwargs: Any) -> list[float]:
     return grpo_outcome_advantage(batch, **kwargs)[:, 0].tolist()
 
 
-def reference(batch: Any, exclude: bool, norm: bool, eps: float = EPS) -> torch.Tensor:
-    """verl's loop (core_algos.compute_grpo_outcome_advantage) in float64, plus exclusion."""
+def reference(batch: Any, exclude: bool, norm: bool, eps: float = EPS, min_valid: int = 1) -> torch.Tensor:
+    """verl's loop (core_algos.compute_grpo_outcome_advantage) in float64, plus exclusion and
+    min_valid (a group with fewer included rows gives advantage 0; verl's own is min_valid=1)."""
     scores = batch["rm_scores"].sum(-1).double()
     uids = non_tensor(batch, "uid")
     skip = batch["is_placeholder"].tolist() if exclude else [False] * len(uids)
@@ -65,7 +66,7 @@ def reference(batch: Any, exclude: bool, norm: bool, eps: float = EPS) -> torch.
             id2mean[uid], id2std[uid] = torch.mean(stacked), torch.std(stacked)
     out = torch.zeros_like(scores)
     for i, uid in enumerate(uids):
-        if skip[i]:
+        if skip[i] or len(id2score[uid]) < min_valid:
             continue
         centred = scores[i] - id2mean[uid]
         out[i] = centred / (id2std[uid] + eps) if norm else centred
@@ -111,12 +112,12 @@ def grouped_rows(draw: st.DrawFn) -> list[BatchRow]:
 
 
 @FAST
-@given(rows=grouped_rows(), exclude=st.booleans(), norm=st.booleans())
-def test_matches_per_group_loop_reference(rows: list[BatchRow], exclude: bool, norm: bool) -> None:
+@given(rows=grouped_rows(), exclude=st.booleans(), norm=st.booleans(), min_valid=st.integers(0, 4))
+def test_matches_per_group_loop_reference(rows: list[BatchRow], exclude: bool, norm: bool, min_valid: int) -> None:
     batch = build_padded(rows)
-    got = grpo_outcome_advantage(batch, exclude_placeholders=exclude, norm_by_std=norm)
+    got = grpo_outcome_advantage(batch, exclude_placeholders=exclude, norm_by_std=norm, min_valid=min_valid)
     assert got.dtype == torch.float32 and got.shape == batch["responses"].shape
-    torch.testing.assert_close(got, reference(batch, exclude, norm), rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(got, reference(batch, exclude, norm, min_valid=min_valid), rtol=1e-5, atol=1e-4)
     assert not got[batch["response_mask"] == 0].any()
 
 
@@ -124,7 +125,7 @@ def test_matches_per_group_loop_reference(rows: list[BatchRow], exclude: bool, n
 @given(rows=grouped_rows())
 def test_without_exclusion_agrees_with_verl_float32(rows: list[BatchRow]) -> None:
     batch = build_padded(rows)
-    got = grpo_outcome_advantage(batch, exclude_placeholders=False)
+    got = grpo_outcome_advantage(batch, exclude_placeholders=False, min_valid=1)  # min_valid=1: verl's rule
     torch.testing.assert_close(got, verl_float32(batch), rtol=1e-5, atol=1e-4)
 
 
@@ -150,19 +151,29 @@ def test_placeholder_gets_zero_advantage_everywhere() -> None:
 
 
 def test_group_of_one_has_mean_zero_std_one() -> None:
+    """verl's rule (min_valid=1); the default min_valid=2 gives a lone row no signal at all."""
     batch = build_padded([row("solo", 3.0), row("pair", 1.0), row("pair", 3.0)])
-    adv = scalar_advantages(batch)
+    adv = scalar_advantages(batch, min_valid=1)
     assert adv[0] == pytest.approx(3.0 / (1.0 + EPS))
     std = float(torch.tensor([1.0, 3.0]).std())
     assert adv[1:] == pytest.approx([-1.0 / (std + EPS), 1.0 / (std + EPS)])
-    assert scalar_advantages(batch, norm_by_std=False) == pytest.approx([3.0, -1.0, 1.0])
+    assert scalar_advantages(batch, norm_by_std=False, min_valid=1) == pytest.approx([3.0, -1.0, 1.0])
+    assert scalar_advantages(batch)[0] == 0.0 and scalar_advantages(batch)[1:] == adv[1:]
 
 
 def test_one_survivor_plus_placeholders_is_a_group_of_one() -> None:
-    alone = scalar_advantages(build_padded([row("p", 0.5)]))
-    with_failures = scalar_advantages(build_padded([failed("p", 1), row("p", 0.5), failed("p", 2)]))
+    alone = scalar_advantages(build_padded([row("p", 0.5)]), min_valid=1)
+    with_failures = scalar_advantages(build_padded([failed("p", 1), row("p", 0.5), failed("p", 2)]), min_valid=1)
     assert with_failures == [0.0, alone[0], 0.0]
     assert alone[0] == pytest.approx(0.5 / (1 + EPS))
+    # below min_valid (default 2): the survivor's group gives no signal (NeMo-RL #4061, TRL #5902)
+    assert scalar_advantages(build_padded([failed("p", 1), row("p", 0.5), failed("p", 2)])) == [0.0, 0.0, 0.0]
+
+
+def test_min_valid_is_checked() -> None:
+    for bad in (-1, 1.5, True):
+        with pytest.raises(ValueError, match="min_valid"):
+            grpo_outcome_advantage(build_padded([row("p", 1.0)]), min_valid=bad)
 
 
 def test_excluded_placeholder_is_zero_even_if_its_mask_was_tampered() -> None:

@@ -506,11 +506,15 @@ def generated_cases() -> list[Case]:
     for choice in DECLARATION["SessionSucceeded"]["trajectory_selection"].choices or ():
         add(accepted("complete", "trajectory_selection", choice, choice, choice))
     # ---- fail
-    for label, value in (("unknown", "bad_luck"), ("other-case", "RUNNER_ERROR"), ("empty", ""), ("none", None), ("int", 1),
-                         ("the-projector's", "unprojectable")):
+    for label, value in (("not-a-name", "bad luck"), ("other-case", "RUNNER_ERROR"), ("empty", ""), ("none", None), ("int", 1),
+                         ("the-projector's", "unprojectable"), ("an-origin", "infra"), ("33-chars", "x" * 33)):
         add(refused("fail", "reason", label, value))
-    for reason in ev.FAILURE_REASONS:
+    for reason in (*ev.FAILURE_REASONS, "tool_quota"):  # built-in, or a custom lowercase name
         add(accepted("fail", "reason", reason, reason, reason, column="failure_reason", column_expect=reason))
+    for label, value in (("unknown", "model"), ("other-case", "INFRA"), ("empty", ""), ("int", 1)):
+        add(refused("fail", "origin", label, value))
+    for label, value, expect in (("infra", "infra", "infra"), ("policy", "policy", "policy"), ("none", None, "policy")):
+        add(accepted("fail", "origin", label, value, expect, column="failure_origin", column_expect=expect))
     for name, spec in (("message", column_spec("sessions.message")), ("error_type", column_spec("sessions.error_type"))):
         assert spec.max_length is not None
         for label, value in free_texts(spec.max_length):
@@ -952,7 +956,7 @@ async def test_audit_reports_malformed_json_as_a_divergence(sqlite_url: str) -> 
         first = report.divergences[0]
         assert (first.field, first.position, first.expected) == ("data", position, "valid JSON")
         assert [(q["position"], q["outcome"]) for q in report.quarantined] == [(position, "session_failed")]
-        assert report.events == 10 and report.sessions == 2  # the whole log was still checked
+        assert report.events == 11 and report.sessions == 2  # the whole log was still checked (the run's RunConfigured too)
 
 
 async def _insert(ledger: Ledger, type_: str, schema_version: int, data: dict[str, Any]) -> int:

@@ -189,6 +189,7 @@ def test_event_registry_covers_every_event_of_the_design() -> None:
     assert set(ev.EVENT_TYPES) == {
         "SessionCreated", "SessionStarted", "TrajectoryRecorded", "RewardPosted",
         "SessionSucceeded", "SessionFailed", "PlaceholderEmitted", "SessionCancelled",
+        "AttemptFailed", "RunConfigured",  # retries and run fingerprints (issue 16)
     }
     for name, cls in ev.EVENT_TYPES.items():
         assert cls.TYPE == name

@@ -31,9 +31,9 @@ from store.tables import metric_counts
 Scope = tuple[str, str, "int | None", "str | None"]
 
 #: metric families whose exact set of names is checked (no spurious reasons or group sizes)
-FAMILIES = ("failed/", "reward/mean@")
+FAMILIES = ("failed/", "reward/mean@", "retries/", "excluded/", "failed_origin/")
 #: means that must be absent while their denominator is zero
-MEANS = ("reward/mean", "reward/mean_success_only", "reward/mean_per_uid", "response_length/mean", "response_length/max", "coverage")
+MEANS = ("reward/mean", "reward/mean_default_rule", "reward/mean_success_only", "reward/mean_per_uid", "response_length/mean", "response_length/max", "coverage")
 
 
 # ------------------------------------------------------------------------------------------
@@ -55,6 +55,12 @@ class _Session:
     selected: list[int] = field(default_factory=list)
     score: float | None = None
     placeholder_reward: float | None = None
+    attempts: int = 0
+    retries: list[str] = field(default_factory=list)
+    origin: str | None = None
+    excluded: bool = False
+    partial: bool = False
+    min_valid: int = 2
 
 
 def _scopes(run: str, partition: str, step: int | None, source: str | None) -> list[Scope]:
@@ -76,40 +82,64 @@ async def recompute_from_events(engine: AsyncEngine) -> dict[Scope, dict[str, fl
     group_of: dict[tuple[str, str, int | None, str], list[str]] = defaultdict(list)
     for r in await read_events(engine):
         e = r.event
+        if isinstance(e, ev.RunConfigured):
+            continue  # a run's configuration stream: no session
         if isinstance(e, ev.SessionCreated):
-            sessions[r.session_id] = _Session(e.run, e.uid, e.group_size, e.partition, e.global_step, e.data_source)
+            sessions[r.session_id] = _Session(e.run, e.uid, e.group_size, e.partition, e.global_step, e.data_source,
+                                              min_valid=2 if e.min_valid is None else e.min_valid)
             group_of[(e.run, e.partition, e.global_step, e.uid)].append(r.session_id)
             continue
         s = sessions[r.session_id]
-        if isinstance(e, ev.TrajectoryRecorded):
+        if isinstance(e, ev.SessionStarted):
+            s.attempts += 1
+        elif isinstance(e, ev.AttemptFailed):
+            s.retries.append(e.reason)
+        elif isinstance(e, ev.TrajectoryRecorded):
             s.response_lens[e.index] = e.response_len
         elif isinstance(e, ev.SessionSucceeded):
             s.state, s.selected, s.score = "succeeded", list(e.selected), e.score
         elif isinstance(e, ev.SessionFailed):
-            s.state, s.reason = "failed", e.reason
+            s.state, s.reason, s.origin, s.excluded = "failed", e.reason, e.origin, e.metric == "exclude"
+            if e.placeholder == "keep_partial":
+                s.partial, s.selected, s.score = True, list(e.selected), e.score
         elif isinstance(e, ev.PlaceholderEmitted):
             s.placeholder_reward = e.reward
         elif isinstance(e, ev.SessionCancelled):
             s.state = "cancelled"
 
     counts: dict[Scope, dict[str, float]] = defaultdict(lambda: defaultdict(float))
-    rows: dict[Scope, list[tuple[float, int, bool]]] = defaultdict(list)  # (reward, response_len, succeeded)
+    # (reward, response_len, succeeded, excluded) per batch row
+    rows: dict[Scope, list[tuple[float, int, bool, bool]]] = defaultdict(list)
     for s in sessions.values():
         for scope in _scopes(s.run, s.partition, s.global_step, s.data_source):
             c = counts[scope]
             c["sessions/total"] += 1
+            if s.attempts:
+                c["attempts/total"] += s.attempts
+            if s.retries:
+                c["sessions/retried"] += 1
+                for reason in s.retries:
+                    c[f"retries/{reason}"] += 1
             if s.state != "open":
                 c[f"sessions/{s.state}"] += 1
             if s.state == "failed":
                 c[f"failed/{s.reason}"] += 1
+                c[f"failed_origin/{s.origin}"] += 1
+                if s.excluded:
+                    c["sessions/excluded"] += 1
+                    c[f"excluded/{s.reason}"] += 1
             if s.placeholder_reward is not None:
                 c["placeholders"] += 1
-                rows[scope].append((s.placeholder_reward, 1, False))
+                rows[scope].append((s.placeholder_reward, 1, False, s.excluded))
+            if s.partial:
+                for index in s.selected:
+                    c["rows/partial"] += 1
+                    rows[scope].append((0.0 if s.score is None else s.score, s.response_lens[index], False, s.excluded))
             if s.state == "succeeded":
                 if s.score is None:
                     c["reward/absent"] += 1
                 for index in s.selected:
-                    rows[scope].append((0.0 if s.score is None else s.score, s.response_lens[index], True))
+                    rows[scope].append((0.0 if s.score is None else s.score, s.response_lens[index], True, False))
 
     # verl's view of a settled group: its batch rows (a succeeded session's selected trajectories,
     # each with the session's reward; a placeholder's one row); k = its row count.
@@ -117,12 +147,15 @@ async def recompute_from_events(engine: AsyncEngine) -> dict[Scope, dict[str, fl
     settled_groups: dict[Scope, int] = defaultdict(int)
     for sids in group_of.values():
         first = sessions[sids[0]]
-        values = []
+        values = []  # the rows the metric policy keeps
+        valid = 0  # non-placeholder rows, for GRPO's min_valid
         for sid in sids:
             s = sessions[sid]
-            if s.state == "succeeded":
-                values += [0.0 if s.score is None else s.score] * len(s.selected)
-            elif s.placeholder_reward is not None:
+            if s.state == "succeeded" or s.partial:
+                valid += len(s.selected)
+                if not s.excluded:
+                    values += [0.0 if s.score is None else s.score] * len(s.selected)
+            elif s.placeholder_reward is not None and not s.excluded:
                 values.append(s.placeholder_reward)
         terminal = sum(sessions[sid].state != "open" for sid in sids)
         settled = terminal >= first.group_size
@@ -132,6 +165,8 @@ async def recompute_from_events(engine: AsyncEngine) -> dict[Scope, dict[str, fl
             if settled:
                 c["groups/finished" if any(sessions[sid].state == "succeeded" for sid in sids) else "groups/failure"] += 1
                 settled_groups[scope] += 1
+                if first.partition == "train" and valid < first.min_valid:
+                    c["groups/below_min_valid"] += 1
                 if values:
                     uid_means[scope][len(values)].append(sum(values) / len(values))
 
@@ -145,8 +180,11 @@ async def recompute_from_events(engine: AsyncEngine) -> dict[Scope, dict[str, fl
         metrics["groups/unsettled"] = metrics["groups/total"] - metrics["groups/finished"] - metrics["groups/failure"]
         all_rows = rows.get(scope, [])
         ok_rows = [row for row in all_rows if row[2]]
+        kept = [row for row in all_rows if not row[3]]
         if all_rows:
-            metrics["reward/mean"] = sum(row[0] for row in all_rows) / len(all_rows)
+            metrics["reward/mean_default_rule"] = sum(row[0] for row in all_rows) / len(all_rows)
+        if kept:
+            metrics["reward/mean"] = sum(row[0] for row in kept) / len(kept)
         if ok_rows:
             metrics["reward/mean_success_only"] = sum(row[0] for row in ok_rows) / len(ok_rows)
             metrics["response_length/mean"] = sum(row[1] for row in ok_rows) / len(ok_rows)

@@ -410,7 +410,7 @@ async def test_invalid_trajectories_and_rewards_are_rejected_and_nothing_is_writ
     with pytest.raises(InvalidInput, match="trajectory_selection"):
         await handle.complete(trajectory_selection="best")
     with pytest.raises(InvalidInput, match="reason"):
-        await handle.fail("bad_luck")
+        await handle.fail("Bad Luck")  # a custom reason is a lowercase name
     assert handle.version == version and handle.state == "running"
     assert await ledger.store.stream_version(ids("s-inputs")) == version
     assert await ledger.store.last_position() == position

@@ -115,7 +115,9 @@ async def test_golden_log_projects_to_its_expectation_replays_and_audits_clean(l
         assert await golden.projection_summary(engine) == expected
         report = await audit(engine)
         assert report.ok, report.divergences[:3]
-        assert (report.events, report.sessions) == (len(golden.read_rows(log)), 12)
+        sessions = {row["session_id"] for row in golden.read_rows(log) if not row["session_id"].startswith("@run:")}
+        assert (report.events, report.sessions) == (len(golden.read_rows(log)), len(sessions))
+        assert len(sessions) >= 12
         await upgrade(replica)
         result = await replay(engine, replica)
         assert result.events == report.events
@@ -128,9 +130,10 @@ async def test_golden_log_projects_to_its_expectation_replays_and_audits_clean(l
 
 
 def test_golden_expectations_agree_across_schema_versions() -> None:
-    """The v1 and v2 logs are one scenario: the schema bump must not move any projection."""
-    summaries = [json.loads(golden.expectation_path(log).read_text(encoding="utf-8")) for log in golden.golden_logs()]
-    assert len(summaries) >= 2
+    """The v1 and v2 logs are one scenario: the schema bump must not move any projection. (v3 adds
+    sessions and the run's configuration event, so it is its own scenario: see the next test.)"""
+    summaries = [json.loads(golden.expectation_path(log).read_text(encoding="utf-8")) for log in golden.golden_logs()[:2]]
+    assert len(summaries) == 2
     for summary in summaries:
         summary.pop("log")
     assert all(s == summaries[0] for s in summaries[1:])
@@ -139,6 +142,21 @@ def test_golden_expectations_agree_across_schema_versions() -> None:
                                    "t1-a": "finished", "v1-a": "finished"}
     assert {(q["partition"], q["global_step"]) for q in first["queue"]} == {("train", 0), ("val", 0), ("train", 1), ("val", 1)}
     assert {scope.split("/")[3] for scope in first["metrics"]} == {"*", "gsm8k", "swe"}
+
+
+def test_the_v3_golden_log_keeps_the_old_scenario_and_adds_retries_and_partial_work() -> None:
+    """v3 = the v1/v2 scenario (after the run's RunConfigured) plus a retried session and a timeout
+    that kept its graded work: the old groups settle as before; the retried session's row is its
+    second trajectory (the first is superseded); the partial row carries its own reward."""
+    v2 = json.loads(golden.expectation_path(GOLDEN_V2).read_text(encoding="utf-8"))
+    v3 = json.loads((golden.FIXTURES / "golden_v3.expected.json").read_text(encoding="utf-8"))
+    assert v3["group_tags"] == {**v2["group_tags"], "v1-b": "finished"}
+    rows = {q["session_id"]: q for q in v3["queue"] if q["kind"] == "row"}
+    assert rows["v1-b-s0"]["key"] == "v1-b_0_1" and rows["v1-b-s0"]["reward"] == 1.0
+    assert rows["v1-b-s1"]["key"] == "v1-b_1_0" and rows["v1-b-s1"]["reward"] == 0.5 and not rows["v1-b-s1"]["is_placeholder"]
+    events = {(s.session_id, s.version): s for s in golden.stored_events(golden.FIXTURES / "golden_v3.jsonl")}
+    assert events[("v1-b-s0", 4)].type == "AttemptFailed" and rows["v1-b-s0"]["source_position"] > events[("v1-b-s0", 4)].position
+    assert events[("@run:golden", 1)].type == "RunConfigured"
 
 
 # ------------------------------------------------------------------ tampering

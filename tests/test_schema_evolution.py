@@ -60,8 +60,8 @@ def test_trajectory_recorded_is_schema_2_and_round_trips_trainable_tokens() -> N
     assert new.schema_version == 2
     back = ev.decode(_raw("TrajectoryRecorded", new.schema_version, new.data, new.payload)).event
     assert back == event
-    # Other events stay at schema 1: only the changed shape is bumped.
-    assert {cls.SCHEMA_VERSION for name, cls in ev.EVENT_TYPES.items() if name != "TrajectoryRecorded"} == {1}
+    # Only changed shapes are bumped (the golden logs' record of them).
+    assert {name: cls.SCHEMA_VERSION for name, cls in ev.EVENT_TYPES.items() if cls.SCHEMA_VERSION > 1} == golden.LOG_SCHEMAS
 
 
 async def test_the_recorder_counts_trainable_tokens(sqlite_url: str) -> None:
@@ -122,7 +122,9 @@ def test_golden_v1_log_is_schema_1_and_v2_log_is_schema_2() -> None:
     assert {s.schema_version for s in v1 if s.type == "TrajectoryRecorded"} == {1}
     assert all("trainable_tokens" not in s.data for s in v1)
     assert {s.schema_version for s in v2 if s.type == "TrajectoryRecorded"} == {2}
-    assert len({s.type for s in v1}) == len(ev.EVENT_TYPES), "the golden log holds every event type"
+    assert len({s.type for s in v1}) == 8, "the golden log holds every event type of its time"
+    newest = golden.stored_events(golden.golden_logs()[-1])
+    assert {s.type for s in newest} == set(ev.EVENT_TYPES), "the newest golden log holds every event type"
 
 
 def test_decoding_the_v1_golden_log_yields_the_v2_events() -> None:
@@ -152,7 +154,9 @@ async def test_the_newest_golden_log_is_what_todays_recorder_writes(tmp_path: Pa
     """A change of event shape without a schema bump (and a new golden log) fails here."""
     make_golden = _make_golden_module()
     newest = golden.golden_logs()[-1]
-    assert newest.name == f"golden_v{ev.TrajectoryRecorded.SCHEMA_VERSION}.jsonl"
+    assert newest.name == f"golden_v{golden.LOG_VERSION}.jsonl"
+    assert {name: cls.SCHEMA_VERSION for name, cls in ev.EVENT_TYPES.items() if cls.SCHEMA_VERSION > 1} == golden.LOG_SCHEMAS, (
+        "an event's schema changed: record a new golden log (tests/fixtures/make_golden.py log) and bump LOG_VERSION")
     async with Ledger.open(f"sqlite+aiosqlite:///{tmp_path / 'g.db'}", run=make_golden.RUN, placeholder_policy=make_golden.POLICY) as ledger:
         await make_golden.record_scenario(ledger)
         rows = make_golden.normalise(await golden.dump_rows(ledger.engine))
@@ -162,7 +166,8 @@ async def test_the_newest_golden_log_is_what_todays_recorder_writes(tmp_path: Pa
         expected_slot = (row["data"]["session_index"], row["data"]["group_size"]) if row["type"] == "SessionCreated" else (None, None)
         assert tuple(row[name] for name in golden.ADDED_LATER) == expected_slot, row["position"]
     today = [golden.to_line({**r, **dict.fromkeys(golden.ADDED_LATER)}) for r in rows]
-    stored = [golden.to_line(golden.from_line(line)) for line in newest.read_text(encoding="utf-8").splitlines()]
+    stored = [golden.to_line({**golden.from_line(line), **dict.fromkeys(golden.ADDED_LATER)})
+              for line in newest.read_text(encoding="utf-8").splitlines()]
     for line, (got, want) in enumerate(zip(today, stored), start=1):
         assert got == want, (
             f"{newest.name} line {line}: today's recorder writes a different event. A change of event shape needs a "

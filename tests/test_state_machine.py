@@ -34,22 +34,31 @@ DESIGN_TABLE = {
     ("running", "complete"): "succeeded",
     ("running", "fail"): "failed",
     ("running", "cancel"): "cancelled",
+    # retries: a failed attempt is superseded and the session waits for its next start
+    ("running", "retry"): "retrying",
+    ("retrying", "start"): "running",
+    ("retrying", "fail"): "failed",
+    ("retrying", "cancel"): "cancelled",
 }
 TERMINAL = {"succeeded", "failed", "cancelled"}
-POLICIES = {"default": PlaceholderPolicy(), "drop": PlaceholderPolicy(default="drop")}
+POLICIES = {
+    "default": PlaceholderPolicy(),
+    "drop": PlaceholderPolicy(default="drop"),
+    "partial": PlaceholderPolicy(default="keep_partial", prompt_length=3, response_length=2),
+}
 
 
 # ------------------------------------------------------------------ the table and the diagram
 def test_machine_table_is_the_designed_one() -> None:
     assert machine.TABLE == DESIGN_TABLE
-    assert set(machine.STATES) == {"created", "running", "succeeded", "failed", "cancelled"}
+    assert set(machine.STATES) == {"created", "running", "retrying", "succeeded", "failed", "cancelled"}
     assert machine.TERMINAL_STATES == TERMINAL
     for state in TERMINAL:
         assert machine.allowed(state) == []
     assert machine.allowed("created") == ["start", "fail", "cancel"]
 
 
-@pytest.mark.parametrize("state", ["created", "running", "succeeded", "failed", "cancelled"])
+@pytest.mark.parametrize("state", ["created", "running", "retrying", "succeeded", "failed", "cancelled"])
 @pytest.mark.parametrize("command", list(machine.COMMANDS))
 def test_next_state_follows_the_table_or_names_session_state_and_command(state: str, command: str) -> None:
     if (state, command) in DESIGN_TABLE:
@@ -102,7 +111,9 @@ class Model:
     state: str
     partition: str
     policy: PlaceholderPolicy
-    trajectories: list[tuple[int, int]] = field(default_factory=list)
+    #: the current attempt's trajectories: (index in the stream, prompt_len, response_len)
+    trajectories: list[tuple[int, int, int]] = field(default_factory=list)
+    recorded: int = 0
     reward_info: dict[str, Any] = field(default_factory=dict)
     last_reward: float | None = None
     reward_posted: bool = False
@@ -111,6 +122,10 @@ class Model:
     score_source: str | None = None
     selected: list[int] = field(default_factory=list)
     placeholders: int = 0
+    decision: str | None = None
+    attempt: int = 0
+    retries: list[str] = field(default_factory=list)
+    superseded: int = 0
 
     def valid(self, command: str) -> bool:
         return (self.state, command) in DESIGN_TABLE
@@ -120,8 +135,15 @@ class Model:
         assert self.valid(name)
         if name == "start":
             self.state = "running"
+            self.attempt += 1
+        elif name == "retry":
+            self.state = "retrying"
+            self.retries.append(cmd[1])
+            self.superseded += len(self.trajectories)
+            self.trajectories, self.reward_info, self.last_reward, self.reward_posted = [], {}, None, False
         elif name == "record_trajectory":
-            self.trajectories.append((cmd[1], cmd[2]))
+            self.trajectories.append((self.recorded, cmd[1], cmd[2]))
+            self.recorded += 1
         elif name == "post_reward":
             self.last_reward, self.reward_posted = cmd[1], True
             self.reward_info.update(cmd[2])
@@ -132,12 +154,7 @@ class Model:
                 self._fail("empty_output")
                 return
             self.state = "succeeded"
-            if selection == "all":
-                self.selected = list(range(len(self.trajectories)))
-            else:
-                sizes = [p + r for p, r in self.trajectories]
-                best = max(sizes)
-                self.selected = [max(i for i, s in enumerate(sizes) if s == best)]
+            self.selected = self._select(selection)
             if score is not None:
                 self.score, self.score_source = score, "external"
             elif self.last_reward is not None:
@@ -149,10 +166,23 @@ class Model:
         elif name == "cancel":
             self.state = "cancelled"
 
+    def _select(self, selection: str) -> list[int]:
+        if selection == "all":
+            return [index for index, _p, _r in self.trajectories]
+        best = max(p + r for _i, p, r in self.trajectories)
+        return [max(index for index, p, r in self.trajectories if p + r == best)]
+
     def _fail(self, reason: str) -> None:
         self.state = "failed"
         self.failure_reason = reason
-        self.placeholders = 1 if self.policy.decide(self.partition, reason) == "emit" else 0
+        decision = self.policy.default  # the test policies have no rules
+        if decision == "keep_partial":
+            if self.trajectories and self.reward_posted and self.last_reward is not None:
+                self.selected, self.score = self._select("all"), self.last_reward
+            else:
+                decision = "emit"
+        self.decision = decision
+        self.placeholders = 1 if decision == "emit" else 0
 
 
 commands = st.one_of(
@@ -165,6 +195,7 @@ commands = st.one_of(
     ),
     st.tuples(st.just("complete"), st.one_of(st.none(), st.floats(0, 1)), st.sampled_from(["all", "longest"])),
     st.tuples(st.just("fail"), st.sampled_from(ev.FAILURE_REASONS)),
+    st.tuples(st.just("retry"), st.sampled_from(("sandbox_error", "runner_error", "tool_quota"))),
     st.tuples(st.just("cancel")),
 )
 scenarios = st.fixed_dictionaries(
@@ -202,22 +233,33 @@ def check_against_model(events: list[ev.Event], view: agg.SessionView, model: Mo
 
     assert view.state == model.state
     assert view.terminal == (model.state in TERMINAL)
-    assert len(view.trajectories) == len(model.trajectories)
+    assert [t.index for t in view.trajectories] == [index for index, _p, _r in model.trajectories]
     assert view.version == len(events)
+    # attempts: one per start; each retry supersedes exactly the attempt's trajectories
+    assert view.attempt == model.attempt == types.count("SessionStarted")
+    assert [e.reason for e in events if isinstance(e, ev.AttemptFailed)] == model.retries
+    assert [e.attempt for e in events if isinstance(e, ev.AttemptFailed)] == list(range(1, len(model.retries) + 1))
+    assert view.superseded == model.superseded
+    indices = [e.index for e in events if isinstance(e, ev.TrajectoryRecorded)]
+    assert indices == list(range(len(indices))), "trajectory indices count every attempt's"
     if model.state == "failed":
         assert types.count("SessionFailed") == 1
         assert view.failure_reason == model.failure_reason
-        expected = 1 if policy_name == "default" else 0
-        assert placeholders == expected == model.placeholders == view.placeholder_emitted
+        assert placeholders == model.placeholders == view.placeholder_emitted
         failed = next(e for e in events if isinstance(e, ev.SessionFailed))
-        assert failed.placeholder == ("emit" if expected else "drop")
-        assert failed.discarded_trajectories == len(model.trajectories)
+        assert failed.placeholder == model.decision
+        assert failed.origin == ev.DEFAULT_ORIGINS[model.failure_reason] and failed.metric == "zero"
+        if model.decision == "keep_partial":  # the final attempt's trajectories with its reward; never a superseded one
+            assert failed.selected == view.selected == model.selected and failed.score == model.score
+            assert set(failed.selected) <= {index for index, _p, _r in model.trajectories}
+        assert failed.discarded_trajectories == len(model.trajectories) - len(failed.selected)
         if placeholders:
             emitted = events[-1]
             assert isinstance(emitted, ev.PlaceholderEmitted)
             assert emitted.reason == model.failure_reason and emitted.reward == 0.0 and emitted.finished is False
             assert emitted.materialization_reason == "session_failed"
             assert emitted.reward_info == {**model.reward_info, "reward": 0.0, "finished": False}
+            assert (emitted.prompt_len, emitted.response_len) == (model.policy.prompt_length, model.policy.response_length)
     else:
         assert placeholders == 0 and view.placeholder_emitted == 0
         assert view.failure_reason is None
@@ -244,7 +286,7 @@ def test_deciders_against_the_reference_model(scenario: dict[str, Any]) -> None:
     if scenario["started"]:
         log.append(ev.SessionStarted())
     live = agg.fold(sid, log)
-    model = Model(state=live.state, partition=scenario["partition"], policy=policy)
+    model = Model(state=live.state, partition=scenario["partition"], policy=policy, attempt=int(scenario["started"]))
 
     for cmd in scenario["commands"]:
         name = cmd[0]
@@ -252,8 +294,10 @@ def test_deciders_against_the_reference_model(scenario: dict[str, Any]) -> None:
         try:
             if name == "start":
                 decided = agg.decide_start(live)
+            elif name == "retry":
+                decided = agg.decide_retry(live, cmd[1], ev.DEFAULT_ORIGINS.get(cmd[1], "policy"), message="flaky")
             elif name == "record_trajectory":
-                decided = agg.decide_trajectory(live, _trajectory_event(len(live.trajectories), *cmd[1:]))
+                decided = agg.decide_trajectory(live, _trajectory_event(live.recorded, *cmd[1:]))
             elif name == "post_reward":
                 decided = agg.decide_reward(live, cmd[1], dict(cmd[2]))
             elif name == "complete":
@@ -307,13 +351,20 @@ def test_placeholder_policy_rules_per_partition_and_reason() -> None:
         PlaceholderPolicy(rules={"train": {"timeout": "keep"}})  # type: ignore[dict-item]
 
 
-def test_unknown_failure_reason_is_rejected() -> None:
+@pytest.mark.parametrize("reason", ["Bad Luck", "infra", "policy", "*", "unprojectable", "", "x" * 33, 7])
+def test_a_reason_that_cannot_name_a_failure_is_rejected(reason: Any) -> None:
     from sessions.errors import InvalidInput
 
     view = agg.fold("s", [ev.SessionCreated(run="r", uid="u", session_index=0, group_size=1, partition="val", global_step=0)])
     with pytest.raises(InvalidInput, match="reason"):
-        agg.decide_fail(view, PlaceholderPolicy(), "bad_luck")
+        agg.decide_fail(view, PlaceholderPolicy(), reason)
     assert view.state == "created"
+
+
+def test_a_custom_reason_is_a_policy_failure_unless_declared() -> None:
+    view = agg.fold("s", [ev.SessionCreated(run="r", uid="u", session_index=0, group_size=1, partition="val", global_step=0)])
+    assert agg.decide_fail(view, PlaceholderPolicy(), "tool_quota")[0].origin == "policy"
+    assert agg.decide_fail(view, PlaceholderPolicy(), "tool_quota", origin="infra")[0].origin == "infra"
 
 
 # ------------------------------------------------------------------ through the real SQLite store
@@ -335,11 +386,13 @@ def sqlite_harness(sqlite_url: str) -> Iterator[Harness]:
     loop = asyncio.new_event_loop()
     opener = Ledger.open(sqlite_url)
     ledger = loop.run_until_complete(opener.__aenter__())
-    dropping = Ledger(ledger.engine, placeholder_policy=POLICIES["drop"])
+    # one run per policy: a run's configuration is fingerprinted, so two policies cannot share one
+    others = {name: Ledger(ledger.engine, run=f"run-{name}", placeholder_policy=POLICIES[name]) for name in POLICIES if name != "default"}
     try:
-        yield Harness(loop, {"default": ledger, "drop": dropping})
+        yield Harness(loop, {"default": ledger, **others})
     finally:
-        loop.run_until_complete(dropping.close())
+        for other in others.values():
+            loop.run_until_complete(other.close())
         loop.run_until_complete(opener.__aexit__(None, None, None))
         loop.close()
 
@@ -350,7 +403,7 @@ async def _run_on_store(ledger: Any, sid: str, scenario: dict[str, Any]) -> None
         sid, uid=f"u-{sid}", session_index=0, group_size=1, partition=scenario["partition"], global_step=0,
         start=scenario["started"],
     )
-    model = Model(state=handle.state, partition=scenario["partition"], policy=ledger.policy)
+    model = Model(state=handle.state, partition=scenario["partition"], policy=ledger.policy, attempt=int(scenario["started"]))
     for cmd in scenario["commands"]:
         name = cmd[0]
         state_before = handle.state
@@ -360,6 +413,8 @@ async def _run_on_store(ledger: Any, sid: str, scenario: dict[str, Any]) -> None
         try:
             if name == "start":
                 await handle.start()
+            elif name == "retry":
+                await handle.retry(cmd[1], message="flaky")
             elif name == "record_trajectory":
                 _, p, r, turns = cmd
                 await handle.record_trajectory(
