@@ -215,13 +215,14 @@ def _utc_row(row: Any) -> tuple[Any, ...]:
 
 
 async def trajectory_events(conn: AsyncConnection, session_ids: Sequence[str], up_to: int) -> list[tuple[Any, ...]]:
-    """The TrajectoryRecorded events of some sessions at positions <= `up_to`, in log order, as
-    `events_after` returns them."""
+    """The TrajectoryRecorded events of some sessions at positions <= `up_to`, and the
+    AttemptFailed events that supersede them, in log order, as `events_after` returns them."""
     out: list[tuple[Any, ...]] = []
     for chunk in _chunks(list(session_ids)):
         result = await conn.execute(
             select(*_decoder_columns()).where(
-                events.c.session_id.in_(chunk), events.c.type == "TrajectoryRecorded", events.c.position <= up_to
+                events.c.session_id.in_(chunk), events.c.type.in_(("TrajectoryRecorded", "AttemptFailed")),
+                events.c.position <= up_to,
             )
         )
         out.extend(_utc_row(row) for row in result)

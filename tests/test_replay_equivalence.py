@@ -96,13 +96,26 @@ def random_log(rnd: random.Random) -> Log:
 
             add("SessionCreated", {"run": run, "uid": uid, "session_index": index, "group_size": size, "partition": partition,
                                    "global_step": step, "data_source": source, "runner": rnd.choice([None, "swe-agent"]),
-                                   "sample_index": None, "metadata": {"seed": rnd.randrange(100)}})
+                                   "sample_index": None, "metadata": {"seed": rnd.randrange(100)},
+                                   **({"min_valid": rnd.choice([0, 1, 3])} if rnd.random() < 0.3 else {})})
             outcome = rnd.choice(OUTCOMES)
             if outcome != "created":
                 add("SessionStarted", {"attempt": rnd.choice([None, 1]), "timeout_s": rnd.choice([None, 60.0])})
+                recorded = 0  # trajectory indices count across attempts
+                for attempt in range(1, rnd.choice([1, 1, 2, 3]) + 0):  # superseded attempts, with their work
+                    for _ in range(rnd.randint(0, 2)):
+                        data, payload = _trajectory(rnd, recorded, False)
+                        add("TrajectoryRecorded", data, payload, 2)
+                        recorded += 1
+                    if rnd.random() < 0.5:
+                        add("RewardPosted", {"reward": 1.0, "info": {"superseded": attempt}})
+                    add("AttemptFailed", {"attempt": attempt, "reason": rnd.choice(["sandbox_error", "tool_quota"]),
+                                          "origin": "infra", "error_type": None, "message": "flaky", "discarded_trajectories": 0,
+                                          "retry_in_s": 0.0})
+                    add("SessionStarted", {"attempt": attempt + 1, "timeout_s": None})
                 count = rnd.randint(0, 3)
                 rewards: list[float | None] = []
-                for t in range(count):
+                for t in range(recorded, recorded + count):
                     v1 = rnd.random() < 0.3
                     data, payload = _trajectory(rnd, t, v1)
                     add("TrajectoryRecorded", data, payload, 1 if v1 else 2)
@@ -113,25 +126,49 @@ def random_log(rnd: random.Random) -> Log:
                 if outcome.startswith("succeed") and count == 0:
                     outcome = "fail_emit"  # complete() without a trajectory is a failure
                 if outcome.startswith("succeed"):
-                    selected = list(range(count)) if outcome != "succeed_last" else [count - 1]
+                    selected = list(range(recorded, recorded + count)) if outcome != "succeed_last" else [recorded + count - 1]
                     score = rewards[-1] if rewards else None
                     add("SessionSucceeded", {"selected": selected, "trajectory_selection": "longest" if outcome == "succeed_last" else "all",
                                              "score": score, "score_source": "reward_info" if score is not None else "absent",
                                              "finished": True})
                 elif outcome.startswith("fail"):
-                    reason = rnd.choice(ev.FAILURE_REASONS)
+                    reason = rnd.choice([*ev.FAILURE_REASONS, "tool_quota"])
                     decision = "drop" if outcome == "fail_drop" else "emit"
-                    add("SessionFailed", {"reason": reason, "error_type": rnd.choice([None, "RuntimeError"]),
-                                          "message": "boom", "discarded_trajectories": count, "placeholder": decision})
+                    failed = {"reason": reason, "error_type": rnd.choice([None, "RuntimeError"]),
+                              "message": "boom", "discarded_trajectories": count, "placeholder": decision}
+                    v1 = reason != "tool_quota" and rnd.random() < 0.3  # schema 1: no origin, metric or partial work
+                    if not v1:
+                        failed.update(origin=rnd.choice(["infra", "policy"]), metric=rnd.choice(["zero", "zero", "exclude"]),
+                                      selected=[], score=None)
+                        if decision == "emit" and count and rnd.random() < 0.4:  # keep_partial: the last trajectory, graded
+                            failed.update(placeholder="keep_partial", selected=[recorded + count - 1],
+                                          score=rewards[-1] if rewards and rewards[-1] is not None else 0.5,
+                                          discarded_trajectories=count - 1)
+                            decision = "keep_partial"
+                    add("SessionFailed", failed, schema=1 if v1 else 2)
                     if decision == "emit":
-                        add("PlaceholderEmitted", {"reason": reason, "token_id": rnd.choice([0, 2]), "reward": 0.0, "finished": False,
-                                                   "materialization_reason": "session_failed", "reward_info": {"acc": 0}})
+                        placeholder = {"reason": reason, "token_id": rnd.choice([0, 2]), "reward": 0.0, "finished": False,
+                                       "materialization_reason": "session_failed", "reward_info": {"acc": 0}}
+                        lengths = rnd.random() < 0.5
+                        if lengths:
+                            placeholder.update(prompt_len=rnd.randint(1, 4), response_len=rnd.randint(1, 4))
+                        add("PlaceholderEmitted", placeholder, schema=2 if lengths else 1)
                 elif outcome == "cancel":
                     add("SessionCancelled", {"message": rnd.choice([None, "shutdown"])})
             log.streams[sid] = [
                 NewEvent(str(uuid.UUID(int=rnd.getrandbits(128))), sid, version, type_, schema, run, uid, partition, step,
                          data, payload, next(clock))
                 for version, (_e, type_, schema, data, payload) in enumerate(items, start=1)
+            ]
+    for run in ("alpha", "beta"):  # a run's configuration stream, sometimes resumed with another
+        if rnd.random() < 0.5:
+            stream = f"@run:{run}"
+            configs = [{"digest": f"{k:064x}", "config": {"user": {"k": k}}, "change": None if k == 0 else {"previous": f"{k - 1:064x}"}}
+                       for k in range(rnd.randint(1, 2))]
+            log.streams[stream] = [
+                NewEvent(str(uuid.UUID(int=rnd.getrandbits(128))), stream, version, "RunConfigured", 1, run, "", "", None,
+                         data, None, next(clock))
+                for version, data in enumerate(configs, start=1)
             ]
     log.turns = [sid for sid, stream in log.streams.items() for _ in stream]
     rnd.shuffle(log.turns)  # a random interleaving that keeps each stream's own order
@@ -238,8 +275,10 @@ def test_the_generator_covers_every_outcome() -> None:
             if event.type == "SessionFailed":
                 seen["placeholder"].add(event.data["placeholder"])
     assert seen["types"] == set(ev.EVENT_TYPES)
-    assert {("TrajectoryRecorded", 1), ("TrajectoryRecorded", 2)} <= seen["schemas"]
-    assert seen["placeholder"] == {"emit", "drop"} and seen["partition"] == {"train", "val"} and len(seen["runs"]) == 2
+    assert {("TrajectoryRecorded", 1), ("TrajectoryRecorded", 2), ("SessionFailed", 1), ("SessionFailed", 2),
+            ("PlaceholderEmitted", 1), ("PlaceholderEmitted", 2)} <= seen["schemas"]
+    assert seen["placeholder"] == {"emit", "drop", "keep_partial"}
+    assert {"train", "val"} <= seen["partition"] and len(seen["runs"]) == 2
 
 
 def _damaged(kind: str) -> list[NewEvent]:

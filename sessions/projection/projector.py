@@ -238,11 +238,16 @@ async def load_working_set(conn: Any, page: list[LogEvent], checkpoint: int) -> 
     for row in (*state.sessions.values(), *state.groups.values(), *(e for e in created.values() if _has_identity(e))):
         scopes.update(m.scopes(row["run"], row["partition"], row["global_step"], row.get("data_source")))
     state.metrics = {scope: m.MetricTable(values) for scope, values in (await rm.load_metrics(conn, sorted(scopes, key=repr))).items()}
-    succeeding = sorted({event[1] for event in page if event[3] == "SessionSucceeded" and event[1] in state.sessions})
-    if succeeding:
+    # The trajectories a session's end in this page may select (a success's, or a keep_partial
+    # failure's), recorded before the page: its current attempt's only, as the rules keep them.
+    ending = sorted({event[1] for event in page if event[1] in state.sessions and (
+        event[3] == "SessionSucceeded" or (event[3] == "SessionFailed" and (event[4] or {}).get("placeholder") == "keep_partial"))})
+    if ending:
         decoder = Decoder()
-        for position, sid, _version, _type, data, _at, problem in decoder.events(await rm.trajectory_events(conn, succeeding, checkpoint)):
-            if problem is None and data is not None:
+        for position, sid, _version, type_, data, _at, problem in decoder.events(await rm.trajectory_events(conn, ending, checkpoint)):
+            if type_ == "AttemptFailed":
+                state.trajectories.pop(sid, None)  # superseded, as `Rules._attempt_failed` forgets them
+            elif problem is None and data is not None:
                 state.trajectories.setdefault(sid, {})[int(data["index"])] = (position, data)
     state.next_queue_id = await rm.next_queue_id(conn)
     return state
