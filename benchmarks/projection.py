@@ -46,7 +46,7 @@ def per_row_padded(rows: list[Any], pad_token_id: int = 0) -> Any:
     import torch.nn.functional as F
     from tensordict import NonTensorStack, TensorDict
 
-    from sessions.batches.columns import COLUMN_DTYPES, META_COLUMNS, UNKNOWN_TURNS
+    from sessions.batches.columns import COLUMN_DTYPES, META_COLUMNS, META_DEFAULTS, UNKNOWN_TURNS
 
     P = max((len(r.prompt_ids) for r in rows), default=0)
     R = max((len(r.response_ids) for r in rows), default=0)
@@ -89,7 +89,7 @@ def per_row_padded(rows: list[Any], pad_token_id: int = 0) -> Any:
     columns["num_turns"] = torch.tensor(turns, dtype=COLUMN_DTYPES["num_turns"])
     batch = TensorDict(columns, batch_size=[len(rows)])
     for name in META_COLUMNS:
-        values = [r.meta.get(name) for r in rows]
+        values = [r.meta.get(name, META_DEFAULTS.get(name)) for r in rows]
         batch.set(name, NonTensorStack.from_list([v.item() if isinstance(v, np.generic) else v for v in values]))
     batch.set("__num_turns__", NonTensorStack.from_list(turns))
     batch.set("multi_modal_inputs", NonTensorStack.from_list([{} for _ in rows]))

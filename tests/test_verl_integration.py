@@ -79,7 +79,7 @@ def last_row_reference(batch: Any) -> torch.Tensor:
             final[session[i]] = i
     rows = sorted(final.values())
     sub = batch[torch.tensor(rows)]
-    advantage = grpo_outcome_advantage(sub, exclude_placeholders=True)
+    advantage = grpo_outcome_advantage(sub, exclude_placeholders=True, min_valid=1)
     mask = sub["response_mask"].sum(-1)
     scalar = torch.where(mask > 0, advantage.sum(-1) / mask.clamp(min=1), torch.zeros_like(mask, dtype=torch.float32))
     by_session = {session[row]: scalar[j] for j, row in enumerate(rows)}
@@ -157,7 +157,7 @@ def test_conversion_grpo_and_metrics_match_verl(
             advantage, _ = compute_grpo_outcome_advantage(
                 proto.batch["rm_scores"], proto.batch["response_mask"], proto.non_tensor_batch["uid"]
             )
-            reference = grpo_outcome_advantage(batch, exclude_placeholders=exclude)
+            reference = grpo_outcome_advantage(batch, exclude_placeholders=exclude, min_valid=1)  # verl: a lone row keeps its score
             torch.testing.assert_close(advantage, reference, rtol=1e-5, atol=2e-5)
             assert not advantage[torch.from_numpy(placeholder)].any()  # exactly 0
 
