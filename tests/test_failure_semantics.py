@@ -332,3 +332,41 @@ def test_a_session_id_cannot_take_a_run_stream_name() -> None:
 
     with pytest.raises(InvalidInput, match="@run:"):
         check_identity("@run:x", run="r", uid="u", session_index=0, group_size=1, partition="val", global_step=0)
+
+
+# ------------------------------------------------------------------ through verl (the verl_env job)
+@pytest.mark.verl_env
+async def test_cp_sized_placeholders_through_verls_loss_and_metrics(verl_installed: None, sqlite_url: str) -> None:
+    """Placeholders of 4 + 4 tokens (2·tp·cp for tp = cp = 2) through verl 0.9.1's own GRPO, worker
+    loss (THD-unpadded, as context parallelism runs it) and data metrics: every token attended, no
+    gradient, and a zero in the score mean."""
+    from verl.trainer.ppo.metric_utils import compute_data_metrics
+
+    from sessions import to_data_proto
+    from tests.test_verl_training import grpo, worker_loss
+
+    policy = PlaceholderPolicy(prompt_length=4, response_length=4)
+    async with Ledger.open(sqlite_url, placeholder_policy=policy) as ledger:
+        for k, (plan, reward) in enumerate(((["ok"], 1.0), (["runner"], 0.0), (["ok"], 0.5), (["sandbox"], 0.0))):
+            await ledger.run_session(_runner(k, plan, reward), f"cp{k}", uid="cp", session_index=k, group_size=4,
+                                     partition="train", global_step=0)
+        batch = await ledger.batch("train", 0, timeout=10)
+    dp = grpo(to_data_proto(batch))
+    placeholder = dp.batch["is_placeholder"]
+    assert int(placeholder.sum()) == 2
+    assert (dp.batch["attention_mask"][placeholder].sum(-1) == 8).all() and not dp.batch["response_mask"][placeholder].any()
+    assert not dp.batch["advantages"][placeholder].any() and dp.batch["advantages"][~placeholder].abs().sum() > 0
+
+    size, width = len(dp), dp.batch["attention_mask"].shape[1]
+    dp.batch["old_log_probs"] = torch.zeros_like(dp.batch["rm_scores"])
+    # the whole batch on one rank; then two ranks, one of which holds only the placeholders (its
+    # micro-batch is fully masked: finite because the mini-batch's token count is global)
+    real, fake = torch.nonzero(~placeholder).flatten(), torch.nonzero(placeholder).flatten()
+    for rows, ranks in (([torch.arange(size)], 1), ([real, fake], 2)):
+        leaf = (-torch.rand((size, width), generator=torch.Generator().manual_seed(7))).requires_grad_(True)
+        loss = worker_loss(dp, leaf, rows, mode="token-mean", global_batch_size=size, dp_size=ranks)
+        assert torch.isfinite(loss), f"loss {loss} over rows {rows}"
+        loss.backward()
+        assert leaf.grad is not None and not leaf.grad[placeholder].any(), "a placeholder moved the gradient"
+    metrics = compute_data_metrics(batch=dp, use_critic=False)
+    assert metrics["critic/score/mean"] == pytest.approx((1.0 + 0.0 + 0.5 + 0.0) / 4)  # the failures count as zeros
