@@ -10,8 +10,10 @@ targets (goals, not assertions) beside them:
 3. replay/audit  sessions.audit.replay.replay and sessions.audit.auditing.audit over a recorded log
 4. pg append     1, 4, 8 writer processes via benchmarks/pg_append.py (if present and the server answers)
 5. overhead      recorder wall time per session in a loop of 1,000 concurrent simulated sessions
-6. export        export_dataset to Parquet vs pyarrow's own write of the same table (the floor)
-7. memory        per workload: RSS high-water growth and tracemalloc peak (see benchmarks/common.py)
+6. batch_ready   one step of sessions recorded with a projector following the log: last terminal
+                 append -> ledger.batch returned, vs build_padded alone on the same rows
+7. export        export_dataset to Parquet vs pyarrow's own write of the same table (the floor)
+8. memory        per workload: RSS high-water growth and tracemalloc peak (see benchmarks/common.py)
 
 ``--quick`` is the CI smoke size (< 2 minutes on 2 cores; tests/test_benchmarks_smoke.py runs it),
 ``--full`` the size of the figures in docs/benchmarks.md, ``--tiny`` a few seconds (a check that
@@ -31,7 +33,7 @@ from pathlib import Path
 
 from benchmarks.common import Report, load_average, log, machine_info, machine_lines, preset, table
 
-WORKLOADS = ("append", "projection", "replay", "pg", "overhead", "export")
+WORKLOADS = ("append", "projection", "replay", "pg", "overhead", "batch_ready", "export")
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
@@ -52,6 +54,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--pg-writers", help="comma-separated writer process counts, e.g. 1,4,8")
     parser.add_argument("--pg-sessions-per-writer", type=int)
     parser.add_argument("--overhead-sessions", type=int)
+    parser.add_argument("--batch-ready-sessions", type=int, help="sessions in the batch-ready workload's step")
     parser.add_argument("--no-tracemalloc", action="store_true", help="skip the extra traced repetitions")
     parser.add_argument("--workdir", help="folder for the scratch databases (default: the system temp folder)")
     parser.set_defaults(mode="quick")
@@ -78,6 +81,7 @@ def main(argv: list[str] | None = None) -> int:
         pg_writers=tuple(int(w) for w in args.pg_writers.split(",")) if args.pg_writers else None,
         pg_sessions_per_writer=args.pg_sessions_per_writer,
         overhead_sessions=args.overhead_sessions,
+        batch_ready_sessions=args.batch_ready_sessions,
         tracemalloc=False if args.no_tracemalloc else None,
         only=tuple(args.only.split(",")) if args.only else None,
         workdir=args.workdir,
@@ -91,10 +95,10 @@ def main(argv: list[str] | None = None) -> int:
     print(flush=True)
 
     from benchmarks import append, overhead, pg, projection, replay_audit
-    from benchmarks import export
+    from benchmarks import batch_ready, export
 
     modules = {"append": append, "projection": projection, "replay": replay_audit, "pg": pg, "overhead": overhead,
-               "export": export}
+               "batch_ready": batch_ready, "export": export}
     report = Report()
     for name in WORKLOADS:
         if not cfg.wants(name):

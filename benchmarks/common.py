@@ -60,6 +60,10 @@ class Config:
     pg_reps: int | None = None  # None: `reps`
     # 5. per-session overhead
     overhead_sessions: int = 1000
+    # 7. batch ready when the step ends: sessions in the one step (benchmarks/batch_ready.py)
+    batch_ready_sessions: int = 256
+    # disk write speed (replay/audit MB/s against it): MiB written and fdatasync'ed
+    disk_mib: int = 64
     # 6. memory
     tracemalloc: bool = True
     #: skip a traced repetition of replay/audit above this many events (RSS only): too slow traced
@@ -82,20 +86,20 @@ PRESETS: dict[str, dict[str, Any]] = {
     "tiny": dict(
         reps=3, append_sessions=24, append_concurrency=1000, projection_steps=2, projection_uids=2,
         replay_sessions=24, pg_writers=(1,), pg_sessions_per_writer=8, pg_reps=1, overhead_sessions=40,
-        tracemalloc=False, copy_mib=64,
+        tracemalloc=False, copy_mib=64, batch_ready_sessions=32, disk_mib=16,
     ),
     # < 2 minutes on 2 cores: the CI smoke run (PostgreSQL: 1 repetition per writer count, since each
     # spawns its writer processes afresh and every process pays ~1.5 s CPU importing the library)
     "quick": dict(
         reps=3, append_sessions=200, append_concurrency=1000, projection_steps=2, projection_uids=16,
         replay_sessions=300, pg_writers=(1, 4, 8), pg_sessions_per_writer=25, pg_reps=1, overhead_sessions=1000,
-        tracemalloc=True,
+        tracemalloc=True, batch_ready_sessions=256, disk_mib=64,
     ),
     # several minutes: the figures in docs/benchmarks.md
     "full": dict(
         reps=3, append_sessions=10_000, append_concurrency=1000, projection_steps=16, projection_uids=64,
         replay_sessions=17_000, pg_writers=(1, 4, 8), pg_sessions_per_writer=250, overhead_sessions=1000,
-        tracemalloc=True, traced_events_max=20_000,
+        tracemalloc=True, traced_events_max=20_000, batch_ready_sessions=4096, disk_mib=256,
     ),
 }
 
@@ -293,6 +297,30 @@ def checkpoint_sqlite(path: Path) -> None:
         conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     finally:
         conn.close()
+
+
+def disk_write_speed(folder: Path, mib: int, reps: int = 3) -> float:
+    """Bytes per second of writing `mib` MiB (8 MiB chunks of random bytes) to a new file in
+    `folder` and `os.fdatasync`-ing it, median of `reps`: what the disk under the scratch files
+    takes, page cache flushed, as the bound for a workload that writes its log's payloads."""
+    chunk = os.urandom(8 * MiB)
+    chunks = max(1, mib // 8)
+    times = []
+    for rep in range(reps):
+        path = folder / f"disk-speed-{rep}.bin"
+        try:
+            start = time.perf_counter()
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            try:
+                for _ in range(chunks):
+                    os.write(fd, chunk)
+                os.fdatasync(fd)
+            finally:
+                os.close(fd)
+            times.append(time.perf_counter() - start)
+        finally:
+            path.unlink(missing_ok=True)
+    return chunks * 8 * MiB / median(times)
 
 
 # ----------------------------------------------------------------------------------- memory
