@@ -70,9 +70,15 @@ def run(cfg: Config, report: Report) -> None:
         return
     results = []
     reps = cfg.pg_reps or cfg.reps
+    # issue 18: the largest writer count against raw asyncpg COPY of the same rows from as many processes
+    copy_for = max(cfg.pg_writers)
+    can_copy = "copy_baseline" in inspect.signature(measure).parameters
+    if not can_copy:
+        report.note(WORKLOAD, "benchmarks/pg_append.py has no copy_baseline: no parallel COPY baseline")
     for writers in cfg.pg_writers:
         log(f"  pg append: {writers} writer process(es), {cfg.pg_sessions_per_writer * writers} sessions, {reps} reps")
-        results.append(measure(writers, sessions_per_writer=cfg.pg_sessions_per_writer, url=pg_url(), reps=reps))
+        extra = {"copy_baseline": True} if can_copy and writers == copy_for else {}
+        results.append(measure(writers, sessions_per_writer=cfg.pg_sessions_per_writer, url=pg_url(), reps=reps, **extra))
     base = results[0]
     for result in results:
         w = result["writers"]
@@ -82,6 +88,13 @@ def run(cfg: Config, report: Report) -> None:
         if result is not base:
             report.add(WORKLOAD, f"scaling {w} writers / {base['writers']} writer (events/s)",
                        result["events_per_s"] / base["events_per_s"], "x", kind="ratio")
+        copy = result.get("copy")
+        if copy:
+            p = copy["processes"]
+            report.add(WORKLOAD, f"raw asyncpg COPY of the same {copy['events']} rows from {p} processes", copy["events_per_s"],
+                       "events/s")
+            report.add(WORKLOAD, f"ratio ledger {w} writer processes / raw COPY from {p} processes (events/s)",
+                       result["events_per_s"] / copy["events_per_s"], "x", target=">= 0.5x", goal=(">=", 0.5), kind="ratio")
     report.note(WORKLOAD, "per session: create+start, one 256+512-token trajectory, reward, complete (5 events, "
                 "pg_append.measure defaults; 64 sessions in flight per process); raw asyncpg baselines: "
                 "`python -m benchmarks.pg_append`")

@@ -11,7 +11,10 @@ the median of the repetitions.
 Baseline, in the same run: the rows the ledger wrote (the events table of a 1-writer repetition,
 read back byte for byte) inserted again by one process with raw asyncpg into a fresh, migrated
 database — `copy_records_to_table` and `executemany` of the same INSERT, one transaction each —
-the floor for what any PostgreSQL writer of these rows can do.
+the floor for what any PostgreSQL writer of these rows can do. `measure(..., copy_baseline=True)`
+(what the suite's pg workload asks for its largest writer count) also times the same rows split
+into `writers` shares and COPYed by as many processes at once, each with its own connection, from
+a common start signal — issue 18's bar for the ledger's writer processes (>= 0.5x of it).
 
     python -m benchmarks.pg_append --sessions 2000 --reps 3 --json pg_append.json
 
@@ -248,29 +251,101 @@ async def _raw_insert(target: str, rows: list[tuple[Any, ...]], method: str) -> 
     return seconds
 
 
+def copy_process(target: str, index: int, rows: list[tuple[Any, ...]], go: Any, queue: Any) -> None:
+    """One raw COPY process of the parallel baseline: connect, wait for `go`, COPY its share."""
+    async def copy() -> dict[str, Any]:
+        import asyncpg
+
+        conn = await asyncpg.connect(_dsn(target))
+        try:
+            queue.put(("ready", index, os.getpid()))
+            await asyncio.to_thread(go.wait)
+            started = time.monotonic()
+            await conn.copy_records_to_table("events", records=rows, columns=list(COLUMNS))
+            return {"started": started, "ended": time.monotonic(), "events": len(rows)}
+        finally:
+            await conn.close()
+
+    try:
+        queue.put(("done", index, asyncio.run(copy())))
+    except BaseException as error:  # noqa: BLE001 - the parent must hear of it
+        import traceback
+
+        queue.put(("error", index, f"{error!r}\n{traceback.format_exc()}"))
+
+
+def parallel_copy(url: str, rows: list[tuple[Any, ...]], processes: int, reps: int, timeout: float = 300.0) -> dict[str, Any]:
+    """Median seconds of `processes` processes COPYing `rows` (split in contiguous shares) into a
+    fresh migrated database at once, from a common start signal until the last is done."""
+    ctx = multiprocessing.get_context("spawn")
+    # the timed appends' rows: the run's configuration fingerprint, written at open, is not one
+    rows = [r for r in rows if r[COLUMNS.index("type")] != "RunConfigured"]
+    size = -(-len(rows) // processes)
+    shares = [rows[i * size:(i + 1) * size] for i in range(processes)]
+    seconds = []
+    for _ in range(reps):
+        name, target = asyncio.run(create_database(url))
+        try:
+            q, go = ctx.Queue(), ctx.Event()
+            procs = [ctx.Process(target=copy_process, args=(target, i, shares[i], go, q), daemon=True)
+                     for i in range(processes)]
+            for proc in procs:
+                proc.start()
+            try:
+                _collect(q, procs, "ready", processes, timeout)
+                start = time.monotonic()
+                go.set()
+                done = _collect(q, procs, "done", processes, timeout)
+                seconds.append(max(d["ended"] for d in done.values()) - start)
+                for proc in procs:
+                    proc.join(30)
+            finally:
+                for proc in procs:
+                    if proc.is_alive():
+                        proc.kill()
+                        proc.join(5)
+            stored, _ = asyncio.run(_count(target))
+            if stored != len(rows):
+                raise RuntimeError(f"parallel COPY baseline: {stored} rows stored of {len(rows)}")
+        finally:
+            asyncio.run(drop_database(url, name))
+    median = statistics.median(seconds)
+    return {"processes": processes, "events": len(rows), "seconds": median, "reps_seconds": seconds,
+            "events_per_s": len(rows) / median}
+
+
 # ---------------------------------------------------------------------------------- driver
 def _median_of(reps: list[dict[str, Any]], key: str) -> float:
     return statistics.median(r[key] for r in reps)
 
 
 def measure(writers: int, *, sessions_per_writer: int | None = None, sessions: int | None = None, url: str | None = None,
-            reps: int = 3, concurrency: int = 64, prompt_tokens: int = 256, response_tokens: int = 512) -> dict[str, Any]:
+            reps: int = 3, concurrency: int = 64, prompt_tokens: int = 256, response_tokens: int = 512,
+            copy_baseline: bool = False) -> dict[str, Any]:
     """Median of `reps` repetitions of one configuration, each on a fresh database.
 
-    (Also the entry point `benchmarks/pg.py` calls from the benchmark suite.)
+    (Also the entry point `benchmarks/pg.py` calls from the benchmark suite.) With `copy_baseline`
+    the rows of the first repetition are read back and COPYed again by `writers` processes at once
+    (`parallel_copy`, `reps` repetitions): the result's "copy" entry.
     """
     url = url or admin_url()
     total = sessions if sessions is not None else (sessions_per_writer or 100) * writers
     runs = []
+    rows: list[tuple[Any, ...]] | None = None
     for _ in range(reps):
         name, target = asyncio.run(create_database(url))
         try:
             runs.append(run_config(target, writers, total, concurrency=concurrency, prompt_tokens=prompt_tokens,
                                    response_tokens=response_tokens))
+            if copy_baseline and rows is None:
+                rows = asyncio.run(_fetch_rows(target))
         finally:
             asyncio.run(drop_database(url, name))
     summary = {key: _median_of(runs, key) for key in ("events_per_s", "sessions_per_s", "tokens_per_s", "seconds")}
-    return {"writers": writers, "sessions": total, "events": runs[0]["events"], **summary, "reps": runs}
+    out = {"writers": writers, "sessions": total, "events": runs[0]["events"], **summary, "reps": runs}
+    if rows is not None:
+        out["copy"] = parallel_copy(url, rows, writers, reps)
+    return out
 
 
 def baseline(url: str, rows: list[tuple[Any, ...]], sessions: int, reps: int) -> dict[str, Any]:
