@@ -26,7 +26,7 @@ def test_quick_suite_reports_every_figure(tmp_path: Path, capsys: pytest.Capture
     assert result["machine"]["cpu"] and result["machine"]["python"] and result["machine"]["sqlite"]
     figures = result["figures"]
     workloads = {f["workload"] for f in figures}
-    assert {"append", "projection", "replay/audit", "overhead"} <= workloads
+    assert {"append", "projection", "replay/audit", "overhead", "batch ready"} <= workloads
     if not any(note.startswith("pg append: skipped") for note in result["notes"]):
         assert "pg append" in workloads
     for figure in figures:
@@ -42,3 +42,9 @@ def test_quick_suite_reports_every_figure(tmp_path: Path, capsys: pytest.Capture
     assert any(w == "append" and n.startswith("ratio ledger / raw sqlite3") for w, n in names)
     assert any(w == "projection" and n.startswith("bandwidth bound") for w, n in names)
     assert any(w == "replay/audit" and n.startswith("audit") for w, n in names)
+    # issue 18's baselines and targets are printed beside the figures
+    assert any(w == "overhead" and n.startswith("ratio recorder overhead / JSONL-dump") for w, n in names)
+    assert any(w == "batch ready" and n.startswith("ratio batch-ready wait / build_padded") for w, n in names)
+    assert any(w == "replay/audit" and n.startswith("disk write speed") for w, n in names)
+    targeted = {f["name"] for f in figures if f["target"]}
+    assert "audit (check log + fold into a scratch file + compare)" in targeted
