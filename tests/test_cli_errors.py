@@ -487,7 +487,7 @@ def test_a_postgres_url_without_the_extra_names_it(tmp_path: Path) -> None:
         result = subprocess.run([sys.executable, "-m", "sessions.cli", *verb, "--db", "postgresql://ledger@127.0.0.1:1/ledger"],
                                 cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
         line = one_line(result)
-        assert "asyncpg is not installed" in line and "pip install 'rollout-ledger[postgres]'" in line, line
+        assert "asyncpg is not installed" in line and "pip install -e '.[postgres]'" in line and "rollout-ledger[" not in line, line
 
 
 @pytest.mark.parametrize(("query", "says"), [

@@ -33,6 +33,10 @@ OPTIONAL_MODULES = {
     "asyncpg": ("the PostgreSQL driver asyncpg", "postgres"),
     "eventsourcing": ("the benchmark baseline eventsourcing", "bench"),
     "transfer_queue": ("TransferQueue", "transferqueue"),
+    "pyarrow": ("pyarrow (Parquet export)", "export"),
+    "matplotlib": ("matplotlib (the report's figures)", "report"),
+    "tensorboard": ("TensorBoard", "trackers"),
+    "wandb": ("Weights & Biases (wandb)", "trackers"),
 }
 
 #: Errors whose own message is already the user's reason (argument checks inside the verbs).
@@ -125,7 +129,7 @@ def _missing_module(error: ModuleNotFoundError) -> str:
     name = (error.name or "").split(".")[0]
     if name in OPTIONAL_MODULES:
         what, extra = OPTIONAL_MODULES[name]
-        return f"{what} is not installed: pip install -e '.[{extra}]' (or pip install 'rollout-ledger[{extra}]')"
+        return f"{what} is not installed: pip install -e '.[{extra}]' (in the clone)"
     return f"module {name or error} is not installed: reinstall {PROG} with its dependencies (pip install -e .)"
 
 

@@ -71,7 +71,7 @@ def import_transfer_queue() -> ModuleType:
         import transfer_queue
     except ImportError as error:
         raise ImportError(
-            "the TransferQueue adapter needs the optional extra: pip install 'rollout-ledger[transferqueue]' "
+            "the TransferQueue adapter needs the optional extra: pip install -e '.[transferqueue]' in the clone "
             f"(TransferQueue=={TQ_VERSION}, import name transfer_queue)"
         ) from error
     return transfer_queue
