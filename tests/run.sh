@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The whole test suite, in the two environments the project's users run, each set up from scratch:
 #
-#   .venv       the newest releases (tensordict, numpy, ...) with the TransferQueue and bench
-#               extras: every test.
+#   .venv       the newest releases (tensordict, numpy, ...) with the TransferQueue, bench,
+#               export, trackers and report extras: every test, its files shared out between two
+#               pytest-xdist workers (`--dist loadfile`: a file's module-scoped databases stay in one
+#               worker; every database a test makes has a name of its own, so workers never collide).
 #   .venv-verl  verl 0.9.1 and its pins (tensordict 0.10.0, see tests/environments/verl-pins.txt),
 #               with TransferQueue as verl's V1 trainer has it: the tests marked `verl_env`
 #               (batches, the verl integration and metrics, the synchronous ledger, the example),
@@ -29,7 +31,7 @@ verl_log="$(mktemp -t rollout-ledger-verl-XXXXXX.log)"
 verl_pid=$!
 
 echo "== newest releases (.venv): the whole suite"
-.venv/bin/python -m pytest -q
+.venv/bin/python -m pytest -q -n 2 --dist loadfile
 main_status=$?
 
 wait "$verl_pid"
