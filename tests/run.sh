@@ -6,7 +6,8 @@
 #               pytest-xdist workers (`--dist loadfile`: a file's module-scoped databases stay in one
 #               worker; every database a test makes has a name of its own, so workers never collide).
 #   .venv-verl  verl 0.9.1 and its pins (tensordict 0.10.0, see tests/environments/verl-pins.txt),
-#               with TransferQueue as verl's V1 trainer has it: the tests marked `verl_env`
+#               with TransferQueue as verl's V1 trainer has it, and the data-out extras (so every
+#               test module collects there, none skipped at collection): the tests marked `verl_env`
 #               (batches, the verl integration and metrics, the synchronous ledger, the example),
 #               with ROLLOUT_LEDGER_REQUIRE_VERL=1 so a missing verl fails them instead of
 #               skipping them.
@@ -24,7 +25,7 @@ verl_log="$(mktemp -t rollout-ledger-verl-XXXXXX.log)"
 (
   python3 -m venv .venv-verl \
     && .venv-verl/bin/pip install -q -c tests/environments/verl-pins.txt torch==2.13.0 \
-    && .venv-verl/bin/pip install -q -c tests/environments/verl-pins.txt -e '.[test,verl,transferqueue]' \
+    && .venv-verl/bin/pip install -q -c tests/environments/verl-pins.txt -e '.[test,verl,transferqueue,export,trackers,report]' \
     && .venv-verl/bin/pip check \
     && ROLLOUT_LEDGER_REQUIRE_VERL=1 .venv-verl/bin/python -m pytest -q -p no:cacheprovider -m verl_env
 ) >"$verl_log" 2>&1 &
