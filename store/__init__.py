@@ -21,7 +21,7 @@ from store.retry import is_transient, retry_transient
 from store.migrate import check_schema, current_revision, head_revision, upgrade
 from store.projection_locks import follower_leadership, projection_page
 from store.read_model_scan import READ_MODEL_KEYS, TableScan, scan
-from store.report_reads import report_failures, report_positions, report_runs, report_step_metrics
+from store.report_reads import report_failures, report_positions, report_step_metrics
 from store.records import NewEvent, StoredEvent
 from store.tracker_reads import failed_session_samples
 
@@ -61,7 +61,6 @@ __all__ = [
     "read_models",
     "report_failures",
     "report_positions",
-    "report_runs",
     "report_step_metrics",
     "retry_transient",
     "scan",

@@ -16,14 +16,12 @@ from typing import Any
 from sqlalchemy import Text, and_, case, cast, column, func, inspect, literal_column, select, tuple_
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from store.read_models import get_checkpoint
+from store.read_models import get_checkpoint, log_end
 from store.tables import events, sessions
 
 __all__ = [
     "SessionFilter",
     "count_sessions",
-    "known_runs",
-    "log_end",
     "payloads",
     "run_has_events",
     "session_columns",
@@ -56,11 +54,6 @@ class SessionFilter:
         return conditions
 
 
-async def log_end(conn: AsyncConnection) -> int:
-    value = (await conn.execute(select(func.max(events.c.position)))).scalar_one_or_none()
-    return int(value or 0)
-
-
 async def snapshot(conn: AsyncConnection) -> tuple[int, int]:
     """(projector checkpoint, last log position): the export reads up to the first."""
     return await get_checkpoint(conn), await log_end(conn)
@@ -69,13 +62,6 @@ async def snapshot(conn: AsyncConnection) -> tuple[int, int]:
 async def run_has_events(conn: AsyncConnection, run: str) -> bool:
     found = await conn.execute(select(events.c.position).where(events.c.run == run).limit(1))
     return found.first() is not None
-
-
-async def known_runs(conn: AsyncConnection, limit: int = 10) -> list[str]:
-    """Some run names of the database, most recent session first (to name them in an error)."""
-    query = select(sessions.c.run, func.max(sessions.c.created_position).label("last")).group_by(sessions.c.run)
-    result = await conn.execute(query.order_by(literal_column("last").desc()).limit(limit))
-    return [run for run, _ in result]
 
 
 async def session_columns(conn: AsyncConnection) -> list[str]:

@@ -297,6 +297,19 @@ async def latest_run(conn: AsyncConnection) -> str | None:
     return result.scalar_one_or_none()
 
 
+async def recent_runs(conn: AsyncConnection, *, limit: int = 20) -> list[str]:
+    """Run names of the log, most recent event first: what an error names when a run matches none
+    (read from the log, so a run the projector has not reached is named too)."""
+    last = func.max(events.c.position)
+    result = await conn.execute(select(events.c.run).group_by(events.c.run).order_by(last.desc()).limit(limit))
+    return [run for (run,) in result]
+
+
+async def log_end(conn: AsyncConnection) -> int:
+    """The log's last position (0 when it is empty)."""
+    return int((await conn.execute(select(func.coalesce(func.max(events.c.position), 0)))).scalar_one())
+
+
 async def pending_uids(conn: AsyncConnection, run: str, partition: str, global_step: int | None, *, limit: int = 10) -> list[str]:
     """Some of a step's unsettled groups, to name them in a timeout."""
     query = select(groups.c.uid).where(groups.c.run == run, groups.c.partition == partition, groups.c.status == "pending")

@@ -12,10 +12,10 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from store.read_models import PROJECTOR
+from store.read_models import PROJECTOR, log_end
 from store.tables import checkpoints, events, metric_counts, sessions
 
-__all__ = ["report_failures", "report_positions", "report_runs", "report_step_metrics"]
+__all__ = ["report_failures", "report_positions", "report_step_metrics"]
 
 
 async def report_step_metrics(conn: AsyncConnection, run: str) -> list[tuple[str, int | None, str, float]]:
@@ -55,20 +55,8 @@ async def report_positions(conn: AsyncConnection, run: str) -> dict[str, int]:
     """`projected` (the projector's checkpoint), `log_end` (the last position of the whole log),
     and the run's own `run_events` and `run_last` (its last position; 0 when it has none)."""
     projected = (await conn.execute(select(checkpoints.c.position).where(checkpoints.c.name == PROJECTOR))).scalar()
-    log_end = (await conn.execute(select(func.max(events.c.position)))).scalar()
     count, last = (await conn.execute(
         select(func.count(), func.max(events.c.position)).where(events.c.run == run)
     )).one()
-    return {"projected": int(projected or 0), "log_end": int(log_end or 0), "run_events": int(count or 0),
+    return {"projected": int(projected or 0), "log_end": await log_end(conn), "run_events": int(count or 0),
             "run_last": int(last or 0)}
-
-
-async def report_runs(conn: AsyncConnection, *, limit: int = 20) -> list[str]:
-    """Some run names of the log, most recent first, to name them when a --run matches none."""
-    query = (
-        select(events.c.run, func.max(events.c.position).label("last"))
-        .group_by(events.c.run)
-        .order_by(func.max(events.c.position).desc())
-        .limit(limit)
-    )
-    return [run for run, _ in await conn.execute(query)]

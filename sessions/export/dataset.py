@@ -195,7 +195,7 @@ async def export_dataset(
         if run is None:
             raise ExportError("the database has no events yet; record sessions (or run `rollout-ledger demo`) first")
         if not await export_reads.run_has_events(conn, run):
-            runs = await export_reads.known_runs(conn)
+            runs = await rm.recent_runs(conn, limit=10)
             named = f" (runs here: {', '.join(repr(r) for r in runs)})" if runs else ""
             raise ExportError(f"run {run!r} has no sessions in this database{named}; pass another run")
         which = export_reads.SessionFilter(run, partition, step_min, step_max)

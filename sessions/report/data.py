@@ -14,7 +14,8 @@ from datetime import datetime, timezone
 from typing import Any
 
 from sessions.placeholder import PARTITIONS
-from store import AsyncEngine, report_failures, report_positions, report_runs, report_step_metrics
+from store import AsyncEngine, report_failures, report_positions, report_step_metrics
+from store import read_models as rm
 
 __all__ = ["FAILURE_ROWS", "ReportData", "StepTable", "gather", "step_tables"]
 
@@ -97,13 +98,13 @@ async def resolve_run(engine: AsyncEngine, requested: str | None) -> str:
     """The run to report: `requested`, or the most recent; a one-line error when there is none."""
     async with engine.connect() as conn:
         if requested is None:
-            runs = await report_runs(conn, limit=1)
-            if not runs:
+            latest = await rm.latest_run(conn)
+            if latest is None:
                 raise LookupError("the database has no events yet, so there is nothing to report; record sessions "
                                   "(or run `rollout-ledger demo`) first")
-            return runs[0]
+            return latest
         if (await report_positions(conn, requested))["run_events"] == 0:
-            known = await report_runs(conn)
+            known = await rm.recent_runs(conn)
             named = ", ".join(repr(r) for r in known) if known else "none: the database has no events yet"
             raise LookupError(f"run {requested!r} has no events in this database; its runs (most recent first): {named}")
     return requested
