@@ -22,6 +22,7 @@ from store import NewEvent, StoredEvent
 
 __all__ = [
     "AttemptFailed",
+    "DEFAULT_MIN_VALID",
     "DEFAULT_ORIGINS",
     "ERROR_TYPE_LIMIT",
     "EVENT_TYPES",
@@ -75,6 +76,9 @@ DEFAULT_ORIGINS: dict[str, str] = {
     "invalid_output": "policy",
     "orphaned": "infra",
 }
+#: GRPO's default `min_valid`: a group needs two valid (non-placeholder) rows for a baseline, as
+#: NeMo-RL and TRL have it (`SessionCreated.min_valid` None means this).
+DEFAULT_MIN_VALID = 2
 #: The stream a run's configuration fingerprints are recorded in: `@run:<run>` (a session id may
 #: not start with `@run:`).
 RUN_STREAM_PREFIX = "@run:"
@@ -119,7 +123,7 @@ class SessionCreated(Event):
     sample_index: int | None = None
     metadata: dict[str, Any] = field(default_factory=dict)
     #: GRPO: a group with fewer valid (non-placeholder) rows than this gives no signal; counted
-    #: under `groups/below_min_valid` (None: the default, 2).
+    #: under `groups/below_min_valid` (None: `DEFAULT_MIN_VALID`).
     min_valid: int | None = None
 
 

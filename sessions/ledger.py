@@ -44,10 +44,6 @@ RECORDING_TIMEOUT = 10.0
 Runner = Callable[[SessionHandle], Awaitable[Any]]
 
 
-#: GRPO's default: a group needs two valid members for a baseline (NeMo-RL, TRL do the same).
-MIN_VALID = 2
-
-
 class Ledger:
     """One database, one event store, one set of failure policies. Use `Ledger.open(...)`."""
 
@@ -59,7 +55,7 @@ class Ledger:
         placeholder_policy: PlaceholderPolicy | None = None,
         metric_policy: MetricPolicy | None = None,
         retry_policy: RetryPolicy | None = None,
-        min_valid: int = MIN_VALID,
+        min_valid: int = ev.DEFAULT_MIN_VALID,
         config: dict[str, Any] | None = None,
         resume: str | None = None,
         trajectory_selection: str = "all",
@@ -125,7 +121,7 @@ class Ledger:
         placeholder_policy: PlaceholderPolicy | None = None,
         metric_policy: MetricPolicy | None = None,
         retry_policy: RetryPolicy | None = None,
-        min_valid: int = MIN_VALID,
+        min_valid: int = ev.DEFAULT_MIN_VALID,
         config: dict[str, Any] | None = None,
         resume: str | None = None,
         trajectory_selection: str = "all",
@@ -215,7 +211,7 @@ class Ledger:
                 run=run, uid=uid, session_index=int(session_index), group_size=int(group_size), partition=partition,
                 global_step=None if global_step is None else int(global_step), data_source=data_source,
                 runner=runner, sample_index=sample_index, metadata=metadata,
-                min_valid=None if self.min_valid == MIN_VALID else self.min_valid,
+                min_valid=None if self.min_valid == ev.DEFAULT_MIN_VALID else self.min_valid,
             )
         ]
         if start:
@@ -393,9 +389,9 @@ class Ledger:
             if wait > 0:
                 await asyncio.sleep(wait)
             await handle.start(timeout_s=timeout)
-        except BaseException as interrupted:
-            if isinstance(interrupted, Exception):
-                raise
+        except Exception:
+            raise  # the ledger's own error (the database): not the session's to record
+        except BaseException as interrupted:  # cancelled or shut down during the backoff: a pure abort
             await self._abort(handle, interrupted)
             raise
         return True

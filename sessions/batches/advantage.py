@@ -31,6 +31,7 @@ import torch
 from tensordict import TensorDictBase
 
 from sessions.batches import non_tensor
+from sessions.events import DEFAULT_MIN_VALID
 
 __all__ = ["grpo_outcome_advantage"]
 
@@ -66,7 +67,7 @@ def grpo_outcome_advantage(
     exclude_placeholders: bool = True,
     norm_by_std: bool = True,
     epsilon: float = 1e-6,
-    min_valid: int = 2,
+    min_valid: int = DEFAULT_MIN_VALID,
 ) -> torch.Tensor:
     """GRPO outcome advantage [B, R] float32 for a padded section 6 batch.
 

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from sessions.events import DEFAULT_MIN_VALID
 from sessions.projection import metrics as m
 from sessions.storable import IDENTITY, clean_text
 
@@ -409,7 +410,7 @@ class Rules:
             group["reward_sum"] += reward
             group["reward_count"] += 1
         if not placeholder:
-            group["valid_rows"] = group.get("valid_rows", 0) + 1
+            group["valid_rows"] += 1
         for table in self._of_session(s):  # `MetricTable.add` inlined: this runs once per row and scope
             values = table.values
             table.dirty = True
@@ -440,7 +441,7 @@ class Rules:
             group["settled_position"] = position
             tables = self._of(group)
             _add(tables, m.GROUPS_FINISHED if group["status"] == "finished" else m.GROUPS_FAILURE)
-            if group["partition"] == "train" and group.get("valid_rows", 0) < group.get("min_valid", 2):
+            if group["partition"] == "train" and group["valid_rows"] < group["min_valid"]:
                 _add(tables, m.GROUPS_BELOW_MIN_VALID)
             rows = group["reward_count"]
             if rows:
@@ -472,9 +473,9 @@ def _group_conflict(group: Row, e: dict[str, Any]) -> tuple[str, str] | None:
 
 
 def _min_valid(created: dict[str, Any]) -> int:
-    """The group's `min_valid`, from its first session's creation (2 when it names none)."""
+    """The group's `min_valid`, from its first session's creation (the default when it names none)."""
     value = created.get("min_valid")
-    return 2 if value is None else int(value)
+    return DEFAULT_MIN_VALID if value is None else int(value)
 
 
 _ROWS, _REWARD_SUM, _ROWS_SUCCEEDED = m.ROWS, m.REWARD_SUM, m.ROWS_SUCCEEDED
