@@ -177,6 +177,26 @@ def _collect(q: Any, procs: list[Any], kind: str, count: int, timeout: float) ->
     return got
 
 
+def _released_together(procs: list[Any], q: Any, go: Any, timeout: float) -> tuple[float, dict[int, Any]]:
+    """Start `procs`, wait until each reports ready, release them at once with `go`, and wait for
+    each one's "done" report: (the release time, the reports). Any still alive after is killed."""
+    for proc in procs:
+        proc.start()
+    try:
+        _collect(q, procs, "ready", len(procs), timeout)
+        start = time.monotonic()
+        go.set()
+        done = _collect(q, procs, "done", len(procs), timeout)
+        for proc in procs:
+            proc.join(30)
+    finally:
+        for proc in procs:
+            if proc.is_alive():
+                proc.kill()
+                proc.join(5)
+    return start, done
+
+
 def run_config(target: str, writers: int, sessions: int, *, concurrency: int, prompt_tokens: int,
                response_tokens: int, timeout: float = 900.0) -> dict[str, Any]:
     """One repetition: `writers` processes, `sessions` sessions in all, on the database `target`."""
@@ -189,22 +209,8 @@ def run_config(target: str, writers: int, sessions: int, *, concurrency: int, pr
         )
         for i in range(writers)
     ]
-    for proc in procs:
-        proc.start()
-    try:
-        _collect(q, procs, "ready", writers, timeout)
-        start = time.monotonic()
-        go.set()
-        done = _collect(q, procs, "done", writers, timeout)
-        end = max(d["ended"] for d in done.values())
-        for proc in procs:
-            proc.join(30)
-    finally:
-        for proc in procs:
-            if proc.is_alive():
-                proc.kill()
-                proc.join(5)
-    seconds = end - start
+    start, done = _released_together(procs, q, go, timeout)
+    seconds = max(d["ended"] for d in done.values()) - start
     events = sum(d["events"] for d in done.values())
     transactions = sum(d["transactions"] for d in done.values())
     stored, distinct = asyncio.run(_count(target))
@@ -290,21 +296,8 @@ def parallel_copy(url: str, rows: list[tuple[Any, ...]], processes: int, reps: i
             q, go = ctx.Queue(), ctx.Event()
             procs = [ctx.Process(target=copy_process, args=(target, i, shares[i], go, q), daemon=True)
                      for i in range(processes)]
-            for proc in procs:
-                proc.start()
-            try:
-                _collect(q, procs, "ready", processes, timeout)
-                start = time.monotonic()
-                go.set()
-                done = _collect(q, procs, "done", processes, timeout)
-                seconds.append(max(d["ended"] for d in done.values()) - start)
-                for proc in procs:
-                    proc.join(30)
-            finally:
-                for proc in procs:
-                    if proc.is_alive():
-                        proc.kill()
-                        proc.join(5)
+            start, done = _released_together(procs, q, go, timeout)
+            seconds.append(max(d["ended"] for d in done.values()) - start)
             stored, _ = asyncio.run(_count(target))
             if stored != len(rows):
                 raise RuntimeError(f"parallel COPY baseline: {stored} rows stored of {len(rows)}")
