@@ -11,7 +11,7 @@ from datetime import datetime, timezone
 from types import EllipsisType
 from typing import Any
 
-from sqlalchemy import Text, and_, bindparam, cast, func, or_, select, text, update
+from sqlalchemy import Text, and_, bindparam, cast, func, literal_column, or_, select, text, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from store.tables import checkpoints, events, groups, metric_counts, projection_errors, queue_rows, sessions
@@ -24,6 +24,8 @@ DECODER_COLUMNS = ("position", "session_id", "version", "type", "schema_version"
 GROUP_KEY = ("run", "partition", "global_step", "uid")
 
 MetricScope = tuple[str, str, "int | None", "str | None"]
+#: A NULL step as `uq_groups_key` spells it (`store.tables.step_key`).
+_NO_STEP = literal_column("-1")
 
 
 def _chunks(items: Sequence[Any]) -> Iterable[Sequence[Any]]:
@@ -131,17 +133,27 @@ async def save_groups(conn: AsyncConnection, inserts: list[dict[str, Any]], upda
         await conn.execute(groups.insert(), inserts)
     if updates:
         columns = [c.name for c in groups.columns if c.name not in GROUP_KEY]
-        statement = (
-            update(groups)
-            .where(
-                groups.c.run == bindparam("k_run"), groups.c.partition == bindparam("k_partition"),
-                func.coalesce(groups.c.global_step, -1) == func.coalesce(bindparam("k_global_step", type_=groups.c.global_step.type), -1),
-                groups.c.uid == bindparam("k_uid"),
-            )
-            .values({c: bindparam(f"v_{c}") for c in columns})
-        )
         params = [{**{f"k_{k}": row[k] for k in GROUP_KEY}, **{f"v_{c}": row[c] for c in columns}} for row in updates]
-        await conn.execute(statement.execution_options(synchronize_session=False), params)
+        await conn.execute(group_update(columns).execution_options(synchronize_session=False), params)
+
+
+def group_update(columns: Sequence[str]) -> Any:
+    """UPDATE of some group columns by the natural key (bound as `k_<key>`, values as `v_<column>`).
+
+    The step is compared as `coalesce(global_step, -1)` with -1 as SQL text, not a bound value:
+    only that very expression matches `uq_groups_key`'s, and with a bound -1 each row's update
+    scanned all its step's groups (quadratic in a step's groups).
+    """
+    return (
+        update(groups)
+        .where(
+            groups.c.run == bindparam("k_run"), groups.c.partition == bindparam("k_partition"),
+            func.coalesce(groups.c.global_step, _NO_STEP)
+            == func.coalesce(bindparam("k_global_step", type_=groups.c.global_step.type), _NO_STEP),
+            groups.c.uid == bindparam("k_uid"),
+        )
+        .values({c: bindparam(f"v_{c}") for c in columns})
+    )
 
 
 #: `metric_counts` is keyed by its natural key; a NULL step or data source is matched through the
