@@ -38,14 +38,28 @@ async def get_checkpoint(conn: AsyncConnection, name: str = PROJECTOR) -> int:
     return int(value or 0)
 
 
-async def set_checkpoint(conn: AsyncConnection, position: int, *, previous: int, name: str = PROJECTOR) -> None:
+async def set_checkpoint(conn: AsyncConnection, position: int, *, previous: int, name: str = PROJECTOR) -> datetime:
+    """Move the checkpoint; returns the `updated_at` written (what `checkpoint_stamp` reads back)."""
     now = datetime.now(timezone.utc)
     if previous == 0:
         exists = (await conn.execute(select(checkpoints.c.name).where(checkpoints.c.name == name))).first()
         if exists is None:
             await conn.execute(checkpoints.insert().values(name=name, position=position, updated_at=now))
-            return
+            return now
     await conn.execute(update(checkpoints).where(checkpoints.c.name == name).values(position=position, updated_at=now))
+    return now
+
+
+async def checkpoint_stamp(conn: AsyncConnection, name: str = PROJECTOR) -> datetime | None:
+    """When the checkpoint last moved (UTC), None if it never did: with the position, it tells a
+    projector whether the read models are still as its own last page left them."""
+    value = (await conn.execute(select(checkpoints.c.updated_at).where(checkpoints.c.name == name))).scalar_one_or_none()
+    return None if value is None else as_utc(value)
+
+
+def as_utc(value: datetime) -> datetime:
+    """An aware UTC datetime (SQLite hands back naive ones; we only ever write UTC)."""
+    return value.replace(tzinfo=timezone.utc) if value.tzinfo is None else value.astimezone(timezone.utc)
 
 
 async def load_sessions(conn: AsyncConnection, session_ids: Sequence[str]) -> dict[str, dict[str, Any]]:
@@ -109,32 +123,62 @@ async def load_metrics(conn: AsyncConnection, scopes: Sequence[MetricScope]) -> 
     return out
 
 
-async def save_rows(conn: AsyncConnection, table: Any, inserts: list[dict[str, Any]], updates: list[dict[str, Any]], keys: Sequence[str]) -> None:
-    """Insert new rows and update changed ones (matched on `keys`) with one statement each."""
+async def save_rows(
+    conn: AsyncConnection, table: Any, inserts: list[dict[str, Any]], updates: list[dict[str, Any]], keys: Sequence[str],
+    *, stored: Sequence[dict[str, Any] | None] | None = None,
+) -> None:
+    """Insert new rows and update changed ones (matched on `keys`).
+
+    `stored[i]`, when given, is `updates[i]` as it was read: only the columns that differ are
+    written, one statement per set of changed columns (a settling page changes a handful of a
+    session's ~30 columns, and binding the others cost most of its write).
+    """
     if inserts:
         await conn.execute(table.insert(), inserts)
-    if updates:
-        columns = [c.name for c in table.columns if c.name not in keys]
+    columns = [c.name for c in table.columns if c.name not in keys]
+    for changed, rows in changed_columns(updates, stored, columns).items():
         statement = (
             update(table)
             .where(and_(*(table.c[k] == bindparam(f"k_{k}") for k in keys)))
-            .values({c: bindparam(f"v_{c}") for c in columns})
+            .values({c: bindparam(f"v_{c}") for c in changed})
         )
-        params = [{**{f"k_{k}": row[k] for k in keys}, **{f"v_{c}": row[c] for c in columns}} for row in updates]
+        params = [{**{f"k_{k}": row[k] for k in keys}, **{f"v_{c}": row[c] for c in changed}} for row in rows]
         await conn.execute(statement.execution_options(synchronize_session=False), params)
 
 
-async def save_sessions(conn: AsyncConnection, inserts: list[dict[str, Any]], updates: list[dict[str, Any]]) -> None:
-    await save_rows(conn, sessions, inserts, updates, keys=("session_id",))
+def changed_columns(
+    updates: Sequence[dict[str, Any]], stored: Sequence[dict[str, Any] | None] | None, columns: Sequence[str]
+) -> dict[tuple[str, ...], list[dict[str, Any]]]:
+    """Rows to update grouped by the columns that changed (all of them where nothing was stored);
+    a row with none changed is left out."""
+    out: dict[tuple[str, ...], list[dict[str, Any]]] = {}
+    everything = tuple(columns)
+    for i, row in enumerate(updates):
+        before = None if stored is None else stored[i]
+        changed = everything if before is None else tuple(c for c in columns if row[c] != before[c])
+        if changed:
+            out.setdefault(changed, []).append(row)
+    return out
 
 
-async def save_groups(conn: AsyncConnection, inserts: list[dict[str, Any]], updates: list[dict[str, Any]]) -> None:
+async def save_sessions(
+    conn: AsyncConnection, inserts: list[dict[str, Any]], updates: list[dict[str, Any]],
+    stored: Sequence[dict[str, Any] | None] | None = None,
+) -> None:
+    await save_rows(conn, sessions, inserts, updates, keys=("session_id",), stored=stored)
+
+
+async def save_groups(
+    conn: AsyncConnection, inserts: list[dict[str, Any]], updates: list[dict[str, Any]],
+    stored: Sequence[dict[str, Any] | None] | None = None,
+) -> None:
+    """As `save_rows`, matching a group by its natural key (see `group_update`)."""
     if inserts:
         await conn.execute(groups.insert(), inserts)
-    if updates:
-        columns = [c.name for c in groups.columns if c.name not in GROUP_KEY]
-        params = [{**{f"k_{k}": row[k] for k in GROUP_KEY}, **{f"v_{c}": row[c] for c in columns}} for row in updates]
-        await conn.execute(group_update(columns).execution_options(synchronize_session=False), params)
+    columns = [c.name for c in groups.columns if c.name not in GROUP_KEY]
+    for changed, rows in changed_columns(updates, stored, columns).items():
+        params = [{**{f"k_{k}": row[k] for k in GROUP_KEY}, **{f"v_{c}": row[c] for c in changed}} for row in rows]
+        await conn.execute(group_update(changed).execution_options(synchronize_session=False), params)
 
 
 def group_update(columns: Sequence[str]) -> Any:

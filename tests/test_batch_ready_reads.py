@@ -6,6 +6,8 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
+from hypothesis import given
+from hypothesis import strategies as st
 from sqlalchemy.dialects import sqlite
 
 from store import create_engine
@@ -35,3 +37,25 @@ async def test_group_update_finds_its_row_through_the_natural_key_index(tmp_path
     details = " ".join(row[-1] for row in plan)
     assert "uq_groups_key" in details, details
     assert "uid=?" in details, details  # the whole key, not a prefix of it
+
+
+COLUMNS = ("state", "reward", "version")
+_values = st.one_of(st.none(), st.integers(0, 3), st.sampled_from(["running", "succeeded"]))
+_rows = st.fixed_dictionaries({c: _values for c in COLUMNS})
+
+
+@given(pairs=st.lists(st.tuples(_rows, st.one_of(st.none(), _rows)), max_size=12))
+def test_changed_columns_writes_each_row_once_with_exactly_what_differs(pairs: list[tuple[dict, dict | None]]) -> None:
+    """Every row lands in one group, keyed by the columns that differ from its stored copy (all of
+    them without one); a row equal to its stored copy is written not at all."""
+    updates = [row for row, _ in pairs]
+    stored = [before for _, before in pairs]
+    grouped = rm.changed_columns(updates, stored, COLUMNS)
+    placed = [id(row) for rows in grouped.values() for row in rows]
+    assert len(placed) == len(set(placed))
+    for row, before in pairs:
+        expected = COLUMNS if before is None else tuple(c for c in COLUMNS if row[c] != before[c])
+        if expected:
+            assert any(r is row for r in grouped[expected])
+        else:
+            assert all(r is not row for rows in grouped.values() for r in rows)

@@ -9,7 +9,16 @@ keys (at-least-once, idempotent by key).
 
 The page transaction holds the database's projection lock (`store.projection_page`) and re-reads
 the checkpoint inside it, so two projectors on one database never project the same page twice:
-they take turns.
+they take turns. Callers of one projector in one process (a follower and `ledger.batch`) take
+turns on an asyncio lock first, so the one that waits is woken when the page ends rather than
+polling the database's lock (SQLite's busy handler sleeps up to 100 ms between tries).
+
+A projector holds, between its pages, the rows its last committed page left (`Held`: open
+sessions, their trajectories, pending groups, the metric scopes just written), so the next page
+reads from the database only what it does not hold: the settling page of a step, which touches
+every session at once, reads nothing back. The held rows are used only while the checkpoint is
+the one that page wrote (same position, same `updated_at`); anything else — another projector's
+page, a failed page, whose rules changed the rows in memory before the rollback — drops them.
 """
 
 from __future__ import annotations
@@ -23,12 +32,13 @@ from typing import Any
 
 from sessions.projection import metrics as m
 from sessions.projection.decoding import Decoder
-from sessions.projection.rules import LogEvent, Rules, WorkingSet, group_key
+from sessions.projection.rules import TERMINAL_STATES, GroupKey, LogEvent, Row, Rules, WorkingSet, group_key
 from sessions.queues.sinks import QueueItem, QueueSink
 from store import EventStore, follower_leadership, projection_page, retry_transient
 from store import read_models as rm
 
 __all__ = [
+    "Held",
     "PageResult",
     "Projector",
     "SINK_TIMEOUT",
@@ -48,6 +58,28 @@ class PageResult:
     last_position: int
     #: Events of the page the rules quarantined (listed in `projection_errors`).
     quarantined: int = 0
+
+
+#: Open sessions a projector holds between pages at most; past it, the next page reads them again.
+MAX_HELD_SESSIONS = 200_000
+
+
+@dataclass
+class Held:
+    """The read-model rows as this projector's last committed page left them (see the module doc).
+
+    `complete` names the held sessions whose recorded trajectories `trajectories` holds in full
+    (their creation was projected while held); any other session's are read from the log when
+    it ends.
+    """
+
+    position: int
+    stamp: Any
+    sessions: dict[str, Row]
+    groups: dict[GroupKey, Row]
+    metrics: dict[m.Scope, m.MetricTable]
+    trajectories: dict[str, dict[int, tuple[int, dict[str, Any]]]]
+    complete: set[str]
 
 
 #: Seconds one external sink's `put` may take before the page is rolled back (None: no limit).
@@ -80,6 +112,15 @@ class Projector:
         self.failures = 0
         self.failures_total = 0
         self.last_error: BaseException | None = None
+        self._held: Held | None = None
+        self._turns: tuple[asyncio.AbstractEventLoop, asyncio.Lock] | None = None
+
+    def _turn(self) -> asyncio.Lock:
+        """This projector's page lock for the running loop (a lock belongs to one loop)."""
+        loop = asyncio.get_running_loop()
+        if self._turns is None or self._turns[0] is not loop:
+            self._turns = (loop, asyncio.Lock())
+        return self._turns[1]
 
     async def step(self) -> PageResult:
         """Project one page; `events == 0` means the projector is at the end of the log.
@@ -89,22 +130,28 @@ class Projector:
         return await retry_transient(self._step, what="projection")
 
     async def _step(self) -> PageResult:
-        async with projection_page(self.engine) as conn:
-            checkpoint = await rm.get_checkpoint(conn)
-            page = Decoder().events(await rm.events_after(conn, checkpoint, self.page_size))
-            if not page:
-                return PageResult(0, 0, 0, checkpoint)
-            state = await load_working_set(conn, page, checkpoint)
-            rules = Rules(state)
-            rules.apply_all(page)
-            rules.finish()
-            await save_working_set(conn, state)
-            if self.sinks:
-                items = await queue_items(conn, state.queue)
-                for sink in self.sinks:
-                    await self._put(sink, items)
-            last = page[-1][0]
-            await rm.set_checkpoint(conn, last, previous=checkpoint)
+        async with self._turn():
+            held, self._held = self._held, None  # dropped unless the page commits
+            async with projection_page(self.engine) as conn:
+                checkpoint = await rm.get_checkpoint(conn)
+                page = Decoder().events(await rm.events_after(conn, checkpoint, self.page_size))
+                if not page:
+                    self._held = held
+                    return PageResult(0, 0, 0, checkpoint)
+                if held is not None and (held.position, held.stamp) != (checkpoint, await rm.checkpoint_stamp(conn)):
+                    held = None  # another projector moved on: what we hold is stale
+                state = await load_working_set(conn, page, checkpoint, held)
+                rules = Rules(state)
+                rules.apply_all(page)
+                rules.finish()
+                await save_working_set(conn, state)
+                if self.sinks:
+                    items = await queue_items(conn, state.queue)
+                    for sink in self.sinks:
+                        await self._put(sink, items)
+                last = page[-1][0]
+                stamp = rm.as_utc(await rm.set_checkpoint(conn, last, previous=checkpoint))
+            self._held = hold(state, last, stamp, held)
             return PageResult(len(page), state.rows_made, state.tags_made, last, len(state.errors))
 
     async def _put(self, sink: QueueSink, items: list[QueueItem]) -> None:
@@ -223,44 +270,81 @@ class Projector:
         return total
 
 
-async def load_working_set(conn: Any, page: list[LogEvent], checkpoint: int) -> WorkingSet:
-    """The read-model rows a page's events touch, as stored before the page.
+async def load_working_set(conn: Any, page: list[LogEvent], checkpoint: int, held: Held | None = None) -> WorkingSet:
+    """The read-model rows a page's events touch, as stored before the page: those `held` (the
+    rows as of `checkpoint`) has, the others read — with copies of them as stored.
 
     Sessions the page creates, and their groups and scopes, may not exist yet; a session the page
     does not create but that is missing stays missing, and the rules refuse its event.
     """
-    created = {sid: data for _p, sid, _v, type_, data, _at, _problem in page if type_ == "SessionCreated" and data is not None}
-    touched = sorted({event[1] for event in page})
-    state = WorkingSet(sessions=await rm.load_sessions(conn, touched))  # created ones too: a repeated creation is refused
-    keys = {group_key(s) for s in state.sessions.values()} | {group_key(e) for e in created.values() if _has_identity(e)}
-    state.groups = await rm.load_groups(conn, sorted(keys, key=repr))
+    held = held or Held(checkpoint, None, {}, {}, {}, {}, set())
+    state = WorkingSet(sessions=held.sessions, groups=held.groups, metrics=held.metrics, trajectories=held.trajectories)
+    touched = {event[1] for event in page}
+    missing = sorted(touched - state.sessions.keys())  # created ones too: a repeated creation is refused
+    if missing:
+        state.sessions.update(await rm.load_sessions(conn, missing))
+    rows = [state.sessions[sid] for sid in touched if sid in state.sessions]
+    rows += [data for _p, _sid, _v, type_, data, _at, _problem in page
+             if type_ == "SessionCreated" and data is not None and _has_identity(data)]
+    keys = {group_key(row) for row in rows}
+    if keys - state.groups.keys():
+        state.groups.update(await rm.load_groups(conn, sorted(keys - state.groups.keys(), key=repr)))
     scopes: set[m.Scope] = set()
-    for row in (*state.sessions.values(), *state.groups.values(), *(e for e in created.values() if _has_identity(e))):
+    for row in (*rows, *(state.groups[key] for key in keys if key in state.groups)):
         scopes.update(m.scopes(row["run"], row["partition"], row["global_step"], row.get("data_source")))
-    state.metrics = {scope: m.MetricTable(values) for scope, values in (await rm.load_metrics(conn, sorted(scopes, key=repr))).items()}
-    # The trajectories a session's end in this page may select (a success's, or a keep_partial
-    # failure's), recorded before the page: its current attempt's only, as the rules keep them.
-    ending = sorted({event[1] for event in page if event[1] in state.sessions and (
-        event[3] == "SessionSucceeded" or (event[3] == "SessionFailed" and (event[4] or {}).get("placeholder") == "keep_partial"))})
-    if ending:
-        decoder = Decoder()
-        for position, sid, _version, type_, data, _at, problem in decoder.events(await rm.trajectory_events(conn, ending, checkpoint)):
-            if type_ == "AttemptFailed":
-                state.trajectories.pop(sid, None)  # superseded, as `Rules._attempt_failed` forgets them
-            elif problem is None and data is not None:
-                state.trajectories.setdefault(sid, {})[int(data["index"])] = (position, data)
+    if scopes - state.metrics.keys():
+        loaded = await rm.load_metrics(conn, sorted(scopes - state.metrics.keys(), key=repr))
+        state.metrics.update({scope: m.MetricTable(values) for scope, values in loaded.items()})
+    state.stored_sessions = {sid: dict(state.sessions[sid]) for sid in touched if sid in state.sessions}
+    state.stored_groups = {key: dict(state.groups[key]) for key in keys if key in state.groups}
+    await _load_trajectories(conn, page, checkpoint, state, held.complete)
     state.next_queue_id = await rm.next_queue_id(conn)
     return state
+
+
+async def _load_trajectories(conn: Any, page: list[LogEvent], checkpoint: int, state: WorkingSet, complete: set[str]) -> None:
+    """The trajectories a session's end in this page may select (a success's, or a keep_partial
+    failure's), recorded before the page, for the sessions whose `complete` does not name them:
+    their current attempt's only, as the rules keep them."""
+    ending = sorted({event[1] for event in page if event[1] in state.sessions and event[1] not in complete and (
+        event[3] == "SessionSucceeded" or (event[3] == "SessionFailed" and (event[4] or {}).get("placeholder") == "keep_partial"))})
+    if not ending:
+        return
+    for sid in ending:
+        state.trajectories.pop(sid, None)  # a partial view from pages that did not hold it
+    decoder = Decoder()
+    for position, sid, _version, type_, data, _at, problem in decoder.events(await rm.trajectory_events(conn, ending, checkpoint)):
+        if type_ == "AttemptFailed":
+            state.trajectories.pop(sid, None)  # superseded, as `Rules._attempt_failed` forgets them
+        elif problem is None and data is not None:
+            state.trajectories.setdefault(sid, {})[int(data["index"])] = (position, data)
+
+
+def hold(state: WorkingSet, position: int, stamp: Any, held: Held | None) -> Held | None:
+    """What to keep of a committed page's rows: open sessions (their trajectories where complete),
+    pending groups, the metric scopes it wrote (marked clean). None past `MAX_HELD_SESSIONS`."""
+    complete = (held.complete if held is not None else set()) | state.new_sessions
+    sessions = {sid: row for sid, row in state.sessions.items() if row["state"] not in TERMINAL_STATES}
+    if len(sessions) > MAX_HELD_SESSIONS:
+        return None
+    complete &= sessions.keys()
+    trajectories = {sid: known for sid, known in state.trajectories.items() if sid in complete}
+    groups = {key: row for key, row in state.groups.items() if row["status"] == "pending"}
+    metrics = {scope: table for scope, table in state.metrics.items() if table.dirty}
+    for table in metrics.values():
+        table.dirty = False
+    return Held(position, stamp, sessions, groups, metrics, trajectories, complete)
 
 
 async def save_working_set(conn: Any, state: WorkingSet) -> None:
     """Write back what the rules changed: new rows inserted, touched ones updated, queue rows added."""
     sessions_new = [state.sessions[sid] for sid in state.touched_sessions if sid in state.new_sessions]
-    sessions_old = [state.sessions[sid] for sid in state.touched_sessions if sid not in state.new_sessions]
-    await rm.save_sessions(conn, sorted(sessions_new, key=_by_session), sorted(sessions_old, key=_by_session))
+    sessions_old = sorted((state.sessions[sid] for sid in state.touched_sessions if sid not in state.new_sessions), key=_by_session)
+    await rm.save_sessions(conn, sorted(sessions_new, key=_by_session), sessions_old,
+                           [state.stored_sessions.get(row["session_id"]) for row in sessions_old])
     groups_new = [state.groups[key] for key in state.touched_groups if key in state.new_groups]
     groups_old = [state.groups[key] for key in state.touched_groups if key not in state.new_groups]
-    await rm.save_groups(conn, groups_new, groups_old)
+    await rm.save_groups(conn, groups_new, groups_old, [state.stored_groups.get(group_key(row)) for row in groups_old])
     await rm.save_metrics(conn, state.changed_metrics())
     await rm.insert_queue_rows(conn, state.queue)
     await rm.insert_projection_errors(conn, state.errors)

@@ -28,6 +28,7 @@ __all__ = [
     "LogEvent",
     "Row",
     "Rules",
+    "TERMINAL_STATES",
     "WorkingSet",
     "group_key",
 ]
@@ -76,6 +77,10 @@ class WorkingSet:
     #: Every session and group the rules changed (the others were only read).
     touched_sessions: set[str] = field(default_factory=set)
     touched_groups: set[GroupKey] = field(default_factory=set)
+    #: Copies of the rows as stored before the run (the incremental projector's), so only the
+    #: columns the rules changed are written back; the rules never read them.
+    stored_sessions: dict[str, Row] = field(default_factory=dict)
+    stored_groups: dict[GroupKey, Row] = field(default_factory=dict)
 
     @property
     def rows_made(self) -> int:
@@ -127,7 +132,7 @@ class Rules:
         if problem is not None:
             self._quarantine(session, position, type_, problem, recorded_at)
             return
-        if session["state"] in _TERMINAL and not (type_ == "PlaceholderEmitted" and session["state"] == "failed"):
+        if session["state"] in TERMINAL_STATES and not (type_ == "PlaceholderEmitted" and session["state"] == "failed"):
             self._error(position, sid, type_, None, f"the session is already {session['state']}", IGNORED)
             return
         self._handlers[type_](session, position, data, recorded_at)  # type: ignore[arg-type]
@@ -360,7 +365,7 @@ class Rules:
             self._emit_placeholder(s, position, 0.0, s["failure_reason"] or UNPROJECTABLE, "session_failed")
             self._error(position, s["session_id"], type_, field_, reason, "placeholder_emitted")
             return
-        if s["state"] in _TERMINAL:
+        if s["state"] in TERMINAL_STATES:
             self._error(position, s["session_id"], type_, field_, reason, IGNORED)
             return
         self._fail(s, position, recorded_at, reason)
@@ -460,7 +465,8 @@ class Rules:
             })
 
 
-_TERMINAL = frozenset({"succeeded", "failed", "cancelled"})
+#: A session in one of these states is over: later events of its stream are not projected.
+TERMINAL_STATES = frozenset({"succeeded", "failed", "cancelled"})
 
 
 def _group_conflict(group: Row, e: dict[str, Any]) -> tuple[str, str] | None:
