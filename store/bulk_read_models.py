@@ -7,7 +7,10 @@ in as dicts keyed by column name and go out as tuples in the table's column orde
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
+import operator
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -37,15 +40,23 @@ _REBUILD_SELECT = (
 
 
 async def event_pages(engine: AsyncEngine, *, up_to: int | None = None, page_size: int) -> AsyncIterator[list[tuple[Any, ...]]]:
-    """The log (positions <= `up_to`, or all) in pages of decoder tuples (`data` as JSON text)."""
+    """The log (positions <= `up_to`, or all) in pages of decoder tuples (`data` as JSON text).
+
+    The next page is asked for before this one is handed out: the driver reads it while the
+    caller folds this one (aiosqlite's thread, asyncpg's socket).
+    """
     async with driver.reader(engine) as read:
-        last = 0
-        while True:
-            rows = await read.events_page(_REBUILD_SELECT, after=last, up_to=up_to, limit=max(1, page_size))
-            if not rows:
-                return
-            yield rows
-            last = rows[-1][0]
+        def page(after: int) -> asyncio.Task[list[Any]]:
+            return asyncio.ensure_future(read.events_page(_REBUILD_SELECT, after=after, up_to=up_to, limit=max(1, page_size)))
+
+        pending = page(0)
+        try:
+            while rows := await pending:
+                pending = page(rows[-1][0])
+                yield rows
+        finally:  # a caller that stops early: let the read in flight finish before the connection goes back
+            with contextlib.suppress(Exception):
+                await pending
 
 
 @dataclass
@@ -67,36 +78,55 @@ def prepare(
 ) -> Prepared:
     """Serialise JSON columns (as SQLAlchemy's JSON type does: `json.dumps`) and, across backends,
     convert the session timestamps the rebuild took from the source's events."""
-    dumps = json.dumps
+    out_sessions = _tuples(tables["sessions"], SESSION_COLUMNS, _REWARD_INFO)
     convert = recorded_at_converter(source, target)
-    out_sessions = []
-    for row in tables["sessions"]:
-        values = [row[c] for c in SESSION_COLUMNS]
-        values[_REWARD_INFO] = dumps(values[_REWARD_INFO])
-        if convert is not None:
-            values[_CREATED] = convert(values[_CREATED])
-            if values[_TERMINAL] is not None:
-                values[_TERMINAL] = convert(values[_TERMINAL])
-        out_sessions.append(tuple(values))
-    out_groups = []
-    for row in tables["groups"]:
-        values = [row[c] for c in GROUP_COLUMNS]
-        values[_MEMBERS] = dumps(values[_MEMBERS])
-        out_groups.append(tuple(values))
-    out_queue = []
-    for row in tables["queue"]:
-        values = [row[c] for c in QUEUE_COLUMNS]
-        values[_TAGS] = dumps(values[_TAGS])
-        out_queue.append(tuple(values))
+    if convert is not None:
+        out_sessions = [_converted(values, convert) for values in out_sessions]
     return Prepared(
         out_sessions,
-        out_groups,
-        [tuple(row[c] for c in METRIC_COLUMNS) for row in tables["metrics"]],
-        out_queue,
-        [tuple(row[c] for c in ERROR_COLUMNS) for row in tables.get("errors", ())],
+        _tuples(tables["groups"], GROUP_COLUMNS, _MEMBERS),
+        _tuples(tables["metrics"], METRIC_COLUMNS),
+        _tuples(tables["queue"], QUEUE_COLUMNS, _TAGS),
+        _tuples(tables.get("errors", ()), ERROR_COLUMNS),
         last_position,
         events,
     )
+
+
+def _tuples(rows: Sequence[Mapping[str, Any]], columns: Sequence[str], json_at: int | None = None) -> list[tuple[Any, ...]]:
+    """Rows as tuples in column order, the value at `json_at` serialised."""
+    pick = operator.itemgetter(*columns)
+    if json_at is None:
+        return [pick(row) for row in rows]
+    dumps, after = _dumps, json_at + 1
+    out = []
+    for row in rows:
+        values = pick(row)
+        out.append((*values[:json_at], dumps(values[json_at]), *values[after:]))
+    return out
+
+
+def _converted(values: tuple[Any, ...], convert: Any) -> tuple[Any, ...]:
+    """A session row with its timestamps in the target backend's form."""
+    changed = list(values)
+    changed[_CREATED] = convert(changed[_CREATED])
+    if changed[_TERMINAL] is not None:
+        changed[_TERMINAL] = convert(changed[_TERMINAL])
+    return tuple(changed)
+
+
+def _json_dumps() -> Any:
+    """`json.dumps` with its default arguments, minus the encoder it builds on every call (most of
+    its cost on small values): the same C encoder, made once, gives the same text."""
+    make = getattr(json.encoder, "c_make_encoder", None)
+    if make is None:
+        return json.dumps  # pragma: no cover - CPython always has the C encoder
+    encode = make(None, json.JSONEncoder().default, json.encoder.encode_basestring_ascii, None, ": ", ", ",
+                  False, False, True)
+    return lambda value: "".join(encode(value, 0))
+
+
+_dumps = _json_dumps()
 
 
 _REWARD_INFO = SESSION_COLUMNS.index("reward_info")
@@ -109,24 +139,32 @@ async def insert_read_models(target: AsyncEngine, rows: Prepared) -> None:
     """Insert the rows and the checkpoint in one transaction (empty read models expected)."""
     if not rows.events:
         return  # as the projector: no events, no checkpoint
+    async with driver.writer(target) as write:
+        await write_read_models(write, rows, target)
+        await write.commit()
+
+
+async def write_read_models(write: driver.Writer, rows: Prepared, target: AsyncEngine) -> None:
+    """Insert the rows and the checkpoint in `write`'s open transaction (the caller commits);
+    nothing for a log without events (as the projector: no events, no checkpoint)."""
+    if not rows.events:
+        return
     stamp = checkpoints.c.updated_at.type.dialect_impl(target.dialect).bind_processor(target.dialect)
     now = datetime.now(timezone.utc)
     dialect = dialect_of(target)
-    async with driver.writer(target) as write:
-        if dialect.page_lock_sql is not None:  # as a projector page: one writer of read models at a time
-            await write.execute(dialect.page_lock_sql)
-        if await write.fetch(f"SELECT position FROM checkpoints WHERE name = {dialect.mark(1)}", (PROJECTOR,)):
-            raise ValueError("the target database already has a projector checkpoint; replay needs empty read models")
-        await write.insert("sessions", SESSION_COLUMNS, rows.sessions)
-        await write.insert("groups", GROUP_COLUMNS, rows.groups)
-        await write.insert("metric_counts", METRIC_COLUMNS, rows.metrics)
-        await write.insert("queue_rows", QUEUE_COLUMNS, rows.queue)
-        await write.insert("projection_errors", ERROR_COLUMNS, rows.errors)
-        if rows.queue:
-            await write.after_explicit_positions("queue_rows", "id", rows.queue[-1][0])
-        await write.insert("checkpoints", ("name", "position", "updated_at"),
-                           [(PROJECTOR, rows.last_position, stamp(now) if stamp else now)])
-        await write.commit()
+    if dialect.page_lock_sql is not None:  # as a projector page: one writer of read models at a time
+        await write.execute(dialect.page_lock_sql)
+    if await write.fetch(f"SELECT position FROM checkpoints WHERE name = {dialect.mark(1)}", (PROJECTOR,)):
+        raise ValueError("the target database already has a projector checkpoint; replay needs empty read models")
+    await write.insert("sessions", SESSION_COLUMNS, rows.sessions)
+    await write.insert("groups", GROUP_COLUMNS, rows.groups)
+    await write.insert("metric_counts", METRIC_COLUMNS, rows.metrics)
+    await write.insert("queue_rows", QUEUE_COLUMNS, rows.queue)
+    await write.insert("projection_errors", ERROR_COLUMNS, rows.errors)
+    if rows.queue:
+        await write.after_explicit_positions("queue_rows", "id", rows.queue[-1][0])
+    await write.insert("checkpoints", ("name", "position", "updated_at"),
+                       [(PROJECTOR, rows.last_position, stamp(now) if stamp else now)])
 
 
 async def has_events(engine: AsyncEngine) -> bool:

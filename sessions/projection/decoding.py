@@ -7,9 +7,11 @@ logs with the same message. Payloads are never read: the rules need only the JSO
 from __future__ import annotations
 
 import dataclasses
-import json
+import re
 from collections.abc import Sequence
 from typing import Any
+
+import orjson
 
 from sessions import events as ev
 from sessions.errors import UnknownEventError
@@ -31,8 +33,9 @@ __all__ = [
 EVENT_COLUMNS = ("position", "session_id", "version", "type", "schema_version", "data", "recorded_at")
 
 #: Data texts up to this long are decoded once per distinct text (at most CACHED_ENTRIES per type):
-#: a SessionStarted's and most RewardPosted's repeat across a log.
-CACHED_TEXT = 96
+#: a SessionStarted's, most RewardPosted's and SessionSucceeded's repeat across a log (a type
+#: whose texts never repeat, as TrajectoryRecorded's, fills its cache once and stops).
+CACHED_TEXT = 160
 CACHED_ENTRIES = 4096
 
 
@@ -98,21 +101,24 @@ class Decoder:
         return result
 
 
-_raw_decode = json.JSONDecoder().raw_decode
+#: An integer literal beyond 64 bits has 19 digits or more; orjson turns one into a float instead
+#: of refusing it, so a text with such a run of digits (in a string too, rarely) goes to the stdlib.
+_LONG_DIGITS = re.compile(r"[0-9]{19}").search
+_ORJSON_ERROR = orjson.JSONDecodeError
 
 
 def parse_json(raw: str | bytes) -> Any:
-    """`json.loads` without its Python-level wrapper (two regex matches per call, a third of its
-    cost on small documents); anything unusual — surrounding whitespace, bytes, an error — goes
-    through `load_json`, which also words the error."""
-    if type(raw) is str:
+    """`json.loads`, decoded by orjson (3-4x faster) wherever the two agree.
+
+    orjson refuses what json.loads reads as NaN / Infinity, a lone surrogate or an out-of-range
+    float (inf), and reads an integer beyond 64 bits as a float: those texts go through the stdlib
+    (`load_json`, which also words the error of a text neither reads), so old logs read as before.
+    """
+    if type(raw) is str and _LONG_DIGITS(raw) is None:
         try:
-            data, end = _raw_decode(raw)
-        except ValueError:
+            return orjson.loads(raw)
+        except _ORJSON_ERROR:
             pass
-        else:
-            if end == len(raw):
-                return data
     return load_json(raw)
 
 
