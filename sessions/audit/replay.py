@@ -3,11 +3,14 @@
 Three steps, timed apart because different things bound them:
 
 1. copy the log verbatim into the target's empty `events` table at driver level
-   (`store.bulk_copy`: pure SQL between SQLite files, COPY into PostgreSQL) — bound by writing the
-   token payloads;
-2. fold the copied log into read-model rows in one pass (`sessions.projection.rebuild`) — bound by Python
-   per event (mostly parsing each event's JSON `data`); payloads are never read;
-3. insert those rows and the checkpoint in one transaction.
+   (`store.bulk_copy`: pure SQL between SQLite files, COPY into PostgreSQL) — bound by SQLite
+   writing the rows, their indexes and token payloads;
+2. meanwhile, fold the same events (the source's, up to the position the copy goes to) into
+   read-model rows in one pass (`sessions.projection.rebuild`) — bound by Python per event;
+   payloads are never read. Between SQLite files the copy runs inside SQLite, without the GIL,
+   so the two share the cores;
+3. insert those rows and the checkpoint — in the copy's transaction: a replay commits the log
+   and its read models together, and an interrupted one leaves the target empty.
 
 The result equals what the incremental `Projector` stores for the same log, row for row; the
 audit relies on that, and tests/test_replay_equivalence.py checks it on random logs.
@@ -15,6 +18,7 @@ audit relies on that, and tests/test_replay_equivalence.py checks it on random l
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -42,8 +46,9 @@ PAGE = 20_000
 class ReplayReport:
     events: int
     seconds: float
-    #: Parts of `seconds`, one after the other: the copy of the log, the rebuild of the copied log
-    #: into read-model rows (with their serialisation), and their insert with the checkpoint.
+    #: Parts of `seconds`: the copy of the log and, at the same time, the rebuild of its events
+    #: into read-model rows (with their serialisation), each from the start; then the insert of
+    #: those rows with the checkpoint, from when both were done, to the commit.
     copy_seconds: float = 0.0
     fold_seconds: float = 0.0
     write_seconds: float = 0.0
@@ -116,16 +121,38 @@ async def replay(
     up_to: int | None = None,
 ) -> ReplayReport:
     """Copy the events (all, or those at positions <= `up_to`) into `target` (migrated, empty),
-    then build its read models from scratch out of the copied log alone.
+    and build its read models from scratch out of those events alone, in one transaction.
 
-    (Copy and rebuild side by side were measured slower on two cores than one after the other:
-    both read the source while the copy writes the target.)
+    The fold reads the source while the copy writes the target, up to the position the copy goes
+    to, so both see the same events (the copy is verbatim).
     """
+    if await bulk.has_events(target):
+        raise ValueError("the target database already has events; replay needs an empty one")
     started = time.perf_counter()
-    count = await copy_events(source, target, page_size=page_size, up_to=up_to)
-    copied = time.perf_counter()
-    rows = prepare(await rebuild_log(target, page_size=page_size, on_events=on_events), target, target)
-    folded = time.perf_counter()
-    await bulk.insert_read_models(target, rows)
+    end: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+    marks: dict[str, float] = {}
+
+    async def fold() -> bulk.Prepared:
+        models = await rebuild_log(source, up_to=await end, page_size=page_size, on_events=on_events)
+        rows = prepare(models, source, target)
+        marks["folded"] = time.perf_counter()
+        return rows
+
+    folding = asyncio.ensure_future(fold())
+
+    async def write(writer: Any) -> None:
+        marks["copied"] = time.perf_counter()
+        rows = await folding
+        marks["written from"] = time.perf_counter()
+        await bulk.write_read_models(writer, rows, target)
+
+    try:
+        count = await bulk_copy.copy_events(source, target, up_to=up_to, page_size=page_size,
+                                            on_end=end.set_result, before_commit=write)
+    finally:
+        if not folding.done():  # the copy failed: the fold's rows have nowhere to go
+            folding.cancel()
+        await asyncio.gather(folding, return_exceptions=True)
     done = time.perf_counter()
-    return ReplayReport(count, done - started, copied - started, folded - copied, done - folded)
+    return ReplayReport(count, done - started, marks["copied"] - started, marks["folded"] - started,
+                        done - marks["written from"])
