@@ -23,6 +23,7 @@ from store.projection_locks import follower_leadership, projection_page
 from store.read_model_scan import READ_MODEL_KEYS, TableScan, scan
 from store.report_reads import report_failures, report_positions, report_step_metrics
 from store.records import NewEvent, StoredEvent
+from store.futures import DeferredCancelFuture, deferred_cancel
 from store.tracker_reads import failed_session_samples
 
 __all__ = [
@@ -30,6 +31,7 @@ __all__ = [
     "AsyncEngine",
     "ColumnSpec",
     "ConcurrencyError",
+    "DeferredCancelFuture",
     "EventStore",
     "GroupConflict",
     "LedgerError",
@@ -46,6 +48,7 @@ __all__ = [
     "console",
     "create_engine",
     "current_revision",
+    "deferred_cancel",
     "driver",
     "export_reads",
     "failed_session_samples",

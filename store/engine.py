@@ -24,6 +24,8 @@ import json
 import os
 import shlex
 import sqlite3
+import weakref
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -273,8 +275,45 @@ def _sqlite_engine(url: str, parsed: Any, *, busy_timeout: float | None = None, 
             raise ValueError(f"cannot create SQLite database {database!r}: folder {parent} does not exist")
     kwargs.setdefault("json_deserializer", load_json)
     engine = create_async_engine(url, **kwargs)
+    settings = _SqliteSettings(url, database, busy_ms, in_memory)
+    _configure_sqlite(engine.sync_engine, settings)
+    _SQLITE_SETTINGS[engine.sync_engine] = settings
+    return engine
 
-    @event.listens_for(engine.sync_engine, "connect")
+
+@dataclass(frozen=True, slots=True)
+class _SqliteSettings:
+    """What a connection to one SQLite file is opened with, kept for its append writer's twin."""
+
+    url: str
+    database: str | None
+    busy_ms: int
+    in_memory: bool
+
+
+#: The settings each SQLite engine made by `create_engine` was opened with.
+_SQLITE_SETTINGS: weakref.WeakKeyDictionary[sqlalchemy.Engine, _SqliteSettings] = weakref.WeakKeyDictionary()
+
+
+def sqlite_writer_engine(engine: AsyncEngine) -> sqlalchemy.Engine | None:
+    """A synchronous engine on the same SQLite file with the same settings (WAL, busy timeout,
+    BEGIN IMMEDIATE under `WRITE_LOCK`), for the append writer's own thread
+    (`store.sqlite_writer`); None for PostgreSQL, an in-memory database (a second connection
+    would see another database) or an engine not made by `create_engine`."""
+    settings = _SQLITE_SETTINGS.get(engine.sync_engine)
+    if settings is None or settings.in_memory:
+        return None
+    url = make_url(settings.url).set(drivername="sqlite+pysqlite")
+    sync = sqlalchemy.create_engine(url, poolclass=NullPool, json_deserializer=load_json)
+    _configure_sqlite(sync, settings)
+    return sync
+
+
+def _configure_sqlite(sync_engine: sqlalchemy.Engine, settings: _SqliteSettings) -> None:
+    """Per-connection pragmas and our own BEGIN, for every connection the engine opens."""
+    database, busy_ms, in_memory = settings.database, settings.busy_ms, settings.in_memory
+
+    @event.listens_for(sync_engine, "connect")
     def _on_connect(dbapi_connection: Any, _record: Any) -> None:
         # We issue BEGIN ourselves (below); pysqlite's implicit transactions would defeat it.
         dbapi_connection.isolation_level = None
@@ -285,7 +324,7 @@ def _sqlite_engine(url: str, parsed: Any, *, busy_timeout: float | None = None, 
             try:
                 _enable_wal(cursor, busy_ms)
             except sqlite3.OperationalError as error:
-                problem = _unwritable(database)
+                problem = _unwritable(database)  # type: ignore[arg-type]
                 if problem is None:
                     raise
                 raise StoreError(
@@ -297,11 +336,9 @@ def _sqlite_engine(url: str, parsed: Any, *, busy_timeout: float | None = None, 
         cursor.execute("PRAGMA foreign_keys=ON")
         cursor.close()
 
-    @event.listens_for(engine.sync_engine, "begin")
+    @event.listens_for(sync_engine, "begin")
     def _on_begin(conn: Any) -> None:
         if conn.get_execution_options().get(WRITE_LOCK):
             conn.exec_driver_sql("BEGIN IMMEDIATE")
         else:
             conn.exec_driver_sql("BEGIN")
-
-    return engine

@@ -15,14 +15,18 @@ from collections.abc import AsyncIterator, Sequence
 from datetime import timezone
 from typing import Any
 
+import sqlalchemy
 from sqlalchemy import func, select
+from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from store.append_sql import CHUNK, AppendRequest, Outcome, insert_events, insert_sql, lock_for_append, resolve
-from store.engine import WRITE_LOCK
+from store.engine import WRITE_LOCK, sqlite_writer_engine
 from store.errors import ConcurrencyError, StoreError
+from store.futures import DeferredCancelFuture
 from store.records import NewEvent, StoredEvent
+from store.sqlite_writer import ImmediateConnection, SqliteWriter, run_now
 from store.retry import RETRY_ATTEMPTS, RETRY_BASE_DELAY, is_transient, retry_transient
 from store.tables import events
 
@@ -47,9 +51,18 @@ class EventStore:
         #: Stream versions as of this store's last commits (see `_resolve`).
         self._versions: dict[str, int] = {}
         self._conn: AsyncConnection | None = None
+        #: File SQLite: the batches' SQL runs on a thread of its own (`store.sqlite_writer` says why).
+        sync_twin = sqlite_writer_engine(engine)
+        self._thread_writer = SqliteWriter(sync_twin) if sync_twin is not None else None
         self._loop: asyncio.AbstractEventLoop | None = None
         self.batches_committed = 0
         self.events_committed = 0
+
+    @property
+    def append_engine(self) -> sqlalchemy.Engine:
+        """The synchronous engine whose connections run the appends: the writer thread's own on a
+        SQLite file, else the async engine's `sync_engine` (for listeners that watch the inserts)."""
+        return self._thread_writer.engine if self._thread_writer is not None else self.engine.sync_engine
 
     # ------------------------------------------------------------------ append
     async def append(self, session_id: str, expected_version: int, new_events: Sequence[NewEvent]) -> int:
@@ -64,8 +77,8 @@ class EventStore:
     def submit(self, session_id: str, expected_version: int, new_events: Sequence[NewEvent]) -> asyncio.Future[int]:
         """Queue an append for the next group commit; the future resolves once it is durable.
 
-        For callers that must learn an append's fate even when cancelled (see
-        `sessions.recorder.append_then_apply`): they shield the future and, if cancelled, await it.
+        The future is a `DeferredCancelFuture`: a task cancelled while awaiting it is cancelled
+        only once the append's fate is known (see `sessions.recorder.append_then_apply`).
         """
         if self._closed:
             raise StoreError("the event store is closed; open the ledger again")
@@ -78,7 +91,7 @@ class EventStore:
                 "from this loop would wait forever — open the ledger on the loop that records"
             )
         _check_versions(session_id, expected_version, new_events)
-        future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[int] = DeferredCancelFuture(loop=loop)
         if not new_events:
             future.set_result(expected_version)
             return future
@@ -163,18 +176,24 @@ class EventStore:
         self._committed = asyncio.Event()
 
     async def _commit_together(self, batch: list[AppendRequest], careful: bool) -> list[Outcome]:
-        conn = await self._writer()
-        try:
-            async with conn.begin():
-                if conn.dialect.name == "postgresql":
-                    await lock_for_append(conn)
-                outcomes, rows = await resolve(conn, batch, check_ids=careful, cached=None if careful else self._versions)
-                if rows:
-                    await conn.exec_driver_sql(insert_sql(conn.dialect), rows)
-        except BaseException as error:
-            if not isinstance(error, IntegrityError):  # the connection may be broken: start afresh
-                await self._drop_writer()
-            raise
+        cached = None if careful else self._versions
+        if self._thread_writer is not None:
+            def transaction(conn: Connection) -> list[Outcome]:
+                with conn.begin():
+                    return run_now(_decide_and_insert(ImmediateConnection(conn), batch, careful, cached))
+
+            outcomes = await self._thread_writer.run(transaction)
+        else:
+            conn = await self._writer()
+            try:
+                async with conn.begin():
+                    if conn.dialect.name == "postgresql":
+                        await lock_for_append(conn)
+                    outcomes = await _decide_and_insert(conn, batch, careful, cached)
+            except BaseException as error:
+                if not isinstance(error, IntegrityError):  # the connection may be broken: start afresh
+                    await self._drop_writer()
+                raise
         self._remember(batch, outcomes)
         return outcomes
 
@@ -233,6 +252,9 @@ class EventStore:
         if self._conn is not None:
             conn, self._conn = self._conn, None
             await conn.close()
+        if self._thread_writer is not None:
+            writer, self._thread_writer = self._thread_writer, None
+            await writer.close()
 
     # ------------------------------------------------------------------- reads
     async def read_stream(self, session_id: str, *, at_position: int | None = None) -> list[StoredEvent]:
@@ -280,6 +302,16 @@ class EventStore:
         async with self.engine.connect() as conn:
             query = select(func.coalesce(func.max(events.c.version), 0)).where(events.c.session_id == session_id)
             return int((await conn.execute(query)).scalar_one())
+
+
+async def _decide_and_insert(
+    conn: AsyncConnection | ImmediateConnection, batch: list[AppendRequest], careful: bool, cached: dict[str, int] | None
+) -> list[Outcome]:
+    """A batch's transaction body: each request decided against the log, the accepted rows inserted."""
+    outcomes, rows = await resolve(conn, batch, check_ids=careful, cached=cached)  # type: ignore[arg-type]
+    if rows:
+        await conn.exec_driver_sql(insert_sql(conn.dialect), rows)
+    return outcomes
 
 
 #: Column order of a page row: positional access is markedly cheaper than mappings on long pages.

@@ -399,9 +399,10 @@ async def test_full_disk_simulated_on_either_backend(db_url: str) -> None:
     """The same checks without a mount: the driver reports the disk full on event inserts."""
     async with Ledger.open(db_url) as ledger:
         state = {"inserts": 0, "full": True}
-        dbapi = ledger.engine.dialect.dbapi
+        appends = ledger.store.append_engine  # on a SQLite file, the append writer thread's own engine
+        dbapi = appends.dialect.dbapi
 
-        @event.listens_for(ledger.engine.sync_engine, "before_cursor_execute")
+        @event.listens_for(appends, "before_cursor_execute")
         def disk_full(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
             if state["full"] and statement.lstrip().upper().startswith("INSERT INTO EVENTS"):
                 state["inserts"] += 1

@@ -98,13 +98,14 @@ class LedgerMachine(RuleBasedStateMachine):
     async def _open(self) -> None:
         self.stack = contextlib.AsyncExitStack()
         self.ledger = await self.stack.enter_async_context(Ledger.open(self.url, sinks=[self.sink]))
-        event.listen(self.ledger.engine.sync_engine, "before_cursor_execute", self._fault)
+        # on a SQLite file the inserts run on the append writer thread's own engine
+        event.listen(self.ledger.store.append_engine, "before_cursor_execute", self._fault)
         self.handles = {}
 
     def _fault(self, _conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
         if self.disk_full and statement.lstrip().upper().startswith("INSERT INTO EVENTS"):
             self.disk_full = False
-            dialect = self.ledger.engine.dialect  # type: ignore[union-attr]
+            dialect = self.ledger.store.append_engine.dialect  # type: ignore[union-attr]
             raise dialect.dbapi.OperationalError(DISK_FULL[dialect.name])
 
     async def _handle(self, sid: str) -> Any:
