@@ -10,7 +10,6 @@ from typing import Any
 
 
 from sessions import aggregate as agg
-from sessions import storable
 from sessions import events as ev
 from sessions import validation
 from sessions.errors import ConcurrencyError, InvalidInput, LedgerError
@@ -28,12 +27,14 @@ from sessions.recorder import (
     SessionHandle,
     SessionOutcome,
     append_then_apply,
+    storable_envelopes,
     failure_origin,
     failure_reason,
     stored_bytes,
 )
 from store import (
-    AsyncEngine, EventStore, GroupConflict, StoredJSONError, check_schema, create_engine, normalize_url, retry_transient, upgrade,
+    AsyncEngine, EventStore, GroupConflict, StoredJSONError, check_schema, create_engine, deferred_cancel, normalize_url,
+    retry_transient, upgrade,
 )
 from store import read_models as rm
 
@@ -216,11 +217,9 @@ class Ledger:
         ]
         if start:
             decided.append(ev.SessionStarted(attempt=attempt, timeout_s=timeout_s))
-        decided = [storable.clean_event(session_id, event) for event in decided]
-        envelopes = [
-            ev.envelope(e, session_id=session_id, version=i, run=run, uid=uid, partition=partition, global_step=global_step)
-            for i, e in enumerate(decided, start=1)
-        ]
+        decided, envelopes = storable_envelopes(
+            decided, session_id=session_id, version=0, run=run, uid=uid, partition=partition, global_step=global_step
+        )
         size = self.limits.check(session_id, "metadata", 0, 0, envelopes)
         # The run's configuration is checked (recorded, the first time) once the session's own
         # input passed: a refused session writes nothing. A cancellation meanwhile still creates
@@ -272,12 +271,12 @@ class Ledger:
         """Check (once per run) that `run` was recorded with this ledger's configuration, or
         record it; concurrent first sessions wait for the one check."""
         check = self._configured.get(run)
-        if check is None:
-            check = self._configured[run] = asyncio.ensure_future(
+        if check is None:  # one future for every waiter, not a shield each (store.futures says why)
+            check = self._configured[run] = deferred_cancel(asyncio.ensure_future(
                 fingerprint.ensure_recorded(self.store, run, self.config, self.resume)
-            )
+            ))
         try:
-            await asyncio.shield(check)
+            await check
         except BaseException:
             if check.done() and (check.cancelled() or check.exception() is not None):
                 self._configured.pop(run, None)  # a failed check is made again next time

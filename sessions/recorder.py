@@ -28,6 +28,7 @@ __all__ = [
     "SessionHandle",
     "SessionOutcome",
     "append_then_apply",
+    "storable_envelopes",
     "event_bytes",
     "failure_origin",
     "failure_reason",
@@ -287,21 +288,10 @@ class SessionHandle:
         """Append and apply `decided`; `capped` names the field a size cap refusal blames
         (None for start and terminal commands, which caps never refuse)."""
         view = self._view
-        now = datetime.now(timezone.utc)
-        decided = [storable.clean_event(view.session_id, event) for event in decided]
-        envelopes = [
-            ev.envelope(
-                event,
-                session_id=view.session_id,
-                version=view.version + offset,
-                run=view.run,
-                uid=view.uid,
-                partition=view.partition,
-                global_step=view.global_step,
-                recorded_at=now,
-            )
-            for offset, event in enumerate(decided, start=1)
-        ]
+        decided, envelopes = storable_envelopes(
+            decided, session_id=view.session_id, version=view.version, run=view.run, uid=view.uid,
+            partition=view.partition, global_step=view.global_step,
+        )
         if capped is not None:
             size = self._limits.check(view.session_id, capped, view.version, self._bytes, envelopes)
         else:
@@ -314,22 +304,44 @@ class SessionHandle:
                 self._bytes += size
 
 
+def storable_envelopes(
+    decided: Sequence[ev.Event], *, session_id: str, version: int, run: str, uid: str, partition: str,
+    global_step: int | None,
+) -> tuple[list[ev.Event], list[Any]]:
+    """The events made storable (`InvalidInput` if one cannot be) and wrapped for the store after
+    `version`, with one timestamp for the command.
+
+    A plain function rather than comprehensions inside the awaiting command: in Python 3.11 a
+    comprehension that reads a coroutine's locals turns them into cells that live as long as its
+    frame, until the commit, long enough for the cyclic collector to promote them.
+    """
+    now = datetime.now(timezone.utc)
+    cleaned: list[ev.Event] = []
+    envelopes: list[Any] = []
+    for offset, event in enumerate(decided, start=1):
+        event = storable.clean_event(session_id, event)
+        cleaned.append(event)
+        envelopes.append(ev.envelope(
+            event, session_id=session_id, version=version + offset, run=run, uid=uid, partition=partition,
+            global_step=global_step, recorded_at=now,
+        ))
+    return cleaned, envelopes
+
+
 async def append_then_apply(store: EventStore, view: agg.SessionView, decided: Sequence[ev.Event], envelopes: list[Any]) -> None:
     """Append, and apply to the view only once the append committed.
 
     A caller cancelled while its append is in flight still learns the append's fate before the
-    cancellation propagates, so the view never falls behind (or runs ahead of) the log.
+    cancellation propagates (the store's `AppendFuture` defers it), so the view never falls
+    behind (or runs ahead of) the log.
     """
     append = store.submit(view.session_id, view.version, envelopes)
     try:
-        await asyncio.shield(append)
+        await append
     except asyncio.CancelledError:
-        try:
-            await append
-        except Exception:  # noqa: BLE001 - the append failed: nothing to apply
-            raise asyncio.CancelledError from None
-        for event in decided:
-            view.apply(event)
+        if append.done() and append.exception() is None:  # committed, then the cancellation arrived
+            for event in decided:
+                view.apply(event)
         raise
     for event in decided:
         view.apply(event)
