@@ -427,12 +427,31 @@ def envelope(
 
 
 def new_event_id() -> str:
-    """A random (version 4) UUID in its canonical text form.
+    """A random (version 4) UUID in its canonical text form, as `str(uuid.uuid4())` gives.
 
-    Equivalent to `str(uuid.uuid4())` at a third of the cost: the recorder makes one per event.
+    The recorder makes one per event, and a system call per id cost about 4 µs here (a fifth of
+    a session's envelope time), so the random bytes are read from the OS for `_ID_BATCH` ids at a
+    time. A forked child drops its parent's unused ids, so no two processes share one.
     """
-    h = os.urandom(16).hex()
-    return f"{h[:8]}-{h[8:12]}-4{h[13:16]}-{_VARIANT[h[16]]}{h[17:20]}-{h[20:]}"
+    while True:
+        try:
+            return _unused_ids.pop()
+        except IndexError:  # empty (another thread may have taken the last one): read more
+            _unused_ids.extend(_random_ids(_ID_BATCH))
+
+
+def _random_ids(count: int) -> list[str]:
+    h = os.urandom(16 * count).hex()
+    return [
+        f"{h[i:i + 8]}-{h[i + 8:i + 12]}-4{h[i + 13:i + 16]}-{_VARIANT[h[i + 16]]}{h[i + 17:i + 20]}-{h[i + 20:i + 32]}"
+        for i in range(0, 32 * count, 32)
+    ]
+
+
+#: Ids read from the OS per system call (`new_event_id`).
+_ID_BATCH = 256
+_unused_ids: list[str] = []
+os.register_at_fork(after_in_child=_unused_ids.clear)
 
 
 #: RFC 4122 variant bits (10xx) applied to the first hex digit of the clock-seq field.

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import os
+import uuid
 import struct
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -349,3 +351,28 @@ async def test_events_and_tokens_round_trip_through_the_store(ledger) -> None:
     assert dataclasses.asdict(handle.view)["trajectories"] == [
         {"index": 0, "num_turns": 2, "prompt_len": 4, "response_len": 3}
     ]
+
+
+def test_event_ids_are_distinct_version_4_uuids_in_canonical_form() -> None:
+    ids = [ev.new_event_id() for _ in range(3 * 256 + 7)]  # across several reads from the OS
+    assert len(set(ids)) == len(ids)
+    for event_id in ids:
+        parsed = uuid.UUID(event_id)
+        assert str(parsed) == event_id and parsed.version == 4 and parsed.variant == uuid.RFC_4122
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_forked_child_never_reuses_its_parents_unused_event_ids() -> None:
+    ev.new_event_id()  # the parent now holds unused ids read ahead
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: report the ids it would use, then leave without cleanup
+        os.close(read)
+        os.write(write, " ".join(ev.new_event_id() for _ in range(8)).encode())
+        os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as pipe:
+        child = set(pipe.read().split())
+    os.waitpid(pid, 0)
+    parent = {ev.new_event_id() for _ in range(300)}  # more than were read ahead
+    assert len(child) == 8 and not child & parent
