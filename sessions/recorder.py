@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -18,7 +17,7 @@ from sessions.errors import InvalidInput, LedgerError, RolloutFailure
 from sessions import storable
 from sessions.failure_policy import MetricPolicy
 from sessions.placeholder import PlaceholderPolicy
-from store import EventStore
+from store import EventStore, encode_data
 
 __all__ = [
     "Limits",
@@ -44,7 +43,7 @@ MAX_SESSION_BYTES = 128 * 2**20
 
 def event_bytes(data: dict[str, Any], payload: bytes | None, data_json: str | None = None) -> int:
     """An event's stored size: its binary payload plus its JSON data as stored."""
-    return len(payload or b"") + len(data_json if data_json is not None else json.dumps(data))
+    return len(payload or b"") + len(data_json if data_json is not None else encode_data(data))
 
 
 @dataclass(frozen=True, slots=True)

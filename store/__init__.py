@@ -22,7 +22,7 @@ from store.migrate import check_schema, current_revision, head_revision, upgrade
 from store.projection_locks import follower_leadership, projection_page
 from store.read_model_scan import READ_MODEL_KEYS, TableScan, scan
 from store.report_reads import report_failures, report_positions, report_step_metrics
-from store.records import NewEvent, StoredEvent
+from store.records import NewEvent, StoredEvent, encode_data
 from store.futures import DeferredCancelFuture, deferred_cancel
 from store.tracker_reads import failed_session_samples
 
@@ -50,6 +50,7 @@ __all__ = [
     "current_revision",
     "deferred_cancel",
     "driver",
+    "encode_data",
     "export_reads",
     "failed_session_samples",
     "follower_leadership",

@@ -3,9 +3,27 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
+
+import orjson
+
+
+def encode_data(data: Mapping[str, Any]) -> str:
+    """An event's `data` as stored: compact JSON text, by orjson (a tenth of `json.dumps`' time,
+    and the recorder encodes every event on the caller's loop).
+
+    Where orjson refuses a value (an integer beyond 64 bits, a lone surrogate, a key that is not
+    a string) the stdlib encodes it as it always did. Numbers must be finite, as JSON's are: the
+    ledger refuses NaN and infinities before anything is encoded (`sessions.storable`), and
+    orjson would write them as null.
+    """
+    try:
+        return orjson.dumps(data).decode()
+    except TypeError:
+        return json.dumps(data)
 
 
 @dataclass(slots=True)
@@ -36,7 +54,7 @@ class NewEvent:
 
     def __post_init__(self) -> None:
         if not self.data_json:
-            self.data_json = json.dumps(self.data)
+            self.data_json = encode_data(self.data)
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import uuid
 import struct
@@ -19,7 +20,7 @@ from sessions import aggregate as agg
 from sessions import events as ev
 from sessions import tokens
 from sessions.errors import UnknownEventError
-from store.records import StoredEvent
+from store.records import StoredEvent, encode_data
 
 
 def stored_from(new: Any, position: int = 1) -> StoredEvent:
@@ -376,3 +377,23 @@ def test_a_forked_child_never_reuses_its_parents_unused_event_ids() -> None:
     os.waitpid(pid, 0)
     parent = {ev.new_event_id() for _ in range(300)}  # more than were read ahead
     assert len(child) == 8 and not child & parent
+
+
+_JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    max_leaves=12,
+)
+
+
+@given(data=st.dictionaries(st.text(max_size=8), _JSON_VALUES, max_size=6))
+@settings(max_examples=300, deadline=None)
+def test_event_data_is_stored_as_json_that_reads_back_as_the_stdlibs_would(data: dict[str, Any]) -> None:
+    """`encode_data` (orjson, the stdlib for what orjson refuses: integers beyond 64 bits, lone
+    surrogates) writes text that decodes to what `json.dumps`' text decodes to."""
+    assert json.loads(encode_data(data)) == json.loads(json.dumps(data))
+
+
+def test_event_data_the_fast_encoder_refuses_is_still_encoded() -> None:
+    for data in ({"big": 2**64}, {"small": -(2**63) - 1}, {"lone": "\ud800"}, {1: "int key"}):
+        assert json.loads(encode_data(data)) == json.loads(json.dumps(data))
