@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import operator
 from collections.abc import AsyncIterator, Mapping, Sequence
@@ -16,7 +17,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from store import driver
 from store.bulk_copy import recorded_at_converter
@@ -40,23 +41,29 @@ _REBUILD_SELECT = (
 
 
 async def event_pages(engine: AsyncEngine, *, up_to: int | None = None, page_size: int) -> AsyncIterator[list[tuple[Any, ...]]]:
-    """The log (positions <= `up_to`, or all) in pages of decoder tuples (`data` as JSON text).
-
-    The next page is asked for before this one is handed out: the driver reads it while the
-    caller folds this one (aiosqlite's thread, asyncpg's socket).
-    """
+    """The log (positions <= `up_to`, or all) in pages of decoder tuples (`data` as JSON text)."""
     async with driver.reader(engine) as read:
-        def page(after: int) -> asyncio.Task[list[Any]]:
-            return asyncio.ensure_future(read.events_page(_REBUILD_SELECT, after=after, up_to=up_to, limit=max(1, page_size)))
+        async for rows in prefetched_pages(read, _REBUILD_SELECT, up_to=up_to, page_size=page_size):
+            yield rows
 
-        pending = page(0)
-        try:
-            while rows := await pending:
-                pending = page(rows[-1][0])
-                yield rows
-        finally:  # a caller that stops early: let the read in flight finish before the connection goes back
-            with contextlib.suppress(Exception):
-                await pending
+
+async def prefetched_pages(
+    read: driver.Reader, columns: Sequence[str], *, page_size: int, up_to: int | None = None,
+) -> AsyncIterator[list[Any]]:
+    """`read.events_page` after `read.events_page`, the next one asked for before this one is
+    handed out: the driver reads it while the caller works on this one (aiosqlite's thread,
+    asyncpg's socket). `columns` start with `position`."""
+    def page(after: int) -> asyncio.Future[list[Any]]:
+        return asyncio.ensure_future(read.events_page(columns, after=after, up_to=up_to, limit=max(1, page_size)))
+
+    pending = page(0)
+    try:
+        while rows := await pending:
+            pending = page(rows[-1][0])
+            yield rows
+    finally:  # a caller that stops early: let the read in flight finish before the connection goes back
+        with contextlib.suppress(Exception):
+            await pending
 
 
 @dataclass
@@ -165,6 +172,14 @@ async def write_read_models(write: driver.Writer, rows: Prepared, target: AsyncE
         await write.after_explicit_positions("queue_rows", "id", rows.queue[-1][0])
     await write.insert("checkpoints", ("name", "position", "updated_at"),
                        [(PROJECTOR, rows.last_position, stamp(now) if stamp else now)])
+
+
+@functools.cache
+def sqlite_shape() -> AsyncEngine:
+    """An engine that never connects, only for its dialect: `prepare` for it gives rows as a
+    SQLite read model holds them (the audit compares its rebuilt rows in memory so, against
+    either backend, as it would a SQLite copy of them)."""
+    return create_async_engine("sqlite+aiosqlite://")
 
 
 async def has_events(engine: AsyncEngine) -> bool:

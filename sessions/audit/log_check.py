@@ -22,8 +22,9 @@ from sessions import events as ev
 from sessions import tokens
 from sessions.audit.divergence import Divergence
 from sessions.errors import UnknownEventError
-from sessions.projection.decoding import CURRENT, REQUIRED, parse_json
+from sessions.projection.decoding import CACHED_TEXT, CURRENT, REQUIRED, parse_json
 from store import AsyncEngine, StoredEvent, StoredJSONError, driver, load_json
+from store import bulk_read_models as bulk
 
 __all__ = [
     "CONTENT_PAGE",
@@ -80,8 +81,8 @@ async def check_log(
 # ---------------------------------------------------------------------------------- content
 _CONTENT_COLUMNS = ("position", "session_id", "version", "type", "schema_version", "data", "payload", "recorded_at")
 #: Texts up to this long whose event checks clean are remembered per (type, schema version):
-#: SessionStarted and most RewardPosted data repeat across a log.
-_REMEMBERED_TEXT = 96
+#: SessionStarted, most RewardPosted and SessionSucceeded data repeat across a log.
+_REMEMBERED_TEXT = CACHED_TEXT
 _REMEMBERED = 4096
 
 
@@ -89,15 +90,13 @@ async def _check_content(
     read: driver.Reader, findings: list[Finding], on_progress: Callable[[str, int], None] | None,
     on_page: Callable[[list[tuple[Any, ...]]], None] | None,
 ) -> int:
-    count, last, reported = 0, 0, 0
+    count, reported = 0, 0
     clean: dict[tuple[str, int, str], Any] = {}
-    while True:
-        rows = await read.events_page(_CONTENT_COLUMNS, after=last, limit=CONTENT_PAGE)
-        if not rows:
-            break
+    async for rows in bulk.prefetched_pages(read, _CONTENT_COLUMNS, page_size=CONTENT_PAGE):
         folded = []
         for position, sid, version, type_, schema, raw, payload, recorded_at in rows:
-            remembered = (type_, schema, raw) if type(raw) is str and len(raw) <= _REMEMBERED_TEXT else None
+            short = type(raw) is str and len(raw) <= _REMEMBERED_TEXT
+            remembered = (type_, schema, raw) if short else None
             data = clean.get(remembered) if remembered is not None else None
             if data is None:
                 data, problems = inspect_event(position, sid, version, type_, schema, raw, payload)
@@ -105,11 +104,11 @@ async def _check_content(
                     findings.append((position, _CONTENT, Divergence("events", f"session {sid}", field_, expected, found, sid, position)))
                 if not problems and remembered is not None and type_ != "TrajectoryRecorded" and len(clean) < _REMEMBERED:
                     clean[remembered] = data
-            folded.append((position, sid, version, type_, schema, raw if data is None else data, recorded_at))
+            # A short text goes to the fold as text: its decoder decodes each distinct one once.
+            folded.append((position, sid, version, type_, schema, raw if short or data is None else data, recorded_at))
         if on_page is not None:
             on_page(folded)
         count += len(rows)
-        last = rows[-1][0]
         if on_progress is not None and count - reported >= PROGRESS_EVERY:
             on_progress("checked", count - reported)
             reported = count

@@ -5,6 +5,10 @@ byte and NULLs first, as SQLite does) and merged like a join, so memory stays at
 side. Raw tuples are compared first; only a row that differs raw is typed (`store.read_model_scan`)
 and compared column by column, so text that encodes equal values is no divergence.
 
+The expected side may also be rows in memory (`compare_rows`): the audit's rebuilt read models,
+as a SQLite database would hand them back, sorted here in that same order — no scratch database
+to migrate, fill and read back.
+
 Queue-row content (the token arrays a row's `source_position` resolves to) is hashed only where
 it can differ: when both sides resolve it in one log (`sources`), only for rows that point at
 different events; otherwise for every row, each side in its own log.
@@ -13,11 +17,13 @@ different events; otherwise for every row, each side in its own log.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+import operator
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from sessions.audit.divergence import Divergence
+from store import bulk_read_models as bulk
 from store import driver
 from store import read_models as rm
 from store import READ_MODEL_KEYS, TableScan, scan
@@ -25,6 +31,7 @@ from store import READ_MODEL_KEYS, TableScan, scan
 __all__ = [
     "CHUNK",
     "compare",
+    "compare_rows",
 ]
 
 CHUNK = 5000
@@ -34,11 +41,25 @@ _DIGEST_CHUNK = 500
 async def compare(expected_engine: Any, found_engine: Any, *, sources: Any | None = None) -> list[Divergence]:
     """Divergences of `found_engine`'s read models from `expected_engine`'s, table by table, then
     queue-row content. `sources`: the database whose events resolve queue-row content for both
-    sides (the audit's scratch database holds no log); None resolves each side in its own."""
+    sides (one side's database may hold no log); None resolves each side in its own."""
+    return await _compare(expected_engine, None, found_engine, sources)
+
+
+async def compare_rows(expected: Mapping[str, Sequence[Sequence[Any]]], found_engine: Any, *, sources: Any) -> list[Divergence]:
+    """`compare` with the expected read models in memory: per table, rows in its column order as
+    SQLite's driver returns them (`store.bulk_read_models.prepare` for a SQLite target makes
+    them), in any order. `sources` resolves queue-row content for both sides."""
+    return await _compare(bulk.sqlite_shape(), expected, found_engine, sources)
+
+
+async def _compare(
+    expected_engine: Any, expected_rows: Mapping[str, Sequence[Sequence[Any]]] | None, found_engine: Any, sources: Any | None,
+) -> list[Divergence]:
     out: list[Divergence] = []
     pointers: list[tuple[str, int | None, int | None]] = []
     for table, keys in READ_MODEL_KEYS:
-        out.extend(await _diff_table(expected_engine, found_engine, table, keys, pointers, sources is None))
+        rows = None if expected_rows is None else expected_rows.get(table, ())
+        out.extend(await _diff_table(expected_engine, found_engine, table, keys, pointers, sources is None, rows))
     out.extend(await _content(expected_engine, found_engine, sources, pointers))
     return out
 
@@ -49,24 +70,30 @@ def _order_key(values: Iterable[Any]) -> tuple[tuple[int, Any], ...]:
 
 
 class _Chunks:
-    """One side's rows, read a chunk at a time, with a cursor into the current chunk."""
+    """One side's rows, read a chunk at a time, with a cursor into the current chunk; `rows`
+    already sorted in key order stand in for a database's."""
 
-    def __init__(self, engine: Any, sql: str) -> None:
-        self._context = driver.reader(engine)
+    def __init__(self, engine: Any, sql: str, rows: Sequence[Sequence[Any]] | None = None) -> None:
+        self._context = driver.reader(engine) if rows is None else None
         self._sql = sql
+        self._given = rows
         self._chunks: AsyncIterator[list[Sequence[Any]]] | None = None
         self.rows: list[Sequence[Any]] = []
         self.at = 0
 
     async def __aenter__(self) -> _Chunks:
-        read = await self._context.__aenter__()
-        self._chunks = read.stream(self._sql, chunk=CHUNK)
+        if self._context is None:
+            self._chunks = _in_chunks(self._given or ())
+        else:
+            read = await self._context.__aenter__()
+            self._chunks = read.stream(self._sql, chunk=CHUNK)
         return self
 
     async def __aexit__(self, *exc: Any) -> None:
         if self._chunks is not None:
             await self._chunks.aclose()  # type: ignore[attr-defined]
-        await self._context.__aexit__(*exc)
+        if self._context is not None:
+            await self._context.__aexit__(*exc)
 
     async def ready(self) -> bool:
         """Whether a row is at the cursor (reading the next chunk if this one is used up)."""
@@ -74,6 +101,21 @@ class _Chunks:
             assert self._chunks is not None
             self.rows, self.at = await anext(self._chunks, []), 0
         return self.at < len(self.rows)
+
+
+async def _in_chunks(rows: Sequence[Sequence[Any]]) -> AsyncIterator[list[Sequence[Any]]]:
+    """Rows in memory as a stream of chunks, as `driver.Reader.stream` hands a table's."""
+    for start in range(0, len(rows), CHUNK):
+        yield list(rows[start:start + CHUNK])
+
+
+def _sorted(rows: Sequence[Sequence[Any]], key_at: tuple[int, ...]) -> list[Sequence[Any]]:
+    """Rows in the scans' key order (`_order_key`: NULLs first, strings by code point); keys
+    without a NULL compare as they are, so those sort by a key picked in C."""
+    pick = operator.itemgetter(*key_at) if len(key_at) > 1 else (lambda row: (row[key_at[0]],))
+    if not any(None in pick(row) for row in rows):
+        return sorted(rows, key=pick)
+    return sorted(rows, key=lambda row: _order_key(row[i] for i in key_at))
 
 
 async def _merged(
@@ -136,6 +178,7 @@ def _normal(value: Any) -> Any:
 async def _diff_table(
     expected_engine: Any, found_engine: Any, table: str, keys: tuple[str, ...],
     pointers: list[tuple[str, int | None, int | None]], all_pointers: bool,
+    expected_rows: Sequence[Sequence[Any]] | None = None,
 ) -> list[Divergence]:
     expected_side: TableScan = scan(expected_engine, table, keys)
     found_side = scan(found_engine, table, keys)
@@ -156,7 +199,8 @@ async def _diff_table(
                 if w[kind_at] == "row" and (all_pointers or w[source_at] != h[source_at])
             )
 
-    async with _Chunks(expected_engine, expected_side.sql) as want_rows, _Chunks(found_engine, found_side.sql) as have_rows:
+    given = None if expected_rows is None else _sorted(expected_rows, key_at)
+    async with _Chunks(expected_engine, expected_side.sql, given) as want_rows, _Chunks(found_engine, found_side.sql) as have_rows:
         async for want, have in _merged(want_rows, have_rows, key_at, same, on_equal):
             row = want if want is not None else have
             assert row is not None
