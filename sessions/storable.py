@@ -347,6 +347,11 @@ def clean_event(session_id: str, event: ev.Event) -> ev.Event:
     if problem is not None:
         raise InvalidInput(None, "session_id", problem)
     data = event.to_data()
+    if _FAST[event.TYPE](data):  # the usual case: every field plain (no numpy scalar) and storable as it is
+        cross = _cross_check(event.TYPE, data)
+        if cross is None:
+            return event
+        raise InvalidInput(session_id, *cross)
     plain = {name: _python_scalar(value) for name, value in data.items()}
     if any(plain[name] is not data[name] for name in data):
         data = plain  # numpy scalars as the Python numbers they stand for, in every field alike
