@@ -50,6 +50,14 @@ async def _project(path: Path, page_size: int, make: Callable[[Any, int], list[P
         await engine.dispose()
 
 
+async def _log_and_reference(tmp_path: Path, seed: int, page_size: int) -> tuple[Path, dict[str, Any]]:
+    """A recorded log, and what one projector makes of a copy of it."""
+    log = tmp_path / "log.db"
+    await _record(log, seed=seed, groups=8)
+    shutil.copyfile(log, tmp_path / "reference.db")
+    return log, await _project(tmp_path / "reference.db", page_size, _one)
+
+
 def _one(engine: Any, page_size: int) -> list[Projector]:
     return [Projector(engine, page_size=page_size)]
 
@@ -110,16 +118,23 @@ async def _open_step(ledger: Ledger, sessions: int) -> list[Any]:
     return handles
 
 
+async def _settle_step(ledger: Ledger, sessions: int, projector: Projector, monkeypatch: pytest.MonkeyPatch) -> Counter[str]:
+    """A step recorded and projected up to its ends; then its ends, projected by `projector`:
+    the reads that last page made."""
+    handles = await _open_step(ledger, sessions)
+    await ledger.project()
+    for handle in handles:
+        await handle.complete()
+    with _counting(monkeypatch) as calls:
+        assert await projector.run() == sessions
+    return calls
+
+
 async def test_the_settling_page_reads_nothing_back(sqlite_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """The rows a step's last page touches are all held: no session, group, metric or trajectory
     read — while a projector that holds nothing reads them all."""
     async with Ledger.open(sqlite_url) as ledger:
-        handles = await _open_step(ledger, 12)
-        await ledger.project()
-        for handle in handles:
-            await handle.complete()
-        with _counting(monkeypatch) as calls:
-            assert await ledger.project() == 12
+        calls = await _settle_step(ledger, 12, ledger.projector, monkeypatch)
         assert calls == Counter(), calls
         fresh = Projector(ledger.engine)
         await fresh.step()  # the log's end: its first page reads nothing either
@@ -130,22 +145,14 @@ async def test_the_settling_page_reads_nothing_back(sqlite_url: str, monkeypatch
 async def test_a_projector_that_held_nothing_reads_the_rows(sqlite_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """The counterpart: the same settling page on a new projector reads every kind of row."""
     async with Ledger.open(sqlite_url) as ledger:
-        handles = await _open_step(ledger, 8)
-        await ledger.project()
-        for handle in handles:
-            await handle.complete()
-        with _counting(monkeypatch) as calls:
-            assert await Projector(ledger.engine).run() == 8
+        calls = await _settle_step(ledger, 8, Projector(ledger.engine), monkeypatch)
         assert set(calls) == set(READS), calls
 
 
 async def test_a_page_rolled_back_after_its_rules_ran_drops_the_held_rows(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The rules change held rows in memory; a page that then fails must not leave them held, or
     its retry would count every event of the page twice."""
-    log = tmp_path / "log.db"
-    await _record(log, seed=7, groups=8)
-    shutil.copyfile(log, tmp_path / "reference.db")
-    expected = await _project(tmp_path / "reference.db", 5, _one)
+    log, expected = await _log_and_reference(tmp_path, seed=7, page_size=5)
 
     real = rm.insert_queue_rows
     failures = iter([True, False, True])
@@ -204,3 +211,123 @@ async def test_callers_of_one_projector_take_turns_in_process(sqlite_url: str, m
             assert await rm.get_checkpoint(conn) == end
         assert most == 1
         assert sum(counts) == end
+
+
+# ------------------------------------------------------------------------------------------
+# the batch rows a projector holds
+# ------------------------------------------------------------------------------------------
+
+
+def _steps_of(queue: list[dict[str, Any]]) -> set[tuple[Any, ...]]:
+    return {(q["run"], q["partition"], q["global_step"]) for q in queue if q["kind"] == "row"}
+
+
+def _same_rows(held: list[Any], read: list[Any]) -> None:
+    assert len(held) == len(read)
+    for a, b in zip(held, read):
+        assert dict(a.meta) == dict(b.meta)
+        assert (a.reward, a.is_placeholder) == (b.reward, b.is_placeholder)
+        for name in ("prompt_ids", "response_ids", "response_mask", "logprobs"):
+            x, y = getattr(a, name), getattr(b, name)
+            assert (x is None) == (y is None), name
+            if x is not None:
+                assert x.dtype == y.dtype and x.tolist() == y.tolist(), name
+
+
+async def _held_against_read(path: Path, page_size: int) -> tuple[int, int]:
+    """Project page by page; every step the projector holds must materialise exactly as its queue
+    rows and source events read back do. Returns (steps held, steps with rows)."""
+    from sessions.batches.rows import materialise
+
+    engine = create_engine(f"sqlite+aiosqlite:///{path}")
+    try:
+        projector = Projector(engine, page_size=page_size)
+        while (await projector.step()).events:
+            pass
+        async with engine.connect() as conn:
+            steps = _steps_of(await _all_queue(conn))
+            held_count = 0
+            for run, partition, step in sorted(steps, key=repr):
+                held = projector.held_step(run, partition, step)
+                if held is None:
+                    continue
+                held_count += 1
+                queue = await rm.queue_rows_for(conn, run, partition, step)
+                sources = await rm.source_events(conn, [q["source_position"] for q in queue])
+                assert [q["id"] for q in held[0]] == [q["id"] for q in queue]
+                assert held[0] == queue
+                _same_rows(materialise(*held), materialise(queue, sources))
+        return held_count, len(steps)
+    finally:
+        await engine.dispose()
+
+
+async def _all_queue(conn: Any) -> list[dict[str, Any]]:
+    from sqlalchemy import select
+
+    from store.tables import queue_rows
+
+    return [dict(r) for r in (await conn.execute(select(queue_rows))).mappings()]
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(seed=st.integers(0, 2**16), page_size=st.integers(1, 40))
+def test_held_batch_rows_are_the_rows_read_back(tmp_path: Path, seed: int, page_size: int) -> None:
+    log = tmp_path / f"{seed}-{page_size}.db"
+    asyncio.run(_record(log, seed, groups=8))
+    held, steps = asyncio.run(_held_against_read(log, page_size))
+    assert held == steps  # one projector from the log's start: it made every row of every step
+
+
+async def test_a_step_is_held_from_its_first_session_and_given_to_batch(tmp_path: Path) -> None:
+    """A follower that projected a step from its first session holds every row of it; one that
+    came in when the step had begun holds none (its earlier rows were made elsewhere)."""
+    path = tmp_path / "steps.db"
+    async with Ledger.open(f"sqlite+aiosqlite:///{path}") as ledger:
+        handles = await _open_step(ledger, 8)
+        await ledger.project()  # this projector saw the step's first sessions
+        late = Projector(ledger.engine)  # has seen nothing of it
+        for handle in handles:
+            await handle.complete()
+        await late.run()
+        assert late.held_step(ledger.run, "train", 0) is None
+        await ledger.project()  # another projector moved the checkpoint: the held rows are dropped
+        assert ledger.projector.held_step(ledger.run, "train", 0) is None
+    assert await _held_against_read(tmp_path / "steps.db", 3) == (0, 1)  # projected already: nothing held
+
+
+async def test_the_held_steps_are_bounded(sqlite_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(projector_module, "MAX_HELD_STEPS", 2)
+    async with Ledger.open(sqlite_url) as ledger:
+        for step in range(4):
+            handle = await ledger.create_session(f"s{step}", uid=f"u{step}", session_index=0, group_size=1,
+                                                 partition="val", global_step=step)
+            await handle.record_trajectory(prompt_ids=[1], response_ids=[2, 3], response_mask=[1, 1], num_turns=1)
+            await handle.complete()
+            await ledger.project()
+        held = [ledger.projector.held_step(ledger.run, "val", step) for step in range(4)]
+        assert [h is not None for h in held] == [False, False, True, True]
+        queue, sources = held[3]  # type: ignore[misc]
+        assert [q["key"] for q in queue] == ["u3_0_0"] and sources[queue[0]["source_position"]][3] is not None
+
+
+@pytest.mark.parametrize("limit", ["off", "bytes"])
+async def test_a_follower_holds_no_batch_rows_when_told_not_to_or_past_its_bytes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, limit: str
+) -> None:
+    """A follower nobody asks for batches holds no payloads; past `MAX_HELD_BYTES` of open
+    sessions' payloads it lets them go. Either way it projects the same rows as one that holds."""
+    log, expected = await _log_and_reference(tmp_path, seed=11, page_size=4)
+    if limit == "bytes":
+        monkeypatch.setattr(projector_module, "MAX_HELD_BYTES", 8)
+    engine = create_engine(f"sqlite+aiosqlite:///{log}")
+    try:
+        projector = Projector(engine, page_size=4, hold_batches=limit == "bytes")
+        while (await projector.step()).events:
+            pass
+        async with engine.connect() as conn:
+            steps = _steps_of(await _all_queue(conn))
+        assert steps and all(projector.held_step(*step) is None for step in steps)
+        assert await snapshot(engine) == expected
+    finally:
+        await engine.dispose()

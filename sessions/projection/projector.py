@@ -19,6 +19,12 @@ reads from the database only what it does not hold: the settling page of a step,
 every session at once, reads nothing back. The held rows are used only while the checkpoint is
 the one that page wrote (same position, same `updated_at`); anything else — another projector's
 page, a failed page, whose rules changed the rows in memory before the rollback — drops them.
+
+With `hold_batches` (the default) a page reads the trajectories' payloads with their events, as
+they land, and the projector holds the batch rows of every step it projected from its first
+session: the queue rows and source events `ledger.batch` would otherwise read back from the
+queue table and the log once the step ends (`held_step`), bounded by `MAX_HELD_STEPS` and
+`MAX_HELD_BYTES`.
 """
 
 from __future__ import annotations
@@ -27,11 +33,11 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from sessions.projection import metrics as m
-from sessions.projection.decoding import Decoder
+from sessions.projection.decoding import CURRENT, Decoder
 from sessions.projection.rules import TERMINAL_STATES, GroupKey, LogEvent, Row, Rules, WorkingSet, group_key
 from sessions.queues.sinks import QueueItem, QueueSink
 from store import EventStore, follower_leadership, projection_page, retry_transient
@@ -39,6 +45,7 @@ from store import read_models as rm
 
 __all__ = [
     "Held",
+    "HeldStep",
     "PageResult",
     "Projector",
     "SINK_TIMEOUT",
@@ -62,24 +69,44 @@ class PageResult:
 
 #: Open sessions a projector holds between pages at most; past it, the next page reads them again.
 MAX_HELD_SESSIONS = 200_000
+#: Steps whose batch rows a projector holds (the most recently begun), and the payload bytes it
+#: holds at most for them and, apart, for the open sessions' trajectories.
+MAX_HELD_STEPS = 8
+MAX_HELD_BYTES = 512 << 20
+
+StepKey = tuple[str, str, "int | None"]
+
+
+@dataclass
+class HeldStep:
+    """A step's queue rows of kind `row` in queue order and the events they point at, payloads
+    included: what `ledger.batch` would read back from the queue table and the log."""
+
+    queue: list[Row] = field(default_factory=list)
+    sources: dict[int, rm.SourceEvent] = field(default_factory=dict)
+    size: int = 0  # payload bytes
 
 
 @dataclass
 class Held:
     """The read-model rows as this projector's last committed page left them (see the module doc).
 
-    `complete` names the held sessions whose recorded trajectories `trajectories` holds in full
-    (their creation was projected while held); any other session's are read from the log when
-    it ends.
+    `complete` names the held sessions whose recorded trajectories `trajectories` (and their
+    events, payloads included, in `sources`) holds in full: their creation was projected while
+    held; any other session's are read from the log when it ends. `steps` holds the batch rows
+    of the steps whose first session was projected while held (so every row of theirs was made
+    here), until a row's source is not held.
     """
 
     position: int
     stamp: Any
-    sessions: dict[str, Row]
-    groups: dict[GroupKey, Row]
-    metrics: dict[m.Scope, m.MetricTable]
-    trajectories: dict[str, dict[int, tuple[int, dict[str, Any]]]]
-    complete: set[str]
+    sessions: dict[str, Row] = field(default_factory=dict)
+    groups: dict[GroupKey, Row] = field(default_factory=dict)
+    metrics: dict[m.Scope, m.MetricTable] = field(default_factory=dict)
+    trajectories: dict[str, dict[int, tuple[int, dict[str, Any]]]] = field(default_factory=dict)
+    complete: set[str] = field(default_factory=set)
+    sources: dict[int, rm.SourceEvent] = field(default_factory=dict)
+    steps: dict[StepKey, HeldStep] = field(default_factory=dict)
 
 
 #: Seconds one external sink's `put` may take before the page is rolled back (None: no limit).
@@ -103,8 +130,12 @@ class Projector:
         page_size: int = 2000,
         store: EventStore | None = None,
         sink_timeout: float | None = SINK_TIMEOUT,
+        hold_batches: bool = True,
     ) -> None:
         self.engine = engine
+        #: Read trajectories' payloads with their events and hold the batch rows of the steps
+        #: projected from their first session (`held_step`); off for a follower nobody asks.
+        self.hold_batches = hold_batches
         self.sinks = list(sinks)
         self.page_size = page_size
         self.store = store
@@ -131,28 +162,46 @@ class Projector:
 
     async def _step(self) -> PageResult:
         async with self._turn():
-            held, self._held = self._held, None  # dropped unless the page commits
-            async with projection_page(self.engine) as conn:
-                checkpoint = await rm.get_checkpoint(conn)
-                page = Decoder().events(await rm.events_after(conn, checkpoint, self.page_size))
-                if not page:
-                    self._held = held
-                    return PageResult(0, 0, 0, checkpoint)
-                if held is not None and (held.position, held.stamp) != (checkpoint, await rm.checkpoint_stamp(conn)):
-                    held = None  # another projector moved on: what we hold is stale
-                state = await load_working_set(conn, page, checkpoint, held)
-                rules = Rules(state)
-                rules.apply_all(page)
-                rules.finish()
-                await save_working_set(conn, state)
-                if self.sinks:
-                    items = await queue_items(conn, state.queue)
-                    for sink in self.sinks:
-                        await self._put(sink, items)
-                last = page[-1][0]
-                stamp = rm.as_utc(await rm.set_checkpoint(conn, last, previous=checkpoint))
-            self._held = hold(state, last, stamp, held)
-            return PageResult(len(page), state.rows_made, state.tags_made, last, len(state.errors))
+            try:
+                return await self._page()
+            except BaseException:
+                self._held = None  # the rules may have changed held rows before the rollback
+                raise
+
+    async def _page(self) -> PageResult:
+        async with projection_page(self.engine) as conn:
+            checkpoint = await rm.get_checkpoint(conn)
+            payloads: dict[int, bytes] | None = {} if self.hold_batches else None
+            page = Decoder().events(await rm.events_after(conn, checkpoint, self.page_size, payloads=payloads))
+            held = self._held
+            if held is not None and (held.position, held.stamp) != (checkpoint, await rm.checkpoint_stamp(conn)):
+                held = self._held = None  # another projector moved on: what we hold is stale
+            if not page:
+                return PageResult(0, 0, 0, checkpoint)
+            held = held or Held(checkpoint, None)
+            state = await load_working_set(conn, page, checkpoint, held)
+            rules = Rules(state)
+            rules.apply_all(page)
+            rules.finish()
+            await save_working_set(conn, state)
+            if self.sinks:
+                items = await queue_items(conn, state.queue)
+                for sink in self.sinks:
+                    await self._put(sink, items)
+            last = page[-1][0]
+            stamp = rm.as_utc(await rm.set_checkpoint(conn, last, previous=checkpoint))
+        self._held = hold(state, last, stamp, held, _page_sources(page, payloads or {}))
+        if payloads is None and self._held is not None:
+            self._held.steps.clear()
+        return PageResult(len(page), state.rows_made, state.tags_made, last, len(state.errors))
+
+    def held_step(self, run: str, partition: str, global_step: int | None) -> tuple[list[Row], dict[int, rm.SourceEvent]] | None:
+        """A step's queue rows (kind `row`, queue order) and their source events as this projector
+        wrote them, or None if it does not hold the whole step: what `ledger.batch` reads back
+        otherwise (`store.read_models.queue_rows_for`, `source_events`). Current as of this
+        projector's last page: call it right after projecting to the log's end."""
+        step = None if self._held is None else self._held.steps.get((run, partition, global_step))
+        return None if step is None else (list(step.queue), dict(step.sources))
 
     async def _put(self, sink: QueueSink, items: list[QueueItem]) -> None:
         """`sink.put` under `sink_timeout`; the sink's own errors (its own timeouts included) pass as they are."""
@@ -277,7 +326,7 @@ async def load_working_set(conn: Any, page: list[LogEvent], checkpoint: int, hel
     Sessions the page creates, and their groups and scopes, may not exist yet; a session the page
     does not create but that is missing stays missing, and the rules refuse its event.
     """
-    held = held or Held(checkpoint, None, {}, {}, {}, {}, set())
+    held = held or Held(checkpoint, None)
     state = WorkingSet(sessions=held.sessions, groups=held.groups, metrics=held.metrics, trajectories=held.trajectories)
     touched = {event[1] for event in page}
     missing = sorted(touched - state.sessions.keys())  # created ones too: a repeated creation is refused
@@ -295,6 +344,8 @@ async def load_working_set(conn: Any, page: list[LogEvent], checkpoint: int, hel
     if scopes - state.metrics.keys():
         loaded = await rm.load_metrics(conn, sorted(scopes - state.metrics.keys(), key=repr))
         state.metrics.update({scope: m.MetricTable(values) for scope, values in loaded.items()})
+        # a step none of whose sessions was projected yet: all its rows will be made while held
+        held.steps.update({scope[:3]: HeldStep() for scope, values in loaded.items() if scope[3] is None and not values})
     state.stored_sessions = {sid: dict(state.sessions[sid]) for sid in touched if sid in state.sessions}
     state.stored_groups = {key: dict(state.groups[key]) for key in keys if key in state.groups}
     await _load_trajectories(conn, page, checkpoint, state, held.complete)
@@ -320,20 +371,54 @@ async def _load_trajectories(conn: Any, page: list[LogEvent], checkpoint: int, s
             state.trajectories.setdefault(sid, {})[int(data["index"])] = (position, data)
 
 
-def hold(state: WorkingSet, position: int, stamp: Any, held: Held | None) -> Held | None:
-    """What to keep of a committed page's rows: open sessions (their trajectories where complete),
-    pending groups, the metric scopes it wrote (marked clean). None past `MAX_HELD_SESSIONS`."""
-    complete = (held.complete if held is not None else set()) | state.new_sessions
+def hold(state: WorkingSet, position: int, stamp: Any, held: Held, page: dict[int, rm.SourceEvent]) -> Held | None:
+    """What to keep of a committed page's rows: open sessions (their trajectories and sources where
+    complete), pending groups, the metric scopes it wrote (marked clean), the held steps' batch
+    rows. None past `MAX_HELD_SESSIONS`."""
+    complete = held.complete | state.new_sessions
     sessions = {sid: row for sid, row in state.sessions.items() if row["state"] not in TERMINAL_STATES}
     if len(sessions) > MAX_HELD_SESSIONS:
         return None
+    _hold_rows(held.steps, state.queue, held.sources, page)
     complete &= sessions.keys()
     trajectories = {sid: known for sid, known in state.trajectories.items() if sid in complete}
+    sources = {pos: src for known in trajectories.values() for pos, _data in known.values()
+               if (src := held.sources.get(pos) or page.get(pos)) is not None}
+    if sum(len(src[3] or b"") for src in sources.values()) > MAX_HELD_BYTES:
+        complete, trajectories, sources = set(), {}, {}  # read back when the sessions end
+        held.steps.clear()
     groups = {key: row for key, row in state.groups.items() if row["status"] == "pending"}
     metrics = {scope: table for scope, table in state.metrics.items() if table.dirty}
     for table in metrics.values():
         table.dirty = False
-    return Held(position, stamp, sessions, groups, metrics, trajectories, complete)
+    return Held(position, stamp, sessions, groups, metrics, trajectories, complete, sources, held.steps)
+
+
+def _hold_rows(steps: dict[StepKey, HeldStep], queue: list[Row], *sources: dict[int, rm.SourceEvent]) -> None:
+    """Add a page's batch rows to their held steps; a step with a row whose source (a trajectory's
+    payload above all) is not held is let go, as are the oldest past the limits."""
+    for row in queue:
+        key = (row["run"], row["partition"], row["global_step"])
+        step = steps.get(key)
+        if row["kind"] != "row" or step is None:
+            continue
+        position = row["source_position"]
+        source = next((found[position] for found in sources if position in found), None)
+        if source is None or (not row["is_placeholder"] and source[3] is None):
+            del steps[key]
+            continue
+        step.queue.append(row)
+        step.sources[position] = source
+        step.size += len(source[3] or b"")
+    while len(steps) > MAX_HELD_STEPS or sum(step.size for step in steps.values()) > MAX_HELD_BYTES:
+        del steps[next(iter(steps))]
+
+
+def _page_sources(page: list[LogEvent], payloads: dict[int, bytes]) -> dict[int, rm.SourceEvent]:
+    """The page's events as `store.read_models.source_events` gives them: data upcast already."""
+    return {position: (type_, CURRENT.get(type_, 0), data, payloads.get(position))
+            for position, _sid, _v, type_, data, _at, problem in page
+            if problem is None}  # a quarantined event's raw data may differ from what decoded
 
 
 async def save_working_set(conn: Any, state: WorkingSet) -> None:
