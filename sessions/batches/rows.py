@@ -8,6 +8,7 @@ table costs a few dozen bytes per row, and the log stays the one copy of every t
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from operator import itemgetter
 from typing import Any
 
 import numpy as np
@@ -47,6 +48,7 @@ def materialise(
 ) -> list[BatchRow]:
     """Build one BatchRow per queue row of kind 'row', in the given order."""
     out: list[BatchRow] = []
+    append = out.append
     for row in queue_rows:
         if row["kind"] != "row":
             continue
@@ -56,23 +58,35 @@ def materialise(
                 f"queue row {row['key']!r} points at event position {row['source_position']}, which is missing; "
                 "the database was altered outside rollout-ledger — run `rollout-ledger audit`"
             )
-        type_, schema_version, data, payload = source
-        if row["is_placeholder"]:
-            arrays = placeholder_arrays(
-                placeholder_token(type_, data), int(row.get("prompt_len") or 1), int(row.get("response_len") or 1)
-            )
-        else:
-            data = ev.upcast(type_, schema_version, data)
-            arrays = tokens.decode(payload or b"", int(data["prompt_len"]), int(data["response_len"]), bool(data["has_logprobs"]))
-        out.append(
-            BatchRow(
-                prompt_ids=arrays.prompt_ids,
-                response_ids=arrays.response_ids,
-                response_mask=arrays.response_mask,
-                logprobs=arrays.logprobs,
-                reward=float(row["reward"] or 0.0),
-                is_placeholder=bool(row["is_placeholder"]),
-                meta={**{name: row.get(name) for name in META_COLUMNS}, "is_partial": bool(row.get("is_partial"))},
-            )
-        )
+        arrays = _arrays(row, source)
+        append(BatchRow(arrays.prompt_ids, arrays.response_ids, arrays.response_mask, arrays.logprobs,
+                        float(row["reward"] or 0.0), bool(row["is_placeholder"]), _meta(row)))
     return out
+
+
+_TRAJECTORY_SCHEMA = ev.TrajectoryRecorded.SCHEMA_VERSION
+_META_NAMES = tuple(name for name in META_COLUMNS if name != "is_partial")
+_meta_values = itemgetter(*_META_NAMES)
+
+
+def _meta(row: Mapping[str, Any]) -> dict[str, Any]:
+    """A row's meta columns (`is_partial` as a bool); read with one itemgetter, as a queue row
+    read back has every column (a hand-made one may lack some: None, as before)."""
+    try:
+        meta = dict(zip(_META_NAMES, _meta_values(row)))
+    except KeyError:
+        meta = {name: row.get(name) for name in _META_NAMES}
+    meta["is_partial"] = bool(row.get("is_partial"))
+    return meta
+
+
+def _arrays(row: Mapping[str, Any], source: rm.SourceEvent) -> tokens.TokenArrays:
+    """The row's tokens: the placeholder's, or views over its trajectory's payload."""
+    type_, schema_version, data, payload = source
+    if row["is_placeholder"]:
+        return placeholder_arrays(
+            placeholder_token(type_, data), int(row.get("prompt_len") or 1), int(row.get("response_len") or 1)
+        )
+    if schema_version != _TRAJECTORY_SCHEMA or type_ != "TrajectoryRecorded":
+        data = ev.upcast(type_, schema_version, data)
+    return tokens.decode(payload or b"", int(data["prompt_len"]), int(data["response_len"]), bool(data["has_logprobs"]))
