@@ -95,6 +95,27 @@ def run(cfg: Config, report: Report) -> None:
                        "events/s")
             report.add(WORKLOAD, f"ratio ledger {w} writer processes / raw COPY from {p} processes (events/s)",
                        result["events_per_s"] / copy["events_per_s"], "x", target=">= 0.5x", goal=(">=", 0.5), kind="ratio")
+    _order_evaluation(report, copy_for, cfg.pg_sessions_per_writer, reps)
     report.note(WORKLOAD, "per session: create+start, one 256+512-token trajectory, reward, complete (5 events, "
                 "pg_append.measure defaults; 64 sessions in flight per process); raw asyncpg baselines: "
                 "`python -m benchmarks.pg_append`")
+
+
+def _order_evaluation(report: Report, writers: int, transactions: int, reps: int) -> None:
+    """Issue 18's evaluation, not the ledger's design: the append table lock against ordering by
+    transaction id under the snapshot's xmin (`benchmarks/pg_order.py`), on raw asyncpg."""
+    from benchmarks import pg_order
+
+    log(f"  pg order evaluation: {writers} writer process(es), {transactions} transactions each, {reps} reps")
+    r = pg_order.measure(pg_url(), writers, transactions, reps)
+    per = f"{writers} writer process{'es' if writers > 1 else ''}, {pg_order.EVENTS_PER_TX} events a transaction"
+    report.add(WORKLOAD, f"evaluation (raw asyncpg, {per}): LOCK TABLE per transaction, as the ledger", r["lock_events_per_s"], "events/s")
+    report.add(WORKLOAD, "evaluation: no lock, readers ordered by (xid, position) under the snapshot's xmin",
+               r["xid_events_per_s"], "events/s")
+    report.add(WORKLOAD, "evaluation: xid order / table lock (events/s)", r["xid_events_per_s"] / r["lock_events_per_s"], "x",
+               kind="ratio")
+    report.add(WORKLOAD, "evaluation: xid order / raw COPY from as many processes", r["xid_events_per_s"] / r["copy_events_per_s"],
+               "x", kind="ratio")
+    report.note(WORKLOAD, f"evaluation readers, rows never seen of {r['events']}: by position {r['lock_position_reader_skipped']} "
+                f"with the lock, {r['xid_position_reader_skipped']} without it; by (xid, position) under xmin "
+                f"{r['lock_xid_reader_skipped']} and {r['xid_xid_reader_skipped']}")
