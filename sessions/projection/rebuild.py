@@ -53,6 +53,8 @@ class Rebuild:
         self._finished = False
 
     def feed(self, rows: Sequence[Sequence[Any]]) -> None:
+        if self._finished:
+            raise RuntimeError("Rebuild.feed() after result(): a rebuild's rules are released with its result")
         if not rows:
             return
         with gc_paused():  # the rebuild only allocates rows it keeps (sessions.gc_pause says why)
@@ -65,7 +67,12 @@ class Rebuild:
         if self._finished:
             raise RuntimeError("Rebuild.result() was already taken")
         self._finished = True
-        return self._models(copy=False)
+        models = self._models(copy=False)
+        # Rules keeps its handlers as bound methods, a reference cycle through the whole working
+        # set: left alone, a finished rebuild is freed only by a cyclic collection (0.4-0.7 s at
+        # 100k events). Dropping the table breaks the cycle (no rules run after the result).
+        vars(self.rules).pop("_handlers", None)
+        return models
 
     def snapshot(self) -> ReadModels:
         """The read models so far, copied, so that feeding on does not change them (the audit
