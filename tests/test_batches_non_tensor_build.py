@@ -25,6 +25,7 @@ from tensordict import NonTensorData, NonTensorStack, TensorDict
 from benchmarks.projection import check_same, per_row_padded
 from sessions.batches import NON_TENSOR_COLUMNS, BatchRow, build_padded, non_tensor, split_batch
 from sessions.batches import non_tensor_stacks as stacks_module
+from sessions.batches.tensordict_compat import NATIVE_EMPTY_SELECTION
 from tests.batch_strategies import rows
 
 pytestmark = pytest.mark.verl_env  # also under verl's pin, tensordict 0.10.0
@@ -186,3 +187,32 @@ def assert_same_non_tensor_batch(expected: Any, found: Any) -> None:
         column = found.non_tensor_batch[name]
         assert column.dtype == values.dtype == object and column.shape == values.shape, name
         assert column.tolist() == values.tolist(), name
+
+
+# ------------------------------------------------------------------ reading the columns
+@EXAMPLES
+@given(batch_rows=rows(min_size=1), data=st.data())
+def test_non_tensor_reads_what_tolist_reads(batch_rows: list[BatchRow], data: Any) -> None:
+    """The direct read of plain members gives tolist()'s list, also after indexing, cat and a write."""
+    batch = build_padded(batch_rows)
+    ids = data.draw(st.lists(st.integers(0, len(batch_rows) - 1), min_size=1, max_size=6))
+    picked = batch[torch.tensor(ids)]
+    joined = torch.cat([batch, picked])
+    joined["uid"][0] = "written"
+    sources = [batch, picked, joined] + ([batch[1:]] if len(batch_rows) > 1 or NATIVE_EMPTY_SELECTION else [])
+    for source in sources:
+        for name in NON_TENSOR_COLUMNS:
+            assert non_tensor(source, name) == list(source.get(name).tolist()), name
+    assert non_tensor(joined, "uid")[0] == "written"
+
+
+def test_stacks_of_other_members_are_read_by_tolist() -> None:
+    """A nested list member, a memory-mapped or a shared batch keeps its values elsewhere: tolist."""
+    nested = TensorDict({}, batch_size=[2])
+    nested.set("s", NonTensorStack.from_list([["w", "x"], ["y", "z"]]))
+    assert stacks_module._plain_values(nested.get("s")) is None
+    assert non_tensor(nested, "s") == [["w", "x"], ["y", "z"]]
+    batch = build_padded([one_row("a"), one_row("b")])
+    shared = batch.clone().share_memory_()
+    assert stacks_module._plain_values(shared.get("uid")) is None
+    assert non_tensor(shared, "uid") == ["a", "b"]
