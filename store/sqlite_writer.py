@@ -71,7 +71,8 @@ class SqliteWriter:
         """Close the connection on its own thread, then stop the thread and the engine."""
         loop = asyncio.get_running_loop()
         try:
-            await loop.run_in_executor(self._executor, self._close)
+            if self._conn is not None:  # (no thread was started for a store that never appended)
+                await loop.run_in_executor(self._executor, self._close)
         finally:
             self._executor.shutdown(wait=True)
             self._engine.dispose()
