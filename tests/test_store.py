@@ -7,6 +7,7 @@ idempotent re-sends, global ordering and paging, group commit, isolation of a ba
 from __future__ import annotations
 
 import asyncio
+import threading
 import uuid
 from collections.abc import AsyncIterator
 from datetime import datetime, timedelta, timezone
@@ -466,3 +467,22 @@ async def test_a_failed_insert_reports_the_driver_error_without_the_rows(store: 
     assert "[SQL:" not in message and "x" * 100 not in message and len(message) < 600, message
     assert await store.stream_version("s") == 0
     assert await store.append("s", 0, batch("s", 0, 1)) == 1  # the store still works
+
+
+async def test_sqlite_file_appends_run_on_the_writer_thread_and_memory_ones_on_the_loops_connection(tmp_path: Any) -> None:
+    """A SQLite file's group commits run on a thread of their own (store.sqlite_writer); an
+    in-memory database has one connection only, so its appends stay on the engine's."""
+    from sqlalchemy import event
+
+    for url, on_thread in ((f"sqlite+aiosqlite:///{tmp_path / 'file.db'}", True), ("sqlite+aiosqlite://", False)):
+        opened = await open_store(url)
+        try:
+            threads: list[str] = []
+            event.listen(opened.append_engine, "before_cursor_execute",
+                         lambda *_args: threads.append(threading.current_thread().name))
+            assert (opened.append_engine is not opened.engine.sync_engine) is on_thread
+            await asyncio.gather(*(opened.append(f"t{i}", 0, batch(f"t{i}", 0, 2)) for i in range(20)))
+            assert await row_count(opened) == 40 and threads
+            assert all(name.startswith("rollout-ledger-sqlite-append") for name in threads) is on_thread
+        finally:
+            await shut(opened)
