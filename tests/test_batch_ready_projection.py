@@ -45,6 +45,9 @@ async def _project(path: Path, page_size: int, make: Callable[[Any, int], list[P
         turn = 0
         while (await projectors[turn % len(projectors)].step()).events:
             turn += 1
+        async with engine.connect() as conn:
+            ids = sorted(q["id"] for q in await _all_queue(conn))
+        assert ids == list(range(1, len(ids) + 1))  # numbered as a replay numbers them (snapshot drops ids)
         return await snapshot(engine)
     finally:
         await engine.dispose()

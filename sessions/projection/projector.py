@@ -107,6 +107,8 @@ class Held:
     complete: set[str] = field(default_factory=set)
     sources: dict[int, rm.SourceEvent] = field(default_factory=dict)
     steps: dict[StepKey, HeldStep] = field(default_factory=dict)
+    #: The id the next queue row takes (None: read it), as the page counted it.
+    next_queue_id: int | None = None
 
 
 #: Seconds one external sink's `put` may take before the page is rolled back (None: no limit).
@@ -349,7 +351,7 @@ async def load_working_set(conn: Any, page: list[LogEvent], checkpoint: int, hel
     state.stored_sessions = {sid: dict(state.sessions[sid]) for sid in touched if sid in state.sessions}
     state.stored_groups = {key: dict(state.groups[key]) for key in keys if key in state.groups}
     await _load_trajectories(conn, page, checkpoint, state, held.complete)
-    state.next_queue_id = await rm.next_queue_id(conn)
+    state.next_queue_id = held.next_queue_id or await rm.next_queue_id(conn)
     return state
 
 
@@ -391,7 +393,7 @@ def hold(state: WorkingSet, position: int, stamp: Any, held: Held, page: dict[in
     metrics = {scope: table for scope, table in state.metrics.items() if table.dirty}
     for table in metrics.values():
         table.dirty = False
-    return Held(position, stamp, sessions, groups, metrics, trajectories, complete, sources, held.steps)
+    return Held(position, stamp, sessions, groups, metrics, trajectories, complete, sources, held.steps, state.next_queue_id)
 
 
 def _hold_rows(steps: dict[StepKey, HeldStep], queue: list[Row], *sources: dict[int, rm.SourceEvent]) -> None:
