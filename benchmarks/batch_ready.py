@@ -37,14 +37,17 @@ def draw(seed: int) -> tuple[np.ndarray, np.ndarray]:
 
 async def step_once(db: Path, specs: list, prompt: np.ndarray, response: np.ndarray) -> tuple[float, float, int, tuple]:
     """(seconds recording the step, seconds from its last terminal append to the batch, batch rows,
-    (events, pages, seconds to its last page) the follower projected after the last terminal append)."""
+    (events, pages, seconds to its last page) the follower projected after the last terminal append,
+    and the events still unprojected then — the follower's lag, which `ledger.batch` may finish)."""
     from sessions import Ledger
+    from store import read_models as rm
 
     async with Ledger.open(f"sqlite+aiosqlite:///{db}", run="bench") as ledger:
         stop = asyncio.Event()
-        pages: list[tuple[float, int]] = []  # (when the follower finished a page, its events)
+        pages: list[tuple[float, int, int]] = []  # (when the follower finished a page, its events, its last position)
         follower = asyncio.create_task(ledger.projector.follow(
-            stop, poll_interval=0.05, on_page=lambda page: pages.append((time.perf_counter(), page.events))))
+            stop, poll_interval=0.05,
+            on_page=lambda page: pages.append((time.perf_counter(), page.events, page.last_position))))
         last_terminal = 0.0
 
         async def one(spec) -> None:
@@ -71,8 +74,11 @@ async def step_once(db: Path, specs: list, prompt: np.ndarray, response: np.ndar
             await follower
         rows = batch.batch_size[0]
         del batch
-    late = [(t, e) for t, e in pages if last_terminal < t <= ready]
-    tail = (sum(e for _, e in late), len(late), (late[-1][0] - last_terminal) if late else 0.0)
+        async with ledger.engine.connect() as conn:  # after the timed part
+            end = await rm.log_end(conn)
+    late = [(t, e) for t, e, _ in pages if last_terminal < t <= ready]
+    done = max((p for t, _, p in pages if t <= last_terminal), default=0)
+    tail = (sum(e for _, e in late), len(late), (late[-1][0] - last_terminal) if late else 0.0, end - done)
     return last_terminal - start, ready - last_terminal, rows, tail
 
 
@@ -113,8 +119,9 @@ def run(cfg: Config, report: Report) -> None:
         report.add(WORKLOAD, "build_padded alone on the same rows", build * 1e3, "ms")
         report.add(WORKLOAD, "ratio batch-ready wait / build_padded alone", wait / build, "x", target="<= 1.5x",
                    goal=("<=", 1.5), kind="ratio")
-        report.note(WORKLOAD, "after the last terminal append the follower projected " + "; ".join(
-            f"{e} events in {p} page(s), the last done {t * 1e3:.0f} ms after it" if p else "nothing" for e, p, t in tails)
+        report.note(WORKLOAD, "at the last terminal append, events not yet projected / after it the follower projected " + "; ".join(
+            f"{lag} / " + (f"{e} events in {p} page(s), the last done {t * 1e3:.0f} ms after it" if p else "nothing")
+            for e, p, t, lag in tails)
             + " (per repetition; the rest of the wait is ledger.batch's own project, reads and build)")
         # RSS only: a traced repetition of the whole step would add its recording's time again, slowed
         add_memory(report, cfg, WORKLOAD, "step recorded + batch", rss, None)
