@@ -1,8 +1,14 @@
 """tensordict ``NonTensorStack`` columns: built fast (12 per batch x B rows), read back as lists.
 
 tensordict's constructors cost ~2 µs per element and set off garbage collections (the stacks are
-2 x 12 x B new tracked objects); these builders make the same objects directly and with the cyclic
-GC paused, after checking once that they match this tensordict version's own.
+2 x 12 x B new tracked objects); these builders make the same objects directly, with the cyclic
+GC paused and the objects then moved past the young generations unscanned (``built_as_old``),
+after checking once that they match this tensordict version's own.
+
+The column stays one ``NonTensorData`` per row: verl 0.9.1 reads a per-row column only from a
+``NonTensorStack`` (``DataProto.from_tensordict`` reads each member's ``.data``, and puts a
+``NonTensorData`` in ``meta_info``), and tensordict reads a ``NonTensorData`` of batch size [B]
+as one value shared by every row (``tests/test_batches_non_tensor_build.py``).
 """
 
 from __future__ import annotations
