@@ -17,6 +17,7 @@ from sessions import events as ev
 from sessions import tokens
 from sessions.batches import BatchRow
 from sessions.errors import ProjectionError
+from sessions.gc_pause import gc_paused
 from store import read_models as rm
 
 META_COLUMNS = (
@@ -46,7 +47,17 @@ def placeholder_token(type_: str, data: Any) -> int:
 def materialise(
     queue_rows: Sequence[Mapping[str, Any]], sources: Mapping[int, rm.SourceEvent]
 ) -> list[BatchRow]:
-    """Build one BatchRow per queue row of kind 'row', in the given order."""
+    """Build one BatchRow per queue row of kind 'row', in the given order.
+
+    With the cyclic collector paused (`sessions.gc_pause`): the rows and their meta dicts are
+    long-lived and acyclic, and a full collection that their allocations set off mid-loop scans
+    every object of a trainer's process (a few hundred ms at a 4,096-row step) for nothing.
+    """
+    with gc_paused():
+        return _materialise(queue_rows, sources)
+
+
+def _materialise(queue_rows: Sequence[Mapping[str, Any]], sources: Mapping[int, rm.SourceEvent]) -> list[BatchRow]:
     out: list[BatchRow] = []
     append = out.append
     for row in queue_rows:
