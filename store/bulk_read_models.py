@@ -77,14 +77,17 @@ class Prepared:
     errors: list[tuple[Any, ...]]
     last_position: int
     events: int
+    #: The last queue row's id, also when `queue` holds only the rows not written yet.
+    last_queue_id: int | None = None
 
 
 def prepare(
     tables: Mapping[str, Sequence[Mapping[str, Any]]], *, last_position: int, events: int,
-    source: AsyncEngine, target: AsyncEngine,
+    source: AsyncEngine, target: AsyncEngine, queue_from: int = 0,
 ) -> Prepared:
     """Serialise JSON columns (as SQLAlchemy's JSON type does: `json.dumps`) and, across backends,
-    convert the session timestamps the rebuild took from the source's events."""
+    convert the session timestamps the rebuild took from the source's events. Queue rows before
+    `queue_from` are left out (already written: `write_queue_rows`)."""
     out_sessions = _tuples(tables["sessions"], SESSION_COLUMNS, _REWARD_INFO)
     convert = recorded_at_converter(source, target)
     if convert is not None:
@@ -93,11 +96,17 @@ def prepare(
         out_sessions,
         _tuples(tables["groups"], GROUP_COLUMNS, _MEMBERS),
         _tuples(tables["metrics"], METRIC_COLUMNS),
-        _tuples(tables["queue"], QUEUE_COLUMNS, _TAGS),
+        queue_tuples(tables["queue"][queue_from:]),
         _tuples(tables.get("errors", ()), ERROR_COLUMNS),
         last_position,
         events,
+        tables["queue"][-1]["id"] if tables["queue"] else None,
     )
+
+
+def queue_tuples(rows: Sequence[Mapping[str, Any]]) -> list[tuple[Any, ...]]:
+    """Queue rows (final once made) as the target's driver takes them."""
+    return _tuples(rows, QUEUE_COLUMNS, _TAGS)
 
 
 def _tuples(rows: Sequence[Mapping[str, Any]], columns: Sequence[str], json_at: int | None = None) -> list[tuple[Any, ...]]:
@@ -151,25 +160,38 @@ async def insert_read_models(target: AsyncEngine, rows: Prepared) -> None:
         await write.commit()
 
 
-async def write_read_models(write: driver.Writer, rows: Prepared, target: AsyncEngine) -> None:
-    """Insert the rows and the checkpoint in `write`'s open transaction (the caller commits);
-    nothing for a log without events (as the projector: no events, no checkpoint)."""
-    if not rows.events:
-        return
-    stamp = checkpoints.c.updated_at.type.dialect_impl(target.dialect).bind_processor(target.dialect)
-    now = datetime.now(timezone.utc)
+async def claim_read_models(write: driver.Writer, target: AsyncEngine) -> None:
+    """Take the projector's lock in `write`'s transaction and refuse a target already projected:
+    before any read-model row is written."""
     dialect = dialect_of(target)
     if dialect.page_lock_sql is not None:  # as a projector page: one writer of read models at a time
         await write.execute(dialect.page_lock_sql)
     if await write.fetch(f"SELECT position FROM checkpoints WHERE name = {dialect.mark(1)}", (PROJECTOR,)):
         raise ValueError("the target database already has a projector checkpoint; replay needs empty read models")
+
+
+async def write_queue_rows(write: driver.Writer, rows: Sequence[tuple[Any, ...]]) -> None:
+    """Queue rows (`queue_tuples`) ahead of the rest, once `claim_read_models` has run."""
+    await write.insert("queue_rows", QUEUE_COLUMNS, rows)
+
+
+async def write_read_models(write: driver.Writer, rows: Prepared, target: AsyncEngine, *, claimed: bool = False) -> None:
+    """Insert the rows and the checkpoint in `write`'s open transaction (the caller commits);
+    nothing for a log without events (as the projector: no events, no checkpoint). `claimed`:
+    `claim_read_models` has run in this transaction."""
+    if not rows.events:
+        return
+    stamp = checkpoints.c.updated_at.type.dialect_impl(target.dialect).bind_processor(target.dialect)
+    now = datetime.now(timezone.utc)
+    if not claimed:
+        await claim_read_models(write, target)
     await write.insert("sessions", SESSION_COLUMNS, rows.sessions)
     await write.insert("groups", GROUP_COLUMNS, rows.groups)
     await write.insert("metric_counts", METRIC_COLUMNS, rows.metrics)
-    await write.insert("queue_rows", QUEUE_COLUMNS, rows.queue)
+    await write_queue_rows(write, rows.queue)
     await write.insert("projection_errors", ERROR_COLUMNS, rows.errors)
-    if rows.queue:
-        await write.after_explicit_positions("queue_rows", "id", rows.queue[-1][0])
+    if rows.last_queue_id is not None:
+        await write.after_explicit_positions("queue_rows", "id", rows.last_queue_id)
     await write.insert("checkpoints", ("name", "position", "updated_at"),
                        [(PROJECTOR, rows.last_position, stamp(now) if stamp else now)])
 

@@ -102,8 +102,8 @@ _KILLED = textwrap.dedent("""
 
     real = bulk_read_models.write_read_models
 
-    async def write_then_die(write, rows, target):
-        await real(write, rows, target)  # log and read models written, not committed
+    async def write_then_die(write, rows, target, **options):
+        await real(write, rows, target, **options)  # log and read models written, not committed
         os._exit(17)
 
     bulk_read_models.write_read_models = write_then_die
@@ -129,3 +129,30 @@ def test_a_replay_killed_before_its_commit_leaves_the_target_empty(tmp_path: Pat
     assert asyncio.run(_counts(target_url)) == (0, 0, 0, 0)
     assert asyncio.run(_replay(source_url, target_url)) == len(golden.read_rows(LOG))
     asyncio.run(_assert_equal(source_url, target_url))
+
+
+async def test_queue_rows_written_while_the_fold_goes_on_replay_exactly(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Replay writes the queue rows the fold has made while it goes on (the copy done first):
+    those rows, then the rest with the other read models, equal a replay written at the end."""
+    source_url = f"sqlite+aiosqlite:///{tmp_path / 'source.db'}"
+    await _projected_source(source_url)
+    early: list[int] = []
+    real_write = replay_module.bulk.write_queue_rows
+
+    async def counted(write: object, rows: list[tuple[object, ...]]) -> None:
+        early.append(len(rows))
+        await real_write(write, rows)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(replay_module, "EARLY_QUEUE_ROWS", 1)
+    monkeypatch.setattr(replay_module.bulk, "write_queue_rows", counted)
+    source, target = create_engine(source_url), create_engine(f"sqlite+aiosqlite:///{tmp_path / 'target.db'}")
+    try:
+        await upgrade(target)
+        report = await replay(source, target, page_size=1)  # a page per event: the fold outlasts the copy
+    finally:
+        await source.dispose()
+        await target.dispose()
+    assert report.events == len(golden.read_rows(LOG))
+    assert len(early) >= 2, "no queue row was written before the fold ended (the last call is write_read_models')"
+    assert sum(early) == (await _counts(f"sqlite+aiosqlite:///{tmp_path / 'target.db'}"))[2]
+    await _assert_equal(source_url, f"sqlite+aiosqlite:///{tmp_path / 'target.db'}")

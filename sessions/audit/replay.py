@@ -41,6 +41,8 @@ __all__ = [
 
 #: Events per page read (copy across backends, and the rebuild's reads).
 PAGE = 20_000
+#: Queue rows written at a time while the fold goes on (`_queue_meanwhile`).
+EARLY_QUEUE_ROWS = 5000
 
 
 @dataclass(frozen=True)
@@ -48,8 +50,8 @@ class ReplayReport:
     events: int
     seconds: float
     #: Parts of `seconds`: the copy of the log and, at the same time, the rebuild of its events
-    #: into read-model rows (with their serialisation), each from the start; then the insert of
-    #: those rows with the checkpoint, from when both were done, to the commit.
+    #: into read-model rows, each from the start; then the serialisation and insert of those rows
+    #: (but the queue rows written while the fold went on) with the checkpoint, to the commit.
     copy_seconds: float = 0.0
     fold_seconds: float = 0.0
     write_seconds: float = 0.0
@@ -106,11 +108,12 @@ async def rebuild_log(
     return rebuilt.result()
 
 
-def prepare(models: ReadModels, source: Any, target: Any) -> bulk.Prepared:
-    """The rebuilt rows in the target driver's form."""
+def prepare(models: ReadModels, source: Any, target: Any, *, queue_from: int = 0) -> bulk.Prepared:
+    """The rebuilt rows in the target driver's form (queue rows from `queue_from` on)."""
     tables = {"sessions": models.sessions, "groups": models.groups, "metrics": models.metrics, "queue": models.queue,
               "errors": models.errors}
-    return bulk.prepare(tables, last_position=models.last_position, events=models.events, source=source, target=target)
+    return bulk.prepare(tables, last_position=models.last_position, events=models.events, source=source, target=target,
+                        queue_from=queue_from)
 
 
 async def replay(
@@ -143,20 +146,26 @@ async def _replay(
     started = time.perf_counter()
     end: asyncio.Future[int] = asyncio.get_running_loop().create_future()
     marks: dict[str, float] = {}
+    rebuilt, paged = Rebuild(), asyncio.Event()
 
-    async def fold() -> bulk.Prepared:
-        models = await rebuild_log(source, up_to=await end, page_size=page_size, on_events=on_events)
-        rows = prepare(models, source, target)
+    async def fold() -> ReadModels:
+        async for rows in bulk.event_pages(source, up_to=await end, page_size=page_size):
+            rebuilt.feed(rows)
+            paged.set()
+            if on_events is not None:
+                on_events(len(rows))
+        models = rebuilt.result()
         marks["folded"] = time.perf_counter()
-        return rows
+        return models
 
     folding = asyncio.ensure_future(fold())
 
     async def write(writer: Any) -> None:
         marks["copied"] = time.perf_counter()
-        rows = await folding
+        written = await _queue_meanwhile(writer, target, rebuilt.state.queue, folding, paged)
+        models = await folding
         marks["written from"] = time.perf_counter()
-        await bulk.write_read_models(writer, rows, target)
+        await bulk.write_read_models(writer, prepare(models, source, target, queue_from=written), target, claimed=written > 0)
 
     try:
         count = await bulk_copy.copy_events(source, target, up_to=up_to, page_size=page_size,
@@ -168,3 +177,28 @@ async def _replay(
     done = time.perf_counter()
     return ReplayReport(count, done - started, marks["copied"] - started, marks["folded"] - started,
                         done - marks["written from"])
+
+
+async def _queue_meanwhile(
+    writer: Any, target: Any, queue: list[dict[str, Any]], folding: asyncio.Future[Any], paged: asyncio.Event,
+) -> int:
+    """Write the queue rows the fold has made, while it goes on; returns how many.
+
+    The copy is done, so the target's connection would idle until the fold ends; a queue row is
+    final once made (a rebuild only appends them), and SQLite inserts rows mostly outside the
+    GIL, beside the fold (about 0.1 s of the 0.3 s insert at 100k events).
+    """
+    written = 0
+    while not folding.done():
+        if len(queue) - written >= EARLY_QUEUE_ROWS:
+            if not written:
+                await bulk.claim_read_models(writer, target)
+            made = len(queue)
+            await bulk.write_queue_rows(writer, bulk.queue_tuples(queue[written:made]))
+            written = made
+            continue
+        paged.clear()
+        page = asyncio.ensure_future(paged.wait())
+        await asyncio.wait({folding, page}, return_when=asyncio.FIRST_COMPLETED)
+        page.cancel()
+    return written
