@@ -444,10 +444,11 @@ class Ledger:
                 "prompt_width/response_width fix the padded layout's widths; a jagged batch has "
                 "none (densify it with sessions.batches.densify(batch, prompt_width=..., response_width=...))"
             )
-        queue = await self._settled_rows(partition, global_step, run, timeout, poll_interval)
-        async with self.engine.connect() as conn:
-            sources = await rm.source_events(conn, [q["source_position"] for q in queue])
-            infos = await rm.session_reward_infos(conn, [q["session_id"] for q in queue if q["kind"] == "row"]) if reward_info else {}
+        queue, sources = await self._settled_sources(partition, global_step, run, timeout, poll_interval)
+        infos: dict[str, Any] = {}
+        if reward_info:
+            async with self.engine.connect() as conn:
+                infos = await rm.session_reward_infos(conn, [q["session_id"] for q in queue if q["kind"] == "row"])
         from sessions.batches import build_jagged, build_padded  # torch: imported only when batches are built
         from sessions.batches.rows import materialise
 
@@ -495,10 +496,27 @@ class Ledger:
             partition, queue, rows, max_prompt_length=max_prompt_length, max_response_length=max_response_length
         )
 
-    async def _settled_rows(
+    async def _settled_sources(
         self, partition: str, global_step: int | None, run: str | None, timeout: float | None, poll_interval: float
+    ) -> tuple[list[dict[str, Any]], dict[int, Any]]:
+        """The step's queue rows once settled and the events they point at: as the ledger's own
+        projector holds them when it projected the step from its first session (no read back),
+        else read from the queue table and the log."""
+        await self._settled_rows(partition, global_step, run, timeout, poll_interval, read=False)
+        run = self.run if run is None else run
+        async with self.engine.connect() as conn:
+            held = await self.projector.current_held_step(conn, run, partition, global_step)
+            if held is not None:
+                return held
+            queue = await rm.queue_rows_for(conn, run, partition, global_step)
+            return queue, await rm.source_events(conn, [q["source_position"] for q in queue])
+
+    async def _settled_rows(
+        self, partition: str, global_step: int | None, run: str | None, timeout: float | None, poll_interval: float,
+        *, read: bool = True,
     ) -> list[dict[str, Any]]:
-        """The step's queue rows once all its groups are settled, projecting while it waits."""
+        """The step's queue rows once all its groups are settled, projecting while it waits
+        (`read=False`: only wait, and return [])."""
         self._own_loop()
         if partition not in PARTITIONS:
             raise ValueError(f"partition must be 'train' or 'val', got {partition!r}")
@@ -510,7 +528,7 @@ class Ledger:
             async with self.engine.connect() as conn:
                 status = await rm.group_status(conn, run, partition, global_step)
                 if status and not status.get("pending"):
-                    return await rm.queue_rows_for(conn, run, partition, global_step)
+                    return await rm.queue_rows_for(conn, run, partition, global_step) if read else []
             remaining = None if deadline is None else deadline - loop.time()
             if remaining is not None and remaining <= 0:
                 if not status:

@@ -249,6 +249,7 @@ async def _cmd_project(args: argparse.Namespace) -> int:
             print(f"projected {count} events")
             await _report_quarantined(ledger, after=before)
             return 0
+        ledger.projector.hold_batches = False  # nobody asks this process for batches: hold no payloads
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGINT, signal.SIGTERM):

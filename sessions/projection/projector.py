@@ -197,6 +197,17 @@ class Projector:
             self._held.steps.clear()
         return PageResult(len(page), state.rows_made, state.tags_made, last, len(state.errors))
 
+    async def current_held_step(
+        self, conn: Any, run: str, partition: str, global_step: int | None
+    ) -> tuple[list[Row], dict[int, rm.SourceEvent]] | None:
+        """`held_step`, only if no projector has written since this one's last page (the
+        checkpoint read in `conn` is the one it wrote): another process may have projected the
+        step's last events after this one's last page."""
+        held = self._held
+        if held is None or (held.position, held.stamp) != (await rm.get_checkpoint(conn), await rm.checkpoint_stamp(conn)):
+            return None
+        return self.held_step(run, partition, global_step)
+
     def held_step(self, run: str, partition: str, global_step: int | None) -> tuple[list[Row], dict[int, rm.SourceEvent]] | None:
         """A step's queue rows (kind `row`, queue order) and their source events as this projector
         wrote them, or None if it does not hold the whole step: what `ledger.batch` reads back
