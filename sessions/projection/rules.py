@@ -103,16 +103,6 @@ class Rules:
         self._touched = state.touched_sessions
         self._tables: dict[tuple[Any, ...], list[m.MetricTable]] = {}
         self._session_tables: dict[str, list[m.MetricTable]] = {}
-        self._handlers: dict[str, Callable[[Row, int, dict[str, Any], Any], None]] = {
-            "SessionStarted": self._started,
-            "AttemptFailed": self._attempt_failed,
-            "TrajectoryRecorded": self._trajectory,
-            "RewardPosted": self._reward,
-            "SessionSucceeded": self._succeeded,
-            "SessionFailed": self._failed,
-            "PlaceholderEmitted": self._placeholder,
-            "SessionCancelled": self._cancelled,
-        }
 
     def apply(self, event: LogEvent) -> None:
         position, sid, version, type_, data, recorded_at, problem = event
@@ -135,7 +125,7 @@ class Rules:
         if session["state"] in TERMINAL_STATES and not (type_ == "PlaceholderEmitted" and session["state"] == "failed"):
             self._error(position, sid, type_, None, f"the session is already {session['state']}", IGNORED)
             return
-        self._handlers[type_](session, position, data, recorded_at)  # type: ignore[arg-type]
+        _HANDLERS[type_](self, session, position, data, recorded_at)  # type: ignore[arg-type]
 
     def apply_all(self, events: list[LogEvent]) -> None:
         for event in events:
@@ -467,6 +457,19 @@ class Rules:
 
 #: A session in one of these states is over: later events of its stream are not projected.
 TERMINAL_STATES = frozenset({"succeeded", "failed", "cancelled"})
+#: Each session event's handler, as plain functions: a table of bound methods on the instance is a
+#: reference cycle through the whole working set, which only a cyclic collection frees (0.4-0.7 s
+#: for a 100k-event rebuild; the projector makes a Rules per page).
+_HANDLERS: dict[str, Callable[[Rules, Row, int, dict[str, Any], Any], None]] = {
+    "SessionStarted": Rules._started,
+    "AttemptFailed": Rules._attempt_failed,
+    "TrajectoryRecorded": Rules._trajectory,
+    "RewardPosted": Rules._reward,
+    "SessionSucceeded": Rules._succeeded,
+    "SessionFailed": Rules._failed,
+    "PlaceholderEmitted": Rules._placeholder,
+    "SessionCancelled": Rules._cancelled,
+}
 
 
 def _group_conflict(group: Row, e: dict[str, Any]) -> tuple[str, str] | None:
