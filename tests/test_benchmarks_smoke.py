@@ -47,4 +47,4 @@ def test_quick_suite_reports_every_figure(tmp_path: Path, capsys: pytest.Capture
     assert any(w == "batch ready" and n.startswith("ratio batch-ready wait / build_padded") for w, n in names)
     assert any(w == "replay/audit" and n.startswith("disk write speed") for w, n in names)
     targeted = {f["name"] for f in figures if f["target"]}
-    assert "audit (check log + fold into a scratch file + compare)" in targeted
+    assert "audit (check log + fold + compare in memory)" in targeted
