@@ -27,20 +27,13 @@ from sessions.batches import NON_TENSOR_COLUMNS, BatchRow, build_padded, non_ten
 from sessions.batches import non_tensor_stacks as stacks_module
 from sessions.batches.tensordict_compat import NATIVE_EMPTY_SELECTION
 from tests.batch_strategies import rows
+from tests.test_batches_padding import SCALARS
 
 pytestmark = pytest.mark.verl_env  # also under verl's pin, tensordict 0.10.0
 
 EXAMPLES = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 VALUES = st.lists(
-    st.one_of(
-        st.text(max_size=3),
-        st.integers(),
-        st.floats(allow_nan=False),
-        st.booleans(),
-        st.none(),
-        st.binary(max_size=2),
-        st.dictionaries(st.text(max_size=2), st.integers(), max_size=2),
-    ),
+    SCALARS | st.dictionaries(st.text(max_size=2), st.integers(), max_size=2),
     min_size=1,
     max_size=8,
 )
