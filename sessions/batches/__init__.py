@@ -31,7 +31,8 @@ Non-tensor columns (``NON_TENSOR_COLUMNS``) are stored as ``tensordict.NonTensor
 length B. ``batch["uid"]`` returns a ``list`` subclass; ``non_tensor(batch, "uid")`` returns a
 plain ``list`` and also copes with a column set through ``set_non_tensor``. A stack is one
 ``NonTensorData`` object per row, so these 12 columns cost more than the tensor columns; they
-are built directly, with the cyclic GC paused (``non_tensor_stacks``).
+are built directly, with the cyclic GC paused and the new objects moved past its young
+generations (``non_tensor_stacks``).
 
 Row operations keep every column aligned, non-tensor ones included. ``select_rows``,
 ``concat_batches`` and ``split_batch`` (``indexing``) work on both layouts under every
