@@ -21,6 +21,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import sessions.projection.held as held_module
 import sessions.projection.projector as projector_module
 from sessions import Ledger
 from sessions.projection.projector import Projector
@@ -300,7 +301,7 @@ async def test_a_step_is_held_from_its_first_session_and_given_to_batch(tmp_path
 
 
 async def test_the_held_steps_are_bounded(sqlite_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(projector_module, "MAX_HELD_STEPS", 2)
+    monkeypatch.setattr(held_module, "MAX_HELD_STEPS", 2)
     async with Ledger.open(sqlite_url) as ledger:
         for step in range(4):
             handle = await ledger.create_session(f"s{step}", uid=f"u{step}", session_index=0, group_size=1,
@@ -322,7 +323,7 @@ async def test_a_follower_holds_no_batch_rows_when_told_not_to_or_past_its_bytes
     sessions' payloads it lets them go. Either way it projects the same rows as one that holds."""
     log, expected = await _log_and_reference(tmp_path, seed=11, page_size=4)
     if limit == "bytes":
-        monkeypatch.setattr(projector_module, "MAX_HELD_BYTES", 8)
+        monkeypatch.setattr(held_module, "MAX_HELD_BYTES", 8)
     engine = create_engine(f"sqlite+aiosqlite:///{log}")
     try:
         projector = Projector(engine, page_size=4, hold_batches=limit == "bytes")
