@@ -13,9 +13,7 @@ as one value shared by every row (``tests/test_batches_non_tensor_build.py``).
 
 from __future__ import annotations
 
-import gc
 from collections import deque
-from contextlib import contextmanager
 from itertools import repeat
 from typing import Any, Iterable, Iterator, Mapping
 
@@ -23,7 +21,7 @@ import torch
 from tensordict import NonTensorData, NonTensorStack, TensorDict, TensorDictBase
 
 from sessions.batches.tensordict_compat import set_stack
-from sessions.gc_pause import gc_paused
+from sessions.gc_pause import built_as_old
 
 #: Plain scalars: what ``meta`` columns hold (numpy scalars are turned into these first).
 SCALAR_TYPES = frozenset((str, int, float, bool, bytes, type(None)))
@@ -139,37 +137,6 @@ def non_tensor_stack(values: list[Any]) -> NonTensorStack:
     return NonTensorStack.from_list(list(values))
 
 
-@contextmanager
-def built_as_old() -> Iterator[None]:
-    """The cyclic GC paused for the block, then every object then tracked moved to the oldest generation.
-
-    Why: the non-tensor columns of a batch are 2 x 12 x B new GC-tracked objects (a
-    ``NonTensorData`` and its inner ``TensorDict`` per value), acyclic and alive as long as the
-    batch. Left young, the first young collection after the block scans every one of them and
-    the next middle one scans the survivors again: ~40% of the columns' cost in the projection
-    benchmark (0.05 s of 0.13 s a pass over 16 batches). ``gc.freeze()`` then ``gc.unfreeze()``
-    promotes them without a scan: both only splice the generations' lists (O(1)), and the young
-    count starts again from 0. Only a full collection looks at them, as it would once they had
-    been promoted the usual way.
-
-    Process-wide, as the pause is: objects other threads made since the last young collection
-    are promoted too (their cyclic garbage then waits for a full collection rather than a young
-    one). Skipped, leaving only the pause, when the GC is already off or someone has frozen
-    objects (``gc.unfreeze`` would release theirs), and when the block raises.
-    """
-    if not gc.isenabled() or gc.get_freeze_count():
-        with gc_paused():
-            yield
-        return
-    gc.disable()
-    try:
-        yield
-        gc.freeze()
-        gc.unfreeze()
-    finally:
-        gc.enable()
-
-
 def set_non_tensor_columns(batch: TensorDict, columns: Mapping[str, list[Any]]) -> None:
     """One NonTensorStack per column, built with the cyclic GC paused and then promoted.
 
@@ -178,7 +145,9 @@ def set_non_tensor_columns(batch: TensorDict, columns: Mapping[str, list[Any]]) 
     promote them to the oldest generation, which then triggers full collections of the whole
     heap (torch alone is ~350k objects): in the projection benchmark (5 passes over 16 batches
     of ~490 rows) build_padded set off 12 full collections costing 2.5 s without the pause, 2
-    costing 0.35 s with it. Why the promotion: see ``built_as_old``. The block runs no user
+    costing 0.35 s with it. Why the promotion (``sessions.gc_pause.built_as_old``): left young,
+    the first young collection after the build scans every member and the next middle one the
+    survivors again, ~40% of the columns' cost in that benchmark (0.05 s of 0.13 s a pass). The block runs no user
     code and makes no cycles. The switch is process-wide: for the few milliseconds of the block
     other threads' garbage waits too, and a thread that turned the GC off inside the block
     would find it on again (never the case in this package).
