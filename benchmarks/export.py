@@ -22,8 +22,8 @@ import asyncio
 import time
 from pathlib import Path
 
-from benchmarks.common import Config, Report, RssProbe, checkpoint_sqlite, log, median, rss_label, scratch_dir
-from benchmarks.workload import layout_for, plan, record_template
+from benchmarks.common import Config, Report, RssProbe, log, median, rss_label, scratch_dir
+from benchmarks.workload import layout_for, plan, projected_template
 
 WORKLOAD = "export"
 ROW_GROUP_SIZE = 1000
@@ -51,10 +51,7 @@ def run(cfg: Config, report: Report) -> None:
     work = plan(len(specs), seed=cfg.seed + 5)
     with scratch_dir(cfg, "export") as tmp:
         template = tmp / "template.db"
-        started = time.perf_counter()
-        events = asyncio.run(record_template(template, specs, work, project=True))
-        checkpoint_sqlite(template)
-        log(f"  export: recorded and projected {len(specs)} sessions / {events} events in {time.perf_counter() - started:.1f}s")
+        events = projected_template(template, specs, work, "export")
         subject_s, floor_s, jsonl_s, trajectory_s, rss = [], [], [], [], []
         rows = size = 0
         table = None

@@ -32,7 +32,6 @@ from benchmarks.common import (
     Report,
     RssProbe,
     add_memory,
-    checkpoint_sqlite,
     copy_db,
     disk_write_speed,
     log,
@@ -86,17 +85,14 @@ def _payload_bytes(db: Path) -> int:
 
 
 def run(cfg: Config, report: Report) -> None:
-    from benchmarks.workload import record_template
+    from benchmarks.workload import projected_template
 
     specs = layout_for(cfg.replay_sessions, cfg.group_size, fail_rate=cfg.fail_rate, seed=cfg.seed, prefix="r")
     work = plan(len(specs), seed=cfg.seed + 3)
     tokens = tokens_of(work)
     with scratch_dir(cfg, "replay") as tmp:
         template = tmp / "template.db"
-        started = time.perf_counter()
-        events = asyncio.run(record_template(template, specs, work, project=True))
-        checkpoint_sqlite(template)
-        log(f"  replay/audit: recorded and projected {len(specs)} sessions / {events} events in {time.perf_counter() - started:.1f}s")
+        events = projected_template(template, specs, work, "replay/audit")
         payload_mb = _payload_bytes(template) / 1e6
         replay_s, audit_s, replay_rss, audit_rss = [], [], [], []
         parts: list[Any] = []

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -92,6 +93,18 @@ async def record(ledger, specs: list[Spec], work: list[Work], *, concurrency: in
                 pass
 
     await asyncio.gather(*(one(spec, work[i]) for i, spec in enumerate(specs)))
+
+
+def projected_template(path: Path, specs: list[Spec], work: list[Work], what: str) -> int:
+    """Record and project a log into a new SQLite file whose main file alone then holds it (the
+    WAL folded in, so it can be copied per repetition); logs the time under `what`; the event count."""
+    from benchmarks.common import checkpoint_sqlite, log
+
+    started = time.perf_counter()
+    events = asyncio.run(record_template(path, specs, work, project=True))
+    checkpoint_sqlite(path)
+    log(f"  {what}: recorded and projected {len(specs)} sessions / {events} events in {time.perf_counter() - started:.1f}s")
+    return events
 
 
 async def record_template(path: Path, specs: list[Spec], work: list[Work], *, project: bool, run: str = "bench") -> int:
