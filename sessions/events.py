@@ -413,13 +413,14 @@ def decode(stored: StoredEvent) -> Recorded:
 
 def envelope(
     event: Event, *, session_id: str, version: int, run: str, uid: str, partition: str, global_step: int | None,
-    recorded_at: datetime | None = None,
+    recorded_at: datetime | None = None, data: dict[str, Any] | None = None,
 ) -> NewEvent:
     """Wrap a domain event for the store, with a fresh event id and a UTC timestamp (now, unless
-    the caller passes one shared by all the events of a command)."""
+    the caller passes one shared by all the events of a command); `data`: the event's
+    `to_data()`, if the caller has it already."""
     stored = NewEvent(
         new_event_id(), session_id, version, event.TYPE, event.SCHEMA_VERSION, run, uid, partition, global_step,
-        event.to_data(), event.to_payload(), recorded_at or datetime.now(timezone.utc),
+        event.to_data() if data is None else data, event.to_payload(), recorded_at or datetime.now(timezone.utc),
     )
     if type(event) is SessionCreated:
         stored.slot = (event.session_index, event.group_size)  # the store checks it against the group

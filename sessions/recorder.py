@@ -318,11 +318,11 @@ def storable_envelopes(
     cleaned: list[ev.Event] = []
     envelopes: list[Any] = []
     for offset, event in enumerate(decided, start=1):
-        event = storable.clean_event(session_id, event)
+        event, data = storable.clean_event_data(session_id, event)
         cleaned.append(event)
         envelopes.append(ev.envelope(
             event, session_id=session_id, version=version + offset, run=run, uid=uid, partition=partition,
-            global_step=global_step, recorded_at=now,
+            global_step=global_step, recorded_at=now, data=data,
         ))
     return cleaned, envelopes
 

@@ -343,6 +343,12 @@ def session_id_problem(session_id: Any) -> str | None:
 def clean_event(session_id: str, event: ev.Event) -> ev.Event:
     """The event with its free text made storable; `InvalidInput` naming the first field that
     cannot be stored (nothing is written)."""
+    return clean_event_data(session_id, event)[0]
+
+
+def clean_event_data(session_id: str, event: ev.Event) -> tuple[ev.Event, dict[str, Any]]:
+    """`clean_event`, and the returned event's `to_data()`, which the check has built already
+    (the recorder's envelope reuses it instead of building it again)."""
     problem = session_id_problem(session_id)
     if problem is not None:
         raise InvalidInput(None, "session_id", problem)
@@ -350,7 +356,7 @@ def clean_event(session_id: str, event: ev.Event) -> ev.Event:
     if _FAST[event.TYPE](data):  # the usual case: every field plain (no numpy scalar) and storable as it is
         cross = _cross_check(event.TYPE, data)
         if cross is None:
-            return event
+            return event, data
         raise InvalidInput(session_id, *cross)
     plain = {name: _python_scalar(value) for name, value in data.items()}
     if any(plain[name] is not data[name] for name in data):
@@ -361,6 +367,6 @@ def clean_event(session_id: str, event: ev.Event) -> ev.Event:
         name, why = found[0]
         raise InvalidInput(session_id, name, why)
     if cleaned is data:
-        return event
+        return event, data
     changed = {name: value for name, value in cleaned.items() if value is not data.get(name)}
-    return dataclasses.replace(event, **changed)
+    return dataclasses.replace(event, **changed), cleaned

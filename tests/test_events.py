@@ -18,8 +18,8 @@ from hypothesis import strategies as st
 
 from sessions import aggregate as agg
 from sessions import events as ev
-from sessions import tokens
-from sessions.errors import UnknownEventError
+from sessions import storable, tokens
+from sessions.errors import InvalidInput, UnknownEventError
 from store.records import StoredEvent, encode_data
 
 
@@ -397,3 +397,22 @@ def test_event_data_is_stored_as_json_that_reads_back_as_the_stdlibs_would(data:
 def test_event_data_the_fast_encoder_refuses_is_still_encoded() -> None:
     for data in ({"big": 2**64}, {"small": -(2**63) - 1}, {"lone": "\ud800"}, {1: "int key"}):
         assert json.loads(encode_data(data)) == json.loads(json.dumps(data))
+
+
+_TEXT = st.text(alphabet=st.sampled_from(["a", "é", "\x00", "\ud800", " "]), max_size=6)
+
+
+@given(
+    reward=st.one_of(st.none(), st.floats(-1, 1), st.floats(-1, 1).map(np.float64), st.integers(-3, 3).map(np.int64)),
+    info=st.dictionaries(_TEXT, st.one_of(_TEXT, st.integers(-5, 5), st.integers(-5, 5).map(np.int32)), max_size=3),
+)
+@settings(max_examples=200, deadline=None)
+def test_the_data_clean_event_hands_the_envelope_is_the_cleaned_events_own(reward: Any, info: dict[str, Any]) -> None:
+    """`clean_event_data` returns the data its check built, which the recorder's envelope stores
+    instead of building it again: it must be the returned event's `to_data()`, on the fast path
+    and on the cleaning one (numpy scalars, NUL and lone surrogates in free text) alike."""
+    try:
+        cleaned, data = storable.clean_event_data("s-1", ev.RewardPosted(reward=reward, info=info))
+    except InvalidInput:
+        return
+    assert data == cleaned.to_data() and storable.clean_event("s-1", ev.RewardPosted(reward=reward, info=info)) == cleaned
