@@ -488,7 +488,9 @@ class Ledger:
         `ledger/<partition>/<data_source or all>/<metric>`. `max_*_length` are verl's clip
         thresholds for the `clip_ratio` figures of `train`.
         """
-        queue = await self._settled_rows(partition, global_step, run, timeout, poll_interval)
+        settled_run = await self._wait_settled(partition, global_step, run, timeout, poll_interval)
+        async with self.engine.connect() as conn:
+            queue = await rm.queue_rows_for(conn, settled_run, partition, global_step)
         rows = await self.metrics(partition, global_step, run=run, project=False)
         from sessions.integrations.verl.validation_metrics import metrics_dict  # numpy only, loaded on use
 
@@ -502,8 +504,7 @@ class Ledger:
         """The step's queue rows once settled and the events they point at: as the ledger's own
         projector holds them when it projected the step from its first session (no read back),
         else read from the queue table and the log."""
-        await self._settled_rows(partition, global_step, run, timeout, poll_interval, read=False)
-        run = self.run if run is None else run
+        run = await self._wait_settled(partition, global_step, run, timeout, poll_interval)
         async with self.engine.connect() as conn:
             held = await self.projector.current_held_step(conn, run, partition, global_step)
             if held is not None:
@@ -511,12 +512,10 @@ class Ledger:
             queue = await rm.queue_rows_for(conn, run, partition, global_step)
             return queue, await rm.source_events(conn, [q["source_position"] for q in queue])
 
-    async def _settled_rows(
+    async def _wait_settled(
         self, partition: str, global_step: int | None, run: str | None, timeout: float | None, poll_interval: float,
-        *, read: bool = True,
-    ) -> list[dict[str, Any]]:
-        """The step's queue rows once all its groups are settled, projecting while it waits
-        (`read=False`: only wait, and return [])."""
+    ) -> str:
+        """Wait until all the step's groups are settled, projecting while it waits; the run."""
         self._own_loop()
         if partition not in PARTITIONS:
             raise ValueError(f"partition must be 'train' or 'val', got {partition!r}")
@@ -528,7 +527,7 @@ class Ledger:
             async with self.engine.connect() as conn:
                 status = await rm.group_status(conn, run, partition, global_step)
                 if status and not status.get("pending"):
-                    return await rm.queue_rows_for(conn, run, partition, global_step) if read else []
+                    return run
             remaining = None if deadline is None else deadline - loop.time()
             if remaining is not None and remaining <= 0:
                 if not status:
