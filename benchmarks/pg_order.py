@@ -2,7 +2,7 @@
 
 The ledger's appends on PostgreSQL take `LOCK TABLE events IN EXCLUSIVE MODE` for each group
 commit, so positions become visible in commit order and a reader tailing `position > checkpoint`
-never skips a later-committing event (DESIGN §8). The lock also serialises the commits themselves,
+never skips a later-committing event (docs/design.md §8). The lock also serialises the commits themselves,
 and with them the server's WAL flushes. The alternative measured here takes no lock: each row also
 records its transaction id (`tx xid8 DEFAULT pg_current_xact_id()`), and a tailing reader orders by
 `(tx, position)` and reads only transactions older than its snapshot's xmin

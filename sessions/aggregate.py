@@ -1,7 +1,7 @@
 """The session aggregate: state rebuilt by folding events, and commands that decide new events.
 
 Deciders are pure: they check the command against the transition table and the inputs, and
-return the events to append. The recorder appends them and only then applies them (DESIGN §3:
+return the events to append. The recorder appends them and only then applies them (docs/design.md §3:
 validate, append, then apply), so a failed append never leaves the in-memory state ahead of the log.
 """
 

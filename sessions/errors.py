@@ -72,4 +72,4 @@ class UnknownEventError(StoreError):
 class ProjectionError(LedgerError, RuntimeError):
     """The read models and the log disagree, so rows cannot be built from them (a queue row that
     points at a missing event: the database was altered outside the library). The projector
-    itself never raises it for an event it cannot project: it quarantines that event (DESIGN §7)."""
+    itself never raises it for an event it cannot project: it quarantines that event (docs/design.md §7)."""

@@ -2,7 +2,7 @@
 
 An event's `TYPE` is its name in the log forever; `SCHEMA_VERSION` is bumped when its shape
 changes, and an upcaster registered for (type, old version) lifts old data to the new shape, so
-replaying old logs keeps working (DESIGN §4). Token arrays travel in the binary payload, not in
+replaying old logs keeps working (docs/design.md §4). Token arrays travel in the binary payload, not in
 the JSON data.
 """
 

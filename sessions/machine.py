@@ -1,6 +1,6 @@
 """The session state machine, defined once with `transitions` and used as a transition table.
 
-One model-less `Machine` describes the states and commands (DESIGN §3). Sessions do not get a
+One model-less `Machine` describes the states and commands (docs/design.md §3). Sessions do not get a
 Machine each (≈1 ms and tens of KiB apiece); instead the table of (state, command) -> state is
 read off the machine once, and commands validate against it before anything is appended. The
 Mermaid diagram is drawn from the same machine, so the docs cannot drift from the code.

@@ -1,4 +1,4 @@
-"""The placeholder policy: which failed sessions become reward-0 rows (DESIGN §5).
+"""The placeholder policy: which failed sessions become reward-0 rows (docs/design.md §5).
 
 The decision is made when the session fails and recorded in its `SessionFailed` event, so replay
 never depends on today's configuration.

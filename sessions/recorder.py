@@ -106,7 +106,7 @@ def stored_bytes(stored: Sequence[Any]) -> int:
 
 
 def failure_reason(error: BaseException) -> str:
-    """Map an exception raised inside a session to a failure reason (DESIGN §4)."""
+    """Map an exception raised inside a session to a failure reason (docs/design.md §4)."""
     if isinstance(error, RolloutFailure):
         return error.reason
     if isinstance(error, (TimeoutError, asyncio.TimeoutError)):

@@ -3,7 +3,7 @@
 Layout (little-endian, every array 4-byte aligned except the trailing mask):
 prompt_ids int32[P] | response_ids int32[R] | logprobs float32[R] (if any) | response_mask uint8[R].
 Lengths live in the event's JSON data, so the payload is just the arrays: JSON token lists are
-~5x larger and dominate decode time (DESIGN §4).
+~5x larger and dominate decode time (docs/design.md §4).
 """
 
 from __future__ import annotations

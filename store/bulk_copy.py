@@ -188,7 +188,7 @@ async def _copy_paged(
     index = COLUMNS.index("recorded_at")
     copied, last = 0, 0
     async with driver.reader(source) as read, driver.writer(target) as write:
-        # Appends commit in position order (DESIGN §8), so every event up to the log's end now is
+        # Appends commit in position order (docs/design.md §8), so every event up to the log's end now is
         # there to copy, and a reader that stops at it sees the same rows.
         end = int((await read.fetch("SELECT coalesce(max(position), 0) FROM events"))[0][0])
         end = end if up_to is None else min(up_to, end)

@@ -1,6 +1,6 @@
 """Read-only SQL over the ledger's tables and views: the SQL behind `rollout-ledger sql "SELECT …"`.
 
-It lives in `store` because SQL text and dialect branches do (DESIGN §10); the CLI only prints
+It lives in `store` because SQL text and dialect branches do (docs/design.md §10); the CLI only prints
 what `run_query` returns.
 """
 

@@ -150,7 +150,7 @@ class EventStore:
         except Exception as error:  # noqa: BLE001 - e.g. the driver refusing one row's value
             # Not the database's verdict on the batch but one row the driver could not bind (an
             # integer out of range, text that is not UTF-8): one caller's bad append must not
-            # fail its neighbours (DESIGN §4), so each request is redone on its own.
+            # fail its neighbours (docs/design.md §4), so each request is redone on its own.
             if len(batch) == 1:
                 _settle(batch[0], _wrap(error, batch[0]))
                 return

@@ -1,4 +1,4 @@
-"""Durable queue consumers: claim, ack and release rows of `queue_rows` (DESIGN §7).
+"""Durable queue consumers: claim, ack and release rows of `queue_rows` (docs/design.md §7).
 
 `queue_rows` is an immutable read model the projector writes; who holds which row lives in
 `queue_claims` (one row per claimed queue row). A queue row is *available* when it has no

@@ -2,7 +2,7 @@
 
 Alembic revisions create it (`migrations/`); a test compares the two so they cannot drift.
 `events` is the source of truth; every other table is a read model the projector rebuilds
-from it (DESIGN §8).
+from it (docs/design.md §8).
 """
 
 from __future__ import annotations
@@ -211,7 +211,7 @@ queue_claims = Table(
     Column("acked_at", DateTime(timezone=True), nullable=True),
 )
 
-#: Events the projector could not project, and what it did instead (DESIGN §7): the session was
+#: Events the projector could not project, and what it did instead (docs/design.md §7): the session was
 #: failed as `unprojectable` where it could be, and projection went on. Keyed by position.
 projection_errors = Table(
     "projection_errors",

@@ -1,6 +1,6 @@
 """Hypothesis strategies and comparisons shared by the batch tests (layouts, row operations, widths).
 
-Rows cover what the writers special-case: 0-length prompts and responses, DESIGN section 5
+Rows cover what the writers special-case: 0-length prompts and responses, docs/design.md §5
 placeholders, logprobs on none / some / all rows, ``num_turns`` present or absent in ``meta``,
 several id and mask dtypes.
 """

@@ -327,7 +327,7 @@ async def log_streams(engine: Any) -> dict[str, list[tuple[int, int, str, dict[s
 
 
 def check_streams(streams: dict[str, list[tuple[int, int, str, dict[str, Any]]]], *, plans: bool = False) -> dict[str, Any]:
-    """DESIGN §3–5 per session: versions 1..n in position order, SessionCreated first, at most one
+    """docs/design.md §3–5 per session: versions 1..n in position order, SessionCreated first, at most one
     terminal event, a SessionFailed followed at once by its PlaceholderEmitted (when its recorded
     decision is `emit`) and nothing else after the end. With `plans`, the session id names its
     plan (`PLANS`): a terminal stream is the whole plan, an open one a prefix of it."""
@@ -488,7 +488,7 @@ async def check_projection(engine: Any, streams: dict[str, list[tuple[int, int, 
 
 
 def group_key(row: Any) -> tuple[Any, ...]:
-    """A group's identity (DESIGN §2): a uid that comes back at a later step is a new group."""
+    """A group's identity (docs/design.md §2): a uid that comes back at a later step is a new group."""
     return (row["run"], row["partition"], row["global_step"], row["uid"])
 
 

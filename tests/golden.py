@@ -1,4 +1,4 @@
-"""Golden event logs: fixed `events` tables kept as JSON Lines under tests/fixtures/ (DESIGN §9).
+"""Golden event logs: fixed `events` tables kept as JSON Lines under tests/fixtures/ (docs/design.md §9).
 
 One line per event, every column of the `events` table: `payload` base64 (or null), `recorded_at`
 ISO 8601 with its UTC offset, the rest as stored. A golden log is loaded *verbatim* — positions,

@@ -1,4 +1,4 @@
-"""One caller's bad append never fails another's (DESIGN §4), on both backends.
+"""One caller's bad append never fails another's (docs/design.md §4), on both backends.
 
 Below the recorder (which refuses such values before they reach the store), the event store
 itself must isolate a request the database or its driver refuses: many good appends and one bad

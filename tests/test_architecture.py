@@ -1,4 +1,4 @@
-"""The layout's rules (DESIGN §10), checked on the source itself.
+"""The layout's rules (docs/design.md §10), checked on the source itself.
 
 - `store` never imports `sessions`; `sessions` reaches `store` only through the names
   `store.__all__` exports (`import store`, `from store import X`), never through a submodule.
@@ -126,7 +126,7 @@ def sessions_violations(exported: set[str]) -> list[str]:
 
 def test_store_never_imports_sessions() -> None:
     violations = store_violations()
-    assert not violations, "store/ imports sessions (DESIGN §10: store never imports sessions):\n" + "\n".join(violations)
+    assert not violations, "store/ imports sessions (docs/design.md §10: store never imports sessions):\n" + "\n".join(violations)
 
 
 def test_sessions_imports_from_store_only_what_store_exports() -> None:

@@ -1,4 +1,4 @@
-"""Bad input, in one matrix: every field of every command (DESIGN §4, "Nothing is appended that
+"""Bad input, in one matrix: every field of every command (docs/design.md §4, "Nothing is appended that
 the projector cannot project").
 
 Each case runs one command with one odd value and asserts one of two outcomes:
@@ -21,7 +21,7 @@ device) and shapes. The identity and trajectory cases of tests/test_recorder.py 
 (`Ledger.open(max_event_bytes=…, max_session_events=…, max_session_bytes=…)`) are cases here too.
 
 Damage to the stored log (malformed JSON, an event type or schema version from the future, data of
-the wrong shape) is tested on a database of its own at the end: since DESIGN §7 the projector
+the wrong shape) is tested on a database of its own at the end: since docs/design.md §7 the projector
 quarantines such an event (tests/test_quarantine.py) rather than stopping at it.
 
 Cases where the library does not (yet) behave as the contract says carry a `Bug`: on the
@@ -796,7 +796,7 @@ async def test_bad_input_matrix_on_a_database_of_its_own(db_url: str, case: Case
 @pytest.mark.parametrize("command", ["fail-message", "fail-error_type", "cancel-message"])
 async def test_a_non_text_message_never_stops_the_projector(db_url: str, command: str) -> None:
     """Whatever a command does with a list where text belongs, projection must go on for the other
-    sessions (DESIGN §4: nothing is appended that the projector cannot project)."""
+    sessions (docs/design.md §4: nothing is appended that the projector cannot project)."""
     async with Ledger.open(db_url) as ledger:
         bad = await ledger.create_session(fresh_id(), **kw())
         with contextlib.suppress(InvalidInput):
@@ -812,7 +812,7 @@ async def test_a_non_text_message_never_stops_the_projector(db_url: str, command
 
 async def test_rewards_whose_sum_overflows_never_stop_the_projector(db_url: str) -> None:
     """Each reward is finite, so each is accepted; what the projector derives from them must then be
-    storable too (DESIGN §4): projection goes on and no metric is NaN. Two groups of three rewards of
+    storable too (docs/design.md §4): projection goes on and no metric is NaN. Two groups of three rewards of
     +-1.7e308 (each group's sum past the float range): a group's mean stays in range (saturated at
     +-float max), so the groups' means add up without ever meeting as inf - inf; a sum of rows past
     the range is stored as +inf (both backends store infinities), and so is the mean derived from it."""
@@ -987,7 +987,7 @@ async def test_an_event_from_the_future_is_a_clear_error_and_quarantined(
             await ledger.load_session("hit")
         for needle in needles:
             assert needle in str(caught.value)
-        # projection goes past it (DESIGN §7); "hit" had already succeeded, so the event is only listed
+        # projection goes past it (docs/design.md §7); "hit" had already succeeded, so the event is only listed
         await _projection_quarantines(ledger, position, type_, "ignored", *needles)
         assert await session_column(ledger, "hit", "state") == "succeeded"
         # the rest of the log is intact

@@ -79,7 +79,7 @@ def make_row(
 
 
 def placeholder(token: int = 7, *, key: str = "u0_1_0", uid: str = "u0", lp: bool = False) -> BatchRow:
-    """DESIGN section 5 placeholder: 1 prompt + 1 response token, mask 0, reward 0."""
+    """docs/design.md §5 placeholder: 1 prompt + 1 response token, mask 0, reward 0."""
     return BatchRow(
         prompt_ids=np.asarray([token], dtype=np.int32),
         response_ids=np.asarray([token], dtype=np.int32),

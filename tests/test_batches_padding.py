@@ -62,7 +62,7 @@ def rows_strategy(draw: st.DrawFn, max_rows: int = 10) -> list[BatchRow]:
             meta["num_turns"] = draw(st.integers(0, 4))
         with_lp = logprobs_on == "all" or (logprobs_on == "some" and draw(st.booleans()))
         lp_dtype = draw(st.sampled_from(LP_DTYPES))
-        if draw(st.integers(0, 4)) == 0:  # DESIGN section 5 placeholder
+        if draw(st.integers(0, 4)) == 0:  # docs/design.md §5 placeholder
             token = int(rng.integers(0, 1000))
             meta.update(failure_reason="timeout", materialization_reason="session_failed")
             rows.append(

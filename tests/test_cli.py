@@ -1,4 +1,4 @@
-"""`rollout-ledger` end to end, as a user runs it: subprocesses on a SQLite file (DESIGN §11).
+"""`rollout-ledger` end to end, as a user runs it: subprocesses on a SQLite file (docs/design.md §11).
 
 One demo database is recorded per module; each test reads it with another verb.
 """

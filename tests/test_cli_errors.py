@@ -1,4 +1,4 @@
-"""`rollout-ledger` fails in one line (DESIGN §11): whatever goes wrong, stderr holds exactly one
+"""`rollout-ledger` fails in one line (docs/design.md §11): whatever goes wrong, stderr holds exactly one
 `rollout-ledger: error: <reason>` line naming what was wrong, the exit status is non-zero, and no
 traceback reaches the user unless `--debug` asks for it.
 
@@ -97,7 +97,7 @@ async def _record(path: Path, damage: str) -> None:
 
 
 #: kind -> what the line must name if the verb fails. The projector quarantines an event it
-#: cannot project (DESIGN §7), so a verb may also succeed on these; it must never show a traceback.
+#: cannot project (docs/design.md §7), so a verb may also succeed on these; it must never show a traceback.
 DAMAGED_LOGS = {
     "no-created": ("ghost-s0",),
     "unknown-type": ("SessionTeleported",),
@@ -353,7 +353,7 @@ def _fresh_copy(db: Path, folder: Path) -> Path:
     return _copy(db, folder)
 
 
-WRITING_VERBS = {"project": ["project"], "metrics": ["metrics"]}  # metrics projects first, as DESIGN §11 says
+WRITING_VERBS = {"project": ["project"], "metrics": ["metrics"]}  # metrics projects first, as docs/design.md §11 says
 
 
 @contextlib.contextmanager

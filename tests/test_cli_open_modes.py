@@ -1,4 +1,4 @@
-"""Only `demo`, `migrate` and `replay --into` create or migrate a database (DESIGN §11).
+"""Only `demo`, `migrate` and `replay --into` create or migrate a database (docs/design.md §11).
 
 Every other verb opens an existing ledger at head, or refuses in one line that says what it found
 and what to run — and refusing writes nothing: a mistyped `--db` is not created, an empty file

@@ -1,4 +1,4 @@
-"""Events and token payloads: binary layout, JSON round trips, unknown types, upcasters (DESIGN §4)."""
+"""Events and token payloads: binary layout, JSON round trips, unknown types, upcasters (docs/design.md §4)."""
 
 from __future__ import annotations
 

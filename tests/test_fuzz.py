@@ -6,7 +6,7 @@ exception, timeout, empty), stale handles, project through a sink that sometimes
 or after delivering), an append that hits an injected disk-full error, restart (close and reopen
 on the same file) and `recover`. A model of every session's state runs alongside.
 
-After every step (DESIGN §3–7): each stream is whole (versions 1..n, one SessionCreated, at most
+After every step (docs/design.md §3–7): each stream is whole (versions 1..n, one SessionCreated, at most
 one terminal event, a failed session followed by exactly one placeholder under the default
 policy) and agrees with the model; the read models at the checkpoint agree with the log (no group
 tag before its rows or before its group settled, every queue row exactly once, metric counters

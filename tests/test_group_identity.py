@@ -1,4 +1,4 @@
-"""Group identity (DESIGN §2): a group is (run, partition, global_step, uid), and the database
+"""Group identity (docs/design.md §2): a group is (run, partition, global_step, uid), and the database
 enforces it at creation — across processes — while a uid reused at a later step is a new group
 that projects, batches and exports like any other."""
 

@@ -1,4 +1,4 @@
-"""Metric counts (DESIGN §7, `sessions/metrics.py` docstring).
+"""Metric counts (docs/design.md §7, `sessions/metrics.py` docstring).
 
 `recompute_from_events` is a brute-force oracle: it reads the raw `events` table, decodes every
 event and recomputes every contract metric per (run, partition, global_step, data_source) and the

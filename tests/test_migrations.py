@@ -1,4 +1,4 @@
-"""Schema only through Alembic (DESIGN §8): the CLI migrates an empty database on both backends,
+"""Schema only through Alembic (docs/design.md §8): the CLI migrates an empty database on both backends,
 the revisions match `store.tables.metadata`, an unknown revision is refused clearly, and
 metric_counts is keyed by its natural key (revision 0003) without losing a stored row."""
 

@@ -1,4 +1,4 @@
-"""The projector (DESIGN §5–7): rows, placeholders, group tags, metrics, exactly-once under faults,
+"""The projector (docs/design.md §5–7): rows, placeholders, group tags, metrics, exactly-once under faults,
 concurrent projectors, `Ledger.batch` waiting, follow mode.
 
 Scenarios are driven through the real recorder (`Ledger.session` as a context manager: normal

@@ -1,4 +1,4 @@
-"""Poison logs (DESIGN §7): an event the projector cannot project never stops projection.
+"""Poison logs (docs/design.md §7): an event the projector cannot project never stops projection.
 
 Each case writes a good group through the public API with one poisoned event among it, written
 straight to the `events` table as an older version or a careless writer would. Projection goes

@@ -1,4 +1,4 @@
-"""Durable queue consumers (DESIGN §7): claim / ack / release on `queue_rows`, both backends.
+"""Durable queue consumers (docs/design.md §7): claim / ack / release on `queue_rows`, both backends.
 
 What must hold: several consumers (tasks with their own connections, or OS processes) never get
 the same row and together get every row once; unacked rows stay with their claimer for the

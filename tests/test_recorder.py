@@ -1,5 +1,5 @@
 """The embedded recorder on both backends: failures, cancellation, timeouts, input validation,
-terminal sessions, rewards (DESIGN §3–5, §12).
+terminal sessions, rewards (docs/design.md §3–5, §12).
 
 Every test of this module shares one database per backend (creating a PostgreSQL database per
 test dominates the run time), so each test names its sessions through `ids(...)`, which makes

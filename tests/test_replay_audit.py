@@ -1,4 +1,4 @@
-"""Replay, audit and history (DESIGN §9, §11): golden logs, tampering, replay equality, time travel.
+"""Replay, audit and history (docs/design.md §9, §11): golden logs, tampering, replay equality, time travel.
 
 Golden logs (tests/fixtures/golden_v*.jsonl) are loaded verbatim; their projections must equal the
 expectation files written by tests/fixtures/make_golden.py. Every single tampering of a projected
@@ -332,7 +332,7 @@ def test_audit_cli_exit_status_and_first_divergence(tmp_path: Path, capsys: pyte
 # ------------------------------------------------------------------ replay equality
 #: The log and every table replay rebuilds: (table, natural order of its rows, columns not compared).
 #: Every column is compared, surrogate ids included (a replay numbers queue rows as the projector
-#: did: DESIGN §9), but for the checkpoint's `updated_at`, the wall time of the projection.
+#: did: docs/design.md §9), but for the checkpoint's `updated_at`, the wall time of the projection.
 TABLES = {
     "events": (events, ("position",), ()),
     "sessions": (sessions, ("session_id",), ()),

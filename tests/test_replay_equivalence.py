@@ -204,7 +204,7 @@ async def _record_and_project(url: str, log: Log, rnd: random.Random) -> None:
 async def check_equivalence(source_url: str, target_url: str) -> AuditReport:
     """`replay` of the source into the (empty) target reproduces every table row for row, every
     column included but the checkpoint's wall time (`TABLES`); the source's audit finds nothing
-    but the events the projector quarantined (DESIGN §7). Returns that audit."""
+    but the events the projector quarantined (docs/design.md §7). Returns that audit."""
     source, target = create_engine(source_url), create_engine(target_url)
     try:
         await upgrade(target)
@@ -309,7 +309,7 @@ def vars_of(event: NewEvent) -> dict[str, Any]:
 @pytest.mark.parametrize("kind", ["no-created", "missing-trajectory", "missing-field"])
 @pytest.mark.parametrize("page_size", [1, 100])
 def test_replay_quarantines_what_the_projector_quarantines(kind: str, page_size: int, module_db_pair: tuple[str, str]) -> None:
-    """A damaged log stops neither the projector nor replay (DESIGN §7): both list the same events
+    """A damaged log stops neither the projector nor replay (docs/design.md §7): both list the same events
     in projection_errors and store the same rows, ids included."""
     source_url, target_url = module_db_pair
 

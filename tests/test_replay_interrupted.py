@@ -1,4 +1,4 @@
-"""An interrupted replay never leaves a target that looks complete (DESIGN §9, issue 18).
+"""An interrupted replay never leaves a target that looks complete (docs/design.md §9, issue 18).
 
 Replay copies the log and writes its read models in one transaction on the target. Whatever
 stops it — the fold failing, the process killed between the copy and the commit — the target

@@ -1,5 +1,5 @@
 """Schema evolution: TrajectoryRecorded v2 (`trainable_tokens`), its upcaster, golden v1 logs, and
-events this library cannot read (DESIGN §4, §9)."""
+events this library cannot read (docs/design.md §4, §9)."""
 
 from __future__ import annotations
 
@@ -252,7 +252,7 @@ def test_cli_names_an_unknown_type_and_version(tmp_path: Path, capsys: pytest.Ca
     assert main(["history", "s-odd", "--db", str(db)]) != 0
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "SessionTeleported" in err[0] and "schema_version 3" in err[0], err
-    # project no longer stops at it (DESIGN §7): it quarantines the event and names it, exit 0
+    # project no longer stops at it (docs/design.md §7): it quarantines the event and names it, exit 0
     assert main(["project", "--db", str(db)]) == 0
     out = capsys.readouterr().out
     named = [line for line in out.splitlines() if "SessionTeleported" in line]

@@ -1,4 +1,4 @@
-"""The session state machine (DESIGN §3): transition table, diagram, and property tests.
+"""The session state machine (docs/design.md §3): transition table, diagram, and property tests.
 
 Random command sequences — valid and invalid order — run against an independent reference
 model of the design, twice: through the pure deciders of `sessions.aggregate` (fast, many
@@ -24,7 +24,7 @@ from sessions import machine, tokens
 from sessions.errors import InvalidTransition
 from sessions.placeholder import PlaceholderPolicy
 
-# The design's table (DESIGN §3), written out independently of sessions.machine.
+# The design's table (docs/design.md §3), written out independently of sessions.machine.
 DESIGN_TABLE = {
     ("created", "start"): "running",
     ("created", "fail"): "failed",
@@ -219,7 +219,7 @@ def _trajectory_event(index: int, prompt_len: int, response_len: int, num_turns:
 
 
 def check_against_model(events: list[ev.Event], view: agg.SessionView, model: Model, policy_name: str) -> None:
-    """The invariants of DESIGN §3–5 on one session's stream and folded view."""
+    """The invariants of docs/design.md §3–5 on one session's stream and folded view."""
     types = [e.TYPE for e in events]
     terminal_at = [i for i, t in enumerate(types) if t in ev.TERMINAL_EVENTS]
     assert len(terminal_at) <= 1, f"more than one terminal event: {types}"

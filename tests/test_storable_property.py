@@ -1,4 +1,4 @@
-"""Property (DESIGN §4, §7): whatever a caller passes, a command either raises `InvalidInput` or is
+"""Property (docs/design.md §4, §7): whatever a caller passes, a command either raises `InvalidInput` or is
 accepted — and an accepted command projects without quarantine. Nothing in between: no other
 exception from a command, no projector error, no `projection_errors` row for a value the recorder
 let through.

@@ -1,4 +1,4 @@
-"""Event store conformance, written once and run on SQLite and PostgreSQL (DESIGN §8).
+"""Event store conformance, written once and run on SQLite and PostgreSQL (docs/design.md §8).
 
 Modelled on the `eventsourcing` package's recorder test cases: optimistic concurrency,
 idempotent re-sends, global ordering and paging, group commit, isolation of a bad append.
@@ -283,7 +283,7 @@ async def test_events_of_one_append_get_contiguous_positions_across_writers(db_u
 
 async def test_a_reader_never_sees_a_later_position_before_an_earlier_one(store: EventStore) -> None:
     """While another writer's insert is uncommitted, an append must not become visible past it:
-    every snapshot a tailing reader takes is a prefix of the final log (DESIGN §8)."""
+    every snapshot a tailing reader takes is a prefix of the final log (docs/design.md §8)."""
     from store.engine import WRITE_LOCK
     from store.event_store import insert_events
 

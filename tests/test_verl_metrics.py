@@ -1,4 +1,4 @@
-"""Metrics in verl's names are verl's (DESIGN §7, issue 14 items 2 and 9).
+"""Metrics in verl's names are verl's (docs/design.md §7, issue 14 items 2 and 9).
 
 `sessions.integrations.verl.validation_metrics` against verl 0.9.1's own code, and the ledger's
 `reward/mean@k` against verl's `val-core/<ds>/reward/mean@k` on the rows of the ledger's batch:

@@ -4,7 +4,7 @@ Revision ID: 0003
 Revises: 0002
 Create Date: 2026-12-01
 
-A replayed database must equal the live one row for row (DESIGN §9); a surrogate id assigned in
+A replayed database must equal the live one row for row (docs/design.md §9); a surrogate id assigned in
 insertion order cannot promise that. The key (run, partition, global_step, data_source, metric)
 has NULLable parts ("no step", "all data sources") and unique constraints treat NULLs as
 distinct, so the key is a unique index on expressions: coalesce(global_step, -1) and

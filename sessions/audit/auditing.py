@@ -40,7 +40,7 @@ class AuditReport:
     divergences: list[Divergence] = field(default_factory=list)
     #: The stored projector checkpoint: read models are compared with a replay up to it.
     projected_through: int = 0
-    #: Every event of the log the projection rules quarantine (DESIGN §7), past the checkpoint
+    #: Every event of the log the projection rules quarantine (docs/design.md §7), past the checkpoint
     #: too: `projection_errors` rows, in log order. Each is also a divergence.
     quarantined: list[dict[str, Any]] = field(default_factory=list)
 

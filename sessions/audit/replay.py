@@ -1,4 +1,4 @@
-"""Replay: rebuild every read model of a database from its `events` table alone (DESIGN §9).
+"""Replay: rebuild every read model of a database from its `events` table alone (docs/design.md §9).
 
 Three steps, timed apart because different things bound them:
 

@@ -1,4 +1,4 @@
-"""Projected rows -> verl-convention torch batches (DESIGN.md section 6).
+"""Projected rows -> verl-convention torch batches (docs/design.md §6).
 
 Two layouts of the same columns (``columns``):
 

@@ -6,7 +6,7 @@ unmasked ``rm_scores.sum(-1)``; rows grouped by ``uid``; per group the mean and 
 ``(score - mean) / (std + epsilon)`` (or ``score - mean`` without std normalisation), broadcast
 over the response and multiplied by ``response_mask``.
 
-The difference (DESIGN.md section 5): in verl a masked row's reward still moves its siblings'
+The difference (docs/design.md §5): in verl a masked row's reward still moves its siblings'
 advantages, because masking stops at the loss, not at the baseline. With
 ``exclude_placeholders=True`` placeholder rows are left out of their group's statistics (the
 group is computed as if they were absent, including the group-of-one rule) and get advantage 0.

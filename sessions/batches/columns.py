@@ -3,7 +3,7 @@
 Builders, converters and the TransferQueue adapter all take their column lists from this module,
 so a column added or retyped here is added or retyped for every layout at once.
 
-Beside DESIGN section 6's table, a batch carries the columns a verl 0.9.1 PPO step reads:
+Beside the table of docs/design.md §6, a batch carries the columns a verl 0.9.1 PPO step reads:
 ``num_turns`` (int64 [B], read by the V1 trainer), ``__num_turns__`` (the same numbers as a
 non-tensor column: ``compute_data_metrics`` reports ``num_turns/*`` only when it is there) and
 ``multi_modal_inputs`` (one dict per row, ``{}`` for text-only rows: ``RayPPOTrainer.fit`` reads
@@ -89,7 +89,7 @@ COLUMN_DTYPES: Mapping[str, torch.dtype] = {
     "num_turns": torch.int64,
 }
 
-#: ``num_turns`` of a row whose meta has none: a placeholder has 0 (DESIGN section 5), any other
+#: ``num_turns`` of a row whose meta has none: a placeholder has 0 (docs/design.md §5), any other
 #: row this marker (what the TransferQueue adapter has always written for "unknown")
 UNKNOWN_TURNS: int = -1
 

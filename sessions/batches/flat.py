@@ -140,7 +140,7 @@ def _row_columns(
     """Per-row columns as fresh tensors (never views of the input they came from).
 
     Lengths arrive as int64 (they index tokens everywhere inside this package) and leave as
-    the float32 columns DESIGN section 6 declares; ``keys`` name a refused row.
+    the float32 columns docs/design.md §6 declares; ``keys`` name a refused row.
     """
     return {
         "prompt_length": _length_column(prompt_lengths, "prompt_length", keys),
@@ -176,7 +176,7 @@ def _default_turns(is_placeholder: torch.Tensor) -> torch.Tensor:
 def lengths_as_index(lengths: torch.Tensor, name: str) -> torch.Tensor:
     """A ``prompt_length``/``response_length`` column read back as int64, to index tokens with.
 
-    Takes the float32 columns of DESIGN section 6 and the int64 ones of older exports; a
+    Takes the float32 columns of docs/design.md §6 and the int64 ones of older exports; a
     negative or fractional length is refused (it cannot have come from a row).
     """
     if lengths.dtype.is_floating_point:

@@ -21,7 +21,7 @@ __all__ = ["from_plain_dict", "to_plain_dict"]
 _VALUES_SUFFIX = ".values"
 _OFFSETS_SUFFIX = ".offsets"
 
-#: per-row lengths, float32 since DESIGN section 6 said so; older files hold int64
+#: per-row lengths, float32 since docs/design.md §6aid so; older files hold int64
 _LENGTH_COLUMNS = frozenset({"prompt_length", "response_length"})
 
 #: the value types a non-tensor column may hold to stay weights_only-loadable

@@ -1,4 +1,4 @@
-"""Every failure of a verb becomes one line on stderr and a non-zero exit status (DESIGN §11).
+"""Every failure of a verb becomes one line on stderr and a non-zero exit status (docs/design.md §11).
 
 One handler, not a try/except per verb: `guarded` runs the verb, and `reason` maps whatever
 escaped (a `LedgerError`, a database or driver error, an `OSError`, a missing optional driver,

@@ -1,4 +1,4 @@
-"""`rollout-ledger`: the command line (DESIGN §11). Exit 0 on success; otherwise a one-line
+"""`rollout-ledger`: the command line (docs/design.md §11). Exit 0 on success; otherwise a one-line
 reason on stderr and a non-zero status."""
 
 from __future__ import annotations
@@ -128,7 +128,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     return guarded(lambda: asyncio.run(drained(_dispatch(args))), debug=args.debug, databases=databases)
 
 
-#: The verbs that may create or migrate the `--db` database (DESIGN §11); `replay` creates only
+#: The verbs that may create or migrate the `--db` database (docs/design.md §11); `replay` creates only
 #: its `--into` target. Every other verb opens an existing ledger at head, or refuses in one line.
 CREATING_VERBS = frozenset({"demo", "migrate"})
 
@@ -266,7 +266,7 @@ async def _cmd_project(args: argparse.Namespace) -> int:
 
 
 async def _report_quarantined(ledger: Any, *, after: int) -> None:
-    """Name every event this projection quarantined (DESIGN §7), a line each, on stdout."""
+    """Name every event this projection quarantined (docs/design.md §7), a line each, on stdout."""
     async with ledger.engine.connect() as conn:
         errors = await rm.projection_error_rows(conn, after=after)
     if not errors:

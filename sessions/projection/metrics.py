@@ -2,7 +2,7 @@
 
 Stored counters are additive (sums and counts), so the projector can update them one event at a
 time and replay reproduces them exactly; the means are derived from the counters each time a
-scope changes. Definitions (DESIGN §7, issue "Projector"):
+scope changes. Definitions (docs/design.md §7, issue "Projector"):
 
 - `reward/mean`: mean over batch rows (succeeded rows and placeholders) of the row reward, i.e.
   of `rm_scores.sum(-1)`; failures count as zeros, cancelled sessions have no row. A succeeded
@@ -141,7 +141,7 @@ UIDS_EXCLUDED = "reward/uids_excluded"
 RESPONSE_LENGTH_MEAN = "response_length/mean"
 COVERAGE = "coverage"
 
-#: Counts every scope reports, zero included (DESIGN §7 lists them per scope).
+#: Counts every scope reports, zero included (docs/design.md §7 lists them per scope).
 ZERO_FILLED = (
     SESSIONS_TOTAL, SESSIONS_SUCCEEDED, SESSIONS_FAILED, SESSIONS_CANCELLED, PLACEHOLDERS,
     GROUPS_TOTAL, GROUPS_FINISHED, GROUPS_FAILURE, REWARD_ABSENT,

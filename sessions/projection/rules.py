@@ -8,7 +8,7 @@ whole log. Both therefore make the same float additions in the same order, and t
 equal by construction rather than by a test's vigilance.
 
 An event the rules cannot project (a log written by an older version, or by a writer that
-skipped validation) never stops projection: it is quarantined by a deterministic rule (DESIGN §7)
+skipped validation) never stops projection: it is quarantined by a deterministic rule (docs/design.md §7)
 — listed in `projection_errors`, and its session, if it has one still open, failed as
 `unprojectable` with a placeholder so its group settles — and the rules go on.
 """
@@ -35,7 +35,7 @@ __all__ = [
 
 Row = dict[str, Any]
 #: A group's key: (run, partition, global_step, uid) — a uid that comes back at a later step is a
-#: new group (DESIGN §2).
+#: new group (docs/design.md §2).
 GroupKey = tuple[str, str, "int | None", str]
 #: What the rules read of one event: (position, session_id, version, type, data, recorded_at,
 #: problem). `data` is decoded, upcast to the current schema and checked against

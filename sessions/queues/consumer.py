@@ -1,4 +1,4 @@
-"""`QueueConsumer`: one named consumer of the durable queue table (DESIGN §7).
+"""`QueueConsumer`: one named consumer of the durable queue table (docs/design.md §7).
 
 Several consumers (tasks, processes, hosts) may share one queue: each claimed row goes to
 exactly one of them, and rows a consumer claimed but never acked come back after its lease,

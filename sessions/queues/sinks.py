@@ -2,7 +2,7 @@
 
 The durable queue table (`queue_rows`) is always written, in the projector's transaction. Sinks
 here are *external* to that transaction: they are written before the checkpoint commits, with
-deterministic keys, so delivery is at-least-once and idempotent by key (DESIGN §7).
+deterministic keys, so delivery is at-least-once and idempotent by key (docs/design.md §7).
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ conventions (``fields``):
   ``dict.update``, so keys registered earlier (by verl's replay buffer, say) survive.
 
 ``read_rows`` / ``aread_rows`` (``readback``) read rows back with ``kv_batch_get`` and return
-them padded in verl's layout (DESIGN section 6); ``start_transferqueue`` (``runtime``) starts a
+them padded in verl's layout (docs/design.md §6); ``start_transferqueue`` (``runtime``) starts a
 local TransferQueue sized for small machines (tests, a laptop, a 2-core CI box).
 
 ``transfer_queue`` (and torch) are imported lazily: importing this package without the extra

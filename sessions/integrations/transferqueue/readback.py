@@ -1,4 +1,4 @@
-"""Reading rows back out of TransferQueue, padded in verl's layout (DESIGN section 6).
+"""Reading rows back out of TransferQueue, padded in verl's layout (docs/design.md §6).
 
 ``kv_batch_get`` returns 2-D fields as jagged nested tensors; callers want what ``Ledger.batch``
 gives, so the section 6 columns go through ``sessions.batches.densify`` and only the columns it
@@ -20,7 +20,7 @@ __all__ = ["aread_rows", "list_partition", "read_rows", "row_keys", "to_padded"]
 
 
 def read_rows(partition_id: str, keys: Sequence[str], *, pad_token_id: int = 0) -> TensorDict:
-    """``kv_batch_get`` the keys' rows and return them padded (DESIGN section 6), in ``keys`` order.
+    """``kv_batch_get`` the keys' rows and return them padded (docs/design.md §6), in ``keys`` order.
 
     Blocking (TransferQueue's own client thread does the I/O); use ``aread_rows`` in a coroutine.
     """

@@ -6,7 +6,7 @@ A ledger step has as many rows as sessions survived its drop policy and cancella
 instead of 64), so it is padded with rows that train nothing, the idea of verl's V1
 ``padding_utils``: 1 prompt + 1 response token, ``response_mask`` 0, reward 0, a fresh uid per row
 (a GRPO group of one, advantage 0), ``is_padding`` True. verl's own V1 padding uses 127 + 1 tokens
-and one shared uid for all its rows; a 1 + 1 row is the ledger's placeholder shape (DESIGN section 5)
+and one shared uid for all its rows; a 1 + 1 row is the ledger's placeholder shape (docs/design.md §5)
 and the cheapest row that still has an attended response token.
 
 Every column gets a value of its own dtype: the ones this module knows by name as above,
@@ -133,7 +133,7 @@ def without_padding(dp: DataProto) -> DataProto:
     """The rows that are not filler: what to hand verl's ``compute_data_metrics`` (and any metric).
 
     verl's V1 trainer does the same with its own padding before its metrics. Placeholders stay:
-    they count as zeros in the reward figures (DESIGN section 5). ``dp`` itself when it has no
+    they count as zeros in the reward figures (docs/design.md §5). ``dp`` itself when it has no
     filler rows.
     """
     if IS_PADDING not in dp.batch.keys():

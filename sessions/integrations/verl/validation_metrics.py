@@ -1,6 +1,6 @@
 """verl's step metrics computed from a step's rows, and the ledger's own under a prefix of theirs.
 
-DESIGN §7: a figure that carries verl's name must be the one verl computes on the same batch. verl
+docs/design.md §7: a figure that carries verl's name must be the one verl computes on the same batch. verl
 0.9.1 reports validation through `process_validation_metrics` + `RayPPOTrainer._val_metrics_update`
 and training through `compute_data_metrics`; the functions here take the step's batch rows as
 plain sequences (data source, uid, score, lengths, turns) and give the same flat dict, under the
