@@ -37,32 +37,55 @@ WORKLOADS = ("append", "projection", "replay", "pg", "overhead", "batch_ready", 
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     size = parser.add_mutually_exclusive_group()
-    size.add_argument("--quick", dest="mode", action="store_const", const="quick", help="CI smoke size (default)")
-    size.add_argument("--full", dest="mode", action="store_const", const="full", help="the documented figures")
-    size.add_argument("--tiny", dest="mode", action="store_const", const="tiny", help="a few seconds (tests)")
-    parser.add_argument("--json", dest="json_out", metavar="OUT", help="also write the results as JSON")
+    size.add_argument(
+        "--quick", dest="mode", action="store_const", const="quick", help="CI smoke size (default)"
+    )
+    size.add_argument(
+        "--full", dest="mode", action="store_const", const="full", help="the documented figures"
+    )
+    size.add_argument(
+        "--tiny", dest="mode", action="store_const", const="tiny", help="a few seconds (tests)"
+    )
+    parser.add_argument(
+        "--json", dest="json_out", metavar="OUT", help="also write the results as JSON"
+    )
     parser.add_argument("--only", help=f"comma-separated subset of {', '.join(WORKLOADS)}")
-    parser.add_argument("--reps", type=int, help="repetitions per workload (>= 3 for the median to mean much)")
+    parser.add_argument(
+        "--reps", type=int, help="repetitions per workload (>= 3 for the median to mean much)"
+    )
     parser.add_argument("--append-sessions", type=int)
     parser.add_argument("--append-concurrency", type=int)
     parser.add_argument("--projection-steps", type=int)
-    parser.add_argument("--projection-uids", type=int, help="groups per step (x group size = sessions per batch)")
+    parser.add_argument(
+        "--projection-uids", type=int, help="groups per step (x group size = sessions per batch)"
+    )
     parser.add_argument("--replay-sessions", type=int)
     parser.add_argument("--pg-writers", help="comma-separated writer process counts, e.g. 1,4,8")
     parser.add_argument("--pg-sessions-per-writer", type=int)
     parser.add_argument("--overhead-sessions", type=int)
-    parser.add_argument("--batch-ready-sessions", type=int, help="sessions in the batch-ready workload's step")
-    parser.add_argument("--no-tracemalloc", action="store_true", help="skip the extra traced repetitions")
-    parser.add_argument("--workdir", help="folder for the scratch databases (default: the system temp folder)")
+    parser.add_argument(
+        "--batch-ready-sessions", type=int, help="sessions in the batch-ready workload's step"
+    )
+    parser.add_argument(
+        "--no-tracemalloc", action="store_true", help="skip the extra traced repetitions"
+    )
+    parser.add_argument(
+        "--workdir", help="folder for the scratch databases (default: the system temp folder)"
+    )
     parser.set_defaults(mode="quick")
     args = parser.parse_args(argv)
     if args.only:
         unknown = set(args.only.split(",")) - set(WORKLOADS)
         if unknown:
-            parser.error(f"--only: unknown workload(s) {sorted(unknown)}; choose from {', '.join(WORKLOADS)}")
+            parser.error(
+                f"--only: unknown workload(s) {sorted(unknown)}; choose from {', '.join(WORKLOADS)}"
+            )
     if args.reps is not None and args.reps < 1:
         parser.error("--reps must be >= 1")
     return args
@@ -89,7 +112,9 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     when = dt.datetime.now(dt.timezone.utc)
     info = machine_info()
-    print(f"rollout-ledger benchmarks, --{cfg.mode}, {cfg.reps} repetitions (median), {when:%Y-%m-%d %H:%M} UTC")
+    print(
+        f"rollout-ledger benchmarks, --{cfg.mode}, {cfg.reps} repetitions (median), {when:%Y-%m-%d %H:%M} UTC"
+    )
     for line in machine_lines(info):
         print(line)
     print(flush=True)
@@ -97,8 +122,15 @@ def main(argv: list[str] | None = None) -> int:
     from benchmarks import append, overhead, pg, projection, replay_audit
     from benchmarks import batch_ready, export
 
-    modules = {"append": append, "projection": projection, "replay": replay_audit, "pg": pg, "overhead": overhead,
-               "batch_ready": batch_ready, "export": export}
+    modules = {
+        "append": append,
+        "projection": projection,
+        "replay": replay_audit,
+        "pg": pg,
+        "overhead": overhead,
+        "batch_ready": batch_ready,
+        "export": export,
+    }
     report = Report()
     for name in WORKLOADS:
         if not cfg.wants(name):
@@ -114,10 +146,16 @@ def main(argv: list[str] | None = None) -> int:
     for note in report.notes:
         print(f"note: {note}")
     print(f"\nload average at end (1/5/15 min): {load_average()}")
-    print(f"wall time {wall:.1f}s (" + ", ".join(f"{k} {v:.1f}s" for k, v in report.seconds.items()) + ")")
+    print(
+        f"wall time {wall:.1f}s ("
+        + ", ".join(f"{k} {v:.1f}s" for k, v in report.seconds.items())
+        + ")"
+    )
     missed = [f for f in report.figures if f.met is False]
     if missed:
-        print(f"{len(missed)} of {sum(f.met is not None for f in report.figures)} targets missed (goals, not assertions)")
+        print(
+            f"{len(missed)} of {sum(f.met is not None for f in report.figures)} targets missed (goals, not assertions)"
+        )
 
     if args.json_out:
         result = {

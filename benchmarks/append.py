@@ -35,7 +35,18 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.common import Config, CpuProbe, Report, RssProbe, _version, add_memory, log, median, preset, scratch_dir
+from benchmarks.common import (
+    Config,
+    CpuProbe,
+    Report,
+    RssProbe,
+    _version,
+    add_memory,
+    log,
+    median,
+    preset,
+    scratch_dir,
+)
 from benchmarks.workload import Work, plan, tokens_of
 
 WORKLOAD = "append"
@@ -52,10 +63,17 @@ async def ledger_run(
 
     limit = asyncio.Semaphore(concurrency)
     async with Ledger.open(f"sqlite+aiosqlite:///{path}", run="bench") as ledger:
+
         async def one(i: int) -> None:
             async with limit:
-                async with ledger.session(f"s{i}", uid=f"u{i // GROUP}", session_index=i % GROUP, group_size=GROUP,
-                                          partition="train", global_step=0) as s:
+                async with ledger.session(
+                    f"s{i}",
+                    uid=f"u{i // GROUP}",
+                    session_index=i % GROUP,
+                    group_size=GROUP,
+                    partition="train",
+                    global_step=0,
+                ) as s:
                     for prompt, response in work[i]:
                         await s.record_trajectory(prompt_ids=prompt, response_ids=response)
                     await s.post_reward(1.0)
@@ -76,9 +94,12 @@ def ledger_rows(source: Path) -> tuple[list[str], list[tuple[Any, ...]]]:
     """The `events` table's DDL (table and indexes) and every row the ledger wrote."""
     src = sqlite3.connect(source)
     try:
-        ddl = [sql for (sql,) in src.execute(
-            "SELECT sql FROM sqlite_master WHERE tbl_name = 'events' AND sql IS NOT NULL ORDER BY type DESC"
-        )]
+        ddl = [
+            sql
+            for (sql,) in src.execute(
+                "SELECT sql FROM sqlite_master WHERE tbl_name = 'events' AND sql IS NOT NULL ORDER BY type DESC"
+            )
+        ]
         rows = src.execute(f"SELECT {_COLUMNS} FROM events ORDER BY position").fetchall()
     finally:
         src.close()
@@ -110,6 +131,7 @@ def _eventsourcing_app(db: Path) -> Any:
 
     global _ES_CLASSES
     if _ES_CLASSES is None:
+
         class BytesAsBase64(Transcoding):
             type = bytes
             name = "bytes_b64"
@@ -122,8 +144,15 @@ def _eventsourcing_app(db: Path) -> Any:
 
         class RolloutSession(Aggregate):
             @event("Created")
-            def __init__(self, session_id: str, uid: str, session_index: int, group_size: int, partition: str,
-                         global_step: int) -> None:
+            def __init__(
+                self,
+                session_id: str,
+                uid: str,
+                session_index: int,
+                group_size: int,
+                partition: str,
+                global_step: int,
+            ) -> None:
                 self.session_id, self.uid = session_id, uid
                 self.state = "created"
                 self.trajectories: list[int] = []
@@ -134,8 +163,16 @@ def _eventsourcing_app(db: Path) -> Any:
                 self.state = "running"
 
             @event("TrajectoryRecorded")
-            def record_trajectory(self, index: int, num_turns: int, prompt_len: int, response_len: int,
-                                  prompt_ids: bytes, response_ids: bytes, response_mask: bytes) -> None:
+            def record_trajectory(
+                self,
+                index: int,
+                num_turns: int,
+                prompt_len: int,
+                response_len: int,
+                prompt_ids: bytes,
+                response_ids: bytes,
+                response_mask: bytes,
+            ) -> None:
                 self.trajectories.append(index)
 
             @event("RewardPosted")
@@ -198,8 +235,15 @@ def eventsourcing_run(db: Path, work: list[Work], concurrency: int) -> tuple[flo
             for i in ids:
                 if t < len(work[i]):
                     prompt, response = work[i][t]
-                    live[i].record_trajectory(t, 1, len(prompt), len(response), prompt.astype("<i4", copy=False).tobytes(),
-                                              response.astype("<i4", copy=False).tobytes(), np.ones(len(response), np.uint8).tobytes())
+                    live[i].record_trajectory(
+                        t,
+                        1,
+                        len(prompt),
+                        len(response),
+                        prompt.astype("<i4", copy=False).tobytes(),
+                        response.astype("<i4", copy=False).tobytes(),
+                        np.ones(len(response), np.uint8).tobytes(),
+                    )
                     app.save(live[i])
                     events += 1
         for i in ids:
@@ -218,7 +262,10 @@ def run(cfg: Config, report: Report) -> None:
     work = plan(cfg.append_sessions, seed=cfg.seed)
     with_es = eventsourcing_available()
     if not with_es:
-        report.note(WORKLOAD, "eventsourcing not installed (pip install -e '.[bench]'): that baseline skipped")
+        report.note(
+            WORKLOAD,
+            "eventsourcing not installed (pip install -e '.[bench]'): that baseline skipped",
+        )
     ledger_s, raw_s, es_s, rss, cpu = [], [], [], [], []
     events = tokens = es_events = 0
     with scratch_dir(cfg, WORKLOAD) as tmp:
@@ -226,50 +273,100 @@ def run(cfg: Config, report: Report) -> None:
             db = tmp / f"ledger{rep}.db"
             cpu.append(CpuProbe())
             with RssProbe() as probe:
-                elapsed, events, tokens = asyncio.run(ledger_run(db, work, cfg.append_concurrency, cpu[-1]))
+                elapsed, events, tokens = asyncio.run(
+                    ledger_run(db, work, cfg.append_concurrency, cpu[-1])
+                )
             rss.append(probe)
             ledger_s.append(elapsed)
             ddl, rows = ledger_rows(db)
             raw_s.append(raw_sqlite(ddl, rows, tmp / f"raw{rep}.db"))
             del rows
             if with_es:
-                elapsed, es_events = eventsourcing_run(tmp / f"es{rep}.db", work, cfg.append_concurrency)
+                elapsed, es_events = eventsourcing_run(
+                    tmp / f"es{rep}.db", work, cfg.append_concurrency
+                )
                 es_s.append(elapsed)
             for name in os.listdir(tmp):
                 (tmp / name).unlink()
-            log(f"  append rep {rep + 1}/{cfg.reps}: ledger {events / ledger_s[-1]:,.0f} events/s, raw "
-                f"{events / raw_s[-1]:,.0f}" + (f", eventsourcing {es_events / es_s[-1]:,.0f}" if with_es else ""))
+            log(
+                f"  append rep {rep + 1}/{cfg.reps}: ledger {events / ledger_s[-1]:,.0f} events/s, raw "
+                f"{events / raw_s[-1]:,.0f}"
+                + (f", eventsourcing {es_events / es_s[-1]:,.0f}" if with_es else "")
+            )
         led, raw = median(ledger_s), median(raw_s)
-        report.add(WORKLOAD, f"ledger public API ({cfg.append_sessions} sessions, {events} events)", events / led, "events/s")
+        report.add(
+            WORKLOAD,
+            f"ledger public API ({cfg.append_sessions} sessions, {events} events)",
+            events / led,
+            "events/s",
+        )
         report.add(WORKLOAD, "ledger public API", tokens / led, "tokens/s")
         if with_es:
             es = median(es_s)
             label = f"eventsourcing {_version('eventsourcing')} app, SQLite recorder"
             if es_events != events:
-                report.note(WORKLOAD, f"eventsourcing stored {es_events} events, the ledger {events}")
+                report.note(
+                    WORKLOAD, f"eventsourcing stored {es_events} events, the ledger {events}"
+                )
             report.add(WORKLOAD, label, es_events / es, "events/s")
             report.add(WORKLOAD, label, tokens / es, "tokens/s")
         report.add(WORKLOAD, "raw sqlite3 executemany, 1 txn", events / raw, "events/s")
         report.add(WORKLOAD, "raw sqlite3 executemany, 1 txn", tokens / raw, "tokens/s")
         if with_es:
-            report.add(WORKLOAD, "ratio ledger / eventsourcing (events/s)", (events / led) / (es_events / es), "x",
-                       target=">= 10x", goal=(">=", 10.0), kind="ratio")
-        report.add(WORKLOAD, "ratio ledger / raw sqlite3 (events/s)", raw / led, "x", target=">= 0.5x", goal=(">=", 0.5),
-                   kind="ratio")
+            report.add(
+                WORKLOAD,
+                "ratio ledger / eventsourcing (events/s)",
+                (events / led) / (es_events / es),
+                "x",
+                target=">= 10x",
+                goal=(">=", 10.0),
+                kind="ratio",
+            )
+        report.add(
+            WORKLOAD,
+            "ratio ledger / raw sqlite3 (events/s)",
+            raw / led,
+            "x",
+            target=">= 0.5x",
+            goal=(">=", 0.5),
+            kind="ratio",
+        )
         # Where the ledger's time goes: wall ~= loop CPU + SQLite thread CPU means the two do not overlap.
         per_event = 1e6 / events
         report.add(WORKLOAD, "  ledger: wall per event", led * per_event, "µs/event")
-        report.add(WORKLOAD, "  ledger: event-loop thread CPU per event", median(p.loop_cpu for p in cpu) * per_event, "µs/event")
-        report.add(WORKLOAD, "  ledger: other threads' CPU per event (SQLite)", median(p.other_threads_cpu for p in cpu) * per_event,
-                   "µs/event")
-        report.add(WORKLOAD, "  ledger: cyclic GC time per event", median(p.gc_seconds for p in cpu) * per_event, "µs/event")
+        report.add(
+            WORKLOAD,
+            "  ledger: event-loop thread CPU per event",
+            median(p.loop_cpu for p in cpu) * per_event,
+            "µs/event",
+        )
+        report.add(
+            WORKLOAD,
+            "  ledger: other threads' CPU per event (SQLite)",
+            median(p.other_threads_cpu for p in cpu) * per_event,
+            "µs/event",
+        )
+        report.add(
+            WORKLOAD,
+            "  ledger: cyclic GC time per event",
+            median(p.gc_seconds for p in cpu) * per_event,
+            "µs/event",
+        )
         report.add(WORKLOAD, "  raw sqlite3: wall per event", raw * per_event, "µs/event")
-        add_memory(report, cfg, WORKLOAD, "ledger", rss,
-                   lambda: asyncio.run(ledger_run(tmp / "traced.db", work, cfg.append_concurrency)))
+        add_memory(
+            report,
+            cfg,
+            WORKLOAD,
+            "ledger",
+            rss,
+            lambda: asyncio.run(ledger_run(tmp / "traced.db", work, cfg.append_concurrency)),
+        )
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--sessions", type=int, default=2000)
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--concurrency", type=int, default=1000)
@@ -277,8 +374,13 @@ def main(argv: list[str] | None = None) -> dict:
     args = parser.parse_args(argv)
     from benchmarks.common import table
 
-    cfg = preset("quick", reps=args.reps, append_sessions=args.sessions, append_concurrency=args.concurrency,
-                 tracemalloc=False)
+    cfg = preset(
+        "quick",
+        reps=args.reps,
+        append_sessions=args.sessions,
+        append_concurrency=args.concurrency,
+        tracemalloc=False,
+    )
     report = Report()
     run(cfg, report)
     print(table(report.figures))

@@ -32,10 +32,14 @@ PROMPT, RESPONSE = 256, 768
 
 def draw(seed: int) -> tuple[np.ndarray, np.ndarray]:
     rng = np.random.default_rng(seed + 5)
-    return rng.integers(0, 32_000, PROMPT, dtype=np.int32), rng.integers(0, 32_000, RESPONSE, dtype=np.int32)
+    return rng.integers(0, 32_000, PROMPT, dtype=np.int32), rng.integers(
+        0, 32_000, RESPONSE, dtype=np.int32
+    )
 
 
-async def step_once(db: Path, specs: list, prompt: np.ndarray, response: np.ndarray) -> tuple[float, float, int, tuple]:
+async def step_once(
+    db: Path, specs: list, prompt: np.ndarray, response: np.ndarray
+) -> tuple[float, float, int, tuple]:
     """(seconds recording the step, seconds from its last terminal append to the batch, batch rows,
     (events, pages, seconds to its last page) the follower projected after the last terminal append,
     and the events still unprojected then — the follower's lag, which `ledger.batch` may finish)."""
@@ -44,25 +48,40 @@ async def step_once(db: Path, specs: list, prompt: np.ndarray, response: np.ndar
 
     async with Ledger.open(f"sqlite+aiosqlite:///{db}", run="bench") as ledger:
         stop = asyncio.Event()
-        pages: list[tuple[float, int, int]] = []  # (when the follower finished a page, its events, its last position)
-        follower = asyncio.create_task(ledger.projector.follow(
-            stop, poll_interval=0.05,
-            on_page=lambda page: pages.append((time.perf_counter(), page.events, page.last_position))))
+        pages: list[
+            tuple[float, int, int]
+        ] = []  # (when the follower finished a page, its events, its last position)
+        follower = asyncio.create_task(
+            ledger.projector.follow(
+                stop,
+                poll_interval=0.05,
+                on_page=lambda page: pages.append(
+                    (time.perf_counter(), page.events, page.last_position)
+                ),
+            )
+        )
         last_terminal = 0.0
 
         async def one(spec) -> None:
             nonlocal last_terminal
             try:
-                async with ledger.session(spec.session_id, uid=spec.uid, session_index=spec.session_index,
-                                          group_size=spec.group_size, partition=spec.partition,
-                                          global_step=spec.global_step) as s:
+                async with ledger.session(
+                    spec.session_id,
+                    uid=spec.uid,
+                    session_index=spec.session_index,
+                    group_size=spec.group_size,
+                    partition=spec.partition,
+                    global_step=spec.global_step,
+                ) as s:
                     await s.record_trajectory(prompt_ids=prompt, response_ids=response, num_turns=1)
                     if spec.fails:
                         raise SimulatedFailure("simulated runner error")
                     await s.post_reward(1.0 if spec.session_index % 2 == 0 else 0.0)
             except SimulatedFailure:
                 pass
-            last_terminal = max(last_terminal, time.perf_counter())  # the terminal append has returned
+            last_terminal = max(
+                last_terminal, time.perf_counter()
+            )  # the terminal append has returned
 
         try:
             start = time.perf_counter()
@@ -78,7 +97,12 @@ async def step_once(db: Path, specs: list, prompt: np.ndarray, response: np.ndar
             end = await rm.log_end(conn)
     late = [(t, e) for t, e, _ in pages if last_terminal < t <= ready]
     done = max((p for t, _, p in pages if t <= last_terminal), default=0)
-    tail = (sum(e for _, e in late), len(late), (late[-1][0] - last_terminal) if late else 0.0, end - done)
+    tail = (
+        sum(e for _, e in late),
+        len(late),
+        (late[-1][0] - last_terminal) if late else 0.0,
+        end - done,
+    )
     return last_terminal - start, ready - last_terminal, rows, tail
 
 
@@ -87,7 +111,14 @@ def run(cfg: Config, report: Report) -> None:
     from sessions.batches import build_padded
 
     n = cfg.batch_ready_sessions
-    specs = layout(1, max(1, n // cfg.group_size), cfg.group_size, fail_rate=cfg.fail_rate, seed=cfg.seed, prefix="s")
+    specs = layout(
+        1,
+        max(1, n // cfg.group_size),
+        cfg.group_size,
+        fail_rate=cfg.fail_rate,
+        seed=cfg.seed,
+        prefix="s",
+    )
     prompt, response = draw(cfg.seed)
     record_s, wait_s, build_s, rss, build_rss, tails = [], [], [], [], [], []
     with scratch_dir(cfg, "batch-ready") as tmp:
@@ -99,7 +130,9 @@ def run(cfg: Config, report: Report) -> None:
             rss.append(probe)
             record_s.append(recorded)
             wait_s.append(waited)
-            rows = asyncio.run(materialised_rows(db, 1))[0]  # the same step's rows (setup: not timed)
+            rows = asyncio.run(materialised_rows(db, 1))[
+                0
+            ]  # the same step's rows (setup: not timed)
             build_padded(rows)  # warm-up, as the ledger's batch had its own first call above
             with RssProbe() as probe:
                 start = time.perf_counter()
@@ -109,20 +142,43 @@ def run(cfg: Config, report: Report) -> None:
             del rows
             for path in tmp.iterdir():
                 path.unlink()
-            log(f"  batch ready rep {rep + 1}/{cfg.reps}: recorded {len(specs)} sessions in {recorded:.2f}s, "
+            log(
+                f"  batch ready rep {rep + 1}/{cfg.reps}: recorded {len(specs)} sessions in {recorded:.2f}s, "
                 f"batch ready {waited * 1e3:.0f} ms after the last terminal append, build_padded alone "
-                f"{build_s[-1] * 1e3:.0f} ms")
+                f"{build_s[-1] * 1e3:.0f} ms"
+            )
         wait, build = median(wait_s), median(build_s)
-        report.add(WORKLOAD, f"step of {len(specs)} sessions ({n_rows} rows): recorded with a follower", median(record_s),
-                   "s")
+        report.add(
+            WORKLOAD,
+            f"step of {len(specs)} sessions ({n_rows} rows): recorded with a follower",
+            median(record_s),
+            "s",
+        )
         report.add(WORKLOAD, "last terminal append -> ledger.batch returned", wait * 1e3, "ms")
         report.add(WORKLOAD, "build_padded alone on the same rows", build * 1e3, "ms")
-        report.add(WORKLOAD, "ratio batch-ready wait / build_padded alone", wait / build, "x", target="<= 1.5x",
-                   goal=("<=", 1.5), kind="ratio")
-        report.note(WORKLOAD, "at the last terminal append, events not yet projected / after it the follower projected " + "; ".join(
-            f"{lag} / " + (f"{e} events in {p} page(s), the last done {t * 1e3:.0f} ms after it" if p else "nothing")
-            for e, p, t, lag in tails)
-            + " (per repetition; the rest of the wait is ledger.batch's own project, reads and build)")
+        report.add(
+            WORKLOAD,
+            "ratio batch-ready wait / build_padded alone",
+            wait / build,
+            "x",
+            target="<= 1.5x",
+            goal=("<=", 1.5),
+            kind="ratio",
+        )
+        report.note(
+            WORKLOAD,
+            "at the last terminal append, events not yet projected / after it the follower projected "
+            + "; ".join(
+                f"{lag} / "
+                + (
+                    f"{e} events in {p} page(s), the last done {t * 1e3:.0f} ms after it"
+                    if p
+                    else "nothing"
+                )
+                for e, p, t, lag in tails
+            )
+            + " (per repetition; the rest of the wait is ledger.batch's own project, reads and build)",
+        )
         # RSS only: a traced repetition of the whole step would add its recording's time again, slowed
         add_memory(report, cfg, WORKLOAD, "step recorded + batch", rss, None)
         add_memory(report, cfg, WORKLOAD, "build_padded", build_rss, None)

@@ -84,22 +84,53 @@ class Config:
 PRESETS: dict[str, dict[str, Any]] = {
     # a few seconds: for the pytest smoke test
     "tiny": dict(
-        reps=3, append_sessions=24, append_concurrency=1000, projection_steps=2, projection_uids=2,
-        replay_sessions=24, pg_writers=(1,), pg_sessions_per_writer=8, pg_reps=1, overhead_sessions=40,
-        tracemalloc=False, copy_mib=64, batch_ready_sessions=32, disk_mib=16,
+        reps=3,
+        append_sessions=24,
+        append_concurrency=1000,
+        projection_steps=2,
+        projection_uids=2,
+        replay_sessions=24,
+        pg_writers=(1,),
+        pg_sessions_per_writer=8,
+        pg_reps=1,
+        overhead_sessions=40,
+        tracemalloc=False,
+        copy_mib=64,
+        batch_ready_sessions=32,
+        disk_mib=16,
     ),
     # < 2 minutes on 2 cores: the CI smoke run (PostgreSQL: 1 repetition per writer count, since each
     # spawns its writer processes afresh and every process pays ~1.5 s CPU importing the library)
     "quick": dict(
-        reps=3, append_sessions=200, append_concurrency=1000, projection_steps=2, projection_uids=16,
-        replay_sessions=300, pg_writers=(1, 4, 8), pg_sessions_per_writer=25, pg_reps=1, overhead_sessions=1000,
-        tracemalloc=True, batch_ready_sessions=256, disk_mib=64,
+        reps=3,
+        append_sessions=200,
+        append_concurrency=1000,
+        projection_steps=2,
+        projection_uids=16,
+        replay_sessions=300,
+        pg_writers=(1, 4, 8),
+        pg_sessions_per_writer=25,
+        pg_reps=1,
+        overhead_sessions=1000,
+        tracemalloc=True,
+        batch_ready_sessions=256,
+        disk_mib=64,
     ),
     # several minutes: the figures in docs/benchmarks.md
     "full": dict(
-        reps=3, append_sessions=10_000, append_concurrency=1000, projection_steps=16, projection_uids=64,
-        replay_sessions=17_000, pg_writers=(1, 4, 8), pg_sessions_per_writer=250, overhead_sessions=1000,
-        tracemalloc=True, traced_events_max=20_000, batch_ready_sessions=4096, disk_mib=256,
+        reps=3,
+        append_sessions=10_000,
+        append_concurrency=1000,
+        projection_steps=16,
+        projection_uids=64,
+        replay_sessions=17_000,
+        pg_writers=(1, 4, 8),
+        pg_sessions_per_writer=250,
+        overhead_sessions=1000,
+        tracemalloc=True,
+        traced_events_max=20_000,
+        batch_ready_sessions=4096,
+        disk_mib=256,
     ),
 }
 
@@ -170,10 +201,22 @@ def source_commit() -> str | None:
 
     root = Path(__file__).resolve().parent.parent
     try:
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True,
-                              timeout=10, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root, capture_output=True,
-                               text=True, timeout=10, check=True).stdout.strip()
+        head = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return None
     return head + ("+dirty" if dirty else "")
@@ -219,8 +262,17 @@ class Report:
     notes: list[str] = field(default_factory=list)
     seconds: dict[str, float] = field(default_factory=dict)
 
-    def add(self, workload: str, name: str, value: float, unit: str, *, target: str | None = None,
-            goal: tuple[str, float] | None = None, kind: str = "figure") -> Figure:
+    def add(
+        self,
+        workload: str,
+        name: str,
+        value: float,
+        unit: str,
+        *,
+        target: str | None = None,
+        goal: tuple[str, float] | None = None,
+        kind: str = "figure",
+    ) -> Figure:
         figure = Figure(workload, name, float(value), unit, target, goal, kind)
         self.figures.append(figure)
         return figure
@@ -246,16 +298,23 @@ def fmt_value(value: float, unit: str) -> str:
 
 def table(figures: list[Figure]) -> str:
     """A GitHub-flavoured Markdown table (readable as plain text too)."""
-    lines = ["| workload | measure | value | unit | target | status |", "| --- | --- | ---: | --- | --- | --- |"]
+    lines = [
+        "| workload | measure | value | unit | target | status |",
+        "| --- | --- | ---: | --- | --- | --- |",
+    ]
     for f in figures:
         status = {True: "met", False: "**missed**", None: ""}[f.met]
-        lines.append(f"| {f.workload} | {f.name} | {fmt_value(f.value, f.unit)} | {f.unit} | {f.target or ''} | {status} |")
+        lines.append(
+            f"| {f.workload} | {f.name} | {fmt_value(f.value, f.unit)} | {f.unit} | {f.target or ''} | {status} |"
+        )
     return "\n".join(lines)
 
 
 def machine_lines(info: dict[str, Any]) -> list[str]:
     usable = info["usable_cores"]
-    cores = f"{info['cores']} logical cores" + (f" ({usable} usable)" if usable != info["cores"] else "")
+    cores = f"{info['cores']} logical cores" + (
+        f" ({usable} usable)" if usable != info["cores"] else ""
+    )
     return [
         f"CPU: {info['cpu']}, {cores}, {info['memory_gib']} GiB RAM; {info['os']}",
         f"Python {info['python']}, torch {info['torch']} ({info['torch_threads']} threads), SQLite {info['sqlite']}, "
@@ -376,7 +435,11 @@ class RssProbe:
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        end = _status_kib("VmHWM") if self.method == "VmHWM" else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        end = (
+            _status_kib("VmHWM")
+            if self.method == "VmHWM"
+            else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        )
         self.mib = max(0, (end or 0) - self._start) / 1024
 
 
@@ -429,13 +492,27 @@ def traced_peak_mib(run: Callable[[], Any]) -> float:
     return peak / MiB
 
 
-def add_memory(report: Report, cfg: Config, workload: str, subject: str, rss: list[RssProbe],
-               traced: Callable[[], Any] | None) -> None:
+def add_memory(
+    report: Report,
+    cfg: Config,
+    workload: str,
+    subject: str,
+    rss: list[RssProbe],
+    traced: Callable[[], Any] | None,
+) -> None:
     """RSS growth (max over the timed repetitions) and, if enabled, one traced repetition."""
     if rss:
-        report.add(workload, f"{subject}: peak {rss_label(rss[-1].method)}", max(p.mib for p in rss), "MiB", kind="memory")
+        report.add(
+            workload,
+            f"{subject}: peak {rss_label(rss[-1].method)}",
+            max(p.mib for p in rss),
+            "MiB",
+            kind="memory",
+        )
     if cfg.tracemalloc and traced is not None:
-        report.add(workload, f"{subject}: tracemalloc peak", traced_peak_mib(traced), "MiB", kind="memory")
+        report.add(
+            workload, f"{subject}: tracemalloc peak", traced_peak_mib(traced), "MiB", kind="memory"
+        )
 
 
 def timed(run: Callable[[], Any]) -> tuple[float, Any]:

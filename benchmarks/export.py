@@ -31,12 +31,16 @@ ROW_GROUP_SIZE = 1000
 QUICK_SESSIONS = 100
 
 
-async def export_once(db: Path, out: Path, *, per: str = "session", format: str = "parquet") -> tuple[float, int, int]:
+async def export_once(
+    db: Path, out: Path, *, per: str = "session", format: str = "parquet"
+) -> tuple[float, int, int]:
     """(seconds, rows, bytes) of one export from a fresh engine."""
     from sessions.export import export_dataset
 
     start = time.perf_counter()
-    summary = await export_dataset(f"sqlite+aiosqlite:///{db}", out, format=format, per=per, row_group_size=ROW_GROUP_SIZE)
+    summary = await export_dataset(
+        f"sqlite+aiosqlite:///{db}", out, format=format, per=per, row_group_size=ROW_GROUP_SIZE
+    )
     return time.perf_counter() - start, summary.rows, summary.bytes
 
 
@@ -46,7 +50,9 @@ def run(cfg: Config, report: Report) -> None:
     except ImportError:
         report.note(WORKLOAD, "skipped: pyarrow is not installed (pip install -e '.[export]')")
         return
-    sessions = cfg.replay_sessions if cfg.mode == "full" else min(cfg.replay_sessions, QUICK_SESSIONS)
+    sessions = (
+        cfg.replay_sessions if cfg.mode == "full" else min(cfg.replay_sessions, QUICK_SESSIONS)
+    )
     specs = layout_for(sessions, cfg.group_size, fail_rate=cfg.fail_rate, seed=cfg.seed, prefix="x")
     work = plan(len(specs), seed=cfg.seed + 5)
     with scratch_dir(cfg, "export") as tmp:
@@ -67,25 +73,54 @@ def run(cfg: Config, report: Report) -> None:
             start = time.perf_counter()
             pq.write_table(table, floor, compression="zstd", row_group_size=ROW_GROUP_SIZE)
             floor_s.append(time.perf_counter() - start)
-            elapsed, trajectory_rows, _ = asyncio.run(export_once(template, tmp / f"t{rep}.parquet", per="trajectory"))
+            elapsed, trajectory_rows, _ = asyncio.run(
+                export_once(template, tmp / f"t{rep}.parquet", per="trajectory")
+            )
             trajectory_s.append(elapsed)
-            elapsed, _, _ = asyncio.run(export_once(template, tmp / f"j{rep}.jsonl", format="jsonl"))
+            elapsed, _, _ = asyncio.run(
+                export_once(template, tmp / f"j{rep}.jsonl", format="jsonl")
+            )
             jsonl_s.append(elapsed)
             for path in tmp.iterdir():
                 if path.name != template.name:
                     path.unlink()
-            log(f"  export rep {rep + 1}/{cfg.reps}: {rows / subject_s[-1]:,.0f} sessions/s; pyarrow floor "
-                f"{floor_s[-1]:.3f}s vs export {subject_s[-1]:.3f}s")
+            log(
+                f"  export rep {rep + 1}/{cfg.reps}: {rows / subject_s[-1]:,.0f} sessions/s; pyarrow floor "
+                f"{floor_s[-1]:.3f}s vs export {subject_s[-1]:.3f}s"
+            )
         assert table is not None
         data_mb = table.nbytes / 1e6
         s, f = median(subject_s), median(floor_s)
-        report.add(WORKLOAD, f"export to Parquet, per session ({rows} sessions, {events} events, {data_mb:,.1f} MB of Arrow data)",
-                   rows / s, "sessions/s")
+        report.add(
+            WORKLOAD,
+            f"export to Parquet, per session ({rows} sessions, {events} events, {data_mb:,.1f} MB of Arrow data)",
+            rows / s,
+            "sessions/s",
+        )
         report.add(WORKLOAD, "export to Parquet, per session", data_mb / s, "MB/s")
-        report.add(WORKLOAD, "baseline: pyarrow write_table of the same table (the floor)", data_mb / f, "MB/s")
+        report.add(
+            WORKLOAD,
+            "baseline: pyarrow write_table of the same table (the floor)",
+            data_mb / f,
+            "MB/s",
+        )
         report.add(WORKLOAD, "ratio export time / pyarrow floor time", s / f, "x", kind="ratio")
-        report.add(WORKLOAD, f"export to Parquet, per trajectory ({trajectory_rows} rows)", trajectory_rows / median(trajectory_s), "rows/s")
+        report.add(
+            WORKLOAD,
+            f"export to Parquet, per trajectory ({trajectory_rows} rows)",
+            trajectory_rows / median(trajectory_s),
+            "rows/s",
+        )
         report.add(WORKLOAD, "export to JSONL, per session", rows / median(jsonl_s), "sessions/s")
-        report.add(WORKLOAD, f"export: peak {rss_label(rss[-1].method)}", max(p.mib for p in rss), "MiB", kind="memory")
-        report.note(WORKLOAD, f"output {size / 1e6:,.1f} MB of zstd Parquet for {data_mb:,.1f} MB of Arrow data; "
-                    f"row groups of {ROW_GROUP_SIZE} sessions")
+        report.add(
+            WORKLOAD,
+            f"export: peak {rss_label(rss[-1].method)}",
+            max(p.mib for p in rss),
+            "MiB",
+            kind="memory",
+        )
+        report.note(
+            WORKLOAD,
+            f"output {size / 1e6:,.1f} MB of zstd Parquet for {data_mb:,.1f} MB of Arrow data; "
+            f"row groups of {ROW_GROUP_SIZE} sessions",
+        )

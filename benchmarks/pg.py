@@ -23,7 +23,11 @@ DEFAULT_URL = "postgresql://postgres@127.0.0.1:5432/test"
 
 
 def pg_url() -> str:
-    return os.environ.get("ROLLOUT_LEDGER_BENCH_PG") or os.environ.get("ROLLOUT_LEDGER_TEST_PG") or DEFAULT_URL
+    return (
+        os.environ.get("ROLLOUT_LEDGER_BENCH_PG")
+        or os.environ.get("ROLLOUT_LEDGER_TEST_PG")
+        or DEFAULT_URL
+    )
 
 
 def server_answers(timeout: float = 2.0) -> str | None:
@@ -51,7 +55,9 @@ def server_answers(timeout: float = 2.0) -> str | None:
     try:
         asyncio.run(ping())
     except Exception as error:  # noqa: BLE001
-        return f"PostgreSQL at {HOST}:{PORT} did not answer a query ({type(error).__name__}: {error})"
+        return (
+            f"PostgreSQL at {HOST}:{PORT} did not answer a query ({type(error).__name__}: {error})"
+        )
     return None
 
 
@@ -65,8 +71,13 @@ def run(cfg: Config, report: Report) -> None:
         return
     module = importlib.import_module("benchmarks.pg_append")
     measure = getattr(module, "measure", None)
-    if not callable(measure) or not {"writers", "sessions_per_writer", "url", "reps"} <= set(inspect.signature(measure).parameters):
-        report.note(WORKLOAD, "skipped: benchmarks/pg_append.py has no measure(writers, *, sessions_per_writer, url, reps)")
+    if not callable(measure) or not {"writers", "sessions_per_writer", "url", "reps"} <= set(
+        inspect.signature(measure).parameters
+    ):
+        report.note(
+            WORKLOAD,
+            "skipped: benchmarks/pg_append.py has no measure(writers, *, sessions_per_writer, url, reps)",
+        )
         return
     results = []
     reps = cfg.pg_reps or cfg.reps
@@ -74,31 +85,67 @@ def run(cfg: Config, report: Report) -> None:
     copy_for = max(cfg.pg_writers)
     can_copy = "copy_baseline" in inspect.signature(measure).parameters
     if not can_copy:
-        report.note(WORKLOAD, "benchmarks/pg_append.py has no copy_baseline: no parallel COPY baseline")
+        report.note(
+            WORKLOAD, "benchmarks/pg_append.py has no copy_baseline: no parallel COPY baseline"
+        )
     for writers in cfg.pg_writers:
-        log(f"  pg append: {writers} writer process(es), {cfg.pg_sessions_per_writer * writers} sessions, {reps} reps")
+        log(
+            f"  pg append: {writers} writer process(es), {cfg.pg_sessions_per_writer * writers} sessions, {reps} reps"
+        )
         extra = {"copy_baseline": True} if can_copy and writers == copy_for else {}
-        results.append(measure(writers, sessions_per_writer=cfg.pg_sessions_per_writer, url=pg_url(), reps=reps, **extra))
+        results.append(
+            measure(
+                writers,
+                sessions_per_writer=cfg.pg_sessions_per_writer,
+                url=pg_url(),
+                reps=reps,
+                **extra,
+            )
+        )
     base = results[0]
     for result in results:
         w = result["writers"]
         label = f"ledger, {w} writer process{'es' if w > 1 else ''} ({result['sessions']} sessions, {result['events']} events)"
         report.add(WORKLOAD, label, result["events_per_s"], "events/s")
-        report.add(WORKLOAD, f"ledger, {w} writer process{'es' if w > 1 else ''}", result["tokens_per_s"], "tokens/s")
+        report.add(
+            WORKLOAD,
+            f"ledger, {w} writer process{'es' if w > 1 else ''}",
+            result["tokens_per_s"],
+            "tokens/s",
+        )
         if result is not base:
-            report.add(WORKLOAD, f"scaling {w} writers / {base['writers']} writer (events/s)",
-                       result["events_per_s"] / base["events_per_s"], "x", kind="ratio")
+            report.add(
+                WORKLOAD,
+                f"scaling {w} writers / {base['writers']} writer (events/s)",
+                result["events_per_s"] / base["events_per_s"],
+                "x",
+                kind="ratio",
+            )
         copy = result.get("copy")
         if copy:
             p = copy["processes"]
-            report.add(WORKLOAD, f"raw asyncpg COPY of the same {copy['events']} rows from {p} processes", copy["events_per_s"],
-                       "events/s")
-            report.add(WORKLOAD, f"ratio ledger {w} writer processes / raw COPY from {p} processes (events/s)",
-                       result["events_per_s"] / copy["events_per_s"], "x", target=">= 0.5x", goal=(">=", 0.5), kind="ratio")
+            report.add(
+                WORKLOAD,
+                f"raw asyncpg COPY of the same {copy['events']} rows from {p} processes",
+                copy["events_per_s"],
+                "events/s",
+            )
+            report.add(
+                WORKLOAD,
+                f"ratio ledger {w} writer processes / raw COPY from {p} processes (events/s)",
+                result["events_per_s"] / copy["events_per_s"],
+                "x",
+                target=">= 0.5x",
+                goal=(">=", 0.5),
+                kind="ratio",
+            )
     _order_evaluation(report, copy_for, cfg.pg_sessions_per_writer, reps)
-    report.note(WORKLOAD, "per session: create+start, one 256+512-token trajectory, reward, complete (5 events, "
-                "pg_append.measure defaults; 64 sessions in flight per process); raw asyncpg baselines: "
-                "`python -m benchmarks.pg_append`")
+    report.note(
+        WORKLOAD,
+        "per session: create+start, one 256+512-token trajectory, reward, complete (5 events, "
+        "pg_append.measure defaults; 64 sessions in flight per process); raw asyncpg baselines: "
+        "`python -m benchmarks.pg_append`",
+    )
 
 
 def _order_evaluation(report: Report, writers: int, transactions: int, reps: int) -> None:
@@ -106,16 +153,40 @@ def _order_evaluation(report: Report, writers: int, transactions: int, reps: int
     transaction id under the snapshot's xmin (`benchmarks/pg_order.py`), on raw asyncpg."""
     from benchmarks import pg_order
 
-    log(f"  pg order evaluation: {writers} writer process(es), {transactions} transactions each, {reps} reps")
+    log(
+        f"  pg order evaluation: {writers} writer process(es), {transactions} transactions each, {reps} reps"
+    )
     r = pg_order.measure(pg_url(), writers, transactions, reps)
     per = f"{writers} writer process{'es' if writers > 1 else ''}, {pg_order.EVENTS_PER_TX} events a transaction"
-    report.add(WORKLOAD, f"evaluation (raw asyncpg, {per}): LOCK TABLE per transaction, as the ledger", r["lock_events_per_s"], "events/s")
-    report.add(WORKLOAD, "evaluation: no lock, readers ordered by (xid, position) under the snapshot's xmin",
-               r["xid_events_per_s"], "events/s")
-    report.add(WORKLOAD, "evaluation: xid order / table lock (events/s)", r["xid_events_per_s"] / r["lock_events_per_s"], "x",
-               kind="ratio")
-    report.add(WORKLOAD, "evaluation: xid order / raw COPY from as many processes", r["xid_events_per_s"] / r["copy_events_per_s"],
-               "x", kind="ratio")
-    report.note(WORKLOAD, f"evaluation readers, rows never seen of {r['events']}: by position {r['lock_position_reader_skipped']} "
-                f"with the lock, {r['xid_position_reader_skipped']} without it; by (xid, position) under xmin "
-                f"{r['lock_xid_reader_skipped']} and {r['xid_xid_reader_skipped']}")
+    report.add(
+        WORKLOAD,
+        f"evaluation (raw asyncpg, {per}): LOCK TABLE per transaction, as the ledger",
+        r["lock_events_per_s"],
+        "events/s",
+    )
+    report.add(
+        WORKLOAD,
+        "evaluation: no lock, readers ordered by (xid, position) under the snapshot's xmin",
+        r["xid_events_per_s"],
+        "events/s",
+    )
+    report.add(
+        WORKLOAD,
+        "evaluation: xid order / table lock (events/s)",
+        r["xid_events_per_s"] / r["lock_events_per_s"],
+        "x",
+        kind="ratio",
+    )
+    report.add(
+        WORKLOAD,
+        "evaluation: xid order / raw COPY from as many processes",
+        r["xid_events_per_s"] / r["copy_events_per_s"],
+        "x",
+        kind="ratio",
+    )
+    report.note(
+        WORKLOAD,
+        f"evaluation readers, rows never seen of {r['events']}: by position {r['lock_position_reader_skipped']} "
+        f"with the lock, {r['xid_position_reader_skipped']} without it; by (xid, position) under xmin "
+        f"{r['lock_xid_reader_skipped']} and {r['xid_xid_reader_skipped']}",
+    )

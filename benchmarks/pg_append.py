@@ -42,14 +42,28 @@ from typing import Any
 DEFAULT_ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/test"
 EVENTS_PER_SESSION = 5
 COLUMNS = (
-    "event_id", "session_id", "version", "type", "schema_version", "run", "uid", "partition",
-    "global_step", "data", "payload", "recorded_at",
+    "event_id",
+    "session_id",
+    "version",
+    "type",
+    "schema_version",
+    "run",
+    "uid",
+    "partition",
+    "global_step",
+    "data",
+    "payload",
+    "recorded_at",
 )
 
 
 # ------------------------------------------------------------------------------ databases
 def admin_url() -> str:
-    return os.environ.get("ROLLOUT_LEDGER_BENCH_PG") or os.environ.get("ROLLOUT_LEDGER_TEST_PG") or DEFAULT_ADMIN_URL
+    return (
+        os.environ.get("ROLLOUT_LEDGER_BENCH_PG")
+        or os.environ.get("ROLLOUT_LEDGER_TEST_PG")
+        or DEFAULT_ADMIN_URL
+    )
 
 
 def _dsn(url: str, database: str | None = None) -> str:
@@ -79,7 +93,11 @@ async def create_database(url: str) -> tuple[str, str]:
 
     name = f"rl_bench_{uuid.uuid4().hex[:10]}"
     await _admin(url, f'CREATE DATABASE "{name}"')
-    target = make_url(_dsn(url, name)).set(drivername="postgresql+asyncpg").render_as_string(hide_password=False)
+    target = (
+        make_url(_dsn(url, name))
+        .set(drivername="postgresql+asyncpg")
+        .render_as_string(hide_password=False)
+    )
     engine = create_engine(target)
     try:
         await upgrade(engine)
@@ -98,18 +116,30 @@ async def _count(target: str) -> tuple[int, int]:
     conn = await asyncpg.connect(_dsn(target))
     try:
         # the sessions' events (the run's configuration fingerprint is one more, in a stream of its own)
-        row = await conn.fetchrow("SELECT count(*), count(DISTINCT session_id) FROM events WHERE type <> 'RunConfigured'")
+        row = await conn.fetchrow(
+            "SELECT count(*), count(DISTINCT session_id) FROM events WHERE type <> 'RunConfigured'"
+        )
         return int(row[0]), int(row[1])
     finally:
         await conn.close()
 
 
 # -------------------------------------------------------------------------- the writers
-def writer_process(url: str, index: int, sessions: int, concurrency: int, prompt_tokens: int,
-                   response_tokens: int, go: Any, queue: Any) -> None:
+def writer_process(
+    url: str,
+    index: int,
+    sessions: int,
+    concurrency: int,
+    prompt_tokens: int,
+    response_tokens: int,
+    go: Any,
+    queue: Any,
+) -> None:
     """One writer process: its own Ledger, `sessions` sessions, `concurrency` of them in flight."""
     try:
-        result = asyncio.run(_write(url, index, sessions, concurrency, prompt_tokens, response_tokens, go, queue))
+        result = asyncio.run(
+            _write(url, index, sessions, concurrency, prompt_tokens, response_tokens, go, queue)
+        )
         queue.put(("done", index, result))
     except BaseException as error:  # noqa: BLE001 - the parent must hear of it
         import traceback
@@ -117,8 +147,16 @@ def writer_process(url: str, index: int, sessions: int, concurrency: int, prompt
         queue.put(("error", index, f"{error!r}\n{traceback.format_exc()}"))
 
 
-async def _write(url: str, index: int, sessions: int, concurrency: int, prompt_tokens: int, response_tokens: int,
-                 go: Any, queue: Any) -> dict[str, Any]:
+async def _write(
+    url: str,
+    index: int,
+    sessions: int,
+    concurrency: int,
+    prompt_tokens: int,
+    response_tokens: int,
+    go: Any,
+    queue: Any,
+) -> dict[str, Any]:
     import numpy as np
 
     from sessions import Ledger
@@ -127,21 +165,35 @@ async def _write(url: str, index: int, sessions: int, concurrency: int, prompt_t
     prompt = rng.integers(0, 32_000, prompt_tokens, dtype=np.int64)
     response = rng.integers(0, 32_000, response_tokens, dtype=np.int64)
     mask = np.ones(response_tokens, dtype=np.uint8)
-    mask[response_tokens // 2 : response_tokens // 2 + response_tokens // 8] = 0  # a tool-output span
+    mask[response_tokens // 2 : response_tokens // 2 + response_tokens // 8] = (
+        0  # a tool-output span
+    )
     limit = asyncio.Semaphore(concurrency)
 
     # `config`: the run's fingerprint is checked (and recorded by the first writer) as it opens,
     # before the timed appends; its event is not counted among them
-    async with Ledger.open(url, migrate=False, run="bench", config={"benchmark": "pg_append"}) as ledger:
-        fingerprint_events, fingerprint_batches = ledger.store.events_committed, ledger.store.batches_committed
+    async with Ledger.open(
+        url, migrate=False, run="bench", config={"benchmark": "pg_append"}
+    ) as ledger:
+        fingerprint_events, fingerprint_batches = (
+            ledger.store.events_committed,
+            ledger.store.batches_committed,
+        )
 
         async def one(i: int) -> None:
             async with limit:
                 handle = await ledger.create_session(
-                    f"b{index}-{i}", uid=f"w{index}u{i // 4}", session_index=i % 4, group_size=4,
-                    partition="train", global_step=0, data_source="bench",
+                    f"b{index}-{i}",
+                    uid=f"w{index}u{i // 4}",
+                    session_index=i % 4,
+                    group_size=4,
+                    partition="train",
+                    global_step=0,
+                    data_source="bench",
                 )
-                await handle.record_trajectory(prompt_ids=prompt, response_ids=response, response_mask=mask, num_turns=2)
+                await handle.record_trajectory(
+                    prompt_ids=prompt, response_ids=response, response_mask=mask, num_turns=2
+                )
                 await handle.post_reward(float(i % 2), acc=float(i % 2))
                 await handle.complete()
 
@@ -151,7 +203,10 @@ async def _write(url: str, index: int, sessions: int, concurrency: int, prompt_t
         await asyncio.gather(*(one(i) for i in range(sessions)))
         ended, cpu = time.monotonic(), time.process_time() - cpu
         return {
-            "started": started, "ended": ended, "sessions": sessions, "cpu_seconds": cpu,
+            "started": started,
+            "ended": ended,
+            "sessions": sessions,
+            "cpu_seconds": cpu,
             "events": ledger.store.events_committed - fingerprint_events,
             "transactions": ledger.store.batches_committed - fingerprint_batches,
         }
@@ -165,7 +220,9 @@ def _collect(q: Any, procs: list[Any], kind: str, count: int, timeout: float) ->
             what, index, body = q.get(timeout=max(0.1, min(1.0, deadline - time.monotonic())))
         except queue_module.Empty:
             if time.monotonic() > deadline:
-                raise TimeoutError(f"writers did not report {kind!r} within {timeout:.0f}s") from None
+                raise TimeoutError(
+                    f"writers did not report {kind!r} within {timeout:.0f}s"
+                ) from None
             dead = [p for p in procs if not p.is_alive() and p.exitcode not in (0, None)]
             if dead:
                 raise RuntimeError(f"writer process exited with {dead[0].exitcode}") from None
@@ -177,7 +234,9 @@ def _collect(q: Any, procs: list[Any], kind: str, count: int, timeout: float) ->
     return got
 
 
-def _released_together(procs: list[Any], q: Any, go: Any, timeout: float) -> tuple[float, dict[int, Any]]:
+def _released_together(
+    procs: list[Any], q: Any, go: Any, timeout: float
+) -> tuple[float, dict[int, Any]]:
     """Start `procs`, wait until each reports ready, release them at once with `go`, and wait for
     each one's "done" report: (the release time, the reports). Any still alive after is killed."""
     for proc in procs:
@@ -197,15 +256,25 @@ def _released_together(procs: list[Any], q: Any, go: Any, timeout: float) -> tup
     return start, done
 
 
-def run_config(target: str, writers: int, sessions: int, *, concurrency: int, prompt_tokens: int,
-               response_tokens: int, timeout: float = 900.0) -> dict[str, Any]:
+def run_config(
+    target: str,
+    writers: int,
+    sessions: int,
+    *,
+    concurrency: int,
+    prompt_tokens: int,
+    response_tokens: int,
+    timeout: float = 900.0,
+) -> dict[str, Any]:
     """One repetition: `writers` processes, `sessions` sessions in all, on the database `target`."""
     ctx = multiprocessing.get_context("spawn")
     q, go = ctx.Queue(), ctx.Event()
     shares = [sessions // writers + (1 if i < sessions % writers else 0) for i in range(writers)]
     procs = [
         ctx.Process(
-            target=writer_process, args=(target, i, shares[i], concurrency, prompt_tokens, response_tokens, go, q), daemon=True
+            target=writer_process,
+            args=(target, i, shares[i], concurrency, prompt_tokens, response_tokens, go, q),
+            daemon=True,
         )
         for i in range(writers)
     ]
@@ -215,13 +284,20 @@ def run_config(target: str, writers: int, sessions: int, *, concurrency: int, pr
     transactions = sum(d["transactions"] for d in done.values())
     stored, distinct = asyncio.run(_count(target))
     if stored != events or distinct != sessions or events != sessions * EVENTS_PER_SESSION:
-        raise RuntimeError(f"{writers} writers: {events} events reported, {stored} stored, {distinct} sessions of {sessions}")
+        raise RuntimeError(
+            f"{writers} writers: {events} events reported, {stored} stored, {distinct} sessions of {sessions}"
+        )
     tokens = sessions * (prompt_tokens + response_tokens)
     return {
-        "writers": writers, "sessions": sessions, "events": events, "seconds": seconds,
+        "writers": writers,
+        "sessions": sessions,
+        "events": events,
+        "seconds": seconds,
         "writer_cpu_seconds": sum(d["cpu_seconds"] for d in done.values()),
         "cpu_ms_per_session": 1000 * sum(d["cpu_seconds"] for d in done.values()) / sessions,
-        "events_per_s": events / seconds, "sessions_per_s": sessions / seconds, "tokens_per_s": tokens / seconds,
+        "events_per_s": events / seconds,
+        "sessions_per_s": sessions / seconds,
+        "tokens_per_s": tokens / seconds,
         "events_per_transaction": events / transactions if transactions else None,
     }
 
@@ -232,7 +308,10 @@ async def _fetch_rows(target: str) -> list[tuple[Any, ...]]:
 
     conn = await asyncpg.connect(_dsn(target))
     try:
-        return [tuple(r) for r in await conn.fetch(f"SELECT {', '.join(COLUMNS)} FROM events ORDER BY position")]
+        return [
+            tuple(r)
+            for r in await conn.fetch(f"SELECT {', '.join(COLUMNS)} FROM events ORDER BY position")
+        ]
     finally:
         await conn.close()
 
@@ -248,7 +327,9 @@ async def _raw_insert(target: str, rows: list[tuple[Any, ...]], method: str) -> 
         else:
             placeholders = ", ".join(f"${i}" for i in range(1, len(COLUMNS) + 1))
             async with conn.transaction():
-                await conn.executemany(f"INSERT INTO events ({', '.join(COLUMNS)}) VALUES ({placeholders})", rows)
+                await conn.executemany(
+                    f"INSERT INTO events ({', '.join(COLUMNS)}) VALUES ({placeholders})", rows
+                )
         seconds = time.perf_counter() - start
         stored = await conn.fetchval("SELECT count(*) FROM events")
     finally:
@@ -260,6 +341,7 @@ async def _raw_insert(target: str, rows: list[tuple[Any, ...]], method: str) -> 
 
 def copy_process(target: str, index: int, rows: list[tuple[Any, ...]], go: Any, queue: Any) -> None:
     """One raw COPY process of the parallel baseline: connect, wait for `go`, COPY its share."""
+
     async def copy() -> dict[str, Any]:
         import asyncpg
 
@@ -281,21 +363,25 @@ def copy_process(target: str, index: int, rows: list[tuple[Any, ...]], go: Any, 
         queue.put(("error", index, f"{error!r}\n{traceback.format_exc()}"))
 
 
-def parallel_copy(url: str, rows: list[tuple[Any, ...]], processes: int, reps: int, timeout: float = 300.0) -> dict[str, Any]:
+def parallel_copy(
+    url: str, rows: list[tuple[Any, ...]], processes: int, reps: int, timeout: float = 300.0
+) -> dict[str, Any]:
     """Median seconds of `processes` processes COPYing `rows` (split in contiguous shares) into a
     fresh migrated database at once, from a common start signal until the last is done."""
     ctx = multiprocessing.get_context("spawn")
     # the timed appends' rows: the run's configuration fingerprint, written at open, is not one
     rows = [r for r in rows if r[COLUMNS.index("type")] != "RunConfigured"]
     size = -(-len(rows) // processes)
-    shares = [rows[i * size:(i + 1) * size] for i in range(processes)]
+    shares = [rows[i * size : (i + 1) * size] for i in range(processes)]
     seconds = []
     for _ in range(reps):
         name, target = asyncio.run(create_database(url))
         try:
             q, go = ctx.Queue(), ctx.Event()
-            procs = [ctx.Process(target=copy_process, args=(target, i, shares[i], go, q), daemon=True)
-                     for i in range(processes)]
+            procs = [
+                ctx.Process(target=copy_process, args=(target, i, shares[i], go, q), daemon=True)
+                for i in range(processes)
+            ]
             start, done = _released_together(procs, q, go, timeout)
             seconds.append(max(d["ended"] for d in done.values()) - start)
             stored, _ = asyncio.run(_count(target))
@@ -304,8 +390,13 @@ def parallel_copy(url: str, rows: list[tuple[Any, ...]], processes: int, reps: i
         finally:
             asyncio.run(drop_database(url, name))
     median = statistics.median(seconds)
-    return {"processes": processes, "events": len(rows), "seconds": median, "reps_seconds": seconds,
-            "events_per_s": len(rows) / median}
+    return {
+        "processes": processes,
+        "events": len(rows),
+        "seconds": median,
+        "reps_seconds": seconds,
+        "events_per_s": len(rows) / median,
+    }
 
 
 # ---------------------------------------------------------------------------------- driver
@@ -313,9 +404,18 @@ def _median_of(reps: list[dict[str, Any]], key: str) -> float:
     return statistics.median(r[key] for r in reps)
 
 
-def measure(writers: int, *, sessions_per_writer: int | None = None, sessions: int | None = None, url: str | None = None,
-            reps: int = 3, concurrency: int = 64, prompt_tokens: int = 256, response_tokens: int = 512,
-            copy_baseline: bool = False) -> dict[str, Any]:
+def measure(
+    writers: int,
+    *,
+    sessions_per_writer: int | None = None,
+    sessions: int | None = None,
+    url: str | None = None,
+    reps: int = 3,
+    concurrency: int = 64,
+    prompt_tokens: int = 256,
+    response_tokens: int = 512,
+    copy_baseline: bool = False,
+) -> dict[str, Any]:
     """Median of `reps` repetitions of one configuration, each on a fresh database.
 
     (Also the entry point `benchmarks/pg.py` calls from the benchmark suite.) With `copy_baseline`
@@ -329,14 +429,31 @@ def measure(writers: int, *, sessions_per_writer: int | None = None, sessions: i
     for _ in range(reps):
         name, target = asyncio.run(create_database(url))
         try:
-            runs.append(run_config(target, writers, total, concurrency=concurrency, prompt_tokens=prompt_tokens,
-                                   response_tokens=response_tokens))
+            runs.append(
+                run_config(
+                    target,
+                    writers,
+                    total,
+                    concurrency=concurrency,
+                    prompt_tokens=prompt_tokens,
+                    response_tokens=response_tokens,
+                )
+            )
             if copy_baseline and rows is None:
                 rows = asyncio.run(_fetch_rows(target))
         finally:
             asyncio.run(drop_database(url, name))
-    summary = {key: _median_of(runs, key) for key in ("events_per_s", "sessions_per_s", "tokens_per_s", "seconds")}
-    out = {"writers": writers, "sessions": total, "events": runs[0]["events"], **summary, "reps": runs}
+    summary = {
+        key: _median_of(runs, key)
+        for key in ("events_per_s", "sessions_per_s", "tokens_per_s", "seconds")
+    }
+    out = {
+        "writers": writers,
+        "sessions": total,
+        "events": runs[0]["events"],
+        **summary,
+        "reps": runs,
+    }
     if rows is not None:
         out["copy"] = parallel_copy(url, rows, writers, reps)
     return out
@@ -354,8 +471,11 @@ def baseline(url: str, rows: list[tuple[Any, ...]], sessions: int, reps: int) ->
                 asyncio.run(drop_database(url, name))
         median = statistics.median(seconds)
         out[method] = {
-            "events": len(rows), "seconds": median, "reps_seconds": seconds,
-            "events_per_s": len(rows) / median, "sessions_per_s": sessions / median,
+            "events": len(rows),
+            "seconds": median,
+            "reps_seconds": seconds,
+            "events_per_s": len(rows) / median,
+            "sessions_per_s": sessions / median,
         }
     return out
 
@@ -374,14 +494,29 @@ def server_version(url: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.pg_append", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--sessions", type=int, default=2000, help="sessions per configuration, split across the writers")
-    parser.add_argument("--reps", type=int, default=3, help="repetitions per configuration (median reported)")
-    parser.add_argument("--writers", default="1,4,8", help="writer-process counts to measure (default 1,4,8)")
-    parser.add_argument("--concurrency", type=int, default=64, help="sessions in flight per writer process")
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.pg_append", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument(
+        "--sessions",
+        type=int,
+        default=2000,
+        help="sessions per configuration, split across the writers",
+    )
+    parser.add_argument(
+        "--reps", type=int, default=3, help="repetitions per configuration (median reported)"
+    )
+    parser.add_argument(
+        "--writers", default="1,4,8", help="writer-process counts to measure (default 1,4,8)"
+    )
+    parser.add_argument(
+        "--concurrency", type=int, default=64, help="sessions in flight per writer process"
+    )
     parser.add_argument("--prompt-tokens", type=int, default=256)
     parser.add_argument("--response-tokens", type=int, default=512)
-    parser.add_argument("--json", metavar="OUT", help="write every figure and repetition to this file")
+    parser.add_argument(
+        "--json", metavar="OUT", help="write every figure and repetition to this file"
+    )
     args = parser.parse_args(argv)
     writer_counts = [int(w) for w in args.writers.split(",") if w.strip()]
     if args.sessions < max(writer_counts) or args.reps < 1:
@@ -393,24 +528,46 @@ def main(argv: list[str] | None = None) -> int:
     configs = []
     rows: list[tuple[Any, ...]] | None = None
     for writers in writer_counts:
-        log(f"pg_append: {writers} writer process(es), {args.sessions} sessions, {args.reps} rep(s)")
+        log(
+            f"pg_append: {writers} writer process(es), {args.sessions} sessions, {args.reps} rep(s)"
+        )
         runs = []
         for rep in range(args.reps):
             name, target = asyncio.run(create_database(url))
             try:
-                runs.append(run_config(target, writers, args.sessions, concurrency=args.concurrency,
-                                       prompt_tokens=args.prompt_tokens, response_tokens=args.response_tokens))
+                runs.append(
+                    run_config(
+                        target,
+                        writers,
+                        args.sessions,
+                        concurrency=args.concurrency,
+                        prompt_tokens=args.prompt_tokens,
+                        response_tokens=args.response_tokens,
+                    )
+                )
                 if rows is None and writers == min(writer_counts):
-                    rows = asyncio.run(_fetch_rows(target))  # the baseline re-inserts exactly these rows
+                    rows = asyncio.run(
+                        _fetch_rows(target)
+                    )  # the baseline re-inserts exactly these rows
             finally:
                 asyncio.run(drop_database(url, name))
-            log(f"  rep {rep + 1}: {runs[-1]['events_per_s']:,.0f} events/s in {runs[-1]['seconds']:.2f}s")
-        configs.append({
-            "writers": writers, "sessions": args.sessions, "events": runs[0]["events"],
-            **{key: _median_of(runs, key) for key in ("events_per_s", "sessions_per_s", "tokens_per_s", "seconds")},
-            "events_per_transaction": _median_of(runs, "events_per_transaction"),
-            "cpu_ms_per_session": _median_of(runs, "cpu_ms_per_session"), "reps": runs,
-        })
+            log(
+                f"  rep {rep + 1}: {runs[-1]['events_per_s']:,.0f} events/s in {runs[-1]['seconds']:.2f}s"
+            )
+        configs.append(
+            {
+                "writers": writers,
+                "sessions": args.sessions,
+                "events": runs[0]["events"],
+                **{
+                    key: _median_of(runs, key)
+                    for key in ("events_per_s", "sessions_per_s", "tokens_per_s", "seconds")
+                },
+                "events_per_transaction": _median_of(runs, "events_per_transaction"),
+                "cpu_ms_per_session": _median_of(runs, "cpu_ms_per_session"),
+                "reps": runs,
+            }
+        )
     assert rows is not None
     log(f"pg_append: baseline, raw asyncpg, 1 process, {len(rows)} identical rows")
     base = baseline(url, rows, args.sessions, args.reps)
@@ -438,7 +595,10 @@ def main(argv: list[str] | None = None) -> int:
             f"{c['events_per_s'] / copy_rate:.2f}x | "
             f"{c['events_per_s'] / many_rate:.2f}x |"
         )
-    labels = {"copy": "raw asyncpg copy_records_to_table, 1 process", "executemany": "raw asyncpg executemany, 1 process"}
+    labels = {
+        "copy": "raw asyncpg copy_records_to_table, 1 process",
+        "executemany": "raw asyncpg executemany, 1 process",
+    }
     for method, label in labels.items():
         b = base[method]
         lines.append(
@@ -451,25 +611,41 @@ def main(argv: list[str] | None = None) -> int:
             f"{parallel['events']} | – | {parallel['events_per_s'] / copy_rate:.2f}x | {parallel['events_per_s'] / many_rate:.2f}x |"
         )
         last = next(c for c in configs if c["writers"] == processes)
-        lines += ["", f"ledger {processes} writer processes / raw COPY from {processes} processes: "
-                  f"{last['events_per_s'] / parallel['events_per_s']:.2f}x (issue 18 target: >= 0.5x)"]
+        lines += [
+            "",
+            f"ledger {processes} writer processes / raw COPY from {processes} processes: "
+            f"{last['events_per_s'] / parallel['events_per_s']:.2f}x (issue 18 target: >= 0.5x)",
+        ]
     print("\n".join(lines))
     if args.json:
         import asyncpg
         import sqlalchemy
 
         with open(args.json, "w", encoding="utf-8") as f:
-            json.dump({
-                "benchmark": "pg_append", "sessions": args.sessions, "reps": args.reps, "concurrency": args.concurrency,
-                "prompt_tokens": args.prompt_tokens, "response_tokens": args.response_tokens,
-                "events_per_session": EVENTS_PER_SESSION, "configurations": configs, "baseline": base,
-                "parallel_copy": parallel,
-                "machine": {
-                    "cores": os.cpu_count(), "load_average": load, "python": platform.python_version(),
-                    "postgresql": server_version(url),
-                    "asyncpg": asyncpg.__version__, "sqlalchemy": sqlalchemy.__version__,
+            json.dump(
+                {
+                    "benchmark": "pg_append",
+                    "sessions": args.sessions,
+                    "reps": args.reps,
+                    "concurrency": args.concurrency,
+                    "prompt_tokens": args.prompt_tokens,
+                    "response_tokens": args.response_tokens,
+                    "events_per_session": EVENTS_PER_SESSION,
+                    "configurations": configs,
+                    "baseline": base,
+                    "parallel_copy": parallel,
+                    "machine": {
+                        "cores": os.cpu_count(),
+                        "load_average": load,
+                        "python": platform.python_version(),
+                        "postgresql": server_version(url),
+                        "asyncpg": asyncpg.__version__,
+                        "sqlalchemy": sqlalchemy.__version__,
+                    },
                 },
-            }, f, indent=2)
+                f,
+                indent=2,
+            )
         log(f"pg_append: wrote {args.json}")
     return 0
 

@@ -33,7 +33,16 @@ import time
 import uuid
 from typing import Any
 
-from benchmarks.pg_append import COLUMNS, _collect, _dsn, _released_together, admin_url, create_database, drop_database, parallel_copy
+from benchmarks.pg_append import (
+    COLUMNS,
+    _collect,
+    _dsn,
+    _released_together,
+    admin_url,
+    create_database,
+    drop_database,
+    parallel_copy,
+)
 
 EVENTS_PER_TX = 64
 PAYLOAD_BYTES = 3072
@@ -43,8 +52,10 @@ MODES = ("lock", "xid")
 _INSERT = f"INSERT INTO events ({', '.join(COLUMNS)}) VALUES ({', '.join(f'${i}' for i in range(1, len(COLUMNS) + 1))})"
 #: The two tailing readers' queries: (name, SQL taking the checkpoint, checkpoint of a row)
 _POSITION_READ = "SELECT position, tx FROM events WHERE position > $1 ORDER BY position LIMIT 2000"
-_XID_READ = ("SELECT position, tx FROM events WHERE (tx, position) > ($1::xid8, $2) "
-             "AND tx < pg_snapshot_xmin(pg_current_snapshot()) ORDER BY tx, position LIMIT 2000")
+_XID_READ = (
+    "SELECT position, tx FROM events WHERE (tx, position) > ($1::xid8, $2) "
+    "AND tx < pg_snapshot_xmin(pg_current_snapshot()) ORDER BY tx, position LIMIT 2000"
+)
 
 
 def rows_for(writer: int, transactions: int) -> list[list[tuple[Any, ...]]]:
@@ -55,8 +66,22 @@ def rows_for(writer: int, transactions: int) -> list[list[tuple[Any, ...]]]:
     for t in range(transactions):
         batch = []
         for e in range(EVENTS_PER_TX):
-            batch.append((str(uuid.uuid4()), f"w{writer}-t{t}-e{e}", 1, "TrajectoryRecorded", 1, "bench", f"u{writer}",
-                          "train", 0, '{"index": 0}', payload, now))
+            batch.append(
+                (
+                    str(uuid.uuid4()),
+                    f"w{writer}-t{t}-e{e}",
+                    1,
+                    "TrajectoryRecorded",
+                    1,
+                    "bench",
+                    f"u{writer}",
+                    "train",
+                    0,
+                    '{"index": 0}',
+                    payload,
+                    now,
+                )
+            )
         batches.append(batch)
     return batches
 
@@ -66,13 +91,17 @@ async def _prepare(target: str) -> None:
 
     conn = await asyncpg.connect(_dsn(target))
     try:
-        await conn.execute("ALTER TABLE events ADD COLUMN tx xid8 NOT NULL DEFAULT pg_current_xact_id()")
+        await conn.execute(
+            "ALTER TABLE events ADD COLUMN tx xid8 NOT NULL DEFAULT pg_current_xact_id()"
+        )
         await conn.execute("CREATE INDEX ix_events_tx_position ON events (tx, position)")
     finally:
         await conn.close()
 
 
-def writer_process(target: str, index: int, mode: str, transactions: int, go: Any, queue: Any) -> None:
+def writer_process(
+    target: str, index: int, mode: str, transactions: int, go: Any, queue: Any
+) -> None:
     async def write() -> dict[str, Any]:
         import asyncpg
 
@@ -96,10 +125,14 @@ def writer_process(target: str, index: int, mode: str, transactions: int, go: An
 
 def reader_process(target: str, index: int, total: int, go: Any, stop: Any, queue: Any) -> None:
     """Both tailing readers, polling until `stop`, then once more to the end: what each saw."""
+
     async def read() -> dict[str, Any]:
         import asyncpg
 
-        by_position, by_xid = await asyncpg.connect(_dsn(target)), await asyncpg.connect(_dsn(target))
+        by_position, by_xid = (
+            await asyncpg.connect(_dsn(target)),
+            await asyncpg.connect(_dsn(target)),
+        )
         seen: dict[str, list[int]] = {"position": [], "xid": []}
         checkpoints: dict[str, Any] = {"position": 0, "xid": (0, 0)}
 
@@ -144,7 +177,9 @@ def _report(queue: Any, index: int, work: Any) -> None:
         queue.put(("error", index, f"{error!r}\n{traceback.format_exc()}"))
 
 
-def run_once(url: str, mode: str, writers: int, transactions: int, timeout: float = 600.0) -> dict[str, Any]:
+def run_once(
+    url: str, mode: str, writers: int, transactions: int, timeout: float = 600.0
+) -> dict[str, Any]:
     """One repetition on a fresh database: writers released together, the readers tailing."""
     ctx = multiprocessing.get_context("spawn")
     name, target = asyncio.run(create_database(url))
@@ -152,19 +187,31 @@ def run_once(url: str, mode: str, writers: int, transactions: int, timeout: floa
         asyncio.run(_prepare(target))
         q, go, stop, rq = ctx.Queue(), ctx.Event(), ctx.Event(), ctx.Queue()
         total = writers * transactions * EVENTS_PER_TX
-        reader = ctx.Process(target=reader_process, args=(target, 0, total, go, stop, rq), daemon=True)
+        reader = ctx.Process(
+            target=reader_process, args=(target, 0, total, go, stop, rq), daemon=True
+        )
         reader.start()
         _collect(rq, [reader], "ready", 1, timeout)
-        procs = [ctx.Process(target=writer_process, args=(target, i, mode, transactions, go, q), daemon=True)
-                 for i in range(writers)]
+        procs = [
+            ctx.Process(
+                target=writer_process, args=(target, i, mode, transactions, go, q), daemon=True
+            )
+            for i in range(writers)
+        ]
         start, done = _released_together(procs, q, go, timeout)
         stop.set()
         seen = _collect(rq, [reader], "done", 1, timeout)[0]
         reader.join(30)
         events = sum(d["events"] for d in done.values())
         seconds = max(d["ended"] for d in done.values()) - start
-        return {"mode": mode, "writers": writers, "events": events, "seconds": seconds, "events_per_s": events / seconds,
-                **{f"{kind}_reader": _verdict(positions, events) for kind, positions in seen.items()}}
+        return {
+            "mode": mode,
+            "writers": writers,
+            "events": events,
+            "seconds": seconds,
+            "events_per_s": events / seconds,
+            **{f"{kind}_reader": _verdict(positions, events) for kind, positions in seen.items()},
+        }
     finally:
         asyncio.run(drop_database(url, name))
 
@@ -184,33 +231,51 @@ def measure(url: str, writers: int, transactions: int, reps: int) -> dict[str, A
             runs[mode].append(run_once(url, mode, writers, transactions))
     rows = [row for i in range(writers) for batch in rows_for(i, transactions) for row in batch]
     copy = parallel_copy(url, rows, writers, reps)
-    out: dict[str, Any] = {"writers": writers, "events": len(rows), "copy_events_per_s": copy["events_per_s"]}
+    out: dict[str, Any] = {
+        "writers": writers,
+        "events": len(rows),
+        "copy_events_per_s": copy["events_per_s"],
+    }
     for mode, reps_ in runs.items():
         out[f"{mode}_events_per_s"] = statistics.median(r["events_per_s"] for r in reps_)
         out[f"{mode}_position_reader_skipped"] = max(r["position_reader"]["skipped"] for r in reps_)
         out[f"{mode}_xid_reader_skipped"] = max(r["xid_reader"]["skipped"] for r in reps_)
-        out[f"{mode}_repeated"] = max(r["position_reader"]["repeated"] + r["xid_reader"]["repeated"] for r in reps_)
+        out[f"{mode}_repeated"] = max(
+            r["position_reader"]["repeated"] + r["xid_reader"]["repeated"] for r in reps_
+        )
     return out
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.pg_order", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.pg_order",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--writers", default="1,8", help="comma-separated writer process counts")
-    parser.add_argument("--transactions", type=int, default=200, help=f"transactions per writer ({EVENTS_PER_TX} events each)")
+    parser.add_argument(
+        "--transactions",
+        type=int,
+        default=200,
+        help=f"transactions per writer ({EVENTS_PER_TX} events each)",
+    )
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--json", dest="json_out")
     args = parser.parse_args(argv)
     url = admin_url()
     results = [measure(url, int(w), args.transactions, args.reps) for w in args.writers.split(",")]
-    print("| writers | table lock events/s | xid order events/s | xid / lock | parallel COPY events/s | lock / COPY | xid / COPY "
-          "| position reader skipped (lock / xid) | xid reader skipped (lock / xid) |")
+    print(
+        "| writers | table lock events/s | xid order events/s | xid / lock | parallel COPY events/s | lock / COPY | xid / COPY "
+        "| position reader skipped (lock / xid) | xid reader skipped (lock / xid) |"
+    )
     print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for r in results:
         lock, xid, copy = r["lock_events_per_s"], r["xid_events_per_s"], r["copy_events_per_s"]
-        print(f"| {r['writers']} | {lock:,.0f} | {xid:,.0f} | {xid / lock:.2f}x | {copy:,.0f} | {lock / copy:.2f}x | {xid / copy:.2f}x "
-              f"| {r['lock_position_reader_skipped']} / {r['xid_position_reader_skipped']} "
-              f"| {r['lock_xid_reader_skipped']} / {r['xid_xid_reader_skipped']} |")
+        print(
+            f"| {r['writers']} | {lock:,.0f} | {xid:,.0f} | {xid / lock:.2f}x | {copy:,.0f} | {lock / copy:.2f}x | {xid / copy:.2f}x "
+            f"| {r['lock_position_reader_skipped']} / {r['xid_position_reader_skipped']} "
+            f"| {r['lock_xid_reader_skipped']} / {r['xid_xid_reader_skipped']} |"
+        )
     if args.json_out:
         with open(args.json_out, "w", encoding="utf-8") as out:
             json.dump(results, out, indent=2)

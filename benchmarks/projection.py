@@ -64,10 +64,20 @@ def per_row_padded(rows: list[Any], pad_token_id: int = 0) -> Any:
         if lr:
             score[-1] = float(r.reward)
         scores.append(F.pad(score, (0, R - lr), value=0.0))
-        attention.append(torch.cat([F.pad(torch.ones(lp, dtype=torch.int64), (P - lp, 0)),
-                                    F.pad(torch.ones(lr, dtype=torch.int64), (0, R - lr))]))
+        attention.append(
+            torch.cat(
+                [
+                    F.pad(torch.ones(lp, dtype=torch.int64), (P - lp, 0)),
+                    F.pad(torch.ones(lr, dtype=torch.int64), (0, R - lr)),
+                ]
+            )
+        )
         if has_lp:
-            values = torch.zeros(lr, dtype=torch.float32) if r.logprobs is None else torch.from_numpy(np.array(r.logprobs, np.float32))
+            values = (
+                torch.zeros(lr, dtype=torch.float32)
+                if r.logprobs is None
+                else torch.from_numpy(np.array(r.logprobs, np.float32))
+            )
             logprobs.append(F.pad(values, (0, R - lr), value=0.0))
     prompts_t, responses_t = torch.stack(prompts), torch.stack(responses)
     attention_t = torch.stack(attention)
@@ -82,15 +92,26 @@ def per_row_padded(rows: list[Any], pad_token_id: int = 0) -> Any:
     }
     if has_lp:
         columns["rollout_log_probs"] = torch.stack(logprobs)
-    columns["prompt_length"] = torch.tensor([len(r.prompt_ids) for r in rows], dtype=COLUMN_DTYPES["prompt_length"])
-    columns["response_length"] = torch.tensor([len(r.response_ids) for r in rows], dtype=COLUMN_DTYPES["response_length"])
-    columns["is_placeholder"] = torch.tensor([bool(r.is_placeholder) for r in rows], dtype=torch.bool)
+    columns["prompt_length"] = torch.tensor(
+        [len(r.prompt_ids) for r in rows], dtype=COLUMN_DTYPES["prompt_length"]
+    )
+    columns["response_length"] = torch.tensor(
+        [len(r.response_ids) for r in rows], dtype=COLUMN_DTYPES["response_length"]
+    )
+    columns["is_placeholder"] = torch.tensor(
+        [bool(r.is_placeholder) for r in rows], dtype=torch.bool
+    )
     turns = [int(r.meta.get("num_turns", 0 if r.is_placeholder else UNKNOWN_TURNS)) for r in rows]
     columns["num_turns"] = torch.tensor(turns, dtype=COLUMN_DTYPES["num_turns"])
     batch = TensorDict(columns, batch_size=[len(rows)])
     for name in META_COLUMNS:
         values = [r.meta.get(name, META_DEFAULTS.get(name)) for r in rows]
-        batch.set(name, NonTensorStack.from_list([v.item() if isinstance(v, np.generic) else v for v in values]))
+        batch.set(
+            name,
+            NonTensorStack.from_list(
+                [v.item() if isinstance(v, np.generic) else v for v in values]
+            ),
+        )
     batch.set("__num_turns__", NonTensorStack.from_list(turns))
     batch.set("multi_modal_inputs", NonTensorStack.from_list([{} for _ in rows]))
     return batch
@@ -106,9 +127,13 @@ def check_same(expected: Any, found: Any) -> None:
     keys = [k for k in expected.keys() if k not in NON_TENSOR_COLUMNS]
     for key in keys:
         a, b = expected.get(key), found.get(key)
-        assert a.dtype == b.dtype and torch.equal(a, b), f"per-row baseline differs from build_padded in {key!r}"
+        assert a.dtype == b.dtype and torch.equal(a, b), (
+            f"per-row baseline differs from build_padded in {key!r}"
+        )
     for name in NON_TENSOR_COLUMNS:
-        assert type(expected.get(name)) is type(found.get(name)), name  # NonTensorStack, not a list in one
+        assert type(expected.get(name)) is type(found.get(name)), (
+            name
+        )  # NonTensorStack, not a list in one
         assert non_tensor(expected, name) == non_tensor(found, name), name
 
 
@@ -134,7 +159,9 @@ def copy_speed(nbytes: int = 256 * MiB, reps: int = 5) -> float:
 
 
 # ------------------------------------------------------------------------------- the ledger
-async def project_and_batch(db: Path, steps: int, *, keep: bool = False) -> tuple[float, float, list[Any]]:
+async def project_and_batch(
+    db: Path, steps: int, *, keep: bool = False
+) -> tuple[float, float, list[Any]]:
     """(seconds projecting, seconds building every step's batch, the batches if `keep`).
 
     Without `keep` each batch is dropped before the next is built, as a training loop consuming
@@ -178,7 +205,14 @@ async def materialised_rows(db: Path, steps: int) -> list[list[Any]]:
 def run(cfg: Config, report: Report) -> None:
     from sessions.batches import build_padded
 
-    specs = layout(cfg.projection_steps, cfg.projection_uids, cfg.group_size, fail_rate=cfg.fail_rate, seed=cfg.seed, prefix="p")
+    specs = layout(
+        cfg.projection_steps,
+        cfg.projection_uids,
+        cfg.group_size,
+        fail_rate=cfg.fail_rate,
+        seed=cfg.seed,
+        prefix="p",
+    )
     work = plan(len(specs), seed=cfg.seed + 2)
     sessions = len(specs)
     with scratch_dir(cfg, WORKLOAD) as tmp:
@@ -190,7 +224,9 @@ def run(cfg: Config, report: Report) -> None:
 
         # setup: rows for build_padded alone, from one projected copy; baseline checked equal
         copy_db(template, tmp / "rows.db")
-        _, _, reference = asyncio.run(project_and_batch(tmp / "rows.db", cfg.projection_steps, keep=True))
+        _, _, reference = asyncio.run(
+            project_and_batch(tmp / "rows.db", cfg.projection_steps, keep=True)
+        )
         rows = asyncio.run(materialised_rows(tmp / "rows.db", cfg.projection_steps))
         n_rows = sum(len(r) for r in rows)
         tokens = sum(len(r.prompt_ids) + len(r.response_ids) for step in rows for r in step)
@@ -223,32 +259,75 @@ def run(cfg: Config, report: Report) -> None:
             for step_rows in rows:
                 per_row_padded(step_rows)
             per_row_s.append(time.perf_counter() - start)
-            log(f"  projection rep {rep + 1}/{cfg.reps}: project {p:.2f}s, batches {b:.2f}s, "
-                f"build_padded {build_s[-1]:.3f}s, per-row {per_row_s[-1]:.3f}s")
+            log(
+                f"  projection rep {rep + 1}/{cfg.reps}: project {p:.2f}s, batches {b:.2f}s, "
+                f"build_padded {build_s[-1]:.3f}s, per-row {per_row_s[-1]:.3f}s"
+            )
         speed = copy_speed(cfg.copy_mib * MiB)
         bound = out_bytes / speed
 
-        p, b, build, per_row = median(project_s), median(batch_s), median(build_s), median(per_row_s)
+        p, b, build, per_row = (
+            median(project_s),
+            median(batch_s),
+            median(build_s),
+            median(per_row_s),
+        )
         n = cfg.projection_steps
-        report.add(WORKLOAD, f"Projector + ledger.batch x{n} ({sessions} sessions, {n_rows} rows)", sessions / (p + b), "sessions/s")
+        report.add(
+            WORKLOAD,
+            f"Projector + ledger.batch x{n} ({sessions} sessions, {n_rows} rows)",
+            sessions / (p + b),
+            "sessions/s",
+        )
         report.add(WORKLOAD, "Projector + ledger.batch", tokens / (p + b), "tokens/s")
         report.add(WORKLOAD, "  of which Projector.run over the log", sessions / p, "sessions/s")
-        report.add(WORKLOAD, f"  of which ledger.batch x{n} (read rows, materialise, build)", sessions / b, "sessions/s")
+        report.add(
+            WORKLOAD,
+            f"  of which ledger.batch x{n} (read rows, materialise, build)",
+            sessions / b,
+            "sessions/s",
+        )
         report.add(WORKLOAD, "build_padded alone", sessions / build, "sessions/s")
         report.add(WORKLOAD, "build_padded alone", tokens / build, "tokens/s")
         report.add(WORKLOAD, "per-row F.pad + stack baseline", sessions / per_row, "sessions/s")
         report.add(WORKLOAD, "per-row F.pad + stack baseline", tokens / per_row, "tokens/s")
-        report.add(WORKLOAD, f"bandwidth bound ({out_bytes / MiB:,.0f} MiB out / {speed / 1e9:.1f} GB/s copy)", sessions / bound, "sessions/s")
-        report.add(WORKLOAD, "ratio build_padded / per-row (speed)", per_row / build, "x", target=">= 5x", goal=(">=", 5.0), kind="ratio")
-        report.add(WORKLOAD, "ratio build_padded time / bandwidth bound", build / bound, "x", target="<= 2x", goal=("<=", 2.0), kind="ratio")
-        report.add(WORKLOAD, "ratio end-to-end / per-row (speed)", per_row / (p + b), "x", kind="ratio")
-        report.add(WORKLOAD, "ratio end-to-end time / bandwidth bound", (p + b) / bound, "x", kind="ratio")
+        report.add(
+            WORKLOAD,
+            f"bandwidth bound ({out_bytes / MiB:,.0f} MiB out / {speed / 1e9:.1f} GB/s copy)",
+            sessions / bound,
+            "sessions/s",
+        )
+        report.add(
+            WORKLOAD,
+            "ratio build_padded / per-row (speed)",
+            per_row / build,
+            "x",
+            target=">= 5x",
+            goal=(">=", 5.0),
+            kind="ratio",
+        )
+        report.add(
+            WORKLOAD,
+            "ratio build_padded time / bandwidth bound",
+            build / bound,
+            "x",
+            target="<= 2x",
+            goal=("<=", 2.0),
+            kind="ratio",
+        )
+        report.add(
+            WORKLOAD, "ratio end-to-end / per-row (speed)", per_row / (p + b), "x", kind="ratio"
+        )
+        report.add(
+            WORKLOAD, "ratio end-to-end time / bandwidth bound", (p + b) / bound, "x", kind="ratio"
+        )
 
         def traced() -> None:
             copy_db(template, tmp / "traced.db")
             asyncio.run(project_and_batch(tmp / "traced.db", cfg.projection_steps))
 
         add_memory(report, cfg, WORKLOAD, "Projector + ledger.batch", rss, traced)
+
         def traced_build() -> None:
             for step_rows in rows:
                 build_padded(step_rows)

@@ -48,7 +48,10 @@ async def replay_once(source: Path, target: Path) -> tuple[float, Any]:
     from store import create_engine
     from store.migrate import upgrade
 
-    src, dst = create_engine(f"sqlite+aiosqlite:///{source}"), create_engine(f"sqlite+aiosqlite:///{target}")
+    src, dst = (
+        create_engine(f"sqlite+aiosqlite:///{source}"),
+        create_engine(f"sqlite+aiosqlite:///{target}"),
+    )
     try:
         await upgrade(dst)
         start = time.perf_counter()
@@ -72,14 +75,18 @@ async def audit_once(db: Path) -> tuple[float, int]:
     finally:
         await engine.dispose()
     if not result.ok:
-        raise AssertionError(f"audit found divergences in an untouched log: {result.divergences[0]}")
+        raise AssertionError(
+            f"audit found divergences in an untouched log: {result.divergences[0]}"
+        )
     return elapsed, result.events
 
 
 def _payload_bytes(db: Path) -> int:
     conn = sqlite3.connect(db)
     try:
-        return int(conn.execute("SELECT coalesce(sum(length(payload)), 0) FROM events").fetchone()[0])
+        return int(
+            conn.execute("SELECT coalesce(sum(length(payload)), 0) FROM events").fetchone()[0]
+        )
     finally:
         conn.close()
 
@@ -87,7 +94,9 @@ def _payload_bytes(db: Path) -> int:
 def run(cfg: Config, report: Report) -> None:
     from benchmarks.workload import projected_template
 
-    specs = layout_for(cfg.replay_sessions, cfg.group_size, fail_rate=cfg.fail_rate, seed=cfg.seed, prefix="r")
+    specs = layout_for(
+        cfg.replay_sessions, cfg.group_size, fail_rate=cfg.fail_rate, seed=cfg.seed, prefix="r"
+    )
     work = plan(len(specs), seed=cfg.seed + 3)
     tokens = tokens_of(work)
     with scratch_dir(cfg, "replay") as tmp:
@@ -112,30 +121,81 @@ def run(cfg: Config, report: Report) -> None:
             for path in tmp.iterdir():
                 if path.name != template.name:
                     path.unlink()
-            log(f"  replay/audit rep {rep + 1}/{cfg.reps}: replay {replayed / replay_s[-1]:,.0f} events/s, "
-                f"audit {audited / audit_s[-1]:,.0f} events/s")
+            log(
+                f"  replay/audit rep {rep + 1}/{cfg.reps}: replay {replayed / replay_s[-1]:,.0f} events/s, "
+                f"audit {audited / audit_s[-1]:,.0f} events/s"
+            )
         if replayed != events or audited != events:
-            report.note(WORKLOAD, f"log has {events} events; replay saw {replayed}, audit {audited}")
+            report.note(
+                WORKLOAD, f"log has {events} events; replay saw {replayed}, audit {audited}"
+            )
         disk = disk_write_speed(tmp, cfg.disk_mib) / 1e6
         r, a = median(replay_s), median(audit_s)
-        report.add(WORKLOAD, f"replay into a fresh SQLite file ({events} events, {len(specs)} sessions)", replayed / r,
-                   "events/s", target=">= 100,000 events/s", goal=(">=", 100_000))
+        report.add(
+            WORKLOAD,
+            f"replay into a fresh SQLite file ({events} events, {len(specs)} sessions)",
+            replayed / r,
+            "events/s",
+            target=">= 100,000 events/s",
+            goal=(">=", 100_000),
+        )
         report.add(WORKLOAD, "replay into a fresh SQLite file", tokens / r, "tokens/s")
-        copy_s, fold_s = median([p.copy_seconds for p in parts]), median([p.fold_seconds for p in parts])
-        report.add(WORKLOAD, f"replay step 1: copy of the log ({payload_mb:,.1f} MB of token payloads)", replayed / copy_s, "events/s")
+        copy_s, fold_s = (
+            median([p.copy_seconds for p in parts]),
+            median([p.fold_seconds for p in parts]),
+        )
+        report.add(
+            WORKLOAD,
+            f"replay step 1: copy of the log ({payload_mb:,.1f} MB of token payloads)",
+            replayed / copy_s,
+            "events/s",
+        )
         report.add(WORKLOAD, "replay step 1: copy of the log", payload_mb / copy_s, "MB/s")
-        report.add(WORKLOAD, "replay step 2: fold of the log into read-model rows (beside step 1)", replayed / fold_s, "events/s")
-        report.add(WORKLOAD, "replay step 3: insert of the read models and checkpoint, commit", median([p.write_seconds for p in parts]), "s")
-        report.add(WORKLOAD, "audit (check log + fold + compare in memory)", audited / a, "events/s",
-                   target=">= 100,000 events/s", goal=(">=", 100_000))
+        report.add(
+            WORKLOAD,
+            "replay step 2: fold of the log into read-model rows (beside step 1)",
+            replayed / fold_s,
+            "events/s",
+        )
+        report.add(
+            WORKLOAD,
+            "replay step 3: insert of the read models and checkpoint, commit",
+            median([p.write_seconds for p in parts]),
+            "s",
+        )
+        report.add(
+            WORKLOAD,
+            "audit (check log + fold + compare in memory)",
+            audited / a,
+            "events/s",
+            target=">= 100,000 events/s",
+            goal=(">=", 100_000),
+        )
         report.add(WORKLOAD, "audit", tokens / a, "tokens/s")
-        report.add(WORKLOAD, f"disk write speed (write + fdatasync {cfg.disk_mib} MiB in the scratch folder)", disk, "MB/s")
+        report.add(
+            WORKLOAD,
+            f"disk write speed (write + fdatasync {cfg.disk_mib} MiB in the scratch folder)",
+            disk,
+            "MB/s",
+        )
         report.add(WORKLOAD, "replay, token payloads", payload_mb / r, "MB/s")
         report.add(WORKLOAD, "audit, token payloads", payload_mb / a, "MB/s")
-        report.add(WORKLOAD, "ratio replay MB/s / disk write speed", payload_mb / r / disk, "x",
-                   target="against the disk (<= 1x: the disk bounds it)", kind="ratio")
-        report.add(WORKLOAD, "ratio audit MB/s / disk write speed", payload_mb / a / disk, "x",
-                   target="against the disk", kind="ratio")
+        report.add(
+            WORKLOAD,
+            "ratio replay MB/s / disk write speed",
+            payload_mb / r / disk,
+            "x",
+            target="against the disk (<= 1x: the disk bounds it)",
+            kind="ratio",
+        )
+        report.add(
+            WORKLOAD,
+            "ratio audit MB/s / disk write speed",
+            payload_mb / a / disk,
+            "x",
+            target="against the disk",
+            kind="ratio",
+        )
 
         def traced_replay() -> None:
             copy_db(template, tmp / "traced.db")
@@ -143,7 +203,17 @@ def run(cfg: Config, report: Report) -> None:
 
         trace = cfg.traced_events_max is None or events <= cfg.traced_events_max
         if cfg.tracemalloc and not trace:
-            report.note(WORKLOAD, f"tracemalloc repetitions skipped above {cfg.traced_events_max:,} events (traced, "
-                        "replay and audit run 2-3x slower): RSS growth only")
+            report.note(
+                WORKLOAD,
+                f"tracemalloc repetitions skipped above {cfg.traced_events_max:,} events (traced, "
+                "replay and audit run 2-3x slower): RSS growth only",
+            )
         add_memory(report, cfg, WORKLOAD, "replay", replay_rss, traced_replay if trace else None)
-        add_memory(report, cfg, WORKLOAD, "audit", audit_rss, (lambda: asyncio.run(audit_once(template))) if trace else None)
+        add_memory(
+            report,
+            cfg,
+            WORKLOAD,
+            "audit",
+            audit_rss,
+            (lambda: asyncio.run(audit_once(template))) if trace else None,
+        )

@@ -34,7 +34,10 @@ def group_baselines(dp: Any) -> dict[str, float]:
 
     scores = dp.batch["rm_scores"].sum(-1)
     advantages, _ = compute_grpo_outcome_advantage(
-        dp.batch["rm_scores"], dp.batch["response_mask"], dp.non_tensor_batch["uid"], norm_adv_by_std_in_grpo=False
+        dp.batch["rm_scores"],
+        dp.batch["response_mask"],
+        dp.non_tensor_batch["uid"],
+        norm_adv_by_std_in_grpo=False,
     )
     mask = dp.batch["response_mask"]
     out: dict[str, float] = {}
@@ -45,16 +48,29 @@ def group_baselines(dp: Any) -> dict[str, float]:
     return out
 
 
-def worker_loss(dp: Any, log_probs: torch.Tensor, mode: str, rows: torch.Tensor, global_batch_size: int | None) -> float:
+def worker_loss(
+    dp: Any, log_probs: torch.Tensor, mode: str, rows: torch.Tensor, global_batch_size: int | None
+) -> float:
     """verl's ppo_loss over ``rows`` as one mini-batch on one rank."""
     from verl.utils import tensordict_utils as tu
     from verl.workers.config import ActorConfig
     from verl.workers.utils.losses import ppo_loss
     from verl.workers.utils.padding import left_right_2_no_padding
 
-    config = ActorConfig(strategy="fsdp", rollout_n=1, ppo_micro_batch_size_per_gpu=1, loss_agg_mode=mode, use_torch_compile=False)
+    config = ActorConfig(
+        strategy="fsdp",
+        rollout_n=1,
+        ppo_micro_batch_size_per_gpu=1,
+        loss_agg_mode=mode,
+        use_torch_compile=False,
+    )
     td = left_right_2_no_padding(dp.select_idxs(rows).to_tensordict())
-    tu.assign_non_tensor(td, dp_size=1, batch_num_tokens=int(dp.batch["response_mask"][rows].sum()), global_batch_size=global_batch_size)
+    tu.assign_non_tensor(
+        td,
+        dp_size=1,
+        batch_num_tokens=int(dp.batch["response_mask"][rows].sum()),
+        global_batch_size=global_batch_size,
+    )
     values = log_probs[rows][dp.batch["attention_mask"][rows].bool()]
     loss, _ = ppo_loss(config, {"log_probs": values}, td)
     return float(loss)
@@ -65,7 +81,9 @@ def loss_scales(dp: Any) -> dict[str, tuple[float, float]]:
     from sessions.integrations.verl import unbiased_seq_mean
 
     generator = torch.Generator().manual_seed(0)
-    dp.batch["old_log_probs"] = dp.batch["rollout_log_probs"] - 0.1 * torch.rand(dp.batch["rollout_log_probs"].shape, generator=generator)
+    dp.batch["old_log_probs"] = dp.batch["rollout_log_probs"] - 0.1 * torch.rand(
+        dp.batch["rollout_log_probs"].shape, generator=generator
+    )
     log_probs = -torch.rand(dp.batch["attention_mask"].shape, generator=generator)
     every = torch.arange(len(dp))
     trainable = every[dp.batch["response_mask"].sum(-1) > 0]
@@ -98,32 +116,48 @@ async def figures(db: str, run: str, steps: list[int], multiple: int) -> None:
     async with Ledger.open(db, run=run, migrate=False) as ledger:
         for step in steps:
             batch = await ledger.batch("train", step)
-            metrics = {m.metric: m.value for m in await ledger.metrics("train", step) if m.data_source is None}
+            metrics = {
+                m.metric: m.value
+                for m in await ledger.metrics("train", step)
+                if m.data_source is None
+            }
             size = batch.batch_size[0]
             placeholders = int(batch["is_placeholder"].sum())
-            print(f"## train step {step}: {size} rows ({placeholders} placeholders), padded to {multiple}: "
-                  f"{len(to_data_proto(batch, pad_to_multiple=multiple))} rows")
+            print(
+                f"## train step {step}: {size} rows ({placeholders} placeholders), padded to {multiple}: "
+                f"{len(to_data_proto(batch, pad_to_multiple=multiple))} rows"
+            )
             stock = group_baselines(to_data_proto(batch, isolate_placeholders=False))
             isolated = group_baselines(to_data_proto(batch, isolate_placeholders=True))
             shift = [isolated[g] - stock[g] for g in stock]
             moved = sum(1 for s in shift if abs(s) > 1e-9)
-            print(f"GRPO baseline, mean over {len(stock)} groups with a trainable row: stock {sum(stock.values()) / len(stock):.4f}, "
-                  f"isolated {sum(isolated.values()) / len(isolated):.4f}; shift (isolated - stock) mean {sum(shift) / len(shift):.4f}, "
-                  f"min {min(shift):.4f}, max {max(shift):.4f}, groups moved {moved}")
+            print(
+                f"GRPO baseline, mean over {len(stock)} groups with a trainable row: stock {sum(stock.values()) / len(stock):.4f}, "
+                f"isolated {sum(isolated.values()) / len(isolated):.4f}; shift (isolated - stock) mean {sum(shift) / len(shift):.4f}, "
+                f"min {min(shift):.4f}, max {max(shift):.4f}, groups moved {moved}"
+            )
             padded = grpo(to_data_proto(batch, pad_to_multiple=multiple))
             trainable = int((padded.batch["response_mask"].sum(-1) > 0).sum())
-            print(f"trainable rows {trainable} of {len(padded)} (mini-batch of {len(padded)}); loss scale (loss / loss over trainable rows):")
+            print(
+                f"trainable rows {trainable} of {len(padded)} (mini-batch of {len(padded)}); loss scale (loss / loss over trainable rows):"
+            )
             for mode, (plain, fixed) in loss_scales(padded).items():
                 print(f"  {mode:24s} stock {plain:.4f}   with unbiased_seq_mean {fixed:.4f}")
             unpadded = grpo(to_data_proto(batch))
             for mode, (plain, fixed) in loss_scales(unpadded).items():
                 if mode != "token-mean":
-                    print(f"  unpadded ({size} rows) {mode:24s} stock {plain:.4f}   fixed {fixed:.4f}")
+                    print(
+                        f"  unpadded ({size} rows) {mode:24s} stock {plain:.4f}   fixed {fixed:.4f}"
+                    )
             counted = compute_data_metrics(padded, use_critic=False)
             honest = compute_data_metrics(without_padding(padded), use_critic=False)
-            print(f"critic/score/mean: verl on the padded batch {counted['critic/score/mean']:.4f}, after without_padding "
-                  f"{honest['critic/score/mean']:.4f}; ledger reward/mean {metrics['reward/mean']:.4f}")
-            print(f"num_turns/mean {honest['num_turns/mean']:.4f}, response_length/mean {honest['response_length/mean']:.4f}")
+            print(
+                f"critic/score/mean: verl on the padded batch {counted['critic/score/mean']:.4f}, after without_padding "
+                f"{honest['critic/score/mean']:.4f}; ledger reward/mean {metrics['reward/mean']:.4f}"
+            )
+            print(
+                f"num_turns/mean {honest['num_turns/mean']:.4f}, response_length/mean {honest['response_length/mean']:.4f}"
+            )
             print()
             await validation_figures(ledger, step)
 
@@ -140,29 +174,53 @@ async def validation_figures(ledger: Any, step: int) -> None:
     batch = await ledger.batch("val", step)
     mine = await ledger.metrics_dict("val", step)
     verl = RayPPOTrainer._val_metrics_update(  # uses nothing of self
-        None, np.array(non_tensor(batch, "data_source"), dtype=object), non_tensor(batch, "uid"),
-        {"reward": batch["rm_scores"].sum(-1).tolist()}, [np.array(non_tensor(batch, "__num_turns__"))],
+        None,
+        np.array(non_tensor(batch, "data_source"), dtype=object),
+        non_tensor(batch, "uid"),
+        {"reward": batch["rm_scores"].sum(-1).tolist()},
+        [np.array(non_tensor(batch, "__num_turns__"))],
     )
     missing = sorted(set(verl) - set(mine))
     worst = max(abs(float(verl[k]) - mine[k]) for k in verl if k in mine)
-    print(f"## val step {step}: {len(verl)} figures from verl, missing from metrics_dict: {missing or 'none'}; "
-          f"largest |verl - ledger| {worst:.1e}")
+    print(
+        f"## val step {step}: {len(verl)} figures from verl, missing from metrics_dict: {missing or 'none'}; "
+        f"largest |verl - ledger| {worst:.1e}"
+    )
     for key in sorted(k for k in verl if k.startswith("val-core/")):
         print(f"  {key:40s} verl {float(verl[key]):.6f}   ledger {mine[key]:.6f}")
-    by_source = {m.data_source: m for m in await ledger.metrics("val", step) if m.metric == "reward/mean_per_uid"}
-    excluded = {m.data_source: m.value for m in await ledger.metrics("val", step) if m.metric == "reward/uids_excluded"}
+    by_source = {
+        m.data_source: m
+        for m in await ledger.metrics("val", step)
+        if m.metric == "reward/mean_per_uid"
+    }
+    excluded = {
+        m.data_source: m.value
+        for m in await ledger.metrics("val", step)
+        if m.metric == "reward/uids_excluded"
+    }
     for source, row in sorted(by_source.items(), key=lambda kv: str(kv[0])):
-        print(f"  ledger {source or 'all'}: reward/mean_per_uid {row.value:.6f}, reward/uids_excluded {excluded.get(source, 0):.0f}")
+        print(
+            f"  ledger {source or 'all'}: reward/mean_per_uid {row.value:.6f}, reward/uids_excluded {excluded.get(source, 0):.0f}"
+        )
     print()
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.verl_figures", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--db", required=True, help="database URL or SQLite file the demo recorded into")
-    parser.add_argument("--run", required=True, help="the demo's run name (--run of rollout-ledger demo)")
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.verl_figures",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--db", required=True, help="database URL or SQLite file the demo recorded into"
+    )
+    parser.add_argument(
+        "--run", required=True, help="the demo's run name (--run of rollout-ledger demo)"
+    )
     parser.add_argument("--steps", type=int, nargs="+", default=[0, 1])
-    parser.add_argument("--multiple", type=int, default=64, help="pad_to_multiple (verl's batch multiple)")
+    parser.add_argument(
+        "--multiple", type=int, default=64, help="pad_to_multiple (verl's batch multiple)"
+    )
     args = parser.parse_args(argv)
     asyncio.run(figures(args.db, args.run, args.steps, args.multiple))
 

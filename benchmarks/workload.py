@@ -25,7 +25,10 @@ def plan(sessions: int, seed: int, *, min_tokens: int = 256, max_tokens: int = 4
             total = int(rng.integers(min_tokens, max_tokens + 1))
             prompt_len = max(16, total // 4)
             trajectories.append(
-                (rng.integers(0, VOCAB, prompt_len, dtype=np.int32), rng.integers(0, VOCAB, total - prompt_len, dtype=np.int32))
+                (
+                    rng.integers(0, VOCAB, prompt_len, dtype=np.int32),
+                    rng.integers(0, VOCAB, total - prompt_len, dtype=np.int32),
+                )
             )
         out.append(trajectories)
     return out
@@ -46,8 +49,16 @@ class Spec:
     fails: bool = False
 
 
-def layout(steps: int, uids: int, group_size: int, *, partitions: tuple[str, ...] = ("train",), fail_rate: float = 0.0,
-           seed: int = 0, prefix: str = "b") -> list[Spec]:
+def layout(
+    steps: int,
+    uids: int,
+    group_size: int,
+    *,
+    partitions: tuple[str, ...] = ("train",),
+    fail_rate: float = 0.0,
+    seed: int = 0,
+    prefix: str = "b",
+) -> list[Spec]:
     """steps x partitions x uids groups of `group_size` sessions; a `fail_rate` share fail."""
     rng = np.random.default_rng(seed + 1)
     out = []
@@ -56,17 +67,42 @@ def layout(steps: int, uids: int, group_size: int, *, partitions: tuple[str, ...
             for g in range(uids):
                 uid = f"{prefix}{partition[0]}{step}x{g}"
                 for i in range(group_size):
-                    out.append(Spec(f"{uid}-{i}", uid, i, group_size, partition, step, bool(rng.random() < fail_rate)))
+                    out.append(
+                        Spec(
+                            f"{uid}-{i}",
+                            uid,
+                            i,
+                            group_size,
+                            partition,
+                            step,
+                            bool(rng.random() < fail_rate),
+                        )
+                    )
     return out
 
 
-def layout_for(sessions: int, group_size: int, *, partitions: tuple[str, ...] = ("train", "val"), fail_rate: float = 0.0,
-               seed: int = 0, prefix: str = "b") -> list[Spec]:
+def layout_for(
+    sessions: int,
+    group_size: int,
+    *,
+    partitions: tuple[str, ...] = ("train", "val"),
+    fail_rate: float = 0.0,
+    seed: int = 0,
+    prefix: str = "b",
+) -> list[Spec]:
     """About `sessions` sessions in groups, spread over steps of 64 groups per partition."""
     groups = max(1, sessions // group_size)
     per_step = min(64, groups)
     steps = max(1, -(-groups // (per_step * len(partitions))))
-    return layout(steps, per_step, group_size, partitions=partitions, fail_rate=fail_rate, seed=seed, prefix=prefix)[:max(sessions, group_size)]
+    return layout(
+        steps,
+        per_step,
+        group_size,
+        partitions=partitions,
+        fail_rate=fail_rate,
+        seed=seed,
+        prefix=prefix,
+    )[: max(sessions, group_size)]
 
 
 class SimulatedFailure(RuntimeError):
@@ -81,11 +117,17 @@ async def record(ledger, specs: list[Spec], work: list[Work], *, concurrency: in
         async with limit:
             try:
                 async with ledger.session(
-                    spec.session_id, uid=spec.uid, session_index=spec.session_index, group_size=spec.group_size,
-                    partition=spec.partition, global_step=spec.global_step,
+                    spec.session_id,
+                    uid=spec.uid,
+                    session_index=spec.session_index,
+                    group_size=spec.group_size,
+                    partition=spec.partition,
+                    global_step=spec.global_step,
                 ) as s:
                     for n, (prompt, response) in enumerate(trajectories):
-                        await s.record_trajectory(prompt_ids=prompt, response_ids=response, num_turns=n + 1)
+                        await s.record_trajectory(
+                            prompt_ids=prompt, response_ids=response, num_turns=n + 1
+                        )
                         if spec.fails:
                             raise SimulatedFailure("simulated runner error")
                     await s.post_reward(1.0 if spec.session_index % 2 == 0 else 0.0)
@@ -103,11 +145,15 @@ def projected_template(path: Path, specs: list[Spec], work: list[Work], what: st
     started = time.perf_counter()
     events = asyncio.run(record_template(path, specs, work, project=True))
     checkpoint_sqlite(path)
-    log(f"  {what}: recorded and projected {len(specs)} sessions / {events} events in {time.perf_counter() - started:.1f}s")
+    log(
+        f"  {what}: recorded and projected {len(specs)} sessions / {events} events in {time.perf_counter() - started:.1f}s"
+    )
     return events
 
 
-async def record_template(path: Path, specs: list[Spec], work: list[Work], *, project: bool, run: str = "bench") -> int:
+async def record_template(
+    path: Path, specs: list[Spec], work: list[Work], *, project: bool, run: str = "bench"
+) -> int:
     """Record a log into a new SQLite file (optionally projected); returns the event count."""
     from sessions import Ledger
 

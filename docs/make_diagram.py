@@ -52,17 +52,21 @@ def edges(table: dict[tuple[str, str], str]) -> dict[tuple[str, str], list[str]]
     return dict(found)
 
 
-def columns(states: list[str], initial: str, links: dict[tuple[str, str], list[str]]) -> dict[str, int]:
+def columns(
+    states: list[str], initial: str, links: dict[tuple[str, str], list[str]]
+) -> dict[str, int]:
     """Each state's column: its longest distance from the initial state, self-loops ignored."""
     depth = {initial: 0}
     for _ in states:  # relax |states| times: enough for any acyclic machine
-        for (source, dest) in links:
+        for source, dest in links:
             if source != dest and source in depth and depth.get(dest, -1) < depth[source] + 1:
                 depth[dest] = depth[source] + 1
     return {state: depth.get(state, 0) for state in states}
 
 
-def layout(states: list[str], initial: str, links: dict[tuple[str, str], list[str]]) -> dict[str, Node]:
+def layout(
+    states: list[str], initial: str, links: dict[tuple[str, str], list[str]]
+) -> dict[str, Node]:
     column = columns(states, initial, links)
     width = max(len(s) for s in states) * CHAR + 28
     nodes: dict[str, Node] = {}
@@ -70,7 +74,9 @@ def layout(states: list[str], initial: str, links: dict[tuple[str, str], list[st
         members = [s for s in states if column[s] == c]
         skipped_to = [s for s in members if any(column[a] < c - 1 for (a, b) in links if b == s)]
         middle = [s for s in members if s not in skipped_to]
-        order = skipped_to[0::2][::-1] + middle + skipped_to[1::2]  # reached from afar: top and bottom
+        order = (
+            skipped_to[0::2][::-1] + middle + skipped_to[1::2]
+        )  # reached from afar: top and bottom
         for row, state in enumerate(order):
             y = (row - (len(order) - 1) / 2) * ROW
             nodes[state] = Node(state, MARGIN + 60 + c * COLUMN + width / 2, y, width)
@@ -86,12 +92,18 @@ def _edge(a: Node, b: Node, commands: list[str], column_gap: int) -> list[str]:
     if a is b:  # a self-loop over the state
         x0, x1, top = a.x - 22, a.x + 22, a.y - HEIGHT / 2
         path = f"M{x0:.1f},{top:.1f} C{x0 - 10:.1f},{top - 44:.1f} {x1 + 10:.1f},{top - 44:.1f} {x1:.1f},{top:.1f}"
-        lines = [_label(a.x, top - 40 - 15 * i, c) for i, c in enumerate(reversed(commands))]  # one a line
+        lines = [
+            _label(a.x, top - 40 - 15 * i, c) for i, c in enumerate(reversed(commands))
+        ]  # one a line
         return [f'<path d="{path}" class="edge"/>', *lines]
     if column_gap <= 1:  # neighbouring columns: a straight line, right side to left side
         sx, sy, tx, ty = a.right, a.y, b.left, b.y + (0 if b.y == a.y else (-6 if b.y > a.y else 6))
-        return [f'<path d="M{sx:.1f},{sy:.1f} L{tx:.1f},{ty:.1f}" class="edge"/>',
-                _label((sx + tx) / 2 + (0 if ty == sy else 26 if ty > sy else -26), (sy + ty) / 2 - 7, text)]
+        return [
+            f'<path d="M{sx:.1f},{sy:.1f} L{tx:.1f},{ty:.1f}" class="edge"/>',
+            _label(
+                (sx + tx) / 2 + (0 if ty == sy else 26 if ty > sy else -26), (sy + ty) / 2 - 7, text
+            ),
+        ]
     # A longer edge: out of the top (or bottom), along the destination's row, into its left side.
     sy = a.y - HEIGHT / 2 if b.y < a.y else a.y + HEIGHT / 2
     ty = b.y + (6 if b.y < a.y else -6)
@@ -128,9 +140,13 @@ def svg() -> str:
         body += _edge(nodes[source], nodes[dest], commands, column[dest] - column[source])
     for node in nodes.values():
         kind = "terminal" if node.name in machine.TERMINAL_STATES else "state"
-        body.append(f'<rect x="{node.left:.1f}" y="{node.y - HEIGHT / 2:.1f}" width="{node.width:.1f}" '
-                    f'height="{HEIGHT}" rx="8" class="{kind}"/>')
-        body.append(f'<text x="{node.x:.1f}" y="{node.y:.1f}" class="name">{escape(node.name)}</text>')
+        body.append(
+            f'<rect x="{node.left:.1f}" y="{node.y - HEIGHT / 2:.1f}" width="{node.width:.1f}" '
+            f'height="{HEIGHT}" rx="8" class="{kind}"/>'
+        )
+        body.append(
+            f'<text x="{node.x:.1f}" y="{node.y:.1f}" class="name">{escape(node.name)}</text>'
+        )
     body.append("</svg>")
     return "\n".join(body) + "\n"
 

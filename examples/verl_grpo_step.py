@@ -32,7 +32,13 @@ VOCAB, EOS = 32, 1
 PROMPTS, GROUP, MAX_NEW_TOKENS = 4, 4, 8
 STEP = 0
 #: What happens to session (prompt, index): it succeeds unless named here.
-FATES = {(1, 1): "tool_error", (2, 2): "timeout", (2, 3): "cancelled", (3, 0): "cancelled", (3, 1): "tool_error"}
+FATES = {
+    (1, 1): "tool_error",
+    (2, 2): "timeout",
+    (2, 3): "cancelled",
+    (3, 0): "cancelled",
+    (3, 1): "tool_error",
+}
 
 
 class TinyPolicy(nn.Module):
@@ -77,10 +83,19 @@ def rollouts(ledger: SyncLedger, policy: TinyPolicy) -> None:
         for index in range(GROUP):
             fate = FATES.get((p, index), "ok")
             try:
-                with ledger.session(f"{uid}-{index}", uid=uid, session_index=index, group_size=GROUP,
-                                    partition="train", global_step=STEP, data_source="toy") as session:
+                with ledger.session(
+                    f"{uid}-{index}",
+                    uid=uid,
+                    session_index=index,
+                    group_size=GROUP,
+                    partition="train",
+                    global_step=STEP,
+                    data_source="toy",
+                ) as session:
                     response, logprobs = sample(policy, prompt)
-                    session.record_trajectory(prompt_ids=prompt, response_ids=response, response_logprobs=logprobs)
+                    session.record_trajectory(
+                        prompt_ids=prompt, response_ids=response, response_logprobs=logprobs
+                    )
                     if fate == "tool_error":
                         raise RuntimeError("the tool server crashed")
                     if fate == "timeout":
@@ -108,15 +123,22 @@ def main() -> None:
     torch.manual_seed(0)
     policy = TinyPolicy()
     optimizer = torch.optim.AdamW(policy.parameters(), lr=1e-2)
-    with tempfile.TemporaryDirectory() as folder, SyncLedger.open(str(Path(folder) / "rollouts.db")) as ledger:
+    with (
+        tempfile.TemporaryDirectory() as folder,
+        SyncLedger.open(str(Path(folder) / "rollouts.db")) as ledger,
+    ):
         print(f"recording {PROMPTS} prompts x {GROUP} sessions")
         rollouts(ledger, policy)
         batch = ledger.batch("train", STEP)
-        tracked = ledger.metrics_dict("train", STEP)  # what a tracker logs: verl's names, and ledger/...
+        tracked = ledger.metrics_dict(
+            "train", STEP
+        )  # what a tracker logs: verl's names, and ledger/...
 
     data = to_data_proto(batch)  # the one documented call: each placeholder its own uid
     rows, placeholders = len(data), data.batch["is_placeholder"]
-    print(f"batch: {rows} rows ({int(placeholders.sum())} placeholders), response width {data.batch['responses'].shape[-1]}")
+    print(
+        f"batch: {rows} rows ({int(placeholders.sum())} placeholders), response width {data.batch['responses'].shape[-1]}"
+    )
 
     # verl's V0 step from here on (RayPPOTrainer.fit: reward, old log-probs, advantage, actor update)
     reward_tensor, _ = extract_reward(data)
@@ -126,51 +148,89 @@ def main() -> None:
         data.batch["old_log_probs"] = log_probs(policy, data)[0]
     mask = data.batch["response_mask"]
     trained = mask.bool()
-    assert torch.allclose(data.batch["old_log_probs"][trained], data.batch["rollout_log_probs"][trained], atol=1e-5), \
-        "the ledger returned the rollout's log-probs for the tokens sampled"
+    assert torch.allclose(
+        data.batch["old_log_probs"][trained], data.batch["rollout_log_probs"][trained], atol=1e-5
+    ), "the ledger returned the rollout's log-probs for the tokens sampled"
     advantages, returns = compute_grpo_outcome_advantage(
-        token_level_rewards=data.batch["token_level_rewards"], response_mask=mask, index=data.non_tensor_batch["uid"]
+        token_level_rewards=data.batch["token_level_rewards"],
+        response_mask=mask,
+        index=data.non_tensor_batch["uid"],
     )
     data.batch["advantages"], data.batch["returns"] = advantages, returns
     assert torch.equal(advantages[placeholders], torch.zeros_like(advantages[placeholders]))
 
-    config = ActorConfig(strategy="fsdp", rollout_n=GROUP, ppo_mini_batch_size=rows, ppo_micro_batch_size_per_gpu=rows,
-                         entropy_coeff=1e-3)
+    config = ActorConfig(
+        strategy="fsdp",
+        rollout_n=GROUP,
+        ppo_mini_batch_size=rows,
+        ppo_micro_batch_size_per_gpu=rows,
+        entropy_coeff=1e-3,
+    )
     log_prob, entropy, logits = log_probs(policy, data)
     log_prob.retain_grad()
     logits.retain_grad()
     pg_loss, pg_metrics = get_policy_loss_fn("vanilla")(
-        old_log_prob=data.batch["old_log_probs"], log_prob=log_prob, advantages=advantages, response_mask=mask,
-        loss_agg_mode=config.loss_agg_mode, config=config,
+        old_log_prob=data.batch["old_log_probs"],
+        log_prob=log_prob,
+        advantages=advantages,
+        response_mask=mask,
+        loss_agg_mode=config.loss_agg_mode,
+        config=config,
     )
     entropy_loss = agg_loss(loss_mat=entropy, loss_mask=mask, loss_agg_mode=config.loss_agg_mode)
     loss = pg_loss - config.entropy_coeff * entropy_loss
     optimizer.zero_grad()
     loss.backward()
     for name, grad in (("log-probs", log_prob.grad), ("logits", logits.grad)):
-        assert torch.equal(grad[placeholders], torch.zeros_like(grad[placeholders])), f"placeholder {name} gradient"
+        assert torch.equal(grad[placeholders], torch.zeros_like(grad[placeholders])), (
+            f"placeholder {name} gradient"
+        )
     grad_norm = float(torch.nn.utils.clip_grad_norm_(policy.parameters(), max_norm=1.0))
     optimizer.step()
 
     verl_metrics = compute_data_metrics(batch=data, use_critic=False)
     print("ledger metrics (metrics_dict):")
-    for name in ("sessions/total", "sessions/succeeded", "sessions/failed", "sessions/cancelled", "placeholders",
-                 "reward/mean", "reward/mean_success_only", "coverage"):
+    for name in (
+        "sessions/total",
+        "sessions/succeeded",
+        "sessions/failed",
+        "sessions/cancelled",
+        "placeholders",
+        "reward/mean",
+        "reward/mean_success_only",
+        "coverage",
+    ):
         print(f"  ledger/train/all/{name} = {tracked[f'ledger/train/all/{name}']:.6f}")
     print("verl metrics (compute_data_metrics):")
-    for name in ("critic/score/mean", "critic/advantages/mean", "response_length/mean", "response/aborted_ratio",
-                 "num_turns/mean"):
+    for name in (
+        "critic/score/mean",
+        "critic/advantages/mean",
+        "response_length/mean",
+        "response/aborted_ratio",
+        "num_turns/mean",
+    ):
         print(f"  {name} = {float(verl_metrics[name]):.6f}")
     for name, value in pg_metrics.items():
         print(f"  {name} = {float(value):.6f}")
     shared = sorted(set(tracked) & set(verl_metrics))
     for name in shared:
-        assert abs(float(verl_metrics[name]) - tracked[name]) < 1e-6, (name, float(verl_metrics[name]), tracked[name])
-    assert abs(float(verl_metrics["critic/score/mean"]) - tracked["ledger/train/all/reward/mean"]) < 1e-6
-    print(f"verl's compute_data_metrics equals the ledger's metrics_dict on all {len(shared)} names both report")
+        assert abs(float(verl_metrics[name]) - tracked[name]) < 1e-6, (
+            name,
+            float(verl_metrics[name]),
+            tracked[name],
+        )
+    assert (
+        abs(float(verl_metrics["critic/score/mean"]) - tracked["ledger/train/all/reward/mean"])
+        < 1e-6
+    )
+    print(
+        f"verl's compute_data_metrics equals the ledger's metrics_dict on all {len(shared)} names both report"
+    )
     print("verl critic/score/mean equals the ledger's reward/mean")
-    print(f"loss = {loss.item():.6f} (pg_loss {pg_loss.item():.6f}, entropy {entropy_loss.item():.6f}), "
-          f"grad norm {grad_norm:.6f}")
+    print(
+        f"loss = {loss.item():.6f} (pg_loss {pg_loss.item():.6f}, entropy {entropy_loss.item():.6f}), "
+        f"grad norm {grad_norm:.6f}"
+    )
     print(f"placeholder rows: {int(placeholders.sum())}, their gradients are exactly 0")
     print("optimizer step done")
 

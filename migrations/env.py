@@ -22,7 +22,9 @@ target_metadata = metadata
 
 def _url() -> str:
     x_args = context.get_x_argument(as_dictionary=True)
-    return normalize_url(x_args.get("db") or os.environ.get(ENV_VAR) or config.get_main_option("sqlalchemy.url"))
+    return normalize_url(
+        x_args.get("db") or os.environ.get(ENV_VAR) or config.get_main_option("sqlalchemy.url")
+    )
 
 
 def _configure(connection: Connection) -> None:

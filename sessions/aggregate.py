@@ -105,8 +105,18 @@ def fold(session_id: str, recorded: Iterable[ev.Event]) -> SessionView:
 
 def _created(view: SessionView, e: ev.SessionCreated) -> None:
     view.state = machine.CREATED
-    view.run, view.uid, view.session_index, view.group_size = e.run, e.uid, e.session_index, e.group_size
-    view.partition, view.global_step, view.data_source, view.runner = e.partition, e.global_step, e.data_source, e.runner
+    view.run, view.uid, view.session_index, view.group_size = (
+        e.run,
+        e.uid,
+        e.session_index,
+        e.group_size,
+    )
+    view.partition, view.global_step, view.data_source, view.runner = (
+        e.partition,
+        e.global_step,
+        e.data_source,
+        e.runner,
+    )
     view.metadata = dict(e.metadata)
 
 
@@ -177,31 +187,48 @@ _APPLY: dict[type, Any] = {
 
 
 # ---------------------------------------------------------------- deciders
-def decide_start(view: SessionView, *, attempt: int | None = None, timeout_s: float | None = None) -> list[ev.Event]:
+def decide_start(
+    view: SessionView, *, attempt: int | None = None, timeout_s: float | None = None
+) -> list[ev.Event]:
     """The first attempt (from `created`), or the next one after a retry's backoff."""
     machine.next_state(view.session_id, view.state, "start")
     if view.state == machine.RETRYING:
         following = view.attempt + 1
         if attempt is not None and attempt != following:
-            raise InvalidInput(view.session_id, "attempt", f"attempt {view.attempt} was retried, so the next is {following}, not {attempt!r}")
+            raise InvalidInput(
+                view.session_id,
+                "attempt",
+                f"attempt {view.attempt} was retried, so the next is {following}, not {attempt!r}",
+            )
         attempt = following
     return [ev.SessionStarted(attempt=attempt, timeout_s=timeout_s)]
 
 
 def decide_retry(
-    view: SessionView, reason: str, origin: str, *, message: str = "", error_type: str | None = None, retry_in_s: float = 0.0
+    view: SessionView,
+    reason: str,
+    origin: str,
+    *,
+    message: str = "",
+    error_type: str | None = None,
+    retry_in_s: float = 0.0,
 ) -> list[ev.Event]:
     """End the current attempt as failed and superseded; the session waits for its next start."""
     machine.next_state(view.session_id, view.state, "retry")
     _check_reason(view.session_id, reason)
     _check_text(view.session_id, "message", message)
     _check_text(view.session_id, "error_type", error_type)
-    return [ev.AttemptFailed(
-        attempt=max(view.attempt, 1), reason=reason, origin=origin,
-        error_type=None if error_type is None else error_type[: ev.ERROR_TYPE_LIMIT],
-        message=(message or "")[: ev.MESSAGE_LIMIT], discarded_trajectories=len(view.trajectories),
-        retry_in_s=float(retry_in_s),
-    )]
+    return [
+        ev.AttemptFailed(
+            attempt=max(view.attempt, 1),
+            reason=reason,
+            origin=origin,
+            error_type=None if error_type is None else error_type[: ev.ERROR_TYPE_LIMIT],
+            message=(message or "")[: ev.MESSAGE_LIMIT],
+            discarded_trajectories=len(view.trajectories),
+            retry_in_s=float(retry_in_s),
+        )
+    ]
 
 
 def decide_trajectory(view: SessionView, event: ev.TrajectoryRecorded) -> list[ev.Event]:
@@ -223,16 +250,30 @@ def _select(view: SessionView, selection: str) -> list[int]:
 
 
 def decide_complete(
-    view: SessionView, policy: PlaceholderPolicy, *, score: float | None = None, selection: str = "all",
+    view: SessionView,
+    policy: PlaceholderPolicy,
+    *,
+    score: float | None = None,
+    selection: str = "all",
     metrics: MetricPolicy | None = None,
 ) -> list[ev.Event]:
     """Success if there is a trajectory; otherwise the session failed with `empty_output`."""
     machine.next_state(view.session_id, view.state, "complete")
     if selection not in ("all", "longest"):
-        raise InvalidInput(view.session_id, "trajectory_selection", f"must be 'all' or 'longest', got {selection!r}")
+        raise InvalidInput(
+            view.session_id,
+            "trajectory_selection",
+            f"must be 'all' or 'longest', got {selection!r}",
+        )
     if not view.trajectories:
-        return decide_fail(view, policy, "empty_output", message="complete() with no recorded trajectory",
-                           metrics=metrics, selection=selection)
+        return decide_fail(
+            view,
+            policy,
+            "empty_output",
+            message="complete() with no recorded trajectory",
+            metrics=metrics,
+            selection=selection,
+        )
     selected = _select(view, selection)
     if score is not None:
         source = "external"
@@ -240,7 +281,11 @@ def decide_complete(
         score, source = view.reward, "reward_info"
     else:
         source = "absent"
-    return [ev.SessionSucceeded(selected=selected, trajectory_selection=selection, score=score, score_source=source)]
+    return [
+        ev.SessionSucceeded(
+            selected=selected, trajectory_selection=selection, score=score, score_source=source
+        )
+    ]
 
 
 def decide_fail(
@@ -289,10 +334,16 @@ def decide_fail(
     if decision != "emit":
         return [failed]
     reward_info = {**view.reward_info, "reward": 0.0, "finished": False}
-    return [failed, ev.PlaceholderEmitted(
-        reason=reason, token_id=policy.token_id, reward_info=reward_info,
-        prompt_len=policy.prompt_length, response_len=policy.response_length,
-    )]
+    return [
+        failed,
+        ev.PlaceholderEmitted(
+            reason=reason,
+            token_id=policy.token_id,
+            reward_info=reward_info,
+            prompt_len=policy.prompt_length,
+            response_len=policy.response_length,
+        ),
+    ]
 
 
 _DEFAULT_METRICS = MetricPolicy()
@@ -301,7 +352,9 @@ _DEFAULT_METRICS = MetricPolicy()
 def _check_reason(session_id: str, reason: object) -> None:
     problem = check_reason(reason)
     if problem is not None:
-        raise InvalidInput(session_id, "reason", f"{problem}; built-in reasons: {', '.join(ev.FAILURE_REASONS)}")
+        raise InvalidInput(
+            session_id, "reason", f"{problem}; built-in reasons: {', '.join(ev.FAILURE_REASONS)}"
+        )
 
 
 def decide_cancel(view: SessionView, *, message: str | None = None) -> list[ev.Event]:
@@ -313,4 +366,6 @@ def decide_cancel(view: SessionView, *, message: str | None = None) -> list[ev.E
 def _check_text(session_id: str, field: str, value: object) -> None:
     """Free text must be text (None allowed); what it holds is made storable later (`storable`)."""
     if value is not None and not isinstance(value, str):
-        raise InvalidInput(session_id, field, f"must be a string or None, got {type(value).__name__}")
+        raise InvalidInput(
+            session_id, field, f"must be a string or None, got {type(value).__name__}"
+        )

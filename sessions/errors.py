@@ -21,8 +21,14 @@ __all__ = [
 class InvalidTransition(LedgerError):
     """A command that the session's current state does not allow; nothing was appended."""
 
-    def __init__(self, session_id: str, state: str, command: str, allowed: list[str] | None = None) -> None:
-        hint = f" (allowed in {state!r}: {', '.join(allowed)})" if allowed else " (the session is terminal)"
+    def __init__(
+        self, session_id: str, state: str, command: str, allowed: list[str] | None = None
+    ) -> None:
+        hint = (
+            f" (allowed in {state!r}: {', '.join(allowed)})"
+            if allowed
+            else " (the session is terminal)"
+        )
         super().__init__(f"session {session_id!r} is {state!r}: cannot {command}{hint}")
         self.session_id = session_id
         self.state = state
@@ -48,13 +54,17 @@ class RolloutFailure(LedgerError):
     reason = "runner_error"
     origin: str | None = None
 
-    def __init__(self, message: str = "", *, reason: str | None = None, origin: str | None = None) -> None:
+    def __init__(
+        self, message: str = "", *, reason: str | None = None, origin: str | None = None
+    ) -> None:
         super().__init__(message)
         if reason is not None:
             self.reason = reason
         if origin is not None:
             if origin not in ("infra", "policy"):
-                raise ValueError(f"RolloutFailure: origin must be 'infra' or 'policy', got {origin!r}")
+                raise ValueError(
+                    f"RolloutFailure: origin must be 'infra' or 'policy', got {origin!r}"
+                )
             self.origin = origin
 
 

@@ -216,7 +216,9 @@ class SessionFailed(Event):
     error_type: str | None
     message: str
     discarded_trajectories: int
-    placeholder: str = "emit"  # emit | drop | keep_partial (applied: a fallback is recorded as emit)
+    placeholder: str = (
+        "emit"  # emit | drop | keep_partial (applied: a fallback is recorded as emit)
+    )
     origin: str = "policy"
     metric: str = "zero"  # zero | exclude
     selected: list[int] = field(default_factory=list)
@@ -293,7 +295,9 @@ class _WithPayload:
 UPCASTERS: dict[tuple[str, int], Upcaster | _WithPayload] = {}
 
 
-def upcaster(event_type: str, from_version: int, *, with_payload: bool = False) -> Callable[[Any], Any]:
+def upcaster(
+    event_type: str, from_version: int, *, with_payload: bool = False
+) -> Callable[[Any], Any]:
     """Register a function that lifts `event_type` data from `from_version` to the next version.
 
     The function gets a copy of the data (it may change it in place) and returns the new data.
@@ -310,7 +314,9 @@ def upcaster(event_type: str, from_version: int, *, with_payload: bool = False) 
     return register
 
 
-def count_trainable(payload: bytes | None, prompt_len: int, response_len: int, has_logprobs: bool) -> int | None:
+def count_trainable(
+    payload: bytes | None, prompt_len: int, response_len: int, has_logprobs: bool
+) -> int | None:
     """Tokens with response_mask == 1 in a trajectory payload; None if it is absent or malformed."""
     if payload is None:
         return None
@@ -364,7 +370,9 @@ class Recorded:
         return self.event.TYPE
 
 
-def upcast(event_type: str, schema_version: int, data: dict[str, Any], payload: bytes | None = None) -> dict[str, Any]:
+def upcast(
+    event_type: str, schema_version: int, data: dict[str, Any], payload: bytes | None = None
+) -> dict[str, Any]:
     """`data` of `event_type` at `schema_version`, lifted to the current schema (never mutated).
 
     `payload` is the event's binary payload, for upcasters registered `with_payload`; pass None
@@ -408,22 +416,50 @@ def decode(stored: StoredEvent) -> Recorded:
         raise UnknownEventError(
             f"event at position {stored.position} ({stored.type} v{stored.schema_version}) has malformed data: {error}"
         ) from error
-    return Recorded(event, stored.event_id, stored.session_id, stored.version, stored.recorded_at, stored.position)
+    return Recorded(
+        event,
+        stored.event_id,
+        stored.session_id,
+        stored.version,
+        stored.recorded_at,
+        stored.position,
+    )
 
 
 def envelope(
-    event: Event, *, session_id: str, version: int, run: str, uid: str, partition: str, global_step: int | None,
-    recorded_at: datetime | None = None, data: dict[str, Any] | None = None,
+    event: Event,
+    *,
+    session_id: str,
+    version: int,
+    run: str,
+    uid: str,
+    partition: str,
+    global_step: int | None,
+    recorded_at: datetime | None = None,
+    data: dict[str, Any] | None = None,
 ) -> NewEvent:
     """Wrap a domain event for the store, with a fresh event id and a UTC timestamp (now, unless
     the caller passes one shared by all the events of a command); `data`: the event's
     `to_data()`, if the caller has it already."""
     stored = NewEvent(
-        new_event_id(), session_id, version, event.TYPE, event.SCHEMA_VERSION, run, uid, partition, global_step,
-        event.to_data() if data is None else data, event.to_payload(), recorded_at or datetime.now(timezone.utc),
+        new_event_id(),
+        session_id,
+        version,
+        event.TYPE,
+        event.SCHEMA_VERSION,
+        run,
+        uid,
+        partition,
+        global_step,
+        event.to_data() if data is None else data,
+        event.to_payload(),
+        recorded_at or datetime.now(timezone.utc),
     )
     if type(event) is SessionCreated:
-        stored.slot = (event.session_index, event.group_size)  # the store checks it against the group
+        stored.slot = (
+            event.session_index,
+            event.group_size,
+        )  # the store checks it against the group
     return stored
 
 
@@ -444,7 +480,7 @@ def new_event_id() -> str:
 def _random_ids(count: int) -> list[str]:
     h = os.urandom(16 * count).hex()
     return [
-        f"{h[i:i + 8]}-{h[i + 8:i + 12]}-4{h[i + 13:i + 16]}-{_VARIANT[h[i + 16]]}{h[i + 17:i + 20]}-{h[i + 20:i + 32]}"
+        f"{h[i : i + 8]}-{h[i + 8 : i + 12]}-4{h[i + 13 : i + 16]}-{_VARIANT[h[i + 16]]}{h[i + 17 : i + 20]}-{h[i + 20 : i + 32]}"
         for i in range(0, 32 * count, 32)
     ]
 

@@ -70,12 +70,16 @@ def check_reason(reason: object) -> str | None:
     if reason in RESERVED_REASONS:
         return f"{reason!r} is reserved (the origins 'infra'/'policy', '*' and the projector's 'unprojectable')"
     if not _REASON.fullmatch(reason):
-        return (f"{reason!r} is not a reason name: use lowercase letters, digits and '_', starting with a letter, "
-                "at most 32 characters")
+        return (
+            f"{reason!r} is not a reason name: use lowercase letters, digits and '_', starting with a letter, "
+            "at most 32 characters"
+        )
     return None
 
 
-def origin_of(reason: str, overrides: Mapping[str, Origin] | None = None, declared: Origin | None = None) -> Origin:
+def origin_of(
+    reason: str, overrides: Mapping[str, Origin] | None = None, declared: Origin | None = None
+) -> Origin:
     """A reason's origin: what the runner declared for it, else the ledger's override, else the
     default; a reason nobody declared is `policy` (a zero, never excused)."""
     if declared is not None:
@@ -85,7 +89,9 @@ def origin_of(reason: str, overrides: Mapping[str, Origin] | None = None, declar
     return DEFAULT_ORIGINS.get(reason, POLICY)
 
 
-def match(rules: Mapping[str, Mapping[str, Any]], partition: str, reason: str, origin: str, default: Any) -> Any:
+def match(
+    rules: Mapping[str, Mapping[str, Any]], partition: str, reason: str, origin: str, default: Any
+) -> Any:
     """The rule for (partition, reason): the partition's own rules before `*`'s, and within them
     the reason before its origin before `*`."""
     for p in (partition, ANY):
@@ -97,7 +103,9 @@ def match(rules: Mapping[str, Mapping[str, Any]], partition: str, reason: str, o
     return default
 
 
-def check_rules(kind: str, rules: Mapping[str, Mapping[str, Any]], choices: Collection[str]) -> None:
+def check_rules(
+    kind: str, rules: Mapping[str, Mapping[str, Any]], choices: Collection[str]
+) -> None:
     """Refuse a rule table with an unknown partition, reason or decision, naming the bad entry."""
     for partition, by_key in rules.items():
         if partition not in ("train", "val", ANY):
@@ -106,9 +114,13 @@ def check_rules(kind: str, rules: Mapping[str, Mapping[str, Any]], choices: Coll
             if key not in (*ORIGINS, ANY):
                 problem = check_reason(key)
                 if problem is not None:
-                    raise ValueError(f"{kind}: rules[{partition!r}]: {problem}; or use an origin ('infra', 'policy') or '*'")
+                    raise ValueError(
+                        f"{kind}: rules[{partition!r}]: {problem}; or use an origin ('infra', 'policy') or '*'"
+                    )
             if decision not in choices:
-                raise ValueError(f"{kind}: rules[{partition!r}][{key!r}] is {decision!r}; use {' or '.join(map(repr, choices))}")
+                raise ValueError(
+                    f"{kind}: rules[{partition!r}][{key!r}] is {decision!r}; use {' or '.join(map(repr, choices))}"
+                )
 
 
 @dataclass(frozen=True)
@@ -134,7 +146,9 @@ class MetricPolicy:
             if problem is not None:
                 raise ValueError(f"metric policy: origins: {problem}")
             if origin not in ORIGINS:
-                raise ValueError(f"metric policy: origins[{reason!r}] is {origin!r}; use 'infra' or 'policy'")
+                raise ValueError(
+                    f"metric policy: origins[{reason!r}] is {origin!r}; use 'infra' or 'policy'"
+                )
 
     def origin(self, reason: str, declared: Origin | None = None) -> Origin:
         return origin_of(reason, self.origins, declared)
@@ -143,7 +157,11 @@ class MetricPolicy:
         return match(self.rules, partition, reason, origin, self.default)  # type: ignore[no-any-return]
 
     def as_config(self) -> dict[str, Any]:
-        return {"default": self.default, "rules": _plain(self.rules), "origins": dict(sorted(self.origins.items()))}
+        return {
+            "default": self.default,
+            "rules": _plain(self.rules),
+            "origins": dict(sorted(self.origins.items())),
+        }
 
 
 @dataclass(frozen=True)
@@ -163,22 +181,44 @@ class RetryPolicy:
     max_backoff_s: float = 30.0
 
     def __post_init__(self) -> None:
-        if isinstance(self.max_attempts, bool) or not isinstance(self.max_attempts, int) or not 1 <= self.max_attempts <= 1000:
-            raise ValueError(f"retry policy: max_attempts must be an integer in [1, 1000], got {self.max_attempts!r}")
+        if (
+            isinstance(self.max_attempts, bool)
+            or not isinstance(self.max_attempts, int)
+            or not 1 <= self.max_attempts <= 1000
+        ):
+            raise ValueError(
+                f"retry policy: max_attempts must be an integer in [1, 1000], got {self.max_attempts!r}"
+            )
         if isinstance(self.on, str):
-            raise ValueError(f"retry policy: on must be a collection of reasons or origins, got the string {self.on!r}; "
-                             f"write on=({self.on!r},)")
+            raise ValueError(
+                f"retry policy: on must be a collection of reasons or origins, got the string {self.on!r}; "
+                f"write on=({self.on!r},)"
+            )
         for key in self.on:
             if key not in ORIGINS:
                 problem = check_reason(key)
                 if problem is not None:
-                    raise ValueError(f"retry policy: on: {problem}; or use an origin ('infra', 'policy')")
+                    raise ValueError(
+                        f"retry policy: on: {problem}; or use an origin ('infra', 'policy')"
+                    )
         for name in ("backoff_s", "max_backoff_s"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < float("inf"):
-                raise ValueError(f"retry policy: {name} must be a finite number >= 0, got {value!r}")
-        if isinstance(self.multiplier, bool) or not isinstance(self.multiplier, (int, float)) or not 1 <= self.multiplier < float("inf"):
-            raise ValueError(f"retry policy: multiplier must be a finite number >= 1, got {self.multiplier!r}")
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, (int, float))
+                or not 0 <= value < float("inf")
+            ):
+                raise ValueError(
+                    f"retry policy: {name} must be a finite number >= 0, got {value!r}"
+                )
+        if (
+            isinstance(self.multiplier, bool)
+            or not isinstance(self.multiplier, (int, float))
+            or not 1 <= self.multiplier < float("inf")
+        ):
+            raise ValueError(
+                f"retry policy: multiplier must be a finite number >= 1, got {self.multiplier!r}"
+            )
 
     def retries(self, reason: str, origin: str, attempt: int) -> bool:
         """Whether a failure of `attempt` (1-based) with this reason starts another attempt."""
@@ -189,8 +229,13 @@ class RetryPolicy:
         return float(min(self.max_backoff_s, self.backoff_s * self.multiplier ** (attempt - 1)))
 
     def as_config(self) -> dict[str, Any]:
-        return {"max_attempts": self.max_attempts, "on": sorted(self.on), "backoff_s": float(self.backoff_s),
-                "multiplier": float(self.multiplier), "max_backoff_s": float(self.max_backoff_s)}
+        return {
+            "max_attempts": self.max_attempts,
+            "on": sorted(self.on),
+            "backoff_s": float(self.backoff_s),
+            "multiplier": float(self.multiplier),
+            "max_backoff_s": float(self.max_backoff_s),
+        }
 
 
 def _plain(rules: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, Any]]:

@@ -42,7 +42,9 @@ class RunConfigMismatch(LedgerError):
     """The run was recorded with another configuration; nothing was written."""
 
     def __init__(self, run: str, changed: list[str]) -> None:
-        shown = "; ".join(changed[:_SHOWN]) + (f"; and {len(changed) - _SHOWN} more" if len(changed) > _SHOWN else "")
+        shown = "; ".join(changed[:_SHOWN]) + (
+            f"; and {len(changed) - _SHOWN} more" if len(changed) > _SHOWN else ""
+        )
         super().__init__(
             f"run {run!r} was recorded with another configuration ({shown}); resuming it would mix two "
             f"meanings of its metrics — open it with the recorded configuration, use a new run name, or pass "
@@ -63,6 +65,7 @@ def run_stream(run: str) -> str:
 
 def canonical(config: Mapping[str, Any], where: str = "config") -> dict[str, Any]:
     """`config` as plain JSON (sorted keys, tuples as lists); a value JSON cannot hold is an error."""
+
     def plain(value: Any, path: str) -> Any:
         if value is None or isinstance(value, (bool, str)):
             return value
@@ -73,12 +76,19 @@ def canonical(config: Mapping[str, Any], where: str = "config") -> dict[str, Any
                 raise InvalidInput(None, path, f"must be a finite number, got {value!r}")
             return float(value)
         if isinstance(value, Mapping):
-            return {str(k): plain(v, f"{path}.{k}") for k, v in sorted(value.items(), key=lambda kv: str(kv[0]))}
+            return {
+                str(k): plain(v, f"{path}.{k}")
+                for k, v in sorted(value.items(), key=lambda kv: str(kv[0]))
+            }
         if isinstance(value, (list, tuple)):
             return [plain(v, f"{path}[{i}]") for i, v in enumerate(value)]
         if hasattr(value, "item") and callable(value.item):  # a numpy scalar
             return plain(value.item(), path)
-        raise InvalidInput(None, path, f"must be JSON-like (dict, list, str, number, bool, None), got {type(value).__name__}")
+        raise InvalidInput(
+            None,
+            path,
+            f"must be JSON-like (dict, list, str, number, bool, None), got {type(value).__name__}",
+        )
 
     return plain(dict(config), where)  # type: ignore[no-any-return]
 
@@ -110,7 +120,9 @@ def changes(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
     ]
 
 
-async def ensure_recorded(store: EventStore, run: str, config: Mapping[str, Any], resume: str | None) -> None:
+async def ensure_recorded(
+    store: EventStore, run: str, config: Mapping[str, Any], resume: str | None
+) -> None:
     """Record `config` for `run` if the run has none, accept it if it is the recorded one, record
     the change if `resume == NEW_CONFIG`, else raise `RunConfigMismatch`. A writer that races
     another to the first record re-reads and checks against the winner's."""
@@ -128,12 +140,23 @@ async def ensure_recorded(store: EventStore, run: str, config: Mapping[str, Any]
             if resume != NEW_CONFIG:
                 raise RunConfigMismatch(run, changed)
             change = {"previous": current.digest, "changed": changed}
-        event = storable.clean_event(stream, ev.RunConfigured(digest=wanted, config=dict(config), change=change))
-        envelope = ev.envelope(event, session_id=stream, version=len(stored) + 1, run=run, uid="", partition="",
-                               global_step=None)
+        event = storable.clean_event(
+            stream, ev.RunConfigured(digest=wanted, config=dict(config), change=change)
+        )
+        envelope = ev.envelope(
+            event,
+            session_id=stream,
+            version=len(stored) + 1,
+            run=run,
+            uid="",
+            partition="",
+            global_step=None,
+        )
         try:
             await store.submit(stream, len(stored), [envelope])
             return
         except ConcurrencyError:
             continue  # another writer recorded first: check against what it recorded
-    raise LedgerError(f"run {run!r}: could not record its configuration (writers kept racing); try again")
+    raise LedgerError(
+        f"run {run!r}: could not record its configuration (writers kept racing); try again"
+    )

@@ -33,8 +33,16 @@ from sessions.recorder import (
     stored_bytes,
 )
 from store import (
-    AsyncEngine, EventStore, GroupConflict, StoredJSONError, check_schema, create_engine, deferred_cancel, normalize_url,
-    retry_transient, upgrade,
+    AsyncEngine,
+    EventStore,
+    GroupConflict,
+    StoredJSONError,
+    check_schema,
+    create_engine,
+    deferred_cancel,
+    normalize_url,
+    retry_transient,
+    upgrade,
 )
 from store import read_models as rm
 
@@ -69,14 +77,20 @@ class Ledger:
         self.policy = placeholder_policy or PlaceholderPolicy()
         self.metric_policy = metric_policy or MetricPolicy()
         self.retry_policy = retry_policy or RetryPolicy()
-        if isinstance(min_valid, bool) or not isinstance(min_valid, int) or not 0 <= min_valid < 2**31:
+        if (
+            isinstance(min_valid, bool)
+            or not isinstance(min_valid, int)
+            or not 0 <= min_valid < 2**31
+        ):
             raise ValueError(f"min_valid must be an integer >= 0, got {min_valid!r}")
         self.min_valid = min_valid
         if resume not in (None, fingerprint.NEW_CONFIG):
             raise ValueError(f"resume must be None or {fingerprint.NEW_CONFIG!r}, got {resume!r}")
         self.resume = resume
         if trajectory_selection not in ("all", "longest"):
-            raise ValueError(f"trajectory_selection must be 'all' or 'longest', got {trajectory_selection!r}")
+            raise ValueError(
+                f"trajectory_selection must be 'all' or 'longest', got {trajectory_selection!r}"
+            )
         self.trajectory_selection = trajectory_selection
         #: what the run's fingerprint covers (`sessions.fingerprint`)
         self.config = {
@@ -156,9 +170,17 @@ class Ledger:
             else:
                 await retry_transient(lambda: check_schema(engine), what="open (schema check)")
             ledger = cls(
-                engine, run=run, placeholder_policy=placeholder_policy, metric_policy=metric_policy,
-                retry_policy=retry_policy, min_valid=min_valid, config=config, resume=resume,
-                trajectory_selection=trajectory_selection, sinks=sinks, limits=limits,
+                engine,
+                run=run,
+                placeholder_policy=placeholder_policy,
+                metric_policy=metric_policy,
+                retry_policy=retry_policy,
+                min_valid=min_valid,
+                config=config,
+                resume=resume,
+                trajectory_selection=trajectory_selection,
+                sinks=sinks,
+                limits=limits,
             )
             ledger._loop = asyncio.get_running_loop()
             try:
@@ -200,8 +222,13 @@ class Ledger:
         self._own_loop()
         run = self.run if run is None else run
         validation.check_identity(
-            session_id, run=run, uid=uid, session_index=session_index, group_size=group_size,
-            partition=partition, global_step=global_step,
+            session_id,
+            run=run,
+            uid=uid,
+            session_index=session_index,
+            group_size=group_size,
+            partition=partition,
+            global_step=global_step,
         )
         metadata = validation.json_dict(session_id, "metadata", metadata)
         data_source = validation.optional_name(session_id, "data_source", data_source)
@@ -209,16 +236,29 @@ class Ledger:
         view = agg.SessionView(session_id)
         decided: list[ev.Event] = [
             ev.SessionCreated(
-                run=run, uid=uid, session_index=int(session_index), group_size=int(group_size), partition=partition,
-                global_step=None if global_step is None else int(global_step), data_source=data_source,
-                runner=runner, sample_index=sample_index, metadata=metadata,
+                run=run,
+                uid=uid,
+                session_index=int(session_index),
+                group_size=int(group_size),
+                partition=partition,
+                global_step=None if global_step is None else int(global_step),
+                data_source=data_source,
+                runner=runner,
+                sample_index=sample_index,
+                metadata=metadata,
                 min_valid=None if self.min_valid == ev.DEFAULT_MIN_VALID else self.min_valid,
             )
         ]
         if start:
             decided.append(ev.SessionStarted(attempt=attempt, timeout_s=timeout_s))
         decided, envelopes = storable_envelopes(
-            decided, session_id=session_id, version=0, run=run, uid=uid, partition=partition, global_step=global_step
+            decided,
+            session_id=session_id,
+            version=0,
+            run=run,
+            uid=uid,
+            partition=partition,
+            global_step=global_step,
         )
         size = self.limits.check(session_id, "metadata", 0, 0, envelopes)
         # The run's configuration is checked (recorded, the first time) once the session's own
@@ -239,7 +279,9 @@ class Ledger:
             await append_then_apply(self.store, view, decided, envelopes)
         except ConcurrencyError:
             raise InvalidInput(
-                session_id, "session_id", "already exists in this database; session ids must be unique — use a fresh id"
+                session_id,
+                "session_id",
+                "already exists in this database; session ids must be unique — use a fresh id",
             ) from None
         except GroupConflict as conflict:
             raise InvalidInput(conflict.session_id, conflict.field, conflict.problem) from None
@@ -263,7 +305,12 @@ class Ledger:
 
     def _handle(self, view: agg.SessionView, size: int) -> SessionHandle:
         return SessionHandle(
-            self.store, view, self.policy, self.trajectory_selection, limits=self.limits, stored_bytes=size,
+            self.store,
+            view,
+            self.policy,
+            self.trajectory_selection,
+            limits=self.limits,
+            stored_bytes=size,
             metrics=self.metric_policy,
         )
 
@@ -272,9 +319,11 @@ class Ledger:
         record it; concurrent first sessions wait for the one check."""
         check = self._configured.get(run)
         if check is None:  # one future for every waiter, not a shield each (store.futures says why)
-            check = self._configured[run] = deferred_cancel(asyncio.ensure_future(
-                fingerprint.ensure_recorded(self.store, run, self.config, self.resume)
-            ))
+            check = self._configured[run] = deferred_cancel(
+                asyncio.ensure_future(
+                    fingerprint.ensure_recorded(self.store, run, self.config, self.resume)
+                )
+            )
         try:
             await check
         except BaseException:
@@ -295,15 +344,24 @@ class Ledger:
             raise
         except BaseException as error:  # CancelledError, KeyboardInterrupt, SystemExit
             if not handle.terminal:
-                await _settle_or_note(asyncio.shield(handle.cancel(f"{type(error).__name__}: {error}")), error)
+                await _settle_or_note(
+                    asyncio.shield(handle.cancel(f"{type(error).__name__}: {error}")), error
+                )
             raise
         else:
             if not handle.terminal:
                 await handle.complete()
 
     async def run_session(
-        self, runner: Runner, session_id: str, /, *, timeout: float | None = None,
-        recording_timeout: float = RECORDING_TIMEOUT, retry: RetryPolicy | None = None, **kwargs: Any,
+        self,
+        runner: Runner,
+        session_id: str,
+        /,
+        *,
+        timeout: float | None = None,
+        recording_timeout: float = RECORDING_TIMEOUT,
+        retry: RetryPolicy | None = None,
+        **kwargs: Any,
     ) -> SessionOutcome:
         """Run `runner(handle)` as a session under an asyncio timeout.
 
@@ -326,7 +384,9 @@ class Ledger:
         work = asyncio.ensure_future(self._run_session(runner, session_id, timeout, retry, kwargs))
         if timeout is None:
             return await work
-        budget = timeout * retry.max_attempts + sum(retry.backoff(n) for n in range(1, retry.max_attempts))
+        budget = timeout * retry.max_attempts + sum(
+            retry.backoff(n) for n in range(1, retry.max_attempts)
+        )
         try:
             done, _ = await asyncio.wait({work}, timeout=budget + recording_timeout)
         except asyncio.CancelledError:
@@ -337,13 +397,23 @@ class Ledger:
             return work.result()
         self._recording.add(work)
         work.add_done_callback(self._recording.discard)
-        return SessionOutcome(session_id, "recording", "timeout", TimeoutError(
-            f"session {session_id!r}: the runner's {timeout}s ran out and recording its end took longer than "
-            f"recording_timeout={recording_timeout}s (the database is busy); it goes on in the background"
-        ))
+        return SessionOutcome(
+            session_id,
+            "recording",
+            "timeout",
+            TimeoutError(
+                f"session {session_id!r}: the runner's {timeout}s ran out and recording its end took longer than "
+                f"recording_timeout={recording_timeout}s (the database is busy); it goes on in the background"
+            ),
+        )
 
     async def _run_session(
-        self, runner: Runner, session_id: str, timeout: float | None, retry: RetryPolicy, kwargs: dict[str, Any]
+        self,
+        runner: Runner,
+        session_id: str,
+        timeout: float | None,
+        retry: RetryPolicy,
+        kwargs: dict[str, Any],
     ) -> SessionOutcome:
         handle = await self.create_session(session_id, timeout_s=timeout, **kwargs)
         while True:
@@ -356,14 +426,20 @@ class Ledger:
                 if handle.terminal:
                     return self._outcome(handle, error)
                 reason = failure_reason(error)
-                if await self._retried(handle, retry, reason, failure_origin(error), error, timeout):
+                if await self._retried(
+                    handle, retry, reason, failure_origin(error), error, timeout
+                ):
                     continue
                 await _settle_or_note(handle.fail_with(error), error)
                 return self._outcome(handle, error)
             except BaseException as error:
                 await self._abort(handle, error)
                 raise
-            if not handle.terminal and not handle.view.trajectories and handle.view.state == "running":
+            if (
+                not handle.terminal
+                and not handle.view.trajectories
+                and handle.view.state == "running"
+            ):
                 # complete() would fail it as empty_output: retried like a raised failure, if asked
                 empty = RuntimeError("the runner returned without recording a trajectory")
                 if await self._retried(handle, retry, "empty_output", None, empty, timeout):
@@ -373,7 +449,12 @@ class Ledger:
             return self._outcome(handle, None)
 
     async def _retried(
-        self, handle: SessionHandle, retry: RetryPolicy, reason: str, origin: str | None, error: BaseException,
+        self,
+        handle: SessionHandle,
+        retry: RetryPolicy,
+        reason: str,
+        origin: str | None,
+        error: BaseException,
         timeout: float | None,
     ) -> bool:
         """Record the failed attempt and start the next, if the policy retries it; a
@@ -384,13 +465,21 @@ class Ledger:
         wait = retry.backoff(handle.attempt)
         message = str(error) or repr(error)
         try:
-            await handle.retry(reason, message=message, error_type=type(error).__qualname__, origin=origin, retry_in_s=wait)
+            await handle.retry(
+                reason,
+                message=message,
+                error_type=type(error).__qualname__,
+                origin=origin,
+                retry_in_s=wait,
+            )
             if wait > 0:
                 await asyncio.sleep(wait)
             await handle.start(timeout_s=timeout)
         except Exception:
             raise  # the ledger's own error (the database): not the session's to record
-        except BaseException as interrupted:  # cancelled or shut down during the backoff: a pure abort
+        except (
+            BaseException
+        ) as interrupted:  # cancelled or shut down during the backoff: a pure abort
             await self._abort(handle, interrupted)
             raise
         return True
@@ -398,11 +487,19 @@ class Ledger:
     async def _abort(self, handle: SessionHandle, error: BaseException) -> None:
         """Record a cancellation (or shutdown) of the session, then let the error propagate."""
         if not handle.terminal:
-            await _settle_or_note(asyncio.shield(handle.cancel(f"{type(error).__name__}: {error}")), error)
+            await _settle_or_note(
+                asyncio.shield(handle.cancel(f"{type(error).__name__}: {error}")), error
+            )
 
     @staticmethod
     def _outcome(handle: SessionHandle, error: BaseException | None) -> SessionOutcome:
-        return SessionOutcome(handle.session_id, handle.state, handle.view.failure_reason, error, max(handle.attempt, 1))
+        return SessionOutcome(
+            handle.session_id,
+            handle.state,
+            handle.view.failure_reason,
+            error,
+            max(handle.attempt, 1),
+        )
 
     # ----------------------------------------------------------- projection
     async def project(self) -> int:
@@ -444,22 +541,38 @@ class Ledger:
                 "prompt_width/response_width fix the padded layout's widths; a jagged batch has "
                 "none (densify it with sessions.batches.densify(batch, prompt_width=..., response_width=...))"
             )
-        queue, sources = await self._settled_sources(partition, global_step, run, timeout, poll_interval)
+        queue, sources = await self._settled_sources(
+            partition, global_step, run, timeout, poll_interval
+        )
         infos: dict[str, Any] = {}
         if reward_info:
             async with self.engine.connect() as conn:
-                infos = await rm.session_reward_infos(conn, [q["session_id"] for q in queue if q["kind"] == "row"])
-        from sessions.batches import build_jagged, build_padded  # torch: imported only when batches are built
+                infos = await rm.session_reward_infos(
+                    conn, [q["session_id"] for q in queue if q["kind"] == "row"]
+                )
+        from sessions.batches import (
+            build_jagged,
+            build_padded,
+        )  # torch: imported only when batches are built
         from sessions.batches.rows import materialise
 
         rows = materialise(queue, sources)
         if jagged:
-            batch = build_jagged(rows, max_prompt_length=max_prompt_length, max_response_length=max_response_length, truncate=truncate)
+            batch = build_jagged(
+                rows,
+                max_prompt_length=max_prompt_length,
+                max_response_length=max_response_length,
+                truncate=truncate,
+            )
         else:
             batch = build_padded(
-                rows, pad_token_id=pad_token_id, max_prompt_length=max_prompt_length,
-                max_response_length=max_response_length, prompt_width=prompt_width,
-                response_width=response_width, truncate=truncate,
+                rows,
+                pad_token_id=pad_token_id,
+                max_prompt_length=max_prompt_length,
+                max_response_length=max_response_length,
+                prompt_width=prompt_width,
+                response_width=response_width,
+                truncate=truncate,
             )
         if reward_info:
             from sessions.batches.reward_info import add_reward_info
@@ -492,14 +605,25 @@ class Ledger:
         async with self.engine.connect() as conn:
             queue = await rm.queue_rows_for(conn, settled_run, partition, global_step)
         rows = await self.metrics(partition, global_step, run=run, project=False)
-        from sessions.integrations.verl.validation_metrics import metrics_dict  # numpy only, loaded on use
+        from sessions.integrations.verl.validation_metrics import (
+            metrics_dict,
+        )  # numpy only, loaded on use
 
         return metrics_dict(
-            partition, queue, rows, max_prompt_length=max_prompt_length, max_response_length=max_response_length
+            partition,
+            queue,
+            rows,
+            max_prompt_length=max_prompt_length,
+            max_response_length=max_response_length,
         )
 
     async def _settled_sources(
-        self, partition: str, global_step: int | None, run: str | None, timeout: float | None, poll_interval: float
+        self,
+        partition: str,
+        global_step: int | None,
+        run: str | None,
+        timeout: float | None,
+        poll_interval: float,
     ) -> tuple[list[dict[str, Any]], dict[int, Any]]:
         """The step's queue rows once settled and the events they point at: as the ledger's own
         projector holds them when it projected the step from its first session (no read back),
@@ -513,7 +637,12 @@ class Ledger:
             return queue, await rm.source_events(conn, [q["source_position"] for q in queue])
 
     async def _wait_settled(
-        self, partition: str, global_step: int | None, run: str | None, timeout: float | None, poll_interval: float,
+        self,
+        partition: str,
+        global_step: int | None,
+        run: str | None,
+        timeout: float | None,
+        poll_interval: float,
     ) -> str:
         """Wait until all the step's groups are settled, projecting while it waits; the run."""
         self._own_loop()
@@ -531,7 +660,9 @@ class Ledger:
             remaining = None if deadline is None else deadline - loop.time()
             if remaining is not None and remaining <= 0:
                 if not status:
-                    raise TimeoutError(f"run {run!r} {partition} step {global_step}: no sessions recorded after {timeout}s")
+                    raise TimeoutError(
+                        f"run {run!r} {partition} step {global_step}: no sessions recorded after {timeout}s"
+                    )
                 async with self.engine.connect() as conn:
                     uids = await rm.pending_uids(conn, run, partition, global_step)
                 pending = status.get("pending", 0)
@@ -545,7 +676,11 @@ class Ledger:
             await self.store.wait_for_commit(wait)
 
     async def metrics(
-        self, partition: str | None = None, global_step: int | None | EllipsisType = ..., *, run: str | None = None,
+        self,
+        partition: str | None = None,
+        global_step: int | None | EllipsisType = ...,
+        *,
+        run: str | None = None,
         project: bool = True,
     ) -> list[MetricRow]:
         """Metric counts of a run (default: this ledger's), optionally one partition and step.
@@ -557,8 +692,23 @@ class Ledger:
         if project:
             await self.project()
         async with self.engine.connect() as conn:
-            rows = await rm.metric_rows(conn, run=self.run if run is None else run, partition=partition, global_step=global_step)
-        return [MetricRow(r["run"], r["partition"], r["global_step"], r["data_source"], r["metric"], r["value"]) for r in rows]
+            rows = await rm.metric_rows(
+                conn,
+                run=self.run if run is None else run,
+                partition=partition,
+                global_step=global_step,
+            )
+        return [
+            MetricRow(
+                r["run"],
+                r["partition"],
+                r["global_step"],
+                r["data_source"],
+                r["metric"],
+                r["value"],
+            )
+            for r in rows
+        ]
 
 
 async def _settle_or_note(settle: Awaitable[Any], original: BaseException) -> None:

@@ -71,24 +71,41 @@ class PlaceholderPolicy:
     def __post_init__(self) -> None:
         _check_decision("default", self.default)
         check_rules("placeholder policy", self.rules, DECISIONS)
-        if isinstance(self.token_id, bool) or not isinstance(self.token_id, int) or not 0 <= self.token_id < 2**31:
-            raise ValueError(f"placeholder policy: token_id {self.token_id!r} must be an integer in [0, 2**31)")
+        if (
+            isinstance(self.token_id, bool)
+            or not isinstance(self.token_id, int)
+            or not 0 <= self.token_id < 2**31
+        ):
+            raise ValueError(
+                f"placeholder policy: token_id {self.token_id!r} must be an integer in [0, 2**31)"
+            )
         for name in ("prompt_length", "response_length"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_PLACEHOLDER_LENGTH:
-                raise ValueError(f"placeholder policy: {name} must be an integer in [1, {MAX_PLACEHOLDER_LENGTH}], got {value!r} "
-                                 "(for context parallelism use at least 2*tp*cp)")
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, int)
+                or not 1 <= value <= MAX_PLACEHOLDER_LENGTH
+            ):
+                raise ValueError(
+                    f"placeholder policy: {name} must be an integer in [1, {MAX_PLACEHOLDER_LENGTH}], got {value!r} "
+                    "(for context parallelism use at least 2*tp*cp)"
+                )
 
     def decide(self, partition: str, reason: str, origin: str = "policy") -> Decision:
         return match(self.rules, partition, reason, origin, self.default)  # type: ignore[no-any-return]
 
     def as_config(self) -> dict[str, object]:
         return {
-            "default": self.default, "rules": {p: dict(sorted(r.items())) for p, r in sorted(self.rules.items())},
-            "token_id": self.token_id, "prompt_length": self.prompt_length, "response_length": self.response_length,
+            "default": self.default,
+            "rules": {p: dict(sorted(r.items())) for p, r in sorted(self.rules.items())},
+            "token_id": self.token_id,
+            "prompt_length": self.prompt_length,
+            "response_length": self.response_length,
         }
 
 
 def _check_decision(where: str, decision: str) -> None:
     if decision not in DECISIONS:
-        raise ValueError(f"placeholder policy: {where} is {decision!r}; use 'emit', 'drop' or 'keep_partial'")
+        raise ValueError(
+            f"placeholder policy: {where} is {decision!r}; use 'emit', 'drop' or 'keep_partial'"
+        )

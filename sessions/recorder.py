@@ -62,37 +62,66 @@ class Limits:
     def __post_init__(self) -> None:
         for name in ("max_event_bytes", "max_session_events", "max_session_bytes"):
             value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-                raise ValueError(f"{name} must be a positive integer or None (no cap), got {value!r}")
+            if value is not None and (
+                isinstance(value, bool) or not isinstance(value, int) or value < 1
+            ):
+                raise ValueError(
+                    f"{name} must be a positive integer or None (no cap), got {value!r}"
+                )
 
-    def check(self, session_id: str, field: str, events_so_far: int, bytes_so_far: int, envelopes: Sequence[Any]) -> int:
+    def check(
+        self,
+        session_id: str,
+        field: str,
+        events_so_far: int,
+        bytes_so_far: int,
+        envelopes: Sequence[Any],
+    ) -> int:
         """Raise InvalidInput (nothing written) if appending `envelopes` breaks a cap; else their size."""
         sizes = [event_bytes(e.data, e.payload, e.data_json) for e in envelopes]
         if self.max_event_bytes is not None:
             for envelope, size in zip(envelopes, sizes):
                 if size > self.max_event_bytes:
                     raise _too_big(
-                        session_id, field, size, self.max_event_bytes, "max_event_bytes",
+                        session_id,
+                        field,
+                        size,
+                        self.max_event_bytes,
+                        "max_event_bytes",
                         f"{envelope.type} event would be {size:,} bytes ({len(envelope.payload or b''):,} of token "
                         f"payload, {size - len(envelope.payload or b''):,} of JSON)",
                     )
-        if self.max_session_events is not None and events_so_far + len(envelopes) > self.max_session_events:
+        if (
+            self.max_session_events is not None
+            and events_so_far + len(envelopes) > self.max_session_events
+        ):
             raise _too_big(
-                session_id, field, events_so_far + len(envelopes), self.max_session_events, "max_session_events",
+                session_id,
+                field,
+                events_so_far + len(envelopes),
+                self.max_session_events,
+                "max_session_events",
                 f"the session has {events_so_far:,} events and this command adds {len(envelopes)}",
             )
         total = bytes_so_far + sum(sizes)
         if self.max_session_bytes is not None and total > self.max_session_bytes:
             raise _too_big(
-                session_id, field, total, self.max_session_bytes, "max_session_bytes",
+                session_id,
+                field,
+                total,
+                self.max_session_bytes,
+                "max_session_bytes",
                 f"the session holds {bytes_so_far:,} bytes and this command adds {sum(sizes):,}",
             )
         return sum(sizes)
 
 
-def _too_big(session_id: str, field: str, size: int, limit: int, name: str, detail: str) -> InvalidInput:
+def _too_big(
+    session_id: str, field: str, size: int, limit: int, name: str, detail: str
+) -> InvalidInput:
     error = InvalidInput(
-        session_id, field,
+        session_id,
+        field,
         f"{detail}: {size:,} is over {name}={limit:,}; nothing was written — record less, "
         f"or raise the cap with Ledger.open(..., {name}=...)",
     )
@@ -208,8 +237,14 @@ class SessionHandle:
     ) -> int:
         """Record one trajectory; returns its index. Mask defaults to all 1 (every token trainable)."""
         sid = self.session_id
-        arrays = validation.trajectory(sid, prompt_ids, response_ids, response_mask, response_logprobs)
-        if isinstance(num_turns, bool) or not isinstance(num_turns, (int, np.integer)) or num_turns < 0:
+        arrays = validation.trajectory(
+            sid, prompt_ids, response_ids, response_mask, response_logprobs
+        )
+        if (
+            isinstance(num_turns, bool)
+            or not isinstance(num_turns, (int, np.integer))
+            or num_turns < 0
+        ):
             raise InvalidInput(sid, "num_turns", f"must be an integer >= 0, got {num_turns!r}")
         num_turns = int(num_turns)
         extra = validation.json_dict(sid, "extra", extra)
@@ -220,7 +255,9 @@ class SessionHandle:
                 prompt_len=arrays.prompt_len,
                 response_len=arrays.response_len,
                 has_logprobs=arrays.logprobs is not None,
-                trainable_tokens=arrays.response_len if response_mask is None else int(arrays.response_mask.sum()),
+                trainable_tokens=arrays.response_len
+                if response_mask is None
+                else int(arrays.response_mask.sum()),
                 materialization_reason=materialization_reason,
                 extra=extra,
                 payload=tokens.encode(arrays),
@@ -235,48 +272,87 @@ class SessionHandle:
         async with self._locked():
             await self._commit(agg.decide_reward(self._view, reward, info), capped="info")
 
-    async def complete(self, *, score: float | None = None, trajectory_selection: str | None = None) -> str:
+    async def complete(
+        self, *, score: float | None = None, trajectory_selection: str | None = None
+    ) -> str:
         """End the session: `succeeded`, or `failed`/`empty_output` without a trajectory. Returns the state."""
         score = validation.reward(self.session_id, "score", score)
         async with self._locked():
             decided = agg.decide_complete(
-                self._view, self._policy, score=score, selection=trajectory_selection or self._selection,
+                self._view,
+                self._policy,
+                score=score,
+                selection=trajectory_selection or self._selection,
                 metrics=self._metrics,
             )
             await self._commit(decided)
         return self.state
 
     async def fail(
-        self, reason: str = "runner_error", *, message: str = "", error_type: str | None = None, origin: str | None = None
+        self,
+        reason: str = "runner_error",
+        *,
+        message: str = "",
+        error_type: str | None = None,
+        origin: str | None = None,
     ) -> None:
         """End the session as failed; `origin` (`infra`/`policy`) overrides the reason's default."""
         async with self._locked():
-            await self._commit(agg.decide_fail(
-                self._view, self._policy, reason, message=message, error_type=error_type, origin=origin,
-                metrics=self._metrics, selection=self._selection,
-            ))
+            await self._commit(
+                agg.decide_fail(
+                    self._view,
+                    self._policy,
+                    reason,
+                    message=message,
+                    error_type=error_type,
+                    origin=origin,
+                    metrics=self._metrics,
+                    selection=self._selection,
+                )
+            )
 
     async def fail_with(self, error: BaseException) -> None:
         """Fail the session because `error` was raised inside it."""
-        await self.fail(failure_reason(error), message=str(error) or repr(error), error_type=type(error).__qualname__,
-                        origin=failure_origin(error))
+        await self.fail(
+            failure_reason(error),
+            message=str(error) or repr(error),
+            error_type=type(error).__qualname__,
+            origin=failure_origin(error),
+        )
 
     async def retry(
-        self, reason: str = "runner_error", *, message: str = "", error_type: str | None = None,
-        origin: str | None = None, retry_in_s: float = 0.0,
+        self,
+        reason: str = "runner_error",
+        *,
+        message: str = "",
+        error_type: str | None = None,
+        origin: str | None = None,
+        retry_in_s: float = 0.0,
     ) -> None:
         """End the current attempt as failed and superseded (running -> retrying); `start()`
         begins the next. `Ledger.run_session(retry=...)` does this for you."""
         async with self._locked():
             origin = self._metrics.origin(reason, origin)  # type: ignore[arg-type]
-            await self._commit(agg.decide_retry(
-                self._view, reason, origin, message=message, error_type=error_type, retry_in_s=retry_in_s
-            ))
+            await self._commit(
+                agg.decide_retry(
+                    self._view,
+                    reason,
+                    origin,
+                    message=message,
+                    error_type=error_type,
+                    retry_in_s=retry_in_s,
+                )
+            )
 
     async def retry_with(self, error: BaseException, *, retry_in_s: float = 0.0) -> None:
         """`retry` because `error` was raised inside the attempt."""
-        await self.retry(failure_reason(error), message=str(error) or repr(error), error_type=type(error).__qualname__,
-                         origin=failure_origin(error), retry_in_s=retry_in_s)
+        await self.retry(
+            failure_reason(error),
+            message=str(error) or repr(error),
+            error_type=type(error).__qualname__,
+            origin=failure_origin(error),
+            retry_in_s=retry_in_s,
+        )
 
     async def cancel(self, message: str | None = None) -> None:
         async with self._locked():
@@ -288,8 +364,13 @@ class SessionHandle:
         (None for start and terminal commands, which caps never refuse)."""
         view = self._view
         decided, envelopes = storable_envelopes(
-            decided, session_id=view.session_id, version=view.version, run=view.run, uid=view.uid,
-            partition=view.partition, global_step=view.global_step,
+            decided,
+            session_id=view.session_id,
+            version=view.version,
+            run=view.run,
+            uid=view.uid,
+            partition=view.partition,
+            global_step=view.global_step,
         )
         if capped is not None:
             size = self._limits.check(view.session_id, capped, view.version, self._bytes, envelopes)
@@ -304,7 +385,13 @@ class SessionHandle:
 
 
 def storable_envelopes(
-    decided: Sequence[ev.Event], *, session_id: str, version: int, run: str, uid: str, partition: str,
+    decided: Sequence[ev.Event],
+    *,
+    session_id: str,
+    version: int,
+    run: str,
+    uid: str,
+    partition: str,
     global_step: int | None,
 ) -> tuple[list[ev.Event], list[Any]]:
     """The events made storable (`InvalidInput` if one cannot be) and wrapped for the store after
@@ -320,14 +407,25 @@ def storable_envelopes(
     for offset, event in enumerate(decided, start=1):
         event, data = storable.clean_event_data(session_id, event)
         cleaned.append(event)
-        envelopes.append(ev.envelope(
-            event, session_id=session_id, version=version + offset, run=run, uid=uid, partition=partition,
-            global_step=global_step, recorded_at=now, data=data,
-        ))
+        envelopes.append(
+            ev.envelope(
+                event,
+                session_id=session_id,
+                version=version + offset,
+                run=run,
+                uid=uid,
+                partition=partition,
+                global_step=global_step,
+                recorded_at=now,
+                data=data,
+            )
+        )
     return cleaned, envelopes
 
 
-async def append_then_apply(store: EventStore, view: agg.SessionView, decided: Sequence[ev.Event], envelopes: list[Any]) -> None:
+async def append_then_apply(
+    store: EventStore, view: agg.SessionView, decided: Sequence[ev.Event], envelopes: list[Any]
+) -> None:
     """Append, and apply to the view only once the append committed.
 
     A caller cancelled while its append is in flight still learns the append's fate before the

@@ -47,7 +47,9 @@ def parse_duration(text: str) -> timedelta:
 async def recover(ledger: Ledger, older_than: timedelta, *, run: str | None = None) -> list[str]:
     """Fail every open session idle for longer than `older_than`; returns their ids."""
     if older_than < timedelta(0):
-        raise ValueError(f"older_than must not be negative, got {older_than}; a negative age would fail live sessions")
+        raise ValueError(
+            f"older_than must not be negative, got {older_than}; a negative age would fail live sessions"
+        )
     await ledger.project()
     cutoff = datetime.now(timezone.utc) - older_than
     async with ledger.engine.connect() as conn:
@@ -61,7 +63,10 @@ async def recover(ledger: Ledger, older_than: timedelta, *, run: str | None = No
             if handle.terminal:
                 return None
             try:
-                await handle.fail("orphaned", message=f"no event since {last.isoformat()}; failed by the recovery sweep")
+                await handle.fail(
+                    "orphaned",
+                    message=f"no event since {last.isoformat()}; failed by the recovery sweep",
+                )
             except (ConcurrencyError, InvalidTransition):
                 return None  # its owner was alive after all and moved it on
             return session_id

@@ -26,7 +26,15 @@ from sessions import events as ev
 from sessions.errors import InvalidInput
 from store import ColumnSpec, column_spec
 
-__all__ = ["DECLARATION", "Field", "clean_event", "clean_json", "clean_text", "problems", "session_id_problem"]
+__all__ = [
+    "DECLARATION",
+    "Field",
+    "clean_event",
+    "clean_json",
+    "clean_text",
+    "problems",
+    "session_id_problem",
+]
 
 #: The JSON-only integer fields' range (no column: the strictest backend's BIGINT).
 _INT64 = (-(2**63), 2**63 - 1)
@@ -58,7 +66,9 @@ class Field:
             return base
         kind = "json" if self.kind == "int_list" else self.kind
         assert kind is not None
-        return ColumnSpec(f"({self.kind})", kind, bool(self.nullable), int_range=self.int_range or _INT64)
+        return ColumnSpec(
+            f"({self.kind})", kind, bool(self.nullable), int_range=self.int_range or _INT64
+        )
 
 
 #: Every field of every event type. Identity fields of SessionCreated are what a group and its
@@ -99,7 +109,9 @@ DECLARATION: dict[str, dict[str, Field]] = {
         "selected": Field(kind="int_list"),
         "trajectory_selection": Field(kind="json", choices=("all", "longest")),
         "score": Field("sessions.reward"),
-        "score_source": Field("sessions.score_source", choices=("reward_info", "external", "absent")),
+        "score_source": Field(
+            "sessions.score_source", choices=("reward_info", "external", "absent")
+        ),
         "finished": Field(kind="bool"),
     },
     "SessionFailed": {
@@ -151,12 +163,19 @@ _ABSENT = object()
 def _problem(name: str, field: Field, spec: ColumnSpec, value: Any) -> str | None:
     """Why `value` cannot be stored for this field (free text excepted: it is cleaned)."""
     if field.kind == "int_list":
-        if not isinstance(value, list) or any(isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < 2**31 for i in value):
+        if not isinstance(value, list) or any(
+            isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < 2**31 for i in value
+        ):
             return f"must be a list of integers in [0, 2**31), got {value!r:.60}"
         return None
     if field.choices is not None and value not in field.choices:
         return f"must be one of {', '.join(map(repr, field.choices))}, got {value!r:.60}"
-    if field.kind == "json" and field.choices is None and value is not None and not isinstance(value, dict):
+    if (
+        field.kind == "json"
+        and field.choices is None
+        and value is not None
+        and not isinstance(value, dict)
+    ):
         return f"must be a mapping, got {type(value).__name__}"
     problem = spec.problem(value)
     if problem is not None or value is None:
@@ -178,6 +197,7 @@ def _fast_test(field: Field, spec: ColumnSpec, constants: dict[str, Any]) -> str
     """A Python expression in `v`, true only for values certainly storable in this field: the
     common values (small ints, ASCII labels, finite floats, empty or plain dicts) pass without a
     function call, and everything else goes to the full check, which also words the problem."""
+
     def maybe_none(test: str) -> str:
         return f"(v is None or ({test}))" if spec.nullable else f"({test})"
 
@@ -202,18 +222,24 @@ def _fast_test(field: Field, spec: ColumnSpec, constants: dict[str, Any]) -> str
         shortest = 0 if field.free_text else int(field.minimum or 0)
         longest = spec.max_length or 2**62
         forbidden = "".join(f" and {c!r} not in v" for c in field.forbidden)
-        return maybe_none(f"type(v) is str and {shortest} <= len(v) <= {longest} and v.isascii() and '\\x00' not in v{forbidden}")
+        return maybe_none(
+            f"type(v) is str and {shortest} <= len(v) <= {longest} and v.isascii() and '\\x00' not in v{forbidden}"
+        )
     return "False"  # the rare rest (a float with a minimum): always the full check
 
 
-def _compile_fast(type_: str, checks: list[tuple[str, Field, ColumnSpec]]) -> Callable[[Mapping[str, Any]], bool]:
+def _compile_fast(
+    type_: str, checks: list[tuple[str, Field, ColumnSpec]]
+) -> Callable[[Mapping[str, Any]], bool]:
     """One function per event type that tests every field's `_fast_test` inline: the check the
     projector runs on every event of a replay, so it costs about one call per event."""
     constants: dict[str, Any] = {"ABSENT": _ABSENT, "plain": _plain, "isfinite": math.isfinite}
     lines = [f"def fast_{type_}(d):", "    get = d.get"]
     for name, field, spec in checks:
         lines.append(f"    v = get({name!r}, ABSENT)")
-        lines.append(f"    if v is not ABSENT and not {_fast_test(field, spec, constants)}: return False")
+        lines.append(
+            f"    if v is not ABSENT and not {_fast_test(field, spec, constants)}: return False"
+        )
     lines.append("    return True")
     exec("\n".join(lines), constants)  # noqa: S102 - source built above from the declaration alone
     return constants[f"fast_{type_}"]  # type: ignore[no-any-return]
@@ -229,7 +255,10 @@ def _plain(value: Any) -> bool:
     if kind is float:
         return math.isfinite(value)
     if kind is dict:
-        return all(type(k) is str and k.isascii() and "\x00" not in k and _plain(v) for k, v in value.items())
+        return all(
+            type(k) is str and k.isascii() and "\x00" not in k and _plain(v)
+            for k, v in value.items()
+        )
     if kind is list:
         return all(_plain(v) for v in value)
     return False
@@ -237,9 +266,12 @@ def _plain(value: Any) -> bool:
 
 _Checks = list[tuple[str, Field, ColumnSpec]]
 _CHECKS: dict[str, _Checks] = {
-    type_: [(name, field, field.spec()) for name, field in fields.items()] for type_, fields in DECLARATION.items()
+    type_: [(name, field, field.spec()) for name, field in fields.items()]
+    for type_, fields in DECLARATION.items()
 }
-_FAST: dict[str, Callable[[Mapping[str, Any]], bool]] = {type_: _compile_fast(type_, checks) for type_, checks in _CHECKS.items()}
+_FAST: dict[str, Callable[[Mapping[str, Any]], bool]] = {
+    type_: _compile_fast(type_, checks) for type_, checks in _CHECKS.items()
+}
 assert set(ev.EVENT_TYPES) == set(DECLARATION), "every event type needs its fields declared"
 
 
@@ -268,7 +300,10 @@ def clean_json(value: Any) -> Any:
     if isinstance(value, str):
         return clean_text(value)
     if isinstance(value, dict):
-        return {clean_text(str(k)) if not isinstance(k, str) else clean_text(k): clean_json(v) for k, v in value.items()}
+        return {
+            clean_text(str(k)) if not isinstance(k, str) else clean_text(k): clean_json(v)
+            for k, v in value.items()
+        }
     if isinstance(value, (list, tuple)):
         return [clean_json(v) for v in value]
     if isinstance(value, float) and not math.isfinite(value):
@@ -353,7 +388,9 @@ def clean_event_data(session_id: str, event: ev.Event) -> tuple[ev.Event, dict[s
     if problem is not None:
         raise InvalidInput(None, "session_id", problem)
     data = event.to_data()
-    if _FAST[event.TYPE](data):  # the usual case: every field plain (no numpy scalar) and storable as it is
+    if _FAST[event.TYPE](
+        data
+    ):  # the usual case: every field plain (no numpy scalar) and storable as it is
         cross = _cross_check(event.TYPE, data)
         if cross is None:
             return event, data

@@ -56,8 +56,12 @@ class _Remote:
     can still wait for the stop to land; a cancelled task leaves `future` cancelled.
     """
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, Any],
-                 tasks: set[asyncio.Task[Any]] | None = None) -> None:
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        coro: Coroutine[Any, Any, Any],
+        tasks: set[asyncio.Task[Any]] | None = None,
+    ) -> None:
         self.future: concurrent.futures.Future[Any] = concurrent.futures.Future()
         self._loop = loop
         self._task: asyncio.Task[Any] | None = None
@@ -95,10 +99,12 @@ class _Remote:
 
     def cancel(self) -> None:
         """Ask the task to stop (from any thread); `future` settles once it has."""
+
         def stop() -> None:
             self._stop = True
             if self._task is not None:
                 self._task.cancel()
+
         with contextlib.suppress(RuntimeError):  # the loop is closed: the task is over already
             self._loop.call_soon_threadsafe(stop)
 
@@ -138,7 +144,10 @@ class _Runtime:
                     self.loop.run_forever()
                 except BaseException:  # noqa: BLE001 - a KeyboardInterrupt/SystemExit raised by a task
                     # was handed to that task's caller already; the loop must go on serving the others.
-                    log.debug("rollout-ledger loop: a task raised a BaseException; serving on", exc_info=True)
+                    log.debug(
+                        "rollout-ledger loop: a task raised a BaseException; serving on",
+                        exc_info=True,
+                    )
             leftover = [task for task in asyncio.all_tasks(self.loop) if not task.done()]
             for task in leftover:
                 task.cancel()
@@ -178,6 +187,7 @@ class _Runtime:
         def stop() -> None:
             self._stopping = True
             self.loop.stop()
+
         with contextlib.suppress(RuntimeError):
             self.loop.call_soon_threadsafe(stop)
 
@@ -191,16 +201,22 @@ def _shutdown(runtime: _Runtime) -> None:
         runtime.loop.create_task(runtime.aclose()).add_done_callback(lambda _: runtime.stop())
         return
     try:
-        asyncio.run_coroutine_threadsafe(runtime.aclose(), runtime.loop).result(CANCEL_GRACE + JOIN_TIMEOUT)
+        asyncio.run_coroutine_threadsafe(runtime.aclose(), runtime.loop).result(
+            CANCEL_GRACE + JOIN_TIMEOUT
+        )
     finally:
         runtime.stop()
         runtime.thread.join(JOIN_TIMEOUT)
         if runtime.thread.is_alive():
-            log.warning("rollout-ledger: the SyncLedger's loop thread did not end within %ss", JOIN_TIMEOUT)
+            log.warning(
+                "rollout-ledger: the SyncLedger's loop thread did not end within %ss", JOIN_TIMEOUT
+            )
 
 
 def _closed_meanwhile(what: str) -> LedgerError:
-    return LedgerError(f"SyncLedger.{what}: the SyncLedger was closed while this call was under way; it was cancelled")
+    return LedgerError(
+        f"SyncLedger.{what}: the SyncLedger was closed while this call was under way; it was cancelled"
+    )
 
 
 # ----------------------------------------------------------------------- the ledger
@@ -218,7 +234,11 @@ class SyncLedger:
 
     @classmethod
     def open(
-        cls, url: str | None = None, *, call_timeout: float | None = None, open_timeout: float | None = 300.0,
+        cls,
+        url: str | None = None,
+        *,
+        call_timeout: float | None = None,
+        open_timeout: float | None = 300.0,
         **options: Any,
     ) -> SyncLedger:
         """Open the database at `url` as `Ledger.open(url, **options)` would, on a new loop thread.
@@ -237,7 +257,9 @@ class SyncLedger:
             if not opening.future.done():
                 opening.cancel()
                 concurrent.futures.wait([opening.future], timeout=CANCEL_GRACE)
-                raise TimeoutError(f"SyncLedger.open: the database did not open within open_timeout={open_timeout}s")
+                raise TimeoutError(
+                    f"SyncLedger.open: the database did not open within open_timeout={open_timeout}s"
+                )
             opening.future.result()
         except BaseException:
             opening.cancel()
@@ -291,7 +313,9 @@ class SyncLedger:
         remote = self._runtime.submit(coro, what)
         try:
             concurrent.futures.wait([remote.future], timeout=self._call_timeout)
-        except BaseException:  # KeyboardInterrupt (or SystemExit) in this thread: stop the call, then go on
+        except (
+            BaseException
+        ):  # KeyboardInterrupt (or SystemExit) in this thread: stop the call, then go on
             remote.cancel()
             concurrent.futures.wait([remote.future], timeout=CANCEL_GRACE)
             raise
@@ -302,8 +326,10 @@ class SyncLedger:
                 f"SyncLedger.{what}: no answer within call_timeout={self._call_timeout}s; the call was cancelled"
             )
         if remote.future.cancelled():
-            raise _closed_meanwhile(what) if self.closed else LedgerError(
-                f"SyncLedger.{what}: the call was cancelled on the ledger's loop"
+            raise (
+                _closed_meanwhile(what)
+                if self.closed
+                else LedgerError(f"SyncLedger.{what}: the call was cancelled on the ledger's loop")
             )
         return remote.future.result()
 
@@ -327,16 +353,26 @@ class SyncLedger:
         return self._call(self.ledger.batch(partition, global_step, **options), "batch")
 
     def metrics(
-        self, partition: str | None = None, global_step: int | None | EllipsisType = ..., *, run: str | None = None,
+        self,
+        partition: str | None = None,
+        global_step: int | None | EllipsisType = ...,
+        *,
+        run: str | None = None,
         project: bool = True,
     ) -> list[MetricRow]:
         """Metric counts, as `Ledger.metrics`."""
-        return self._call(self.ledger.metrics(partition, global_step, run=run, project=project), "metrics")
+        return self._call(
+            self.ledger.metrics(partition, global_step, run=run, project=project), "metrics"
+        )
 
-    def metrics_dict(self, partition: str, global_step: int | None, **options: Any) -> dict[str, float]:
+    def metrics_dict(
+        self, partition: str, global_step: int | None, **options: Any
+    ) -> dict[str, float]:
         """One step's metrics by name, verl's and the ledger's own (for verl's `Tracking.log`);
         options as `Ledger.metrics_dict` (run, timeout, ...)."""
-        return self._call(self.ledger.metrics_dict(partition, global_step, **options), "metrics_dict")
+        return self._call(
+            self.ledger.metrics_dict(partition, global_step, **options), "metrics_dict"
+        )
 
     # ------------------------------------------------------------ reading (other loops)
     async def aproject(self) -> int:
@@ -346,18 +382,30 @@ class SyncLedger:
         return await self._hop(self.ledger.batch(partition, global_step, **options), "abatch")
 
     async def ametrics(
-        self, partition: str | None = None, global_step: int | None | EllipsisType = ..., *, run: str | None = None,
+        self,
+        partition: str | None = None,
+        global_step: int | None | EllipsisType = ...,
+        *,
+        run: str | None = None,
         project: bool = True,
     ) -> list[MetricRow]:
-        return await self._hop(self.ledger.metrics(partition, global_step, run=run, project=project), "ametrics")
+        return await self._hop(
+            self.ledger.metrics(partition, global_step, run=run, project=project), "ametrics"
+        )
 
-    async def ametrics_dict(self, partition: str, global_step: int | None, **options: Any) -> dict[str, float]:
-        return await self._hop(self.ledger.metrics_dict(partition, global_step, **options), "ametrics_dict")
+    async def ametrics_dict(
+        self, partition: str, global_step: int | None, **options: Any
+    ) -> dict[str, float]:
+        return await self._hop(
+            self.ledger.metrics_dict(partition, global_step, **options), "ametrics_dict"
+        )
 
     # --------------------------------------------------------- recording (blocking)
     def create_session(self, session_id: str, **identity: Any) -> SyncSession:
         """Create (and start) a session, as `Ledger.create_session`; end it yourself."""
-        return SyncSession(self, self._call(self.ledger.create_session(session_id, **identity), "create_session"))
+        return SyncSession(
+            self, self._call(self.ledger.create_session(session_id, **identity), "create_session")
+        )
 
     def load_session(self, session_id: str) -> SyncSession:
         """A blocking handle on an existing session, as `Ledger.load_session`."""
@@ -373,12 +421,16 @@ class SyncLedger:
         try:
             yield SyncSession(self, handle)
         except BaseException as error:
-            if not self._call(context.__aexit__(type(error), error, error.__traceback__), "session (exit)"):
+            if not self._call(
+                context.__aexit__(type(error), error, error.__traceback__), "session (exit)"
+            ):
                 raise
         else:
             self._call(context.__aexit__(None, None, None), "session (exit)")
 
-    def run_session(self, runner: Callable[[SessionProxy], Awaitable[Any]], session_id: str, /, **options: Any) -> SessionOutcome:
+    def run_session(
+        self, runner: Callable[[SessionProxy], Awaitable[Any]], session_id: str, /, **options: Any
+    ) -> SessionOutcome:
         """`Ledger.run_session` for synchronous code: the async `runner(session)` runs on a loop of
         its own in this thread (never on the ledger's); options as `Ledger.run_session`."""
         try:
@@ -399,7 +451,9 @@ class SyncLedger:
         try:
             yield SessionProxy(self, handle)
         except BaseException as error:
-            if not await self._hop(context.__aexit__(type(error), error, error.__traceback__), "asession (exit)"):
+            if not await self._hop(
+                context.__aexit__(type(error), error, error.__traceback__), "asession (exit)"
+            ):
                 raise
         else:
             await self._hop(context.__aexit__(None, None, None), "asession (exit)")
@@ -412,9 +466,13 @@ class SyncLedger:
         caller = asyncio.get_running_loop()
 
         async def on_ledger_loop(handle: SessionHandle) -> Any:
-            return await _Remote(caller, _invoke(runner, SessionProxy(self, handle))).wait(grace=None)
+            return await _Remote(caller, _invoke(runner, SessionProxy(self, handle))).wait(
+                grace=None
+            )
 
-        return await self._hop(self.ledger.run_session(on_ledger_loop, session_id, **options), "arun_session")
+        return await self._hop(
+            self.ledger.run_session(on_ledger_loop, session_id, **options), "arun_session"
+        )
 
 
 async def _invoke(runner: Callable[[SessionProxy], Awaitable[Any]], session: SessionProxy) -> Any:
@@ -493,7 +551,9 @@ class SessionProxy(_Session):
         await self._owner._hop(self._handle.start(**options), "start")
 
     async def record_trajectory(self, **trajectory: Any) -> int:
-        return await self._owner._hop(self._handle.record_trajectory(**trajectory), "record_trajectory")
+        return await self._owner._hop(
+            self._handle.record_trajectory(**trajectory), "record_trajectory"
+        )
 
     async def post_reward(self, reward: float | None, **info: Any) -> None:
         await self._owner._hop(self._handle.post_reward(reward, **info), "post_reward")

@@ -44,7 +44,10 @@ class TokenArrays:
 
 
 def encode(arrays: TokenArrays) -> bytes:
-    parts = [arrays.prompt_ids.astype(INT32, copy=False).tobytes(), arrays.response_ids.astype(INT32, copy=False).tobytes()]
+    parts = [
+        arrays.prompt_ids.astype(INT32, copy=False).tobytes(),
+        arrays.response_ids.astype(INT32, copy=False).tobytes(),
+    ]
     if arrays.logprobs is not None:
         parts.append(arrays.logprobs.astype(FLOAT32, copy=False).tobytes())
     parts.append(arrays.response_mask.astype(MASK, copy=False).tobytes())
@@ -52,7 +55,9 @@ def encode(arrays: TokenArrays) -> bytes:
 
 
 def payload_size(prompt_len: int, response_len: int, has_logprobs: bool) -> int:
-    return 4 * prompt_len + 4 * response_len + (4 * response_len if has_logprobs else 0) + response_len
+    return (
+        4 * prompt_len + 4 * response_len + (4 * response_len if has_logprobs else 0) + response_len
+    )
 
 
 def decode(payload: bytes, prompt_len: int, response_len: int, has_logprobs: bool) -> TokenArrays:

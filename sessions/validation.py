@@ -31,26 +31,55 @@ TOKEN_LIMIT = 2**31
 
 
 def check_identity(
-    session_id: str, *, run: str, uid: str, session_index: int, group_size: int, partition: str, global_step: int | None
+    session_id: str,
+    *,
+    run: str,
+    uid: str,
+    session_index: int,
+    group_size: int,
+    partition: str,
+    global_step: int | None,
 ) -> None:
     if not isinstance(session_id, str) or not session_id or len(session_id) > MAX_ID_LEN:
-        raise InvalidInput(None, "session_id", f"must be a non-empty string of at most {MAX_ID_LEN} characters, got {session_id!r}")
+        raise InvalidInput(
+            None,
+            "session_id",
+            f"must be a non-empty string of at most {MAX_ID_LEN} characters, got {session_id!r}",
+        )
     if session_id.startswith(RUN_STREAM_PREFIX):
-        raise InvalidInput(None, "session_id", f"{session_id!r:.60} starts with {RUN_STREAM_PREFIX!r}, which names a run's "
-                           "configuration stream; use another session id")
+        raise InvalidInput(
+            None,
+            "session_id",
+            f"{session_id!r:.60} starts with {RUN_STREAM_PREFIX!r}, which names a run's "
+            "configuration stream; use another session id",
+        )
     for name, value in (("run", run), ("uid", uid)):
         if not isinstance(value, str) or not value or len(value) > MAX_ID_LEN:
-            raise InvalidInput(session_id, name, f"must be a non-empty string of at most {MAX_ID_LEN} characters, got {value!r}")
+            raise InvalidInput(
+                session_id,
+                name,
+                f"must be a non-empty string of at most {MAX_ID_LEN} characters, got {value!r}",
+            )
     if "_" in uid:
-        raise InvalidInput(session_id, "uid", f"{uid!r} contains '_'; queue keys are {{uid}}_{{session_index}}_{{i}}, so use another separator")
+        raise InvalidInput(
+            session_id,
+            "uid",
+            f"{uid!r} contains '_'; queue keys are {{uid}}_{{session_index}}_{{i}}, so use another separator",
+        )
     if not _is_int(group_size) or group_size < 1:
         raise InvalidInput(session_id, "group_size", f"must be an integer >= 1, got {group_size!r}")
     if not _is_int(session_index) or not 0 <= session_index < group_size:
-        raise InvalidInput(session_id, "session_index", f"must be an integer in [0, group_size={group_size}), got {session_index!r}")
+        raise InvalidInput(
+            session_id,
+            "session_index",
+            f"must be an integer in [0, group_size={group_size}), got {session_index!r}",
+        )
     if partition not in PARTITIONS:
         raise InvalidInput(session_id, "partition", f"must be 'train' or 'val', got {partition!r}")
     if global_step is not None and (not _is_int(global_step) or global_step < 0):
-        raise InvalidInput(session_id, "global_step", f"must be an integer >= 0 or None, got {global_step!r}")
+        raise InvalidInput(
+            session_id, "global_step", f"must be an integer >= 0 or None, got {global_step!r}"
+        )
 
 
 def optional_name(session_id: str, field: str, value: Any) -> str | None:
@@ -58,7 +87,11 @@ def optional_name(session_id: str, field: str, value: Any) -> str | None:
     if value is None:
         return None
     if not isinstance(value, str) or not value or len(value) > MAX_ID_LEN:
-        raise InvalidInput(session_id, field, f"must be None or a non-empty string of at most {MAX_ID_LEN} characters, got {value!r:.60}")
+        raise InvalidInput(
+            session_id,
+            field,
+            f"must be None or a non-empty string of at most {MAX_ID_LEN} characters, got {value!r:.60}",
+        )
     return value
 
 
@@ -70,16 +103,28 @@ def token_array(session_id: str, field: str, values: Any) -> np.ndarray:
     """A 1-D int32 array of token ids in [0, 2**31); non-empty."""
     array = _as_1d(session_id, field, values)
     if array.size == 0:
-        raise InvalidInput(session_id, field, "is empty; a trajectory needs at least one prompt and one response token")
+        raise InvalidInput(
+            session_id,
+            field,
+            "is empty; a trajectory needs at least one prompt and one response token",
+        )
     if array.dtype.kind not in "iu":
-        if array.dtype.kind == "f" and np.all(np.isfinite(array)) and np.all(array == np.floor(array)):
+        if (
+            array.dtype.kind == "f"
+            and np.all(np.isfinite(array))
+            and np.all(array == np.floor(array))
+        ):
             wide = array.astype(np.float64)  # float16 cannot hold 2**31 to compare with
             outside = wide[(wide < 0) | (wide >= TOKEN_LIMIT)]
             if outside.size:  # named as given: the cast below would wrap it first
-                raise InvalidInput(session_id, field, f"token id {outside[0]:g} is outside [0, 2**31)")
+                raise InvalidInput(
+                    session_id, field, f"token id {outside[0]:g} is outside [0, 2**31)"
+                )
             array = array.astype(np.int64)
         else:
-            raise InvalidInput(session_id, field, f"must hold integer token ids, got dtype {array.dtype}")
+            raise InvalidInput(
+                session_id, field, f"must hold integer token ids, got dtype {array.dtype}"
+            )
     if not _in_token_range(array):
         low, high = int(array.min()), int(array.max())
         bad = low if low < 0 else high
@@ -98,7 +143,11 @@ def _in_token_range(array: np.ndarray) -> bool:
 def mask_array(session_id: str, values: Any, length: int) -> np.ndarray:
     array = _as_1d(session_id, "response_mask", values)
     if array.shape[0] != length:
-        raise InvalidInput(session_id, "response_mask", f"has length {array.shape[0]} but response_ids has {length}")
+        raise InvalidInput(
+            session_id,
+            "response_mask",
+            f"has length {array.shape[0]} but response_ids has {length}",
+        )
     if array.dtype == np.bool_:
         return array.astype(np.uint8)
     if not np.all((array == 0) | (array == 1)):
@@ -110,18 +159,28 @@ def mask_array(session_id: str, values: Any, length: int) -> np.ndarray:
 def logprob_array(session_id: str, values: Any, length: int) -> np.ndarray:
     array = _as_1d(session_id, "response_logprobs", values)
     if array.dtype.kind not in "fiu":
-        raise InvalidInput(session_id, "response_logprobs", f"must hold numbers, got dtype {array.dtype}")
+        raise InvalidInput(
+            session_id, "response_logprobs", f"must hold numbers, got dtype {array.dtype}"
+        )
     with np.errstate(over="ignore"):  # a value beyond float32 becomes inf, refused just below
         array = array.astype(np.float32)
     if array.shape[0] != length:
-        raise InvalidInput(session_id, "response_logprobs", f"has length {array.shape[0]} but response_ids has {length}")
+        raise InvalidInput(
+            session_id,
+            "response_logprobs",
+            f"has length {array.shape[0]} but response_ids has {length}",
+        )
     if not np.all(np.isfinite(array)):
         raise InvalidInput(session_id, "response_logprobs", "holds NaN or infinite values")
     return array
 
 
 def trajectory(
-    session_id: str, prompt_ids: Any, response_ids: Any, response_mask: Any | None, response_logprobs: Any | None
+    session_id: str,
+    prompt_ids: Any,
+    response_ids: Any,
+    response_mask: Any | None,
+    response_logprobs: Any | None,
 ) -> TokenArrays:
     prompt = token_array(session_id, "prompt_ids", prompt_ids)
     response = token_array(session_id, "response_ids", response_ids)
@@ -129,7 +188,11 @@ def trajectory(
         mask = np.ones(response.shape[0], dtype=np.uint8)
     else:
         mask = mask_array(session_id, response_mask, response.shape[0])
-    logprobs = None if response_logprobs is None else logprob_array(session_id, response_logprobs, response.shape[0])
+    logprobs = (
+        None
+        if response_logprobs is None
+        else logprob_array(session_id, response_logprobs, response.shape[0])
+    )
     return TokenArrays(prompt, response, mask, logprobs)
 
 
@@ -137,11 +200,17 @@ def reward(session_id: str, field: str, value: Any) -> float | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
-        raise InvalidInput(session_id, field, f"must be a finite number or None, got {type(value).__name__} {value!r}")
+        raise InvalidInput(
+            session_id,
+            field,
+            f"must be a finite number or None, got {type(value).__name__} {value!r}",
+        )
     try:
         number = float(value)
     except OverflowError:
-        raise InvalidInput(session_id, field, f"must be finite, got an integer of {len(str(value))} digits") from None
+        raise InvalidInput(
+            session_id, field, f"must be finite, got an integer of {len(str(value))} digits"
+        ) from None
     if not math.isfinite(number):
         raise InvalidInput(session_id, field, f"must be finite, got {number}")
     return number
@@ -158,7 +227,9 @@ def json_dict(session_id: str, field: str, value: Mapping[str, Any] | None) -> d
     try:
         json.dumps(value, allow_nan=False)
     except (TypeError, ValueError) as error:
-        raise InvalidInput(session_id, field, f"must be JSON-serialisable with finite numbers: {error}") from None
+        raise InvalidInput(
+            session_id, field, f"must be JSON-serialisable with finite numbers: {error}"
+        ) from None
     return dict(value)
 
 
@@ -180,13 +251,23 @@ def _tensor_to_numpy(session_id: str, field: str, tensor: Any) -> np.ndarray:
     """A tensor's values as numpy, whatever its device and dtype (bfloat16 and float16 have no
     numpy twin: widened to float32, exactly). A meta tensor has no values to record."""
     if getattr(tensor, "is_meta", False) or str(getattr(tensor, "device", "")) == "meta":
-        raise InvalidInput(session_id, field, "is a tensor on the 'meta' device, which holds no values; pass real values (e.g. .to('cpu') after filling it)")
+        raise InvalidInput(
+            session_id,
+            field,
+            "is a tensor on the 'meta' device, which holds no values; pass real values (e.g. .to('cpu') after filling it)",
+        )
     tensor = tensor.detach()
     if tensor.is_complex():
-        raise InvalidInput(session_id, field, f"must hold real numbers, got a {tensor.dtype} tensor")
+        raise InvalidInput(
+            session_id, field, f"must hold real numbers, got a {tensor.dtype} tensor"
+        )
     if str(tensor.dtype) in ("torch.bfloat16", "torch.float16") or "float8" in str(tensor.dtype):
         tensor = tensor.float()
     try:
         return tensor.cpu().numpy()
     except (TypeError, RuntimeError) as error:
-        raise InvalidInput(session_id, field, f"cannot be read as numbers ({tensor.dtype} on {tensor.device}): {error}") from None
+        raise InvalidInput(
+            session_id,
+            field,
+            f"cannot be read as numbers ({tensor.dtype} on {tensor.device}): {error}",
+        ) from None

@@ -14,7 +14,14 @@ from store.append_sql import GroupConflict
 from store.columns import ColumnSpec, column_spec
 from store import bulk_copy, bulk_read_models, console, driver, queue_claims, read_models
 from store import export_reads
-from store.engine import StoredJSONError, create_engine, is_postgres, is_sqlite, load_json, normalize_url
+from store.engine import (
+    StoredJSONError,
+    create_engine,
+    is_postgres,
+    is_sqlite,
+    load_json,
+    normalize_url,
+)
 from store.errors import ConcurrencyError, LedgerError, SchemaError, StoreError
 from store.event_store import EventStore
 from store.retry import is_transient, retry_transient

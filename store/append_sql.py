@@ -48,7 +48,11 @@ async def lock_for_append(conn: AsyncConnection) -> None:
 
 
 async def resolve(
-    conn: AsyncConnection, batch: list[AppendRequest], *, check_ids: bool = True, cached: dict[str, int] | None = None
+    conn: AsyncConnection,
+    batch: list[AppendRequest],
+    *,
+    check_ids: bool = True,
+    cached: dict[str, int] | None = None,
 ) -> tuple[list[Outcome], list[tuple[Any, ...]]]:
     """Decide each request's fate against the stored log; return outcomes and rows to insert.
 
@@ -64,7 +68,11 @@ async def resolve(
     unknown: set[str] = set()
     for request in batch:
         sid = request.session_id
-        if cached is not None and request.expected_version == cached.get(sid, 0) and sid not in unknown:
+        if (
+            cached is not None
+            and request.expected_version == cached.get(sid, 0)
+            and sid not in unknown
+        ):
             versions.setdefault(sid, request.expected_version)
         else:
             unknown.add(sid)
@@ -88,7 +96,9 @@ async def resolve(
     row = _row_for(conn.dialect.name)
     for request in batch:
         current = versions.get(request.session_id, 0)
-        if request.expected_version == current and (not known or not any(e.event_id in known for e in request.events)):
+        if request.expected_version == current and (
+            not known or not any(e.event_id in known for e in request.events)
+        ):
             conflict = slots.claim(request) if slots else None
             if conflict is not None:
                 outcomes.append(conflict)
@@ -148,11 +158,20 @@ class GroupSlots:
             ordered = sorted(uids)
             for start in range(0, len(ordered), CHUNK):
                 result = await conn.execute(
-                    select(events.c.session_id, events.c.partition, events.c.global_step, events.c.uid,
-                           events.c.session_index, events.c.group_size)
-                    .where(events.c.type == "SessionCreated", events.c.run == run,
-                           _member_of(events.c.uid, ordered[start:start + CHUNK], conn.dialect.name),
-                           events.c.session_index.is_not(None))
+                    select(
+                        events.c.session_id,
+                        events.c.partition,
+                        events.c.global_step,
+                        events.c.uid,
+                        events.c.session_index,
+                        events.c.group_size,
+                    )
+                    .where(
+                        events.c.type == "SessionCreated",
+                        events.c.run == run,
+                        _member_of(events.c.uid, ordered[start : start + CHUNK], conn.dialect.name),
+                        events.c.session_index.is_not(None),
+                    )
                     .order_by(events.c.position)
                 )
                 for sid, partition, step, uid, index, size in result:
@@ -170,9 +189,17 @@ class GroupSlots:
                 if sibling == event.session_id:
                     continue
                 if sibling_size != size:
-                    return GroupConflict(event, "group_size", f"is {size}, but session {sibling!r} of this group declared {sibling_size}")
+                    return GroupConflict(
+                        event,
+                        "group_size",
+                        f"is {size}, but session {sibling!r} of this group declared {sibling_size}",
+                    )
                 if sibling_index == index:
-                    return GroupConflict(event, "session_index", f"{index} is taken in this group by session {sibling!r}")
+                    return GroupConflict(
+                        event,
+                        "session_index",
+                        f"{index} is taken in this group by session {sibling!r}",
+                    )
         for event in claims:
             self.taken.setdefault(_group_of(event), []).append((event.session_id, *event.slot))  # type: ignore[misc]
         return None
@@ -229,15 +256,31 @@ async def _known_event_ids(conn: AsyncConnection, event_ids: list[str]) -> dict[
     for start in range(0, len(event_ids), CHUNK):
         chunk = event_ids[start : start + CHUNK]
         result = await conn.execute(
-            select(events.c.event_id, events.c.session_id).where(_member_of(events.c.event_id, chunk, conn.dialect.name))
+            select(events.c.event_id, events.c.session_id).where(
+                _member_of(events.c.event_id, chunk, conn.dialect.name)
+            )
         )
         known.update({event_id: session_id for event_id, session_id in result})
     return known
 
 
 #: The insert's columns, in the order of the tuples `_row_for` builds.
-_INSERT_COLUMNS = ("event_id", "session_id", "version", "type", "schema_version", "run", "uid", "partition",
-                   "global_step", "data", "payload", "recorded_at", "session_index", "group_size")
+_INSERT_COLUMNS = (
+    "event_id",
+    "session_id",
+    "version",
+    "type",
+    "schema_version",
+    "run",
+    "uid",
+    "partition",
+    "global_step",
+    "data",
+    "payload",
+    "recorded_at",
+    "session_index",
+    "group_size",
+)
 
 
 @functools.cache
@@ -271,14 +314,42 @@ def _sqlite_row(e: NewEvent) -> tuple[Any, ...]:
     t = e.recorded_at.astimezone(timezone.utc) if e.recorded_at.utcoffset() else e.recorded_at
     stamp = f"{t.year:04d}-{t.month:02d}-{t.day:02d} {t.hour:02d}:{t.minute:02d}:{t.second:02d}.{t.microsecond:06d}"
     index, size = e.slot or _NO_SLOT
-    return (e.event_id, e.session_id, e.version, e.type, e.schema_version, e.run, e.uid, e.partition,
-            e.global_step, e.data_json, e.payload, stamp, index, size)
+    return (
+        e.event_id,
+        e.session_id,
+        e.version,
+        e.type,
+        e.schema_version,
+        e.run,
+        e.uid,
+        e.partition,
+        e.global_step,
+        e.data_json,
+        e.payload,
+        stamp,
+        index,
+        size,
+    )
 
 
 def _native_row(e: NewEvent) -> tuple[Any, ...]:
     index, size = e.slot or _NO_SLOT
-    return (e.event_id, e.session_id, e.version, e.type, e.schema_version, e.run, e.uid, e.partition,
-            e.global_step, e.data_json, e.payload, e.recorded_at, index, size)
+    return (
+        e.event_id,
+        e.session_id,
+        e.version,
+        e.type,
+        e.schema_version,
+        e.run,
+        e.uid,
+        e.partition,
+        e.global_step,
+        e.data_json,
+        e.payload,
+        e.recorded_at,
+        index,
+        size,
+    )
 
 
 _NO_SLOT = (None, None)

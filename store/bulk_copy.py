@@ -78,11 +78,16 @@ def _attachable(source: AsyncEngine, target: AsyncEngine) -> str | None:
 
 
 async def _copy_attached(
-    target: AsyncEngine, path: str, up_to: int | None, tell: Callable[[int], None],
+    target: AsyncEngine,
+    path: str,
+    up_to: int | None,
+    tell: Callable[[int], None],
     before_commit: Callable[[driver.Writer], Awaitable[None]] | None,
 ) -> int:
     async with driver.driver_connection(target) as db:
-        await db.execute(f"ATTACH DATABASE ? AS {_ALIAS}", (path,))  # outside a transaction, as SQLite needs
+        await db.execute(
+            f"ATTACH DATABASE ? AS {_ALIAS}", (path,)
+        )  # outside a transaction, as SQLite needs
         wal = await _leave_wal(db)
         write = driver.Writer(db, "sqlite")
         try:
@@ -90,7 +95,11 @@ async def _copy_attached(
             try:
                 # The source's read snapshot starts here and lasts the transaction: the end told
                 # is the end copied, however the source grows meanwhile.
-                last = int((await write.fetch(f"SELECT coalesce(max(position), 0) FROM {_ALIAS}.events"))[0][0])
+                last = int(
+                    (await write.fetch(f"SELECT coalesce(max(position), 0) FROM {_ALIAS}.events"))[
+                        0
+                    ][0]
+                )
                 end = last if up_to is None else min(up_to, last)
                 tell(end)
                 copied = await _insert_attached(db, end, whole=end == last)
@@ -129,10 +138,13 @@ async def _insert_attached(db: Any, end: int, *, whole: bool) -> int:
 async def _same_columns(db: Any) -> bool:
     """Whether both `events` tables have the same columns in the same order (then `SELECT *`
     copies each value into its own column, as the named INSERT does)."""
+
     async def names(schema: str) -> list[tuple[Any, ...]]:
         cursor = await db.execute(f"PRAGMA {schema}.table_info(events)")
         try:
-            return [tuple(row[1:]) for row in await cursor.fetchall()]  # name, type, notnull, default, pk
+            return [
+                tuple(row[1:]) for row in await cursor.fetchall()
+            ]  # name, type, notnull, default, pk
         finally:
             await cursor.close()
 
@@ -180,8 +192,12 @@ async def _pragma(db: Any, sql: str) -> Any:
 
 
 async def _copy_paged(
-    source: AsyncEngine, target: AsyncEngine, up_to: int | None, page_size: int,
-    on_page: Callable[[int], None] | None, tell: Callable[[int], None],
+    source: AsyncEngine,
+    target: AsyncEngine,
+    up_to: int | None,
+    page_size: int,
+    on_page: Callable[[int], None] | None,
+    tell: Callable[[int], None],
     before_commit: Callable[[driver.Writer], Awaitable[None]] | None,
 ) -> int:
     convert = recorded_at_converter(source, target)
@@ -199,7 +215,7 @@ async def _copy_paged(
                 break
             last = rows[-1][0]
             if convert is not None:
-                rows = [(*row[:index], convert(row[index]), *row[index + 1:]) for row in rows]
+                rows = [(*row[:index], convert(row[index]), *row[index + 1 :]) for row in rows]
             await write.insert("events", COLUMNS, rows)
             copied += len(rows)
             if on_page is not None:

@@ -35,12 +35,19 @@ ERROR_COLUMNS = tuple(c.name for c in projection_errors.c)
 #: only where a session row takes it (created, terminal): it is stored after the payload, so
 #: reading it for a trajectory walks that row's whole payload.
 _REBUILD_SELECT = (
-    "position", "session_id", "version", "type", "schema_version", "data",
+    "position",
+    "session_id",
+    "version",
+    "type",
+    "schema_version",
+    "data",
     "CASE WHEN type IN ('SessionCreated', 'SessionSucceeded', 'SessionFailed', 'SessionCancelled') THEN recorded_at END",
 )
 
 
-async def event_pages(engine: AsyncEngine, *, up_to: int | None = None, page_size: int) -> AsyncIterator[list[tuple[Any, ...]]]:
+async def event_pages(
+    engine: AsyncEngine, *, up_to: int | None = None, page_size: int
+) -> AsyncIterator[list[tuple[Any, ...]]]:
     """The log (positions <= `up_to`, or all) in pages of decoder tuples (`data` as JSON text)."""
     async with driver.reader(engine) as read:
         async for rows in prefetched_pages(read, _REBUILD_SELECT, up_to=up_to, page_size=page_size):
@@ -48,13 +55,20 @@ async def event_pages(engine: AsyncEngine, *, up_to: int | None = None, page_siz
 
 
 async def prefetched_pages(
-    read: driver.Reader, columns: Sequence[str], *, page_size: int, up_to: int | None = None,
+    read: driver.Reader,
+    columns: Sequence[str],
+    *,
+    page_size: int,
+    up_to: int | None = None,
 ) -> AsyncIterator[list[Any]]:
     """`read.events_page` after `read.events_page`, the next one asked for before this one is
     handed out: the driver reads it while the caller works on this one (aiosqlite's thread,
     asyncpg's socket). `columns` start with `position`."""
+
     def page(after: int) -> asyncio.Future[list[Any]]:
-        return asyncio.ensure_future(read.events_page(columns, after=after, up_to=up_to, limit=max(1, page_size)))
+        return asyncio.ensure_future(
+            read.events_page(columns, after=after, up_to=up_to, limit=max(1, page_size))
+        )
 
     pending = page(0)
     try:
@@ -82,8 +96,13 @@ class Prepared:
 
 
 def prepare(
-    tables: Mapping[str, Sequence[Mapping[str, Any]]], *, last_position: int, events: int,
-    source: AsyncEngine, target: AsyncEngine, queue_from: int = 0,
+    tables: Mapping[str, Sequence[Mapping[str, Any]]],
+    *,
+    last_position: int,
+    events: int,
+    source: AsyncEngine,
+    target: AsyncEngine,
+    queue_from: int = 0,
 ) -> Prepared:
     """Serialise JSON columns (as SQLAlchemy's JSON type does: `json.dumps`) and, across backends,
     convert the session timestamps the rebuild took from the source's events. Queue rows before
@@ -109,7 +128,9 @@ def queue_tuples(rows: Sequence[Mapping[str, Any]]) -> list[tuple[Any, ...]]:
     return _tuples(rows, QUEUE_COLUMNS, _TAGS)
 
 
-def _tuples(rows: Sequence[Mapping[str, Any]], columns: Sequence[str], json_at: int | None = None) -> list[tuple[Any, ...]]:
+def _tuples(
+    rows: Sequence[Mapping[str, Any]], columns: Sequence[str], json_at: int | None = None
+) -> list[tuple[Any, ...]]:
     """Rows as tuples in column order, the value at `json_at` serialised."""
     pick = operator.itemgetter(*columns)
     if json_at is None:
@@ -137,8 +158,17 @@ def _json_dumps() -> Any:
     make = getattr(json.encoder, "c_make_encoder", None)
     if make is None:
         return json.dumps  # pragma: no cover - CPython always has the C encoder
-    encode = make(None, json.JSONEncoder().default, json.encoder.encode_basestring_ascii, None, ": ", ", ",
-                  False, False, True)
+    encode = make(
+        None,
+        json.JSONEncoder().default,
+        json.encoder.encode_basestring_ascii,
+        None,
+        ": ",
+        ", ",
+        False,
+        False,
+        True,
+    )
     return lambda value: "".join(encode(value, 0))
 
 
@@ -164,10 +194,16 @@ async def claim_read_models(write: driver.Writer, target: AsyncEngine) -> None:
     """Take the projector's lock in `write`'s transaction and refuse a target already projected:
     before any read-model row is written."""
     dialect = dialect_of(target)
-    if dialect.page_lock_sql is not None:  # as a projector page: one writer of read models at a time
+    if (
+        dialect.page_lock_sql is not None
+    ):  # as a projector page: one writer of read models at a time
         await write.execute(dialect.page_lock_sql)
-    if await write.fetch(f"SELECT position FROM checkpoints WHERE name = {dialect.mark(1)}", (PROJECTOR,)):
-        raise ValueError("the target database already has a projector checkpoint; replay needs empty read models")
+    if await write.fetch(
+        f"SELECT position FROM checkpoints WHERE name = {dialect.mark(1)}", (PROJECTOR,)
+    ):
+        raise ValueError(
+            "the target database already has a projector checkpoint; replay needs empty read models"
+        )
 
 
 async def write_queue_rows(write: driver.Writer, rows: Sequence[tuple[Any, ...]]) -> None:
@@ -175,13 +211,17 @@ async def write_queue_rows(write: driver.Writer, rows: Sequence[tuple[Any, ...]]
     await write.insert("queue_rows", QUEUE_COLUMNS, rows)
 
 
-async def write_read_models(write: driver.Writer, rows: Prepared, target: AsyncEngine, *, claimed: bool = False) -> None:
+async def write_read_models(
+    write: driver.Writer, rows: Prepared, target: AsyncEngine, *, claimed: bool = False
+) -> None:
     """Insert the rows and the checkpoint in `write`'s open transaction (the caller commits);
     nothing for a log without events (as the projector: no events, no checkpoint). `claimed`:
     `claim_read_models` has run in this transaction."""
     if not rows.events:
         return
-    stamp = checkpoints.c.updated_at.type.dialect_impl(target.dialect).bind_processor(target.dialect)
+    stamp = checkpoints.c.updated_at.type.dialect_impl(target.dialect).bind_processor(
+        target.dialect
+    )
     now = datetime.now(timezone.utc)
     if not claimed:
         await claim_read_models(write, target)
@@ -192,8 +232,11 @@ async def write_read_models(write: driver.Writer, rows: Prepared, target: AsyncE
     await write.insert("projection_errors", ERROR_COLUMNS, rows.errors)
     if rows.last_queue_id is not None:
         await write.after_explicit_positions("queue_rows", "id", rows.last_queue_id)
-    await write.insert("checkpoints", ("name", "position", "updated_at"),
-                       [(PROJECTOR, rows.last_position, stamp(now) if stamp else now)])
+    await write.insert(
+        "checkpoints",
+        ("name", "position", "updated_at"),
+        [(PROJECTOR, rows.last_position, stamp(now) if stamp else now)],
+    )
 
 
 @functools.cache

@@ -60,7 +60,11 @@ class ColumnSpec:
                 return f"{value} is too large for a float"
             return None if math.isfinite(number) else f"must be finite, got {number}"
         if self.kind == "bool":
-            return None if isinstance(value, bool) else f"must be True or False, got {type(value).__name__}"
+            return (
+                None
+                if isinstance(value, bool)
+                else f"must be True or False, got {type(value).__name__}"
+            )
         if self.kind == "json":
             return json_problem(value)
         return None
@@ -91,13 +95,17 @@ def json_problem(value: Any) -> str | None:
                 return f"has a key of type {type(key).__name__}; JSON keys are strings"
             problem = text_problem(key) or json_problem(item)
             if problem is not None:
-                return f"[{key!r}] {problem}" if not problem.startswith("[") else f"[{key!r}]{problem}"
+                return (
+                    f"[{key!r}] {problem}" if not problem.startswith("[") else f"[{key!r}]{problem}"
+                )
         return None
     if isinstance(value, (list, tuple)):
         for index, item in enumerate(value):
             problem = json_problem(item)
             if problem is not None:
-                return f"[{index}] {problem}" if not problem.startswith("[") else f"[{index}]{problem}"
+                return (
+                    f"[{index}] {problem}" if not problem.startswith("[") else f"[{index}]{problem}"
+                )
         return None
     return f"holds a {type(value).__name__}, which is not JSON"
 
@@ -129,7 +137,9 @@ def _all_specs() -> dict[str, ColumnSpec]:
     for table in metadata.tables.values():
         for column in table.columns:
             impl = column.type
-            variant = getattr(impl, "impl", impl)  # with_variant() keeps the generic type as its impl
+            variant = getattr(
+                impl, "impl", impl
+            )  # with_variant() keeps the generic type as its impl
             spec = _spec(table.name, column if variant is impl else column.copy(type_=variant))
             out[spec.name] = spec
     return out

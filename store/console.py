@@ -16,13 +16,23 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from store.errors import LedgerError, StoreError
 
-__all__ = ["DEFAULT_TIMEOUT_S", "QueryError", "QueryTimeout", "WriteRefused", "code_of", "has_separator",
-           "projector_lag", "run_query"]
+__all__ = [
+    "DEFAULT_TIMEOUT_S",
+    "QueryError",
+    "QueryTimeout",
+    "WriteRefused",
+    "code_of",
+    "has_separator",
+    "projector_lag",
+    "run_query",
+]
 
 #: `rollout-ledger sql`'s default statement timeout: long enough for any honest read of a ledger.
 DEFAULT_TIMEOUT_S = 30.0
 
-_READ_ONLY_START = re.compile(r"^\s*(select|with|explain|values|pragma\s+table_info|show)\b", re.IGNORECASE)
+_READ_ONLY_START = re.compile(
+    r"^\s*(select|with|explain|values|pragma\s+table_info|show)\b", re.IGNORECASE
+)
 #: First words of statements that change something: these are refused as writes, any other word is a typo.
 _WRITES = frozenset(
     "insert update delete drop create alter replace truncate attach detach vacuum reindex grant revoke "
@@ -59,7 +69,7 @@ def code_of(statement: str) -> str:
             end = i + 1
             while True:  # '' (or "") inside escapes the quote
                 end = statement.find(ch, end)
-                if end < 0 or statement[end + 1:end + 2] != ch:
+                if end < 0 or statement[end + 1 : end + 2] != ch:
                     break
                 end += 2
             close = n if end < 0 else end + 1
@@ -92,13 +102,17 @@ def check_read_only(statement: str) -> str:
     statement = statement.strip().rstrip(";")
     code = code_of(statement)
     if not code.strip():
-        raise QueryError("empty query: pass a SELECT statement, e.g. rollout-ledger sql \"SELECT * FROM sessions LIMIT 5\"")
+        raise QueryError(
+            'empty query: pass a SELECT statement, e.g. rollout-ledger sql "SELECT * FROM sessions LIMIT 5"'
+        )
     if ";" in code:
         raise WriteRefused("one statement at a time: remove the ';' separators")
     if not _READ_ONLY_START.match(code):
         word = code.split()[0]
         if word.lower() not in _WRITES:
-            raise QueryError(f"not a query: {word[:40]!r} is not SELECT, WITH, EXPLAIN or VALUES (a typo?)")
+            raise QueryError(
+                f"not a query: {word[:40]!r} is not SELECT, WITH, EXPLAIN or VALUES (a typo?)"
+            )
         raise WriteRefused(
             f"refused: `sql` runs read-only queries (SELECT / WITH / EXPLAIN), not {word.upper()}; "
             "the read models are rebuilt from events — change the log through the API instead"
@@ -109,10 +123,12 @@ def check_read_only(statement: str) -> str:
 async def projector_lag(engine: AsyncEngine) -> int:
     """How many events the log holds past the projector's checkpoint (0: the read models are current)."""
     async with engine.connect() as conn:
-        result = await conn.execute(text(
-            "SELECT (SELECT COUNT(*) FROM events WHERE position > "
-            "COALESCE((SELECT position FROM checkpoints WHERE name = 'projector'), 0))"
-        ))
+        result = await conn.execute(
+            text(
+                "SELECT (SELECT COUNT(*) FROM events WHERE position > "
+                "COALESCE((SELECT position FROM checkpoints WHERE name = 'projector'), 0))"
+            )
+        )
         return int(result.scalar_one() or 0)
 
 
@@ -128,11 +144,20 @@ async def _sqlite_deadline(conn: AsyncConnection, seconds: float | None) -> None
 
 def _timed_out(message: str) -> bool:
     lowered = message.lower()
-    return "interrupted" in lowered or "statement timeout" in lowered or "canceling statement" in lowered
+    return (
+        "interrupted" in lowered
+        or "statement timeout" in lowered
+        or "canceling statement" in lowered
+    )
 
 
-async def run_query(engine: AsyncEngine, statement: str, *, limit: int | None = None,
-                    timeout: float | None = DEFAULT_TIMEOUT_S) -> tuple[list[str], list[tuple[Any, ...]]]:
+async def run_query(
+    engine: AsyncEngine,
+    statement: str,
+    *,
+    limit: int | None = None,
+    timeout: float | None = DEFAULT_TIMEOUT_S,
+) -> tuple[list[str], list[tuple[Any, ...]]]:
     """Run one read-only statement; returns (column names, rows).
 
     Refused before it reaches the database unless it starts like a query; and run inside a
@@ -148,7 +173,9 @@ async def run_query(engine: AsyncEngine, statement: str, *, limit: int | None = 
         if postgres:
             await conn.execute(text("SET TRANSACTION READ ONLY"))
             if timeout:
-                await conn.exec_driver_sql(f"SET LOCAL statement_timeout = {max(1, int(timeout * 1000))}")
+                await conn.exec_driver_sql(
+                    f"SET LOCAL statement_timeout = {max(1, int(timeout * 1000))}"
+                )
         else:
             await conn.exec_driver_sql("PRAGMA query_only = ON")
             if timeout:
@@ -159,11 +186,19 @@ async def run_query(engine: AsyncEngine, statement: str, *, limit: int | None = 
             columns = list(result.keys())
             rows = [tuple(row) for row in (result.fetchmany(limit) if limit else result.fetchall())]
         except DBAPIError as error:
-            message = str(error.orig).splitlines()[0] if str(error.orig) else type(error.orig).__name__
+            message = (
+                str(error.orig).splitlines()[0] if str(error.orig) else type(error.orig).__name__
+            )
             if timeout and _timed_out(message):
-                raise QueryTimeout(f"query stopped after the {timeout:g} s statement timeout "
-                                   "(pass --timeout SECONDS for longer, 0 for none)") from None
-            if "read-only" in message.lower() or "readonly" in message.lower() or "query_only" in message.lower():
+                raise QueryTimeout(
+                    f"query stopped after the {timeout:g} s statement timeout "
+                    "(pass --timeout SECONDS for longer, 0 for none)"
+                ) from None
+            if (
+                "read-only" in message.lower()
+                or "readonly" in message.lower()
+                or "query_only" in message.lower()
+            ):
                 raise WriteRefused(f"refused: the statement tries to write ({message})") from None
             raise QueryError(f"query failed: {message}") from None
         finally:

@@ -44,7 +44,9 @@ class Reader:
         mark = (lambda i: f"${i}") if self.postgres else (lambda _i: "?")
         where = f"position > {mark(1)}" + (f" AND position <= {mark(2)}" if up_to else "")
         limit = mark(3 if up_to else 2)
-        return f"SELECT {', '.join(chosen)} FROM events WHERE {where} ORDER BY position LIMIT {limit}"
+        return (
+            f"SELECT {', '.join(chosen)} FROM events WHERE {where} ORDER BY position LIMIT {limit}"
+        )
 
     async def events_page(
         self, columns: Sequence[str], *, after: int, limit: int, up_to: int | None = None
@@ -56,7 +58,9 @@ class Reader:
         params = (after, limit) if up_to is None else (after, up_to, limit)
         return await self.fetch(self._select(columns, up_to is not None), params)
 
-    async def stream(self, sql: str, params: Sequence[Any] = (), *, chunk: int = 5000) -> AsyncIterator[list[Row]]:
+    async def stream(
+        self, sql: str, params: Sequence[Any] = (), *, chunk: int = 5000
+    ) -> AsyncIterator[list[Row]]:
         """A query's rows in chunks, from one cursor (PostgreSQL: in a read-only transaction)."""
         if self.postgres:
             async with self.conn.transaction(readonly=True):
@@ -102,7 +106,9 @@ class Writer:
             self._transaction = self.conn.transaction()
             await self._transaction.start()
         else:
-            await self.conn.execute("BEGIN IMMEDIATE")  # the write lock up front, as the projector takes it
+            await self.conn.execute(
+                "BEGIN IMMEDIATE"
+            )  # the write lock up front, as the projector takes it
         self.open = True
 
     async def insert(self, table: str, columns: Sequence[str], rows: Sequence[Row]) -> None:
@@ -112,7 +118,9 @@ class Writer:
             await self.conn.copy_records_to_table(table, records=rows, columns=list(columns))
             return
         marks = ", ".join("?" * len(columns))
-        await self.conn.executemany(f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({marks})", rows)
+        await self.conn.executemany(
+            f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({marks})", rows
+        )
 
     async def execute(self, sql: str, params: Sequence[Any] = ()) -> None:
         """One statement in the backend's own parameter style."""
@@ -124,12 +132,16 @@ class Writer:
 
     async def fetch(self, sql: str, params: Sequence[Any] = ()) -> list[Row]:
         """A query inside the transaction, in the backend's own parameter style."""
-        return await Reader(self.conn, "postgresql" if self.postgres else "sqlite").fetch(sql, params)
+        return await Reader(self.conn, "postgresql" if self.postgres else "sqlite").fetch(
+            sql, params
+        )
 
     async def after_explicit_positions(self, table: str, column: str, last: int) -> None:
         """PostgreSQL: rows inserted with explicit keys bypass the identity; move it past them."""
         if self.postgres:
-            await self.conn.execute(f"SELECT setval(pg_get_serial_sequence('{table}', '{column}'), $1)", last)
+            await self.conn.execute(
+                f"SELECT setval(pg_get_serial_sequence('{table}', '{column}'), $1)", last
+            )
 
     async def commit(self) -> None:
         if self.postgres:

@@ -115,8 +115,11 @@ def _backend(engine_or_url: AsyncEngine | str) -> str:
 
 
 def create_engine(
-    url: str | os.PathLike[str] | None = None, *, sqlite_busy_timeout: float | None = None,
-    require_ledger: bool = False, **kwargs: Any,
+    url: str | os.PathLike[str] | None = None,
+    *,
+    sqlite_busy_timeout: float | None = None,
+    require_ledger: bool = False,
+    **kwargs: Any,
 ) -> AsyncEngine:
     """Create an async engine with the settings the ledger depends on.
 
@@ -129,11 +132,18 @@ def create_engine(
     parsed = make_url(text)
     if parsed.get_backend_name() == "sqlite":
         database = sqlite_file(parsed)
-        if require_ledger and database and database != ":memory:" and parsed.query.get("mode") != "memory":
+        if (
+            require_ledger
+            and database
+            and database != ":memory:"
+            and parsed.query.get("mode") != "memory"
+        ):
             require_ledger_file(database)
         return _sqlite_engine(text, parsed, busy_timeout=sqlite_busy_timeout, **kwargs)
     if sqlite_busy_timeout is not None:
-        raise ValueError("sqlite_busy_timeout applies to SQLite databases only (PostgreSQL appends use a lock timeout)")
+        raise ValueError(
+            "sqlite_busy_timeout applies to SQLite databases only (PostgreSQL appends use a lock timeout)"
+        )
     kwargs.setdefault("pool_pre_ping", True)
     return create_async_engine(text, **kwargs)
 
@@ -141,7 +151,11 @@ def create_engine(
 def _busy_timeout_ms(seconds: float | None) -> int:
     if seconds is None:
         return SQLITE_BUSY_TIMEOUT_MS
-    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not 0 <= seconds < 2**31 / 1000:
+    if (
+        isinstance(seconds, bool)
+        or not isinstance(seconds, (int, float))
+        or not 0 <= seconds < 2**31 / 1000
+    ):
         raise ValueError(f"sqlite_busy_timeout must be a number of seconds >= 0, got {seconds!r}")
     return int(round(seconds * 1000))
 
@@ -151,7 +165,7 @@ def sqlite_file(parsed: Any) -> str | None:
     database = parsed.database
     uri = str(parsed.query.get("uri", "")).lower() in ("true", "1")
     if uri and database and database.startswith("file:"):
-        path = database[len("file:"):].split("?", 1)[0]
+        path = database[len("file:") :].split("?", 1)[0]
         if path.startswith("//"):  # file://host/path: only an empty host (or localhost) is local
             path = "/" + path[2:].split("/", 1)[1] if "/" in path[2:] else ""
         return path or None
@@ -183,6 +197,7 @@ def _enable_wal(cursor: Any, busy_ms: int) -> None:
     its whole busy timeout. So the switch is tried in short waits, looking again between them
     whether someone else has switched the file meanwhile; the overall budget stays `busy_ms`.
     """
+
     def mode() -> str:
         cursor.execute("PRAGMA journal_mode")
         return str(cursor.fetchone()[0]).lower()
@@ -224,28 +239,40 @@ def require_ledger_file(database: str) -> None:
     where, target = f"SQLite file {database}", shlex.quote(database)
     create = f"`rollout-ledger demo --db {target}` or `rollout-ledger migrate --db {target}`"
     if path.is_dir():
-        raise SchemaError(f"{database} is a directory, not a SQLite file: pass a file path such as "
-                          f"{os.path.join(database, 'rollouts.db')}")
+        raise SchemaError(
+            f"{database} is a directory, not a SQLite file: pass a file path such as "
+            f"{os.path.join(database, 'rollouts.db')}"
+        )
     if not path.exists():
-        raise SchemaError(f"no SQLite file {database}: check --db (is the path mistyped?); this command "
-                          f"never creates a database — {create} creates a ledger there")
+        raise SchemaError(
+            f"no SQLite file {database}: check --db (is the path mistyped?); this command "
+            f"never creates a database — {create} creates a ledger there"
+        )
     if not os.access(path, os.R_OK):
-        raise SchemaError(f"permission denied: this process may not read the SQLite file {database}; "
-                          "check its owner and mode")
+        raise SchemaError(
+            f"permission denied: this process may not read the SQLite file {database}; "
+            "check its owner and mode"
+        )
     with open(path, "rb") as file:
         header = file.read(len(SQLITE_HEADER))
     wal = Path(f"{path}-wal")
     if not header and not (wal.exists() and wal.stat().st_size):
-        raise SchemaError(f"{where} is empty (0 bytes), not a rollout-ledger database: check --db, or run {create} "
-                          "to make it one")
+        raise SchemaError(
+            f"{where} is empty (0 bytes), not a rollout-ledger database: check --db, or run {create} "
+            "to make it one"
+        )
     if header and header != SQLITE_HEADER:
-        raise SchemaError(f"{database} is not a database (not a SQLite file: it starts with bytes {header[:8].hex()}, "
-                          "not 'SQLite format 3'): point --db at a rollout-ledger database, or restore it from a backup")
+        raise SchemaError(
+            f"{database} is not a database (not a SQLite file: it starts with bytes {header[:8].hex()}, "
+            "not 'SQLite format 3'): point --db at a rollout-ledger database, or restore it from a backup"
+        )
     # Without a -wal or -journal beside it no connection has the file open and it holds every commit,
     # so it is read as immutable: not even the -shm and -wal files a WAL reader creates appear.
     busy = any(Path(f"{path}{suffix}").exists() for suffix in ("-wal", "-journal"))
     uri = f"file:{quote(str(path.resolve()))}?{'mode=ro' if busy else 'immutable=1'}"
-    sync = sqlalchemy.create_engine("sqlite://", creator=lambda: sqlite3.connect(uri, uri=True), poolclass=NullPool)
+    sync = sqlalchemy.create_engine(
+        "sqlite://", creator=lambda: sqlite3.connect(uri, uri=True), poolclass=NullPool
+    )
     try:
         with sync.connect() as conn:
             state = read_state(conn)
@@ -262,7 +289,9 @@ def require_ledger_file(database: str) -> None:
 _WAL_SWITCH_WAIT_MS = 100
 
 
-def _sqlite_engine(url: str, parsed: Any, *, busy_timeout: float | None = None, **kwargs: Any) -> AsyncEngine:
+def _sqlite_engine(
+    url: str, parsed: Any, *, busy_timeout: float | None = None, **kwargs: Any
+) -> AsyncEngine:
     database = sqlite_file(parsed)
     busy_ms = _busy_timeout_ms(busy_timeout)
     in_memory = not database or database == ":memory:" or parsed.query.get("mode") == "memory"
@@ -272,7 +301,9 @@ def _sqlite_engine(url: str, parsed: Any, *, busy_timeout: float | None = None, 
     else:
         parent = Path(database).expanduser().resolve().parent
         if not parent.is_dir():
-            raise ValueError(f"cannot create SQLite database {database!r}: folder {parent} does not exist")
+            raise ValueError(
+                f"cannot create SQLite database {database!r}: folder {parent} does not exist"
+            )
     kwargs.setdefault("json_deserializer", load_json)
     engine = create_async_engine(url, **kwargs)
     settings = _SqliteSettings(url, database, busy_ms, in_memory)
@@ -292,7 +323,9 @@ class _SqliteSettings:
 
 
 #: The settings each SQLite engine made by `create_engine` was opened with.
-_SQLITE_SETTINGS: weakref.WeakKeyDictionary[sqlalchemy.Engine, _SqliteSettings] = weakref.WeakKeyDictionary()
+_SQLITE_SETTINGS: weakref.WeakKeyDictionary[sqlalchemy.Engine, _SqliteSettings] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 def sqlite_writer_engine(engine: AsyncEngine) -> sqlalchemy.Engine | None:

@@ -21,7 +21,15 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from store.append_sql import CHUNK, AppendRequest, Outcome, insert_events, insert_sql, lock_for_append, resolve
+from store.append_sql import (
+    CHUNK,
+    AppendRequest,
+    Outcome,
+    insert_events,
+    insert_sql,
+    lock_for_append,
+    resolve,
+)
 from store.engine import WRITE_LOCK, sqlite_writer_engine
 from store.errors import ConcurrencyError, StoreError
 from store.futures import DeferredCancelFuture
@@ -34,7 +42,16 @@ log = logging.getLogger(__name__)
 
 #: Streams whose version the store remembers between commits (see `_resolve`).
 _VERSION_CACHE_SIZE = 100_000
-__all__ = ["RETRY_ATTEMPTS", "RETRY_BASE_DELAY", "EventStore", "insert_events", "is_transient", "read_page", "retry_transient", "to_stored"]
+__all__ = [
+    "RETRY_ATTEMPTS",
+    "RETRY_BASE_DELAY",
+    "EventStore",
+    "insert_events",
+    "is_transient",
+    "read_page",
+    "retry_transient",
+    "to_stored",
+]
 
 
 class EventStore:
@@ -62,10 +79,16 @@ class EventStore:
     def append_engine(self) -> sqlalchemy.Engine:
         """The synchronous engine whose connections run the appends: the writer thread's own on a
         SQLite file, else the async engine's `sync_engine` (for listeners that watch the inserts)."""
-        return self._thread_writer.engine if self._thread_writer is not None else self.engine.sync_engine
+        return (
+            self._thread_writer.engine
+            if self._thread_writer is not None
+            else self.engine.sync_engine
+        )
 
     # ------------------------------------------------------------------ append
-    async def append(self, session_id: str, expected_version: int, new_events: Sequence[NewEvent]) -> int:
+    async def append(
+        self, session_id: str, expected_version: int, new_events: Sequence[NewEvent]
+    ) -> int:
         """Append `new_events` to a session's stream if it is at `expected_version`.
 
         Returns the stream's new version. Re-sending events whose ids are all stored already is a
@@ -74,7 +97,9 @@ class EventStore:
         # Shielded: a cancelled caller must not abandon a write that may still commit.
         return await asyncio.shield(self.submit(session_id, expected_version, new_events))
 
-    def submit(self, session_id: str, expected_version: int, new_events: Sequence[NewEvent]) -> asyncio.Future[int]:
+    def submit(
+        self, session_id: str, expected_version: int, new_events: Sequence[NewEvent]
+    ) -> asyncio.Future[int]:
         """Queue an append for the next group commit; the future resolves once it is durable.
 
         The future is a `DeferredCancelFuture`: a task cancelled while awaiting it is cancelled
@@ -102,7 +127,9 @@ class EventStore:
 
     def _ensure_worker(self) -> None:
         if self._worker is None or self._worker.done():
-            self._worker = asyncio.get_running_loop().create_task(self._run(), name="rollout-ledger-group-commit")
+            self._worker = asyncio.get_running_loop().create_task(
+                self._run(), name="rollout-ledger-group-commit"
+            )
 
     async def _run(self) -> None:
         while True:
@@ -118,7 +145,9 @@ class EventStore:
     def _take_batch(self) -> list[AppendRequest]:
         taken: list[AppendRequest] = []
         count = 0
-        while self._pending and (not taken or count + len(self._pending[0].events) <= self.max_batch_events):
+        while self._pending and (
+            not taken or count + len(self._pending[0].events) <= self.max_batch_events
+        ):
             request = self._pending.popleft()
             taken.append(request)
             count += len(request.events)
@@ -129,7 +158,9 @@ class EventStore:
         if they fire, each request is redone on its own, carefully: ids looked up first, so a
         re-send is an idempotent no-op and a conflict fails only its own caller."""
         try:
-            outcomes = await retry_transient(lambda: self._commit_together(batch, careful), what="append")
+            outcomes = await retry_transient(
+                lambda: self._commit_together(batch, careful), what="append"
+            )
         except DBAPIError as error:  # IntegrityError included
             if len(batch) == 1 and (careful or not isinstance(error, IntegrityError)):
                 _settle(batch[0], _wrap(error, batch[0]))
@@ -141,7 +172,9 @@ class EventStore:
                     self._versions.pop(request.session_id, None)
                     _settle(request, _wrap(error, request))
                 return
-            log.debug("group commit of %d appends failed (%s); redoing them one by one", len(batch), error)
+            log.debug(
+                "group commit of %d appends failed (%s); redoing them one by one", len(batch), error
+            )
             for request in batch:
                 self._versions.pop(request.session_id, None)
             for request in batch:
@@ -154,7 +187,9 @@ class EventStore:
             if len(batch) == 1:
                 _settle(batch[0], _wrap(error, batch[0]))
                 return
-            log.debug("group commit of %d appends failed (%r); redoing them one by one", len(batch), error)
+            log.debug(
+                "group commit of %d appends failed (%r); redoing them one by one", len(batch), error
+            )
             for request in batch:
                 self._versions.pop(request.session_id, None)
             for request in batch:
@@ -162,7 +197,12 @@ class EventStore:
             return
         except BaseException as error:  # cancelled or interrupted: every waiter must hear about it
             for request in batch:
-                _settle(request, StoreError(f"the append was interrupted ({error!r}); nothing of it is known to be written"))
+                _settle(
+                    request,
+                    StoreError(
+                        f"the append was interrupted ({error!r}); nothing of it is known to be written"
+                    ),
+                )
             raise
         self.batches_committed += 1
         for request, outcome in zip(batch, outcomes):
@@ -178,9 +218,12 @@ class EventStore:
     async def _commit_together(self, batch: list[AppendRequest], careful: bool) -> list[Outcome]:
         cached = None if careful else self._versions
         if self._thread_writer is not None:
+
             def transaction(conn: Connection) -> list[Outcome]:
                 with conn.begin():
-                    return run_now(_decide_and_insert(ImmediateConnection(conn), batch, careful, cached))
+                    return run_now(
+                        _decide_and_insert(ImmediateConnection(conn), batch, careful, cached)
+                    )
 
             outcomes = await self._thread_writer.run(transaction)
         else:
@@ -191,7 +234,9 @@ class EventStore:
                         await lock_for_append(conn)
                     outcomes = await _decide_and_insert(conn, batch, careful, cached)
             except BaseException as error:
-                if not isinstance(error, IntegrityError):  # the connection may be broken: start afresh
+                if not isinstance(
+                    error, IntegrityError
+                ):  # the connection may be broken: start afresh
                     await self._drop_writer()
                 raise
         self._remember(batch, outcomes)
@@ -257,7 +302,9 @@ class EventStore:
             await writer.close()
 
     # ------------------------------------------------------------------- reads
-    async def read_stream(self, session_id: str, *, at_position: int | None = None) -> list[StoredEvent]:
+    async def read_stream(
+        self, session_id: str, *, at_position: int | None = None
+    ) -> list[StoredEvent]:
         """All events of one session in version order, optionally only those at or before a position."""
         query = select(events).where(events.c.session_id == session_id)
         if at_position is not None:
@@ -273,7 +320,9 @@ class EventStore:
             for start in range(0, len(session_ids), CHUNK):
                 chunk = list(session_ids[start : start + CHUNK])
                 result = await conn.execute(
-                    select(events).where(events.c.session_id.in_(chunk)).order_by(events.c.session_id, events.c.version)
+                    select(events)
+                    .where(events.c.session_id.in_(chunk))
+                    .order_by(events.c.session_id, events.c.version)
                 )
                 for row in result.mappings():
                     out[row["session_id"]].append(to_stored(row))
@@ -284,7 +333,9 @@ class EventStore:
         async with self.engine.connect() as conn:
             return await read_page(conn, after_position, limit)
 
-    async def iter_from(self, after_position: int = 0, *, page_size: int = 1000) -> AsyncIterator[list[StoredEvent]]:
+    async def iter_from(
+        self, after_position: int = 0, *, page_size: int = 1000
+    ) -> AsyncIterator[list[StoredEvent]]:
         """Pages of the global log from a position to its current end."""
         position = after_position
         while True:
@@ -296,16 +347,25 @@ class EventStore:
 
     async def last_position(self) -> int:
         async with self.engine.connect() as conn:
-            return int((await conn.execute(select(func.coalesce(func.max(events.c.position), 0)))).scalar_one())
+            return int(
+                (
+                    await conn.execute(select(func.coalesce(func.max(events.c.position), 0)))
+                ).scalar_one()
+            )
 
     async def stream_version(self, session_id: str) -> int:
         async with self.engine.connect() as conn:
-            query = select(func.coalesce(func.max(events.c.version), 0)).where(events.c.session_id == session_id)
+            query = select(func.coalesce(func.max(events.c.version), 0)).where(
+                events.c.session_id == session_id
+            )
             return int((await conn.execute(query)).scalar_one())
 
 
 async def _decide_and_insert(
-    conn: AsyncConnection | ImmediateConnection, batch: list[AppendRequest], careful: bool, cached: dict[str, int] | None
+    conn: AsyncConnection | ImmediateConnection,
+    batch: list[AppendRequest],
+    careful: bool,
+    cached: dict[str, int] | None,
 ) -> list[Outcome]:
     """A batch's transaction body: each request decided against the log, the accepted rows inserted."""
     outcomes, rows = await resolve(conn, batch, check_ids=careful, cached=cached)  # type: ignore[arg-type]
@@ -318,23 +378,53 @@ async def _decide_and_insert(
 _PAGE_COLUMNS = [c for c in events.c if c.name != "payload"] + [events.c.payload]
 _PAGE_NO_PAYLOAD = _PAGE_COLUMNS[:-1]
 
-async def read_page(conn: AsyncConnection, after_position: int, limit: int, *, with_payload: bool = True) -> list[StoredEvent]:
+
+async def read_page(
+    conn: AsyncConnection, after_position: int, limit: int, *, with_payload: bool = True
+) -> list[StoredEvent]:
     """Events after a position; without payloads when the reader only needs the JSON data."""
     columns = _PAGE_COLUMNS if with_payload else _PAGE_NO_PAYLOAD
     result = await conn.execute(
-        select(*columns).where(events.c.position > after_position).order_by(events.c.position).limit(limit)
+        select(*columns)
+        .where(events.c.position > after_position)
+        .order_by(events.c.position)
+        .limit(limit)
     )
     return [_from_page_row(row, with_payload) for row in result]
 
 
 def _from_page_row(row: Any, with_payload: bool) -> StoredEvent:
-    position, event_id, session_id, version, type_, schema, run, uid, partition, step, data, recorded_at = row[:12]
+    (
+        position,
+        event_id,
+        session_id,
+        version,
+        type_,
+        schema,
+        run,
+        uid,
+        partition,
+        step,
+        data,
+        recorded_at,
+    ) = row[:12]
     payload = row[12] if with_payload else None
     if recorded_at.tzinfo is None:  # SQLite keeps no zone; we only ever write UTC
         recorded_at = recorded_at.replace(tzinfo=timezone.utc)
     return StoredEvent(
-        position, event_id, session_id, version, type_, schema, run, uid, partition, step, data,
-        bytes(payload) if payload is not None else None, recorded_at,
+        position,
+        event_id,
+        session_id,
+        version,
+        type_,
+        schema,
+        run,
+        uid,
+        partition,
+        step,
+        data,
+        bytes(payload) if payload is not None else None,
+        recorded_at,
     )
 
 
@@ -363,10 +453,14 @@ def to_stored(row: Any) -> StoredEvent:
 
 def _check_versions(session_id: str, expected_version: int, new_events: Sequence[NewEvent]) -> None:
     if len({event.event_id for event in new_events}) != len(new_events):
-        raise ValueError(f"session {session_id!r}: the appended events repeat an event id; each event needs its own")
+        raise ValueError(
+            f"session {session_id!r}: the appended events repeat an event id; each event needs its own"
+        )
     for offset, event in enumerate(new_events, start=1):
         if event.session_id != session_id:
-            raise ValueError(f"event {event.event_id} belongs to session {event.session_id!r}, not {session_id!r}")
+            raise ValueError(
+                f"event {event.event_id} belongs to session {event.session_id!r}, not {session_id!r}"
+            )
         if event.version != expected_version + offset:
             raise ValueError(
                 f"session {session_id!r}: event {event.event_id} has version {event.version}, "
@@ -390,4 +484,6 @@ def _wrap(error: Exception, request: AppendRequest) -> Exception:
         return ConcurrencyError(request.session_id, request.expected_version, -1)
     # The driver's own message: SQLAlchemy's would repeat the statement and every row's parameters.
     cause = error.orig if isinstance(error, DBAPIError) and error.orig is not None else error
-    return StoreError(f"append to session {request.session_id!r} failed: {type(cause).__name__}: {cause}")
+    return StoreError(
+        f"append to session {request.session_id!r} failed: {type(cause).__name__}: {cause}"
+    )

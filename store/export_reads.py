@@ -66,14 +66,19 @@ async def run_has_events(conn: AsyncConnection, run: str) -> bool:
 
 async def session_columns(conn: AsyncConnection) -> list[str]:
     """The columns the database's `sessions` table has, in table order."""
-    names = await conn.run_sync(lambda sync: [c["name"] for c in inspect(sync).get_columns("sessions")])
+    names = await conn.run_sync(
+        lambda sync: [c["name"] for c in inspect(sync).get_columns("sessions")]
+    )
     return list(names)
 
 
 def _done(up_to: int) -> Any:
     """Terminal as of the snapshot: a later end is not seen (the session still counts as open)."""
-    return and_(sessions.c.state.in_(TERMINAL), sessions.c.terminal_position.is_not(None),
-                sessions.c.terminal_position <= up_to)
+    return and_(
+        sessions.c.state.in_(TERMINAL),
+        sessions.c.terminal_position.is_not(None),
+        sessions.c.terminal_position <= up_to,
+    )
 
 
 async def count_sessions(conn: AsyncConnection, which: SessionFilter, up_to: int) -> dict[str, int]:
@@ -90,8 +95,14 @@ async def count_sessions(conn: AsyncConnection, which: SessionFilter, up_to: int
 
 
 async def session_page(
-    conn: AsyncConnection, which: SessionFilter, *, states: Sequence[str], up_to: int, after: tuple[str, str] | None,
-    limit: int, columns: Sequence[str],
+    conn: AsyncConnection,
+    which: SessionFilter,
+    *,
+    states: Sequence[str],
+    up_to: int,
+    after: tuple[str, str] | None,
+    limit: int,
+    columns: Sequence[str],
 ) -> list[dict[str, Any]]:
     """Up to `limit` sessions terminal by `up_to` in `states`, ordered by (uid, session_id) and
     after the key `after` (None: from the start); `columns` names the columns wanted (those
@@ -107,13 +118,20 @@ async def session_page(
     conditions = [*which.where(), _done(up_to), sessions.c.state.in_(tuple(states))]
     if after is not None:
         conditions.append(tuple_(sessions.c.uid, sessions.c.session_id) > tuple_(*after))
-    query = select(*picked).where(*conditions).order_by(sessions.c.uid, sessions.c.session_id).limit(limit)
+    query = (
+        select(*picked)
+        .where(*conditions)
+        .order_by(sessions.c.uid, sessions.c.session_id)
+        .limit(limit)
+    )
     out = []
     for row in (await conn.execute(query)).mappings():
         item = dict(row)
         for name in ("created_at", "terminal_at"):
             value = item.get(name)
-            if isinstance(value, datetime) and value.tzinfo is None:  # SQLite keeps no zone; we write UTC
+            if (
+                isinstance(value, datetime) and value.tzinfo is None
+            ):  # SQLite keeps no zone; we write UTC
                 item[name] = value.replace(tzinfo=timezone.utc)
         out.append(item)
     return out
@@ -130,9 +148,14 @@ async def trajectory_events(
     for start in range(0, len(session_ids), _CHUNK):
         chunk = list(session_ids[start : start + _CHUNK])
         query = select(
-            events.c.position, events.c.session_id, events.c.type, events.c.schema_version, cast(events.c.data, Text)
+            events.c.position,
+            events.c.session_id,
+            events.c.type,
+            events.c.schema_version,
+            cast(events.c.data, Text),
         ).where(
-            events.c.session_id.in_(chunk), events.c.type.in_(("TrajectoryRecorded", "SessionSucceeded")),
+            events.c.session_id.in_(chunk),
+            events.c.type.in_(("TrajectoryRecorded", "SessionSucceeded")),
             events.c.position <= up_to,
         )
         out.extend(tuple(row) for row in await conn.execute(query))  # type: ignore[misc]
@@ -146,7 +169,9 @@ async def payloads(conn: AsyncConnection, positions: Sequence[int]) -> dict[int,
     wanted = sorted(set(positions))
     for start in range(0, len(wanted), _CHUNK):
         chunk = wanted[start : start + _CHUNK]
-        result = await conn.execute(select(events.c.position, events.c.payload).where(events.c.position.in_(chunk)))
+        result = await conn.execute(
+            select(events.c.position, events.c.payload).where(events.c.position.in_(chunk))
+        )
         for position, payload in result:
             out[int(position)] = bytes(payload) if payload is not None else None
     return out

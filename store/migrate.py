@@ -79,7 +79,9 @@ async def upgrade(engine: AsyncEngine, target: str = "head") -> None:
         conn = await conn.execution_options(**{WRITE_LOCK: True})
         async with conn.begin():
             if conn.dialect.name == "postgresql":
-                await conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": _PG_MIGRATION_LOCK})
+                await conn.execute(
+                    text("SELECT pg_advisory_xact_lock(:k)"), {"k": _PG_MIGRATION_LOCK}
+                )
             await conn.run_sync(_upgrade, target)
 
 
@@ -123,7 +125,9 @@ def describe(url: object) -> tuple[str, str]:
 
         path = sqlite_file(parsed) or ":memory:"
         return f"SQLite file {path}", shlex.quote(path)
-    shown = parsed.set(drivername="postgresql").render_as_string(hide_password=True)  # as a user would type it
+    shown = parsed.set(drivername="postgresql").render_as_string(
+        hide_password=True
+    )  # as a user would type it
     return f"PostgreSQL database {shown}", shlex.quote(shown)
 
 
@@ -138,18 +142,24 @@ def schema_problem(state: SchemaState, where: str, target: str) -> str | None:
     found = _listing(state.tables)
     script = ScriptDirectory.from_config(alembic_config())
     if not state.versioned:
-        return (f"{where} is not a rollout-ledger database: no alembic_version table (found {found}); point --db "
-                "at a rollout-ledger database (reading never changes this one)")
+        return (
+            f"{where} is not a rollout-ledger database: no alembic_version table (found {found}); point --db "
+            "at a rollout-ledger database (reading never changes this one)"
+        )
     if state.revision is None:
         return f"{where} has an empty alembic_version table (no schema revision; found {found}): {migrate}"
     if not _known(script, state.revision):
         if "events" not in state.tables:
-            return (f"{where} is not a rollout-ledger database: its alembic_version holds {state.revision!r}, which "
-                    f"no rollout-ledger revision names, and it has no events table (found {found}); point --db at a "
-                    "rollout-ledger database")
-        return (f"{where} is at schema revision {state.revision!r}, which this version of rollout-ledger does not "
-                f"know (its newest is {head!r}); it was written by a newer rollout-ledger — upgrade the package, "
-                "or point --db at another database")
+            return (
+                f"{where} is not a rollout-ledger database: its alembic_version holds {state.revision!r}, which "
+                f"no rollout-ledger revision names, and it has no events table (found {found}); point --db at a "
+                "rollout-ledger database"
+            )
+        return (
+            f"{where} is at schema revision {state.revision!r}, which this version of rollout-ledger does not "
+            f"know (its newest is {head!r}); it was written by a newer rollout-ledger — upgrade the package, "
+            "or point --db at another database"
+        )
     return f"{where} is at schema revision {state.revision!r}, older than the {head!r} this rollout-ledger needs: {migrate}"
 
 
@@ -161,7 +171,9 @@ def _known(script: ScriptDirectory, revision: str) -> bool:
 
 
 def _listing(tables: tuple[str, ...], most: int = 6) -> str:
-    shown = ", ".join(tables[:most]) + (f" and {len(tables) - most} more" if len(tables) > most else "")
+    shown = ", ".join(tables[:most]) + (
+        f" and {len(tables) - most} more" if len(tables) > most else ""
+    )
     return f"{len(tables)} table(s): {shown}"
 
 

@@ -37,7 +37,9 @@ async def projection_page(engine: AsyncEngine) -> AsyncIterator[AsyncConnection]
 
 
 @contextlib.asynccontextmanager
-async def follower_leadership(engine: AsyncEngine, stop: asyncio.Event, poll_interval: float) -> AsyncIterator[bool]:
+async def follower_leadership(
+    engine: AsyncEngine, stop: asyncio.Event, poll_interval: float
+) -> AsyncIterator[bool]:
     """Yields True once this follower leads (at once where the backend elects none), or False
     if `stop` was set first. The lead is released on exit."""
     dialect = dialect_of(engine)

@@ -59,20 +59,32 @@ def check_consumer(consumer: Any) -> str:
     if not isinstance(consumer, str) or not consumer.strip():
         raise ValueError(f"queue consumer name must be a non-empty string, got {consumer!r}")
     if len(consumer) > NAME:
-        raise ValueError(f"queue consumer name {consumer[:20]!r}… is {len(consumer)} characters; at most {NAME}")
+        raise ValueError(
+            f"queue consumer name {consumer[:20]!r}… is {len(consumer)} characters; at most {NAME}"
+        )
     return consumer
 
 
-def check_claim_args(run: Any, partition: Any, limit: Any, global_step: Any, lease_seconds: Any) -> None:
+def check_claim_args(
+    run: Any, partition: Any, limit: Any, global_step: Any, lease_seconds: Any
+) -> None:
     """Reject bad arguments up front: a bad partition or limit would otherwise just claim nothing."""
     if not isinstance(run, str) or not run:
         raise ValueError(f"run must be a non-empty string, got {run!r}")
     if partition not in PARTITIONS:
-        raise ValueError(f"unknown partition {partition!r}: queue rows are in partition 'train' or 'val'")
+        raise ValueError(
+            f"unknown partition {partition!r}: queue rows are in partition 'train' or 'val'"
+        )
     if isinstance(limit, bool) or not isinstance(limit, int) or limit <= 0:
         raise ValueError(f"limit must be a positive integer (rows to claim), got {limit!r}")
-    if global_step is not ... and global_step is not None and (isinstance(global_step, bool) or not isinstance(global_step, int)):
-        raise ValueError(f"global_step must be an int, None (rows without a step) or ... (any step), got {global_step!r}")
+    if (
+        global_step is not ...
+        and global_step is not None
+        and (isinstance(global_step, bool) or not isinstance(global_step, int))
+    ):
+        raise ValueError(
+            f"global_step must be an int, None (rows without a step) or ... (any step), got {global_step!r}"
+        )
     if (
         isinstance(lease_seconds, bool)
         or not isinstance(lease_seconds, (int, float))
@@ -88,7 +100,9 @@ def _check_ids(row_ids: Sequence[int]) -> list[int]:
     ids = list(row_ids)
     for row_id in ids:
         if isinstance(row_id, bool) or not isinstance(row_id, int):
-            raise ValueError(f"queue row ids are integers (the `id` of the claimed rows), got {row_id!r}")
+            raise ValueError(
+                f"queue row ids are integers (the `id` of the claimed rows), got {row_id!r}"
+            )
     return sorted(set(ids))
 
 
@@ -175,14 +189,23 @@ async def claim_in(
         )
         if global_step is not ...:
             query = query.where(equals(queue_rows.c.global_step, global_step))
-        query = query.order_by(queue_rows.c.id).limit(wanted).with_for_update(of=queue_rows, skip_locked=True)
+        query = (
+            query.order_by(queue_rows.c.id)
+            .limit(wanted)
+            .with_for_update(of=queue_rows, skip_locked=True)
+        )
         candidates = [dict(row) for row in (await conn.execute(query)).mappings()]
         if not candidates:
             break
-        statement = _insert(conn).values([{"queue_row_id": c["id"], "consumer": consumer, "claimed_at": now} for c in candidates])
+        statement = _insert(conn).values(
+            [{"queue_row_id": c["id"], "consumer": consumer, "claimed_at": now} for c in candidates]
+        )
         statement = statement.on_conflict_do_update(
             index_elements=[queue_claims.c.queue_row_id],
-            set_={"consumer": statement.excluded.consumer, "claimed_at": statement.excluded.claimed_at},
+            set_={
+                "consumer": statement.excluded.consumer,
+                "claimed_at": statement.excluded.claimed_at,
+            },
             # Take over only a claim that is still abandoned by the time we write (see module doc).
             where=and_(queue_claims.c.acked_at.is_(None), queue_claims.c.claimed_at < cutoff),
         ).returning(queue_claims.c.queue_row_id)
@@ -217,7 +240,13 @@ async def claim(
     try:
         async with conn.begin():
             return await claim_in(
-                conn, consumer, run=run, partition=partition, limit=limit, global_step=global_step, lease_seconds=lease_seconds
+                conn,
+                consumer,
+                run=run,
+                partition=partition,
+                limit=limit,
+                global_step=global_step,
+                lease_seconds=lease_seconds,
             )
     finally:
         await conn.close()
@@ -244,7 +273,9 @@ async def ack(engine: AsyncEngine, consumer: str, row_ids: Sequence[int]) -> int
                 mine = await _lock_own_claims(conn, consumer, chunk)
                 if mine:
                     result = await conn.execute(
-                        update(queue_claims).where(queue_claims.c.queue_row_id.in_(mine)).values(acked_at=now)
+                        update(queue_claims)
+                        .where(queue_claims.c.queue_row_id.in_(mine))
+                        .values(acked_at=now)
                     )
                     total += int(result.rowcount or 0)
     finally:
@@ -269,11 +300,21 @@ async def release(engine: AsyncEngine, consumer: str, row_ids: Sequence[int]) ->
             for chunk in _chunks(ids):
                 mine = await _lock_own_claims(conn, consumer, chunk)
                 if mine:
-                    result = await conn.execute(delete(queue_claims).where(queue_claims.c.queue_row_id.in_(mine)))
+                    result = await conn.execute(
+                        delete(queue_claims).where(queue_claims.c.queue_row_id.in_(mine))
+                    )
                     total += int(result.rowcount or 0)
     finally:
         await conn.close()
     return total
 
 
-__all__ = ["PARTITIONS", "ack", "check_claim_args", "check_consumer", "claim", "claim_in", "release"]
+__all__ = [
+    "PARTITIONS",
+    "ack",
+    "check_claim_args",
+    "check_consumer",
+    "claim",
+    "claim_in",
+    "release",
+]

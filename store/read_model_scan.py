@@ -42,7 +42,10 @@ class TableScan:
     sql: str
 
     def typed(self, row: Sequence[Any]) -> dict[str, Any]:
-        return {c: (p(v) if p is not None and v is not None else v) for c, p, v in zip(self.columns, self.processors, row)}
+        return {
+            c: (p(v) if p is not None and v is not None else v)
+            for c, p, v in zip(self.columns, self.processors, row)
+        }
 
 
 def scan(engine: AsyncEngine, table_name: str, keys: Sequence[str]) -> TableScan:
@@ -52,12 +55,16 @@ def scan(engine: AsyncEngine, table_name: str, keys: Sequence[str]) -> TableScan
     postgres = isinstance(dialect_of(engine), PostgresDialect)
     columns = tuple(c.name for c in table.c)
     processors = tuple(
-        c.type.dialect_impl(dialect).result_processor(dialect, None) if isinstance(c.type, (JSON, DateTime, Boolean)) else None
+        c.type.dialect_impl(dialect).result_processor(dialect, None)
+        if isinstance(c.type, (JSON, DateTime, Boolean))
+        else None
         for c in table.c
     )
     order = []
     for name in keys:
-        term = f'{name} COLLATE "C"' if postgres and isinstance(table.c[name].type, String) else name
+        term = (
+            f'{name} COLLATE "C"' if postgres and isinstance(table.c[name].type, String) else name
+        )
         order.append(f"{term} NULLS FIRST" if postgres else term)
     sql = f"SELECT {', '.join(columns)} FROM {table.name} ORDER BY {', '.join(order)}"
     return TableScan(table.name, columns, tuple(keys), processors, sql)

@@ -16,12 +16,28 @@ from typing import Any
 from sqlalchemy import Text, and_, bindparam, cast, func, literal_column, or_, select, text, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from store.tables import checkpoints, events, groups, metric_counts, projection_errors, queue_rows, sessions
+from store.tables import (
+    checkpoints,
+    events,
+    groups,
+    metric_counts,
+    projection_errors,
+    queue_rows,
+    sessions,
+)
 
 _CHUNK = 500
 PROJECTOR = "projector"
 #: The columns the projection decoder reads from `events`, in its order.
-DECODER_COLUMNS = ("position", "session_id", "version", "type", "schema_version", "data", "recorded_at")
+DECODER_COLUMNS = (
+    "position",
+    "session_id",
+    "version",
+    "type",
+    "schema_version",
+    "data",
+    "recorded_at",
+)
 #: The natural key of `groups` (unique index `uq_groups_key`).
 GROUP_KEY = ("run", "partition", "global_step", "uid")
 
@@ -36,35 +52,55 @@ def _chunks(items: Sequence[Any]) -> Iterable[Sequence[Any]]:
 
 
 async def get_checkpoint(conn: AsyncConnection, name: str = PROJECTOR) -> int:
-    value = (await conn.execute(select(checkpoints.c.position).where(checkpoints.c.name == name))).scalar_one_or_none()
+    value = (
+        await conn.execute(select(checkpoints.c.position).where(checkpoints.c.name == name))
+    ).scalar_one_or_none()
     return int(value or 0)
 
 
-async def set_checkpoint(conn: AsyncConnection, position: int, *, previous: int, name: str = PROJECTOR) -> datetime:
+async def set_checkpoint(
+    conn: AsyncConnection, position: int, *, previous: int, name: str = PROJECTOR
+) -> datetime:
     """Move the checkpoint; returns the `updated_at` written (what `checkpoint_stamp` reads back)."""
     now = datetime.now(timezone.utc)
     if previous == 0:
-        exists = (await conn.execute(select(checkpoints.c.name).where(checkpoints.c.name == name))).first()
+        exists = (
+            await conn.execute(select(checkpoints.c.name).where(checkpoints.c.name == name))
+        ).first()
         if exists is None:
-            await conn.execute(checkpoints.insert().values(name=name, position=position, updated_at=now))
+            await conn.execute(
+                checkpoints.insert().values(name=name, position=position, updated_at=now)
+            )
             return now
-    await conn.execute(update(checkpoints).where(checkpoints.c.name == name).values(position=position, updated_at=now))
+    await conn.execute(
+        update(checkpoints)
+        .where(checkpoints.c.name == name)
+        .values(position=position, updated_at=now)
+    )
     return now
 
 
 async def checkpoint_stamp(conn: AsyncConnection, name: str = PROJECTOR) -> datetime | None:
     """When the checkpoint last moved (UTC), None if it never did: with the position, it tells a
     projector whether the read models are still as its own last page left them."""
-    value = (await conn.execute(select(checkpoints.c.updated_at).where(checkpoints.c.name == name))).scalar_one_or_none()
+    value = (
+        await conn.execute(select(checkpoints.c.updated_at).where(checkpoints.c.name == name))
+    ).scalar_one_or_none()
     return None if value is None else as_utc(value)
 
 
 def as_utc(value: datetime) -> datetime:
     """An aware UTC datetime (SQLite hands back naive ones; we only ever write UTC)."""
-    return value.replace(tzinfo=timezone.utc) if value.tzinfo is None else value.astimezone(timezone.utc)
+    return (
+        value.replace(tzinfo=timezone.utc)
+        if value.tzinfo is None
+        else value.astimezone(timezone.utc)
+    )
 
 
-async def load_sessions(conn: AsyncConnection, session_ids: Sequence[str]) -> dict[str, dict[str, Any]]:
+async def load_sessions(
+    conn: AsyncConnection, session_ids: Sequence[str]
+) -> dict[str, dict[str, Any]]:
     out: dict[str, dict[str, Any]] = {}
     for chunk in _chunks(list(session_ids)):
         result = await conn.execute(select(sessions).where(sessions.c.session_id.in_(chunk)))
@@ -72,16 +108,24 @@ async def load_sessions(conn: AsyncConnection, session_ids: Sequence[str]) -> di
     return out
 
 
-async def session_reward_infos(conn: AsyncConnection, session_ids: Sequence[str]) -> dict[str, dict[str, Any]]:
+async def session_reward_infos(
+    conn: AsyncConnection, session_ids: Sequence[str]
+) -> dict[str, dict[str, Any]]:
     """Each session's projected `reward_info` (what its rewards posted, merged by key)."""
     out: dict[str, dict[str, Any]] = {}
     for chunk in _chunks(sorted(set(session_ids))):
-        result = await conn.execute(select(sessions.c.session_id, sessions.c.reward_info).where(sessions.c.session_id.in_(chunk)))
+        result = await conn.execute(
+            select(sessions.c.session_id, sessions.c.reward_info).where(
+                sessions.c.session_id.in_(chunk)
+            )
+        )
         out.update({sid: dict(info or {}) for sid, info in result.all()})
     return out
 
 
-async def load_groups(conn: AsyncConnection, keys: Sequence[tuple[str, str, int | None, str]]) -> dict[tuple[str, str, int | None, str], dict[str, Any]]:
+async def load_groups(
+    conn: AsyncConnection, keys: Sequence[tuple[str, str, int | None, str]]
+) -> dict[tuple[str, str, int | None, str], dict[str, Any]]:
     """Groups by their key (run, partition, global_step, uid)."""
     # Select by uid alone (one IN list; a tree of OR-ed ANDs costs more to build than to run),
     # then keep the wanted keys.
@@ -114,11 +158,15 @@ def _scope_condition(scope: MetricScope) -> Any:
     )
 
 
-async def load_metrics(conn: AsyncConnection, scopes: Sequence[MetricScope]) -> dict[MetricScope, dict[str, float]]:
+async def load_metrics(
+    conn: AsyncConnection, scopes: Sequence[MetricScope]
+) -> dict[MetricScope, dict[str, float]]:
     """scope -> metric -> value, for the scopes asked (an unknown scope maps to {})."""
     out: dict[MetricScope, dict[str, float]] = {scope: {} for scope in scopes}
     for chunk in _chunks(list(scopes)):
-        result = await conn.execute(select(metric_counts).where(or_(*(_scope_condition(s) for s in chunk))))
+        result = await conn.execute(
+            select(metric_counts).where(or_(*(_scope_condition(s) for s in chunk)))
+        )
         for row in result.mappings():
             scope = (row["run"], row["partition"], row["global_step"], row["data_source"])
             out.setdefault(scope, {})[row["metric"]] = row["value"]
@@ -126,8 +174,13 @@ async def load_metrics(conn: AsyncConnection, scopes: Sequence[MetricScope]) -> 
 
 
 async def save_rows(
-    conn: AsyncConnection, table: Any, inserts: list[dict[str, Any]], updates: list[dict[str, Any]], keys: Sequence[str],
-    *, stored: Sequence[dict[str, Any] | None] | None = None,
+    conn: AsyncConnection,
+    table: Any,
+    inserts: list[dict[str, Any]],
+    updates: list[dict[str, Any]],
+    keys: Sequence[str],
+    *,
+    stored: Sequence[dict[str, Any] | None] | None = None,
 ) -> None:
     """Insert new rows and update changed ones (matched on `keys`).
 
@@ -144,12 +197,17 @@ async def save_rows(
             .where(and_(*(table.c[k] == bindparam(f"k_{k}") for k in keys)))
             .values({c: bindparam(f"v_{c}") for c in changed})
         )
-        params = [{**{f"k_{k}": row[k] for k in keys}, **{f"v_{c}": row[c] for c in changed}} for row in rows]
+        params = [
+            {**{f"k_{k}": row[k] for k in keys}, **{f"v_{c}": row[c] for c in changed}}
+            for row in rows
+        ]
         await conn.execute(statement.execution_options(synchronize_session=False), params)
 
 
 def changed_columns(
-    updates: Sequence[dict[str, Any]], stored: Sequence[dict[str, Any] | None] | None, columns: Sequence[str]
+    updates: Sequence[dict[str, Any]],
+    stored: Sequence[dict[str, Any] | None] | None,
+    columns: Sequence[str],
 ) -> dict[tuple[str, ...], list[dict[str, Any]]]:
     """Rows to update grouped by the columns that changed (all of them where nothing was stored);
     a row with none changed is left out."""
@@ -159,21 +217,29 @@ def changed_columns(
     for i, row in enumerate(updates):
         before = None if stored is None else stored[i]
         # compared at C speed: a settling page compares ~30 columns of thousands of sessions
-        changed = everything if before is None else tuple(compress(everything, map(ne, values(row), values(before))))
+        changed = (
+            everything
+            if before is None
+            else tuple(compress(everything, map(ne, values(row), values(before))))
+        )
         if changed:
             out.setdefault(changed, []).append(row)
     return out
 
 
 async def save_sessions(
-    conn: AsyncConnection, inserts: list[dict[str, Any]], updates: list[dict[str, Any]],
+    conn: AsyncConnection,
+    inserts: list[dict[str, Any]],
+    updates: list[dict[str, Any]],
     stored: Sequence[dict[str, Any] | None] | None = None,
 ) -> None:
     await save_rows(conn, sessions, inserts, updates, keys=("session_id",), stored=stored)
 
 
 async def save_groups(
-    conn: AsyncConnection, inserts: list[dict[str, Any]], updates: list[dict[str, Any]],
+    conn: AsyncConnection,
+    inserts: list[dict[str, Any]],
+    updates: list[dict[str, Any]],
     stored: Sequence[dict[str, Any] | None] | None = None,
 ) -> None:
     """As `save_rows`, matching a group by its natural key (see `group_update`)."""
@@ -181,8 +247,13 @@ async def save_groups(
         await conn.execute(groups.insert(), inserts)
     columns = [c.name for c in groups.columns if c.name not in GROUP_KEY]
     for changed, rows in changed_columns(updates, stored, columns).items():
-        params = [{**{f"k_{k}": row[k] for k in GROUP_KEY}, **{f"v_{c}": row[c] for c in changed}} for row in rows]
-        await conn.execute(group_update(changed).execution_options(synchronize_session=False), params)
+        params = [
+            {**{f"k_{k}": row[k] for k in GROUP_KEY}, **{f"v_{c}": row[c] for c in changed}}
+            for row in rows
+        ]
+        await conn.execute(
+            group_update(changed).execution_options(synchronize_session=False), params
+        )
 
 
 def group_update(columns: Sequence[str]) -> Any:
@@ -195,7 +266,8 @@ def group_update(columns: Sequence[str]) -> Any:
     return (
         update(groups)
         .where(
-            groups.c.run == bindparam("k_run"), groups.c.partition == bindparam("k_partition"),
+            groups.c.run == bindparam("k_run"),
+            groups.c.partition == bindparam("k_partition"),
             func.coalesce(groups.c.global_step, _NO_STEP)
             == func.coalesce(bindparam("k_global_step", type_=groups.c.global_step.type), _NO_STEP),
             groups.c.uid == bindparam("k_uid"),
@@ -218,7 +290,14 @@ METRIC_UPSERT = (
 async def save_metrics(conn: AsyncConnection, changed: dict[MetricScope, dict[str, float]]) -> None:
     """Upsert metric values by their natural key (one statement for the whole page)."""
     params = [
-        {"run": run, "partition": partition, "global_step": step, "data_source": source, "metric": metric, "value": value}
+        {
+            "run": run,
+            "partition": partition,
+            "global_step": step,
+            "data_source": source,
+            "metric": metric,
+            "value": value,
+        }
         for (run, partition, step, source), values in changed.items()
         for metric, value in values.items()
     ]
@@ -236,9 +315,15 @@ async def insert_projection_errors(conn: AsyncConnection, rows: list[dict[str, A
         await conn.execute(projection_errors.insert(), rows)
 
 
-async def projection_error_rows(conn: AsyncConnection, *, after: int = 0, limit: int | None = None) -> list[dict[str, Any]]:
+async def projection_error_rows(
+    conn: AsyncConnection, *, after: int = 0, limit: int | None = None
+) -> list[dict[str, Any]]:
     """Quarantined events in log order (those after a position)."""
-    query = select(projection_errors).where(projection_errors.c.position > after).order_by(projection_errors.c.position)
+    query = (
+        select(projection_errors)
+        .where(projection_errors.c.position > after)
+        .order_by(projection_errors.c.position)
+    )
     if limit is not None:
         query = query.limit(limit)
     return [dict(row) for row in (await conn.execute(query)).mappings()]
@@ -262,7 +347,9 @@ async def events_after(
     one (the token arrays a follower keeps for the batch, read once, as they land).
     """
     columns = _decoder_columns() + ([events.c.payload] if payloads is not None else [])
-    result = await conn.execute(select(*columns).where(events.c.position > after).order_by(events.c.position).limit(limit))
+    result = await conn.execute(
+        select(*columns).where(events.c.position > after).order_by(events.c.position).limit(limit)
+    )
     if payloads is None:
         return [_utc_row(row) for row in result]
     out = []
@@ -276,7 +363,9 @@ async def events_after(
 def _decoder_columns() -> list[Any]:
     """`DECODER_COLUMNS`, with `data` as its stored text: the decoder parses it, so a row of
     malformed JSON is one event to quarantine, not a page that cannot be read."""
-    return [cast(events.c.data, Text) if name == "data" else events.c[name] for name in DECODER_COLUMNS]
+    return [
+        cast(events.c.data, Text) if name == "data" else events.c[name] for name in DECODER_COLUMNS
+    ]
 
 
 def _utc_row(row: Any) -> tuple[Any, ...]:
@@ -286,14 +375,17 @@ def _utc_row(row: Any) -> tuple[Any, ...]:
     return (*head, recorded_at)
 
 
-async def trajectory_events(conn: AsyncConnection, session_ids: Sequence[str], up_to: int) -> list[tuple[Any, ...]]:
+async def trajectory_events(
+    conn: AsyncConnection, session_ids: Sequence[str], up_to: int
+) -> list[tuple[Any, ...]]:
     """The TrajectoryRecorded events of some sessions at positions <= `up_to`, and the
     AttemptFailed events that supersede them, in log order, as `events_after` returns them."""
     out: list[tuple[Any, ...]] = []
     for chunk in _chunks(list(session_ids)):
         result = await conn.execute(
             select(*_decoder_columns()).where(
-                events.c.session_id.in_(chunk), events.c.type.in_(("TrajectoryRecorded", "AttemptFailed")),
+                events.c.session_id.in_(chunk),
+                events.c.type.in_(("TrajectoryRecorded", "AttemptFailed")),
                 events.c.position <= up_to,
             )
         )
@@ -310,12 +402,21 @@ async def source_events(conn: AsyncConnection, positions: Sequence[int]) -> dict
     out: dict[int, SourceEvent] = {}
     for chunk in _chunks(sorted(set(positions))):
         result = await conn.execute(
-            select(events.c.position, events.c.type, events.c.schema_version, events.c.data, events.c.payload).where(
-                events.c.position.in_(chunk)
-            )
+            select(
+                events.c.position,
+                events.c.type,
+                events.c.schema_version,
+                events.c.data,
+                events.c.payload,
+            ).where(events.c.position.in_(chunk))
         )
         for position, type_, schema_version, data, payload in result:
-            out[position] = (type_, schema_version, data, bytes(payload) if payload is not None else None)
+            out[position] = (
+                type_,
+                schema_version,
+                data,
+                bytes(payload) if payload is not None else None,
+            )
     return out
 
 
@@ -326,7 +427,12 @@ async def read_source_events(engine: Any, positions: Sequence[int]) -> dict[int,
 
 
 async def queue_rows_for(
-    conn: AsyncConnection, run: str, partition: str, global_step: int | None, *, kind: str | None = "row"
+    conn: AsyncConnection,
+    run: str,
+    partition: str,
+    global_step: int | None,
+    *,
+    kind: str | None = "row",
 ) -> list[dict[str, Any]]:
     """A step's queue rows in queue order (global_step None selects rows without a step)."""
     query = select(queue_rows).where(queue_rows.c.run == run, queue_rows.c.partition == partition)
@@ -337,16 +443,23 @@ async def queue_rows_for(
     return [dict(row) for row in result.mappings()]
 
 
-async def group_status(conn: AsyncConnection, run: str, partition: str, global_step: int | None) -> dict[str, int]:
+async def group_status(
+    conn: AsyncConnection, run: str, partition: str, global_step: int | None
+) -> dict[str, int]:
     """Counts of a step's groups by status (pending / finished / failure)."""
-    query = select(groups.c.status, func.count()).where(groups.c.run == run, groups.c.partition == partition)
+    query = select(groups.c.status, func.count()).where(
+        groups.c.run == run, groups.c.partition == partition
+    )
     query = query.where(equals(groups.c.global_step, global_step))
     result = await conn.execute(query.group_by(groups.c.status))
     return {status: int(count) for status, count in result}
 
 
 async def metric_rows(
-    conn: AsyncConnection, *, run: str | None = None, partition: str | None = None,
+    conn: AsyncConnection,
+    *,
+    run: str | None = None,
+    partition: str | None = None,
     global_step: int | None | EllipsisType = ...,
 ) -> list[dict[str, Any]]:
     """Metric counts, filtered; `global_step=...` (the default) is every step, None the step-less rows."""
@@ -358,7 +471,11 @@ async def metric_rows(
     if global_step is not ...:
         query = query.where(equals(metric_counts.c.global_step, global_step))
     query = query.order_by(
-        metric_counts.c.run, metric_counts.c.partition, metric_counts.c.global_step, metric_counts.c.data_source, metric_counts.c.metric
+        metric_counts.c.run,
+        metric_counts.c.partition,
+        metric_counts.c.global_step,
+        metric_counts.c.data_source,
+        metric_counts.c.metric,
     )
     return [dict(row) for row in (await conn.execute(query)).mappings()]
 
@@ -373,23 +490,33 @@ async def recent_runs(conn: AsyncConnection, *, limit: int = 20) -> list[str]:
     """Run names of the log, most recent event first: what an error names when a run matches none
     (read from the log, so a run the projector has not reached is named too)."""
     last = func.max(events.c.position)
-    result = await conn.execute(select(events.c.run).group_by(events.c.run).order_by(last.desc()).limit(limit))
+    result = await conn.execute(
+        select(events.c.run).group_by(events.c.run).order_by(last.desc()).limit(limit)
+    )
     return [run for (run,) in result]
 
 
 async def log_end(conn: AsyncConnection) -> int:
     """The log's last position (0 when it is empty)."""
-    return int((await conn.execute(select(func.coalesce(func.max(events.c.position), 0)))).scalar_one())
+    return int(
+        (await conn.execute(select(func.coalesce(func.max(events.c.position), 0)))).scalar_one()
+    )
 
 
-async def pending_uids(conn: AsyncConnection, run: str, partition: str, global_step: int | None, *, limit: int = 10) -> list[str]:
+async def pending_uids(
+    conn: AsyncConnection, run: str, partition: str, global_step: int | None, *, limit: int = 10
+) -> list[str]:
     """Some of a step's unsettled groups, to name them in a timeout."""
-    query = select(groups.c.uid).where(groups.c.run == run, groups.c.partition == partition, groups.c.status == "pending")
+    query = select(groups.c.uid).where(
+        groups.c.run == run, groups.c.partition == partition, groups.c.status == "pending"
+    )
     query = query.where(equals(groups.c.global_step, global_step))
     return list((await conn.execute(query.order_by(groups.c.uid).limit(limit))).scalars())
 
 
-async def open_sessions_last_event(conn: AsyncConnection, *, run: str | None = None) -> list[tuple[str, datetime]]:
+async def open_sessions_last_event(
+    conn: AsyncConnection, *, run: str | None = None
+) -> list[tuple[str, datetime]]:
     """(session_id, recorded_at of its latest event) for every projected session still open
     (created or running), in one run or all; timestamps in UTC."""
     query = (
@@ -402,5 +529,7 @@ async def open_sessions_last_event(conn: AsyncConnection, *, run: str | None = N
         query = query.where(sessions.c.run == run)
     out = []
     for session_id, last in await conn.execute(query):
-        out.append((session_id, last if last.tzinfo is not None else last.replace(tzinfo=timezone.utc)))
+        out.append(
+            (session_id, last if last.tzinfo is not None else last.replace(tzinfo=timezone.utc))
+        )
     return out

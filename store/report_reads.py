@@ -18,7 +18,9 @@ from store.tables import checkpoints, events, metric_counts, sessions
 __all__ = ["report_failures", "report_positions", "report_step_metrics"]
 
 
-async def report_step_metrics(conn: AsyncConnection, run: str) -> list[tuple[str, int | None, str, float]]:
+async def report_step_metrics(
+    conn: AsyncConnection, run: str
+) -> list[tuple[str, int | None, str, float]]:
     """(partition, global_step, metric, value) of the run's all-data-sources scopes (data_source
     NULL), ordered by partition and step; step-less rows (global_step NULL) come too."""
     c = metric_counts.c
@@ -35,8 +37,19 @@ async def report_failures(conn: AsyncConnection, run: str, *, limit: int) -> lis
     `terminal_at` in UTC (NULL for a session failed by the projector itself)."""
     c = sessions.c
     query = (
-        select(c.session_id, c.uid, c.partition, c.global_step, c.data_source, c.failure_reason, c.error_type,
-               c.message, c.placeholder, c.terminal_position, c.terminal_at)
+        select(
+            c.session_id,
+            c.uid,
+            c.partition,
+            c.global_step,
+            c.data_source,
+            c.failure_reason,
+            c.error_type,
+            c.message,
+            c.placeholder,
+            c.terminal_position,
+            c.terminal_at,
+        )
         .where(c.run == run, c.state == "failed")
         .order_by(c.terminal_position.desc())
         .limit(limit)
@@ -54,9 +67,17 @@ async def report_failures(conn: AsyncConnection, run: str, *, limit: int) -> lis
 async def report_positions(conn: AsyncConnection, run: str) -> dict[str, int]:
     """`projected` (the projector's checkpoint), `log_end` (the last position of the whole log),
     and the run's own `run_events` and `run_last` (its last position; 0 when it has none)."""
-    projected = (await conn.execute(select(checkpoints.c.position).where(checkpoints.c.name == PROJECTOR))).scalar()
-    count, last = (await conn.execute(
-        select(func.count(), func.max(events.c.position)).where(events.c.run == run)
-    )).one()
-    return {"projected": int(projected or 0), "log_end": await log_end(conn), "run_events": int(count or 0),
-            "run_last": int(last or 0)}
+    projected = (
+        await conn.execute(select(checkpoints.c.position).where(checkpoints.c.name == PROJECTOR))
+    ).scalar()
+    count, last = (
+        await conn.execute(
+            select(func.count(), func.max(events.c.position)).where(events.c.run == run)
+        )
+    ).one()
+    return {
+        "projected": int(projected or 0),
+        "log_end": await log_end(conn),
+        "run_events": int(count or 0),
+        "run_last": int(last or 0),
+    }

@@ -31,8 +31,16 @@ def is_transient(error: BaseException) -> bool:
     text_ = str(error.orig).lower()
     return any(
         marker in text_
-        for marker in ("database is locked", "lock timeout", "lock_timeout", "connection was closed", "terminating connection",
-                       "connection is closed", "connection refused", "server closed the connection")
+        for marker in (
+            "database is locked",
+            "lock timeout",
+            "lock_timeout",
+            "connection was closed",
+            "terminating connection",
+            "connection is closed",
+            "connection refused",
+            "server closed the connection",
+        )
     )
 
 
@@ -45,6 +53,13 @@ async def retry_transient(operation: Any, *, what: str, attempts: int = RETRY_AT
             if attempt == attempts - 1 or not is_transient(error):
                 raise
             delay = RETRY_BASE_DELAY * (2**attempt)
-            log.warning("%s failed transiently (%s); retry %d/%d in %.2fs", what, error.orig, attempt + 1, attempts - 1, delay)
+            log.warning(
+                "%s failed transiently (%s); retry %d/%d in %.2fs",
+                what,
+                error.orig,
+                attempt + 1,
+                attempts - 1,
+                delay,
+            )
             await asyncio.sleep(delay)
     raise AssertionError("unreachable")

@@ -35,7 +35,9 @@ class SqliteWriter:
 
     def __init__(self, engine: sqlalchemy.Engine) -> None:
         self._engine = engine
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rollout-ledger-sqlite-append")
+        self._executor = ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="rollout-ledger-sqlite-append"
+        )
         self._conn: Connection | None = None
 
     @property
@@ -45,7 +47,9 @@ class SqliteWriter:
     async def run(self, transaction: Callable[[Connection], T]) -> T:
         """Run `transaction(connection)` on the writer thread; a failure other than a unique
         constraint's drops the connection (it may be broken), so the retry opens a fresh one."""
-        return await asyncio.get_running_loop().run_in_executor(self._executor, self._call, transaction)
+        return await asyncio.get_running_loop().run_in_executor(
+            self._executor, self._call, transaction
+        )
 
     def _call(self, transaction: Callable[[Connection], T]) -> T:
         if self._conn is None:
@@ -105,4 +109,6 @@ def run_now(coroutine: Coroutine[Any, Any, T]) -> T:
     except StopIteration as done:
         return done.value  # type: ignore[no-any-return]
     coroutine.close()
-    raise RuntimeError("run_now: the coroutine suspended; only coroutines over ImmediateConnection may run here")
+    raise RuntimeError(
+        "run_now: the coroutine suspended; only coroutines over ImmediateConnection may run here"
+    )

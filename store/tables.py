@@ -83,8 +83,15 @@ events = Table(
     Index(None, "run", "uid"),
     Index(None, "type"),
     Index(
-        "uq_events_group_slot", "run", "partition", step_key(), "uid", "session_index", unique=True,
-        sqlite_where=_CREATION, postgresql_where=_CREATION,
+        "uq_events_group_slot",
+        "run",
+        "partition",
+        step_key(),
+        "uid",
+        "session_index",
+        unique=True,
+        sqlite_where=_CREATION,
+        postgresql_where=_CREATION,
     ),
 )
 
@@ -169,8 +176,13 @@ metric_counts = Table(
     Column("metric", String(NAME), nullable=False),
     Column("value", Float, nullable=False),
     Index(
-        "uq_metric_counts_scope", "run", "partition", step_key(),
-        func.coalesce(text("data_source"), ""), "metric", unique=True,
+        "uq_metric_counts_scope",
+        "run",
+        "partition",
+        step_key(),
+        func.coalesce(text("data_source"), ""),
+        "metric",
+        unique=True,
     ),
 )
 
@@ -197,7 +209,9 @@ queue_rows = Table(
     Column("response_len", Integer, nullable=True),
     Column("tags", Json, nullable=False),
     Column("produced_position", BigInteger, nullable=False),
-    Column("is_partial", Boolean, nullable=True),  # a keep_partial failure's trajectory (revision 0005)
+    Column(
+        "is_partial", Boolean, nullable=True
+    ),  # a keep_partial failure's trajectory (revision 0005)
     Index(None, "run", "partition", "global_step"),
     Index("uq_queue_rows_key", "run", "partition", step_key(), "key", unique=True),
 )
@@ -205,7 +219,9 @@ queue_rows = Table(
 queue_claims = Table(
     "queue_claims",
     metadata,
-    Column("queue_row_id", BigKey, ForeignKey("queue_rows.id", ondelete="CASCADE"), primary_key=True),
+    Column(
+        "queue_row_id", BigKey, ForeignKey("queue_rows.id", ondelete="CASCADE"), primary_key=True
+    ),
     Column("consumer", String(NAME), nullable=False),
     Column("claimed_at", DateTime(timezone=True), nullable=False),
     Column("acked_at", DateTime(timezone=True), nullable=True),

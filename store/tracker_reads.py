@@ -26,13 +26,28 @@ __all__ = ["failed_session_samples"]
 _CHUNK = 500
 #: The session columns a sample row carries, in table order.
 SAMPLE_COLUMNS = (
-    "session_id", "uid", "session_index", "data_source", "failure_reason", "error_type", "message",
-    "num_trajectories", "created_at", "terminal_at", "terminal_position",
+    "session_id",
+    "uid",
+    "session_index",
+    "data_source",
+    "failure_reason",
+    "error_type",
+    "message",
+    "num_trajectories",
+    "created_at",
+    "terminal_at",
+    "terminal_position",
 )
 
 
 async def failed_session_samples(
-    conn: AsyncConnection, run: str, partition: str, global_step: int | None, *, per_reason: int = 3, limit: int = 20,
+    conn: AsyncConnection,
+    run: str,
+    partition: str,
+    global_step: int | None,
+    *,
+    per_reason: int = 3,
+    limit: int = 20,
 ) -> list[dict[str, Any]]:
     """Up to `per_reason` failed sessions of each failure reason of one step (at most `limit` in
     all), ordered by reason, then by when they failed; global_step None selects the sessions
@@ -44,13 +59,22 @@ async def failed_session_samples(
     `rollout-ledger audit` names such rows).
     """
     if per_reason < 1 or limit < 1:
-        raise ValueError(f"per_reason and limit must be >= 1, got per_reason={per_reason}, limit={limit}")
-    rank = func.row_number().over(
-        partition_by=sessions.c.failure_reason, order_by=(sessions.c.terminal_position, sessions.c.session_id)
-    ).label("rank")
+        raise ValueError(
+            f"per_reason and limit must be >= 1, got per_reason={per_reason}, limit={limit}"
+        )
+    rank = (
+        func.row_number()
+        .over(
+            partition_by=sessions.c.failure_reason,
+            order_by=(sessions.c.terminal_position, sessions.c.session_id),
+        )
+        .label("rank")
+    )
     ranked = (
         select(*(sessions.c[name] for name in SAMPLE_COLUMNS), rank)
-        .where(sessions.c.run == run, sessions.c.partition == partition, sessions.c.state == "failed")
+        .where(
+            sessions.c.run == run, sessions.c.partition == partition, sessions.c.state == "failed"
+        )
         .where(equals(sessions.c.global_step, global_step))
         .subquery()
     )
@@ -64,7 +88,9 @@ async def failed_session_samples(
     for row in rows:
         for name in ("created_at", "terminal_at"):
             stamp = row[name]
-            if stamp is not None and stamp.tzinfo is None:  # SQLite keeps no zone; we only ever write UTC
+            if (
+                stamp is not None and stamp.tzinfo is None
+            ):  # SQLite keeps no zone; we only ever write UTC
                 row[name] = stamp.replace(tzinfo=timezone.utc)
         row["trajectories"] = []
     by_id = {row["session_id"]: row for row in rows}
@@ -73,15 +99,18 @@ async def failed_session_samples(
     return rows
 
 
-async def _trajectory_data(conn: AsyncConnection, session_ids: Sequence[str]) -> list[tuple[str, dict[str, Any] | None]]:
+async def _trajectory_data(
+    conn: AsyncConnection, session_ids: Sequence[str]
+) -> list[tuple[str, dict[str, Any] | None]]:
     """(session_id, parsed data) of the sessions' TrajectoryRecorded events, in log order. The data
     is read as text and parsed here, so one malformed row is a None, not a failed query."""
     found: list[tuple[int, str, dict[str, Any] | None]] = []
     for start in range(0, len(session_ids), _CHUNK):
-        chunk = session_ids[start:start + _CHUNK]
+        chunk = session_ids[start : start + _CHUNK]
         result = await conn.execute(
-            select(events.c.position, events.c.session_id, cast(events.c.data, Text))
-            .where(events.c.session_id.in_(chunk), events.c.type == "TrajectoryRecorded")
+            select(events.c.position, events.c.session_id, cast(events.c.data, Text)).where(
+                events.c.session_id.in_(chunk), events.c.type == "TrajectoryRecorded"
+            )
         )
         for position, session_id, text in result:
             try:

@@ -34,7 +34,12 @@ def rows(draw: st.DrawFn, min_size: int = 0, max_size: int = 7) -> list[BatchRow
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
     out = []
     for i in range(n):
-        meta: dict[str, Any] = {"key": f"u{i % 3}_{i}_0", "uid": f"u{i % 3}", "session_index": i, "data_source": "ds"}
+        meta: dict[str, Any] = {
+            "key": f"u{i % 3}_{i}_0",
+            "uid": f"u{i % 3}",
+            "session_index": i,
+            "data_source": "ds",
+        }
         with_lp = logprobs_on == "all" or (logprobs_on == "some" and draw(st.booleans()))
         if draw(st.integers(0, 4)) == 0:
             token = int(rng.integers(1, 500))
@@ -42,7 +47,17 @@ def rows(draw: st.DrawFn, min_size: int = 0, max_size: int = 7) -> list[BatchRow
             if draw(st.booleans()):
                 meta["num_turns"] = 0
             ids = np.asarray([token], np.int32)
-            out.append(BatchRow(ids, ids.copy(), np.zeros(1, np.uint8), np.zeros(1, np.float32) if with_lp else None, 0.0, True, meta))
+            out.append(
+                BatchRow(
+                    ids,
+                    ids.copy(),
+                    np.zeros(1, np.uint8),
+                    np.zeros(1, np.float32) if with_lp else None,
+                    0.0,
+                    True,
+                    meta,
+                )
+            )
             continue
         if draw(st.booleans()):
             meta["num_turns"] = draw(st.integers(0, 6))
@@ -52,7 +67,9 @@ def rows(draw: st.DrawFn, min_size: int = 0, max_size: int = 7) -> list[BatchRow
             BatchRow(
                 rng.integers(1, 500, p_len).astype(id_dtype),
                 rng.integers(1, 500, r_len).astype(id_dtype),
-                rng.integers(0, 2, r_len).astype(draw(st.sampled_from([np.uint8, np.bool_, np.int64]))),
+                rng.integers(0, 2, r_len).astype(
+                    draw(st.sampled_from([np.uint8, np.bool_, np.int64]))
+                ),
                 (-rng.exponential(size=r_len)).astype(np.float32) if with_lp else None,
                 draw(st.sampled_from([0.0, 1.0, -2.5, 0.75])),
                 False,
@@ -93,7 +110,9 @@ def assert_same_batch(a: Any, b: Any) -> None:
         assert non_tensor(a, name) == non_tensor(b, name), name
 
 
-def assert_declared_columns(batch: Any, batch_rows: list[BatchRow], built_from: list[BatchRow] | None = None) -> None:
+def assert_declared_columns(
+    batch: Any, batch_rows: list[BatchRow], built_from: list[BatchRow] | None = None
+) -> None:
     """Every column ``columns.py`` declares, with its dtype, aligned to the rows (``built_from``:
     the rows of the batch these were selected from, which decide whether logprobs exist)."""
     tensors = tensor_columns(batch)
@@ -104,7 +123,9 @@ def assert_declared_columns(batch: Any, batch_rows: list[BatchRow], built_from: 
     for name in ROW_COLUMNS:
         assert tensors[name].shape == (len(batch_rows),), name
     for name in NON_TENSOR_COLUMNS:
-        assert isinstance(batch.get(name), NonTensorStack), name  # what DataProto.from_tensordict reads per row
+        assert isinstance(batch.get(name), NonTensorStack), (
+            name
+        )  # what DataProto.from_tensordict reads per row
         assert len(non_tensor(batch, name)) == len(batch_rows), name
     assert non_tensor(batch, "key") == [r.meta.get("key") for r in batch_rows]
     assert non_tensor(batch, "__num_turns__") == tensors["num_turns"].tolist()

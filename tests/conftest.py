@@ -106,7 +106,11 @@ def run_script(path: Path, *args: str, timeout: float = 120.0) -> tuple[Any, flo
     repo = Path(__file__).resolve().parents[1]
     started = time.monotonic()
     done = subprocess.run(
-        [sys.executable, str(path), *args], cwd=repo, capture_output=True, text=True, timeout=timeout,
+        [sys.executable, str(path), *args],
+        cwd=repo,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
         env={**os.environ, "PYTHONPATH": str(repo)},
     )
     return done, time.monotonic() - started
@@ -152,7 +156,9 @@ def fresh_database(backend: str, folder: Path | None = None, name: str = "ledger
             return
         path = folder / f"{name}.db"
         if path.exists():
-            raise FileExistsError(f"{path} exists: fresh_database needs a name of its own per database")
+            raise FileExistsError(
+                f"{path} exists: fresh_database needs a name of its own per database"
+            )
         yield f"sqlite+aiosqlite:///{path}"
         return
     if backend != "postgres":
@@ -163,7 +169,11 @@ def fresh_database(backend: str, folder: Path | None = None, name: str = "ledger
     database = f"rl_test_{RUN_TAG}_{uuid.uuid4().hex[:8]}"
     _run(_pg_admin(f'CREATE DATABASE "{database}"'))
     try:
-        yield make_url(_pg_dsn(database)).set(drivername="postgresql+asyncpg").render_as_string(hide_password=False)
+        yield (
+            make_url(_pg_dsn(database))
+            .set(drivername="postgresql+asyncpg")
+            .render_as_string(hide_password=False)
+        )
     finally:
         _run(_pg_admin(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)'))
 
@@ -192,7 +202,11 @@ async def wipe(url: str) -> None:
             else:
                 for name in reversed(tables):  # children before parents
                     await conn.execute(text(f"DELETE FROM {name}"))
-                if (await conn.execute(text("SELECT 1 FROM sqlite_master WHERE name = 'sqlite_sequence'"))).first():
+                if (
+                    await conn.execute(
+                        text("SELECT 1 FROM sqlite_master WHERE name = 'sqlite_sequence'")
+                    )
+                ).first():
                     await conn.execute(text("DELETE FROM sqlite_sequence"))
     finally:
         await engine.dispose()
@@ -226,17 +240,24 @@ def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
 
 
 @pytest.fixture(scope="module", params=BACKENDS)
-def module_db_url(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def module_db_url(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[str]:
     """One database per backend for a whole test module (`wipe` it where a test needs it empty)."""
     with fresh_database(request.param, tmp_path_factory.mktemp("db")) as url:
         yield url
 
 
 @pytest.fixture(scope="module", params=BACKENDS)
-def module_db_pair(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
+def module_db_pair(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[str, str]]:
     """Two databases on one backend for a whole module, e.g. a source and a replay target."""
     folder = tmp_path_factory.mktemp("db")
-    with fresh_database(request.param, folder, "first") as first, fresh_database(request.param, folder, "second") as second:
+    with (
+        fresh_database(request.param, folder, "first") as first,
+        fresh_database(request.param, folder, "second") as second,
+    ):
         yield first, second
 
 

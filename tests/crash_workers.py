@@ -34,11 +34,36 @@ from typing import Any
 
 #: plan -> the event types of a session that ran it to the end.
 PLANS: dict[str, tuple[str, ...]] = {
-    "ok": ("SessionCreated", "SessionStarted", "TrajectoryRecorded", "RewardPosted", "SessionSucceeded"),
-    "two": ("SessionCreated", "SessionStarted", "TrajectoryRecorded", "TrajectoryRecorded", "RewardPosted", "SessionSucceeded"),
+    "ok": (
+        "SessionCreated",
+        "SessionStarted",
+        "TrajectoryRecorded",
+        "RewardPosted",
+        "SessionSucceeded",
+    ),
+    "two": (
+        "SessionCreated",
+        "SessionStarted",
+        "TrajectoryRecorded",
+        "TrajectoryRecorded",
+        "RewardPosted",
+        "SessionSucceeded",
+    ),
     "noreward": ("SessionCreated", "SessionStarted", "TrajectoryRecorded", "SessionSucceeded"),
-    "raise": ("SessionCreated", "SessionStarted", "TrajectoryRecorded", "SessionFailed", "PlaceholderEmitted"),
-    "sandbox": ("SessionCreated", "SessionStarted", "TrajectoryRecorded", "SessionFailed", "PlaceholderEmitted"),
+    "raise": (
+        "SessionCreated",
+        "SessionStarted",
+        "TrajectoryRecorded",
+        "SessionFailed",
+        "PlaceholderEmitted",
+    ),
+    "sandbox": (
+        "SessionCreated",
+        "SessionStarted",
+        "TrajectoryRecorded",
+        "SessionFailed",
+        "PlaceholderEmitted",
+    ),
     "timeout": ("SessionCreated", "SessionStarted", "SessionFailed", "PlaceholderEmitted"),
     "empty": ("SessionCreated", "SessionStarted", "SessionFailed", "PlaceholderEmitted"),
     "invalid": ("SessionCreated", "SessionStarted", "SessionFailed", "PlaceholderEmitted"),
@@ -46,11 +71,27 @@ PLANS: dict[str, tuple[str, ...]] = {
 }
 #: plan -> (terminal state, failure reason)
 OUTCOMES: dict[str, tuple[str, str | None]] = {
-    "ok": ("succeeded", None), "two": ("succeeded", None), "noreward": ("succeeded", None),
-    "raise": ("failed", "runner_error"), "sandbox": ("failed", "sandbox_error"), "timeout": ("failed", "timeout"),
-    "empty": ("failed", "empty_output"), "invalid": ("failed", "invalid_output"), "cancel": ("cancelled", None),
+    "ok": ("succeeded", None),
+    "two": ("succeeded", None),
+    "noreward": ("succeeded", None),
+    "raise": ("failed", "runner_error"),
+    "sandbox": ("failed", "sandbox_error"),
+    "timeout": ("failed", "timeout"),
+    "empty": ("failed", "empty_output"),
+    "invalid": ("failed", "invalid_output"),
+    "cancel": ("cancelled", None),
 }
-PLAN_WEIGHTS = {"ok": 6, "two": 2, "noreward": 1, "raise": 2, "sandbox": 1, "timeout": 1, "empty": 1, "invalid": 1, "cancel": 1}
+PLAN_WEIGHTS = {
+    "ok": 6,
+    "two": 2,
+    "noreward": 1,
+    "raise": 2,
+    "sandbox": 1,
+    "timeout": 1,
+    "empty": 1,
+    "invalid": 1,
+    "cancel": 1,
+}
 PROMPT = list(range(1, 9))
 
 
@@ -64,7 +105,9 @@ class FileSink:
     put (a crash can cut only the last line, which the next opener terminates)."""
 
     def __init__(self, path: str, *, ack_delay: float = 0.0) -> None:
-        self.ack_delay = ack_delay  # a remote queue's round trip: widens the window before the checkpoint
+        self.ack_delay = (
+            ack_delay  # a remote queue's round trip: widens the window before the checkpoint
+        )
         self.fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         size = os.fstat(self.fd).st_size
         if size:
@@ -75,8 +118,18 @@ class FileSink:
 
     async def put(self, items: Sequence[Any]) -> None:
         lines = [
-            json.dumps({"run": i.run, "partition": i.partition, "global_step": i.global_step, "key": i.key, "uid": i.uid,
-                        "kind": "tag" if i.is_tag else "row", "status": i.tags.get("status")}) + "\n"
+            json.dumps(
+                {
+                    "run": i.run,
+                    "partition": i.partition,
+                    "global_step": i.global_step,
+                    "key": i.key,
+                    "uid": i.uid,
+                    "kind": "tag" if i.is_tag else "row",
+                    "status": i.tags.get("status"),
+                }
+            )
+            + "\n"
             for i in items
         ]
         if lines:
@@ -103,7 +156,9 @@ def read_sink(path: str) -> list[dict[str, Any]]:
 
 
 # ------------------------------------------------------------------------------- the jobs
-async def writer(url: str, prefix: str, seed: int, journal: str, concurrency: int = 12, sessions: int = 2000) -> None:
+async def writer(
+    url: str, prefix: str, seed: int, journal: str, concurrency: int = 12, sessions: int = 2000
+) -> None:
     from sessions import InvalidInput, Ledger, SandboxError
 
     rng = random.Random(seed)
@@ -117,7 +172,9 @@ async def writer(url: str, prefix: str, seed: int, journal: str, concurrency: in
 
     async def trajectory(handle: Any) -> None:
         response = [rng.randrange(1, 50_000) for _ in range(rng.randint(4, 48))]
-        await handle.record_trajectory(prompt_ids=PROMPT, response_ids=response, num_turns=rng.randint(1, 3))
+        await handle.record_trajectory(
+            prompt_ids=PROMPT, response_ids=response, num_turns=rng.randint(1, 3)
+        )
         ack(f"{handle.session_id} {handle.version}")
 
     async def runner(plan: str, handle: Any) -> None:
@@ -125,7 +182,9 @@ async def writer(url: str, prefix: str, seed: int, journal: str, concurrency: in
         if plan == "timeout":
             await asyncio.sleep(30)
         if plan == "invalid":
-            await handle.record_trajectory(prompt_ids=PROMPT, response_ids=[1, 2], response_mask=[1, 2])
+            await handle.record_trajectory(
+                prompt_ids=PROMPT, response_ids=[1, 2], response_mask=[1, 2]
+            )
         if plan == "empty":
             return
         await trajectory(handle)
@@ -148,11 +207,22 @@ async def writer(url: str, prefix: str, seed: int, journal: str, concurrency: in
     limit = asyncio.Semaphore(concurrency)
 
     async def one(sid: str, plan: str, uid: str, index: int, size: int, step: int) -> None:
-        kwargs = dict(uid=uid, session_index=index, group_size=size, partition="val" if step % 2 else "train",
-                      global_step=step, data_source="crash")
+        kwargs = dict(
+            uid=uid,
+            session_index=index,
+            group_size=size,
+            partition="val" if step % 2 else "train",
+            global_step=step,
+            data_source="crash",
+        )
         try:
             if rng.random() < 0.5:
-                outcome = await ledger.run_session(lambda h: runner(plan, h), sid, timeout=0.05 if plan == "timeout" else 5.0, **kwargs)
+                outcome = await ledger.run_session(
+                    lambda h: runner(plan, h),
+                    sid,
+                    timeout=0.05 if plan == "timeout" else 5.0,
+                    **kwargs,
+                )
                 ack(f"{sid} end {outcome.state}")
             else:
                 try:
@@ -180,7 +250,11 @@ async def writer(url: str, prefix: str, seed: int, journal: str, concurrency: in
                 await limit.acquire()
                 # eight groups a step, their uids used again at every step: (run, partition, step, uid) is the group
                 uid = f"{prefix}g{group % 8}"
-                tasks.append(asyncio.ensure_future(one(f"{prefix}-{n}-{plan}", plan, uid, index, size, group // 8)))
+                tasks.append(
+                    asyncio.ensure_future(
+                        one(f"{prefix}-{n}-{plan}", plan, uid, index, size, group // 8)
+                    )
+                )
             else:
                 continue
             break
@@ -195,7 +269,9 @@ async def projector(url: str, page_size: int, sink: str | None, poll: float = 0.
     engine = create_engine(url)
     sinks = [FileSink(sink, ack_delay=0.01)] if sink else []
     try:
-        await Projector(engine, sinks=sinks, page_size=page_size).follow(asyncio.Event(), poll_interval=poll)
+        await Projector(engine, sinks=sinks, page_size=page_size).follow(
+            asyncio.Event(), poll_interval=poll
+        )
     finally:
         await engine.dispose()
 
@@ -240,7 +316,9 @@ def _child(job: str, kwargs: dict[str, Any], errors: str) -> None:
         os._exit(code)
 
 
-def _run_jobs(jobs: list[tuple[str, dict[str, Any], float | None]], errors: str, limit: float) -> list[dict[str, Any]]:
+def _run_jobs(
+    jobs: list[tuple[str, dict[str, Any], float | None]], errors: str, limit: float
+) -> list[dict[str, Any]]:
     """Fork a child per job; SIGKILL each at its time unless it ended; reap all."""
     started = time.monotonic()
     children = []
@@ -248,7 +326,9 @@ def _run_jobs(jobs: list[tuple[str, dict[str, Any], float | None]], errors: str,
         pid = os.fork()
         if pid == 0:
             _child(job, kwargs, errors)
-        children.append({"job": job, "pid": pid, "kill_after": kill_after, "killed": False, "status": None})
+        children.append(
+            {"job": job, "pid": pid, "kill_after": kill_after, "killed": False, "status": None}
+        )
     while any(c["status"] is None for c in children):
         now = time.monotonic() - started
         for child in children:
@@ -266,8 +346,14 @@ def _run_jobs(jobs: list[tuple[str, dict[str, Any], float | None]], errors: str,
                 child["ran"] = now
         time.sleep(0.002)
     return [
-        {"job": c["job"], "killed": c["killed"] and os.WIFSIGNALED(c["status"]), "ran": round(c["ran"], 3),
-         "exit": os.WEXITSTATUS(c["status"]) if os.WIFEXITED(c["status"]) else -os.WTERMSIG(c["status"])}
+        {
+            "job": c["job"],
+            "killed": c["killed"] and os.WIFSIGNALED(c["status"]),
+            "ran": round(c["ran"], 3),
+            "exit": os.WEXITSTATUS(c["status"])
+            if os.WIFEXITED(c["status"])
+            else -os.WTERMSIG(c["status"]),
+        }
         for c in children
     ]
 
@@ -319,14 +405,20 @@ async def log_streams(engine: Any) -> dict[str, list[tuple[int, int, str, dict[s
 
     streams: dict[str, list[tuple[int, int, str, dict[str, Any]]]] = {}
     async with engine.connect() as conn:
-        query = select(events.c.position, events.c.session_id, events.c.version, events.c.type, events.c.data)
-        for position, sid, version, type_, data in await conn.execute(query.order_by(events.c.position)):
+        query = select(
+            events.c.position, events.c.session_id, events.c.version, events.c.type, events.c.data
+        )
+        for position, sid, version, type_, data in await conn.execute(
+            query.order_by(events.c.position)
+        ):
             if type_ != "RunConfigured":
                 streams.setdefault(sid, []).append((position, version, type_, data))
     return streams
 
 
-def check_streams(streams: dict[str, list[tuple[int, int, str, dict[str, Any]]]], *, plans: bool = False) -> dict[str, Any]:
+def check_streams(
+    streams: dict[str, list[tuple[int, int, str, dict[str, Any]]]], *, plans: bool = False
+) -> dict[str, Any]:
     """docs/design.md §3–5 per session: versions 1..n in position order, SessionCreated first, at most one
     terminal event, a SessionFailed followed at once by its PlaceholderEmitted (when its recorded
     decision is `emit`) and nothing else after the end. With `plans`, the session id names its
@@ -335,34 +427,62 @@ def check_streams(streams: dict[str, list[tuple[int, int, str, dict[str, Any]]]]
     for sid, stream in streams.items():
         versions = [v for _, v, _, _ in stream]
         types = [t for _, _, t, _ in stream]
-        assert versions == list(range(1, len(stream) + 1)), f"{sid}: versions {versions} are not 1..n in log order"
-        assert types[0] == "SessionCreated" and types.count("SessionCreated") == 1, f"{sid}: {types}"
+        assert versions == list(range(1, len(stream) + 1)), (
+            f"{sid}: versions {versions} are not 1..n in log order"
+        )
+        assert types[0] == "SessionCreated" and types.count("SessionCreated") == 1, (
+            f"{sid}: {types}"
+        )
         terminals = [i for i, t in enumerate(types) if t in TERMINAL]
         assert len(terminals) <= 1, f"{sid}: {len(terminals)} terminal events: {types}"
         if not terminals:
-            assert "PlaceholderEmitted" not in types, f"{sid}: placeholder without a failure: {types}"
+            assert "PlaceholderEmitted" not in types, (
+                f"{sid}: placeholder without a failure: {types}"
+            )
             open_ids.append(sid)
         else:
             end = terminals[0]
-            tail = types[end + 1:]
-            if types[end] == "SessionFailed" and stream[end][3].get("placeholder", "emit") == "emit":
-                assert tail == ["PlaceholderEmitted"], f"{sid}: SessionFailed must be followed by exactly its placeholder: {types}"
+            tail = types[end + 1 :]
+            if (
+                types[end] == "SessionFailed"
+                and stream[end][3].get("placeholder", "emit") == "emit"
+            ):
+                assert tail == ["PlaceholderEmitted"], (
+                    f"{sid}: SessionFailed must be followed by exactly its placeholder: {types}"
+                )
             else:
                 assert tail == [], f"{sid}: events after {types[end]}: {types}"
-            ends[{"SessionSucceeded": "succeeded", "SessionFailed": "failed", "SessionCancelled": "cancelled"}[types[end]]] += 1
+            ends[
+                {
+                    "SessionSucceeded": "succeeded",
+                    "SessionFailed": "failed",
+                    "SessionCancelled": "cancelled",
+                }[types[end]]
+            ] += 1
         if plans:
             plan = plan_of(sid)
             want = PLANS[plan]
             if terminals:
-                if types[terminals[0]] == "SessionFailed" and stream[terminals[0]][3]["reason"] == "orphaned":
-                    assert tuple(types[: terminals[0]]) == want[: terminals[0]], f"{sid} ({plan}): {types}"
+                if (
+                    types[terminals[0]] == "SessionFailed"
+                    and stream[terminals[0]][3]["reason"] == "orphaned"
+                ):
+                    assert tuple(types[: terminals[0]]) == want[: terminals[0]], (
+                        f"{sid} ({plan}): {types}"
+                    )
                 else:
-                    assert tuple(types) == want, f"{sid} ({plan}) ended as {types}, its plan is {want}"
+                    assert tuple(types) == want, (
+                        f"{sid} ({plan}) ended as {types}, its plan is {want}"
+                    )
                     state, reason = OUTCOMES[plan]
                     if reason is not None:
-                        assert stream[terminals[0]][3]["reason"] == reason, f"{sid} ({plan}): {stream[terminals[0]][3]}"
+                        assert stream[terminals[0]][3]["reason"] == reason, (
+                            f"{sid} ({plan}): {stream[terminals[0]][3]}"
+                        )
             else:
-                assert tuple(types) == want[: len(types)], f"{sid} ({plan}) open with {types}, not a prefix of {want}"
+                assert tuple(types) == want[: len(types)], (
+                    f"{sid} ({plan}) open with {types}, not a prefix of {want}"
+                )
     return {"open": open_ids, "ends": ends, "sessions": len(streams)}
 
 
@@ -379,16 +499,26 @@ def check_journal(path: str, streams: dict[str, list[tuple[int, int, str, dict[s
             sid = parts[0]
             stream = streams.get(sid, [])
             if len(parts) == 2:
-                assert len(stream) >= int(parts[1]), f"{sid}: acknowledged version {parts[1]}, the log has {len(stream)} events"
+                assert len(stream) >= int(parts[1]), (
+                    f"{sid}: acknowledged version {parts[1]}, the log has {len(stream)} events"
+                )
             else:
-                state = {"SessionSucceeded": "succeeded", "SessionFailed": "failed", "SessionCancelled": "cancelled"}
+                state = {
+                    "SessionSucceeded": "succeeded",
+                    "SessionFailed": "failed",
+                    "SessionCancelled": "cancelled",
+                }
                 ended = [state[t] for _, _, t, _ in stream if t in state]
-                assert ended == [parts[2]], f"{sid}: the writer saw it end {parts[2]}, the log says {ended}"
+                assert ended == [parts[2]], (
+                    f"{sid}: the writer saw it end {parts[2]}, the log says {ended}"
+                )
             acks += 1
     return acks
 
 
-async def check_projection(engine: Any, streams: dict[str, list[tuple[int, int, str, dict[str, Any]]]] | None = None) -> dict[str, Any]:
+async def check_projection(
+    engine: Any, streams: dict[str, list[tuple[int, int, str, dict[str, Any]]]] | None = None
+) -> dict[str, Any]:
     """The read models at the checkpoint against the log up to it, and against themselves:
     every queue row exactly once (unique keys; as many as the sessions table and the log call
     for, per session too), a group tag only for a settled group and never before its rows,
@@ -400,13 +530,25 @@ async def check_projection(engine: Any, streams: dict[str, list[tuple[int, int, 
     if streams is None:
         streams = await log_streams(engine)
     async with engine.connect() as conn:
-        checkpoint = (await conn.execute(select(checkpoints.c.position).where(checkpoints.c.name == "projector"))).scalar() or 0
+        checkpoint = (
+            await conn.execute(
+                select(checkpoints.c.position).where(checkpoints.c.name == "projector")
+            )
+        ).scalar() or 0
         queue = [dict(r) for r in (await conn.execute(select(queue_rows))).mappings()]
-        session_rows = {r["session_id"]: dict(r) for r in (await conn.execute(select(sessions))).mappings()}
-        group_rows = {group_key(r): dict(r) for r in (await conn.execute(select(groups))).mappings()}
+        session_rows = {
+            r["session_id"]: dict(r) for r in (await conn.execute(select(sessions))).mappings()
+        }
+        group_rows = {
+            group_key(r): dict(r) for r in (await conn.execute(select(groups))).mappings()
+        }
         metrics = {
             (r["run"], r["partition"], r["global_step"], r["metric"]): r["value"]
-            for r in (await conn.execute(select(metric_counts).where(metric_counts.c.data_source.is_(None)))).mappings()
+            for r in (
+                await conn.execute(
+                    select(metric_counts).where(metric_counts.c.data_source.is_(None))
+                )
+            ).mappings()
         }
     keys = [queue_key(q) for q in queue]
     assert len(keys) == len(set(keys)), "a queue key appears twice"
@@ -419,8 +561,13 @@ async def check_projection(engine: Any, streams: dict[str, list[tuple[int, int, 
     assert set(seen) == set(session_rows), (
         f"sessions table {len(session_rows)} vs log {len(seen)}: {sorted(set(seen) ^ set(session_rows))[:5]}"
     )
-    from_log = {sid: sum(len(d["selected"]) if t == "SessionSucceeded" else t == "PlaceholderEmitted" for _, _, t, d in stream)
-                for sid, stream in seen.items()}
+    from_log = {
+        sid: sum(
+            len(d["selected"]) if t == "SessionSucceeded" else t == "PlaceholderEmitted"
+            for _, _, t, d in stream
+        )
+        for sid, stream in seen.items()
+    }
     per_session: dict[str, int] = {}
     for q in rows:
         per_session[q["session_id"]] = per_session.get(q["session_id"], 0) + 1
@@ -428,7 +575,11 @@ async def check_projection(engine: Any, streams: dict[str, list[tuple[int, int, 
         assert per_session.get(sid, 0) == s["selected_rows"] == from_log[sid], (
             f"{sid}: {per_session.get(sid, 0)} queue rows, selected_rows {s['selected_rows']}, log says {from_log[sid]}"
         )
-        state = {"SessionSucceeded": "succeeded", "SessionFailed": "failed", "SessionCancelled": "cancelled"}
+        state = {
+            "SessionSucceeded": "succeeded",
+            "SessionFailed": "failed",
+            "SessionCancelled": "cancelled",
+        }
         ended = [state[t] for _, _, t, _ in seen[sid] if t in state]
         started = any(t == "SessionStarted" for _, _, t, _ in seen[sid])
         want_state = ended[0] if ended else ("running" if started else "created")
@@ -441,18 +592,27 @@ async def check_projection(engine: Any, streams: dict[str, list[tuple[int, int, 
     tag_at = {group_key(q): q for q in tags}
     for key, group in group_rows.items():
         settled = sum(
-            any(t in SETTLING or (t == "SessionFailed" and d.get("placeholder") == "drop") for _, _, t, d in seen[sid])
+            any(
+                t in SETTLING or (t == "SessionFailed" and d.get("placeholder") == "drop")
+                for _, _, t, d in seen[sid]
+            )
             for sid in members.get(key, [])
         )
         want = settled >= group["group_size"]
-        assert (group["status"] != "pending") == want, f"group {key}: status {group['status']} with {settled}/{group['group_size']} settled"
+        assert (group["status"] != "pending") == want, (
+            f"group {key}: status {group['status']} with {settled}/{group['group_size']} settled"
+        )
         assert (key in tag_at) == want, f"group {key}: tag present {key in tag_at}, settled {want}"
         if want:
             succeeded = any(session_rows[sid]["state"] == "succeeded" for sid in members[key])
-            assert group["status"] == ("finished" if succeeded else "failure"), f"group {key}: {group['status']}"
+            assert group["status"] == ("finished" if succeeded else "failure"), (
+                f"group {key}: {group['status']}"
+            )
             assert tag_at[key]["tags"]["status"] == group["status"]
             row_positions = [q["produced_position"] for q in rows if group_key(q) == key]
-            assert all(p <= tag_at[key]["produced_position"] for p in row_positions), f"group {key}: tag before a row"
+            assert all(p <= tag_at[key]["produced_position"] for p in row_positions), (
+                f"group {key}: tag before a row"
+            )
 
     # metrics: counters equal a brute-force count of the sessions table
     brute: dict[tuple[str, str, int | None], dict[str, float]] = {}
@@ -474,16 +634,32 @@ async def check_projection(engine: Any, streams: dict[str, list[tuple[int, int, 
         if g["status"] != "pending":
             b[f"groups/{g['status']}"] = b.get(f"groups/{g['status']}", 0) + 1
     for (run, partition, step), counts in brute.items():
-        for name in ("sessions/total", "sessions/succeeded", "sessions/failed", "sessions/cancelled", "sessions/open",
-                     "placeholders", "rows/total", "groups/total", "groups/finished", "groups/failure",
-                     *[k for k in counts if k.startswith("failed/")]):
+        for name in (
+            "sessions/total",
+            "sessions/succeeded",
+            "sessions/failed",
+            "sessions/cancelled",
+            "sessions/open",
+            "placeholders",
+            "rows/total",
+            "groups/total",
+            "groups/finished",
+            "groups/failure",
+            *[k for k in counts if k.startswith("failed/")],
+        ):
             found = metrics.get((run, partition, step, name), 0.0)
-            assert found == counts.get(name, 0), f"metric {name} of {run}/{partition}/step {step}: {found}, counted {counts.get(name, 0)}"
+            assert found == counts.get(name, 0), (
+                f"metric {name} of {run}/{partition}/step {step}: {found}, counted {counts.get(name, 0)}"
+            )
     return {
-        "checkpoint": checkpoint, "rows": len(rows), "tags": len(tags),
+        "checkpoint": checkpoint,
+        "rows": len(rows),
+        "tags": len(tags),
         "keys": {queue_key(q) for q in queue},
         "pending_groups": sum(g["status"] == "pending" for g in group_rows.values()),
-        "row_keys_by_group": {key: {queue_key(q) for q in rows if group_key(q) == key} for key in group_rows},
+        "row_keys_by_group": {
+            key: {queue_key(q) for q in rows if group_key(q) == key} for key in group_rows
+        },
     }
 
 
@@ -508,7 +684,9 @@ def check_sink(path: str, projection: dict[str, Any], *, exact: bool = True) -> 
     missing = projection["keys"] - set(first)
     assert not missing, f"committed queue keys the sink never got: {sorted(missing)[:5]}"
     if exact:
-        assert set(first) == projection["keys"], f"sink keys never committed: {sorted(set(first) - projection['keys'])[:5]}"
+        assert set(first) == projection["keys"], (
+            f"sink keys never committed: {sorted(set(first) - projection['keys'])[:5]}"
+        )
     for item in delivered:
         if item["kind"] == "tag":
             key = queue_key(item)

@@ -32,9 +32,21 @@ COLUMNS = tuple(c.name for c in events.c)
 #: Metrics recorded in the expectation files (per scope): the headline figures and the counts
 #: that a wrong fold of any event type would move.
 EXPECTED_METRICS = (
-    "sessions/total", "sessions/succeeded", "sessions/failed", "sessions/cancelled", "placeholders",
-    "groups/total", "groups/finished", "groups/failure", "reward/absent", "rows/total",
-    "reward/mean", "reward/mean_success_only", "reward/mean_per_uid", "reward/uids_excluded", "response_length/max",
+    "sessions/total",
+    "sessions/succeeded",
+    "sessions/failed",
+    "sessions/cancelled",
+    "placeholders",
+    "groups/total",
+    "groups/finished",
+    "groups/failure",
+    "reward/absent",
+    "rows/total",
+    "reward/mean",
+    "reward/mean_success_only",
+    "reward/mean_per_uid",
+    "reward/uids_excluded",
+    "response_length/max",
 )
 
 
@@ -88,12 +100,16 @@ def from_line(line: str) -> dict[str, Any]:
         row["payload"] = base64.b64decode(row["payload"])
     row["recorded_at"] = datetime.fromisoformat(row["recorded_at"])
     if row["recorded_at"].tzinfo is None:
-        raise ValueError(f"golden line at position {row['position']}: recorded_at has no UTC offset")
+        raise ValueError(
+            f"golden line at position {row['position']}: recorded_at has no UTC offset"
+        )
     return row
 
 
 def read_rows(path: Path) -> list[dict[str, Any]]:
-    return [from_line(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    return [
+        from_line(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()
+    ]
 
 
 #: The `events` columns a `StoredEvent` carries (the slot columns are the store's, not the reader's).
@@ -118,9 +134,12 @@ async def load_golden(engine: AsyncEngine, path: Path) -> int:
         async with conn.begin():
             await conn.execute(events.insert(), rows)
     if engine.dialect.name == "postgresql" and rows:
-        async with engine.begin() as conn:  # explicit positions bypass the identity: move it past them
+        async with (
+            engine.begin() as conn
+        ):  # explicit positions bypass the identity: move it past them
             await conn.execute(
-                text("SELECT setval(pg_get_serial_sequence('events', 'position'), :p)"), {"p": max(r["position"] for r in rows)}
+                text("SELECT setval(pg_get_serial_sequence('events', 'position'), :p)"),
+                {"p": max(r["position"] for r in rows)},
             )
     return len(rows)
 
@@ -135,28 +154,69 @@ async def dump_rows(engine: AsyncEngine) -> list[dict[str, Any]]:
 async def projection_summary(engine: AsyncEngine) -> dict[str, Any]:
     """What an expectation file pins: queue order, group tags and a few metric values."""
     async with engine.connect() as conn:
-        queue = [dict(r) for r in (await conn.execute(select(queue_rows).order_by(queue_rows.c.id))).mappings()]
-        group_rows = [dict(r) for r in (await conn.execute(
-            select(groups).order_by(groups.c.run, groups.c.partition, groups.c.global_step, groups.c.uid))).mappings()]
-        quarantined = [dict(r) for r in (await conn.execute(
-            select(projection_errors).order_by(projection_errors.c.position))).mappings()]
+        queue = [
+            dict(r)
+            for r in (await conn.execute(select(queue_rows).order_by(queue_rows.c.id))).mappings()
+        ]
+        group_rows = [
+            dict(r)
+            for r in (
+                await conn.execute(
+                    select(groups).order_by(
+                        groups.c.run, groups.c.partition, groups.c.global_step, groups.c.uid
+                    )
+                )
+            ).mappings()
+        ]
+        quarantined = [
+            dict(r)
+            for r in (
+                await conn.execute(select(projection_errors).order_by(projection_errors.c.position))
+            ).mappings()
+        ]
         metrics = await rm.metric_rows(conn)
     scoped: dict[str, dict[str, float]] = {}
     for row in metrics:
-        if row["metric"] in EXPECTED_METRICS or row["metric"].startswith(("reward/mean@", "failed/")):
-            scope = f"{row['run']}/{row['partition']}/{row['global_step']}/{row['data_source'] or '*'}"
+        if row["metric"] in EXPECTED_METRICS or row["metric"].startswith(
+            ("reward/mean@", "failed/")
+        ):
+            scope = (
+                f"{row['run']}/{row['partition']}/{row['global_step']}/{row['data_source'] or '*'}"
+            )
             scoped.setdefault(scope, {})[row["metric"]] = row["value"]
     return {
         "queue": [
-            {"partition": q["partition"], "global_step": q["global_step"], "kind": q["kind"], "key": q["key"],
-             "session_id": q["session_id"], "source_position": q["source_position"], "reward": q["reward"],
-             "is_placeholder": q["is_placeholder"]}
+            {
+                "partition": q["partition"],
+                "global_step": q["global_step"],
+                "kind": q["kind"],
+                "key": q["key"],
+                "session_id": q["session_id"],
+                "source_position": q["source_position"],
+                "reward": q["reward"],
+                "is_placeholder": q["is_placeholder"],
+            }
             for q in queue
         ],
         "group_tags": {q["key"]: q["tags"]["status"] for q in queue if q["kind"] == "tag"},
-        "groups": {g["uid"]: {"status": g["status"], "settled_position": g["settled_position"], "members": g["members"]}
-                   for g in group_rows},
-        "projection_errors": [{"position": e["position"], "type": e["type"], "field": e["field"], "outcome": e["outcome"]}
-                              for e in quarantined],
-        "metrics": {scope: dict(sorted(values.items())) for scope, values in sorted(scoped.items())},
+        "groups": {
+            g["uid"]: {
+                "status": g["status"],
+                "settled_position": g["settled_position"],
+                "members": g["members"],
+            }
+            for g in group_rows
+        },
+        "projection_errors": [
+            {
+                "position": e["position"],
+                "type": e["type"],
+                "field": e["field"],
+                "outcome": e["outcome"],
+            }
+            for e in quarantined
+        ],
+        "metrics": {
+            scope: dict(sorted(values.items())) for scope, values in sorted(scoped.items())
+        },
     }

@@ -39,13 +39,24 @@ def new_event(session_id: str, version: int, writer: str) -> Any:
     from store import NewEvent
 
     return NewEvent(
-        event_id=str(uuid.uuid4()), session_id=session_id, version=version, type="Noted", schema_version=1,
-        run="order", uid=session_id.replace("_", "-"), partition="train", global_step=0,
-        data={"writer": writer, "v": version}, payload=os.urandom(4096), recorded_at=datetime.now(timezone.utc),
+        event_id=str(uuid.uuid4()),
+        session_id=session_id,
+        version=version,
+        type="Noted",
+        schema_version=1,
+        run="order",
+        uid=session_id.replace("_", "-"),
+        partition="train",
+        global_step=0,
+        data={"writer": writer, "v": version},
+        payload=os.urandom(4096),
+        recorded_at=datetime.now(timezone.utc),
     )
 
 
-async def append_batches(url: str, writer: str, *, streams: int, appends: int, max_batch: int, seed: int) -> list[list[str]]:
+async def append_batches(
+    url: str, writer: str, *, streams: int, appends: int, max_batch: int, seed: int
+) -> list[list[str]]:
     """One writer with its own engine: `streams` sessions appended to concurrently, `appends`
     batches of 1..max_batch events in all. Returns each successful append's event ids in order."""
     from store import EventStore, create_engine
@@ -59,13 +70,17 @@ async def append_batches(url: str, writer: str, *, streams: int, appends: int, m
         sid = f"{writer}-s{index}"
         version = 0
         for _ in range(count):
-            batch = [new_event(sid, version + i, writer) for i in range(1, rng.randint(1, max_batch) + 1)]
+            batch = [
+                new_event(sid, version + i, writer) for i in range(1, rng.randint(1, max_batch) + 1)
+            ]
             version = await store.append(sid, version, batch)
             done.append([e.event_id for e in batch])
             await asyncio.sleep(rng.uniform(0, 0.004))
 
     try:
-        per_stream = [appends // streams + (1 if i < appends % streams else 0) for i in range(streams)]
+        per_stream = [
+            appends // streams + (1 if i < appends % streams else 0) for i in range(streams)
+        ]
         await asyncio.gather(*(stream(i, n) for i, n in enumerate(per_stream)))
     finally:
         await store.close()
@@ -73,37 +88,64 @@ async def append_batches(url: str, writer: str, *, streams: int, appends: int, m
     return done
 
 
-def append_worker(url: str, name: str, engines: int, streams: int, appends: int, max_batch: int,
-                  go: Any, queue: Any) -> None:
+def append_worker(
+    url: str,
+    name: str,
+    engines: int,
+    streams: int,
+    appends: int,
+    max_batch: int,
+    go: Any,
+    queue: Any,
+) -> None:
     """OS-process writer: `engines` independent engines (separate connections, concurrent
     transactions), each appending to its own streams."""
 
     async def body() -> list[list[str]]:
         queue.put(("ready", name, os.getpid()))
         await asyncio.to_thread(_wait, go)
-        results = await asyncio.gather(*(
-            append_batches(url, f"{name}e{e}", streams=streams, appends=appends, max_batch=max_batch, seed=hash((name, e)))
-            for e in range(engines)
-        ))
+        results = await asyncio.gather(
+            *(
+                append_batches(
+                    url,
+                    f"{name}e{e}",
+                    streams=streams,
+                    appends=appends,
+                    max_batch=max_batch,
+                    seed=hash((name, e)),
+                )
+                for e in range(engines)
+            )
+        )
         return [ids for result in results for ids in result]
 
     _report(queue, name, body())
 
 
 # ------------------------------------------------------------- conflicting ledgers
-async def _private_session(ledger: Any, sid: str, uid: str, index: int, outcome: str, writer: int) -> str:
+async def _private_session(
+    ledger: Any, sid: str, uid: str, index: int, outcome: str, writer: int
+) -> str:
     from sessions import SandboxError
 
     handle = await ledger.create_session(
-        sid, uid=uid, session_index=index, group_size=4, partition="train" if index % 2 else "val",
-        global_step=1, data_source="conflicts", metadata={"writer": writer},
+        sid,
+        uid=uid,
+        session_index=index,
+        group_size=4,
+        partition="train" if index % 2 else "val",
+        global_step=1,
+        data_source="conflicts",
+        metadata={"writer": writer},
     )
     if outcome == "cancel":
         await handle.cancel(f"writer {writer}")
         return "cancelled"
     if outcome == "empty":
         return await handle.complete()  # failed, empty_output
-    await handle.record_trajectory(prompt_ids=PROMPT, response_ids=list(range(100, 164)), num_turns=2)
+    await handle.record_trajectory(
+        prompt_ids=PROMPT, response_ids=list(range(100, 164)), num_turns=2
+    )
     await asyncio.sleep(0)
     if outcome == "fail":
         await handle.fail_with(SandboxError(f"writer {writer}: sandbox died"))
@@ -112,10 +154,14 @@ async def _private_session(ledger: Any, sid: str, uid: str, index: int, outcome:
     return await handle.complete()
 
 
-async def _contend(ledger: Any, sid: str, handle: Any, action: str, writer: int, appended: list[Any]) -> None:
+async def _contend(
+    ledger: Any, sid: str, handle: Any, action: str, writer: int, appended: list[Any]
+) -> None:
     """Run `action` on a handle loaded at a (soon) stale version; the first append may conflict."""
     if action == "succeed":
-        await handle.record_trajectory(prompt_ids=PROMPT, response_ids=[7, 8, 9], extra={"writer": writer})
+        await handle.record_trajectory(
+            prompt_ids=PROMPT, response_ids=[7, 8, 9], extra={"writer": writer}
+        )
         appended.append((sid, "record_trajectory", handle.version))
         await handle.post_reward(1.0, writer=writer)
         appended.append((sid, "post_reward", handle.version))
@@ -132,7 +178,9 @@ async def _contend(ledger: Any, sid: str, handle: Any, action: str, writer: int,
 CONTEND_ACTIONS = ("succeed", "fail", "cancel")
 
 
-def conflict_worker(url: str, writer: int, private: int, shared: int, barrier: Any, queue: Any) -> None:
+def conflict_worker(
+    url: str, writer: int, private: int, shared: int, barrier: Any, queue: Any
+) -> None:
     """One OS process with its own `Ledger`: private sessions, plus contention with the other
     writers on the shared session ids `dup-<j>`.
 
@@ -159,14 +207,22 @@ def conflict_worker(url: str, writer: int, private: int, shared: int, barrier: A
             async def private_one(i: int) -> None:
                 sid = f"priv-w{writer}-{i}"
                 outcome = rng.choice(("ok", "ok", "ok", "fail", "cancel", "empty"))
-                private_outcomes[sid] = await _private_session(ledger, sid, f"w{writer}g{i // 4}", i % 4, outcome, writer)
+                private_outcomes[sid] = await _private_session(
+                    ledger, sid, f"w{writer}g{i // 4}", i % 4, outcome, writer
+                )
 
             async def create_one(j: int) -> None:
                 sid = f"dup-{j}"
                 try:
                     await ledger.create_session(
-                        sid, uid=f"dupg{j // 4}", session_index=j % 4, group_size=4, partition="val",
-                        global_step=2, data_source="conflicts", metadata={"writer": writer},
+                        sid,
+                        uid=f"dupg{j // 4}",
+                        session_index=j % 4,
+                        group_size=4,
+                        partition="val",
+                        global_step=2,
+                        data_source="conflicts",
+                        metadata={"writer": writer},
                     )
                 except InvalidInput as error:
                     conflicts.append(("create", sid, type(error).__name__, 0, -1))
@@ -175,7 +231,9 @@ def conflict_worker(url: str, writer: int, private: int, shared: int, barrier: A
 
             order = list(range(shared))
             rng.shuffle(order)
-            await asyncio.gather(*(private_one(i) for i in range(private)), *(create_one(j) for j in order))
+            await asyncio.gather(
+                *(private_one(i) for i in range(private)), *(create_one(j) for j in order)
+            )
 
             await asyncio.to_thread(barrier.wait, 60)  # every shared session exists
             handles = {f"dup-{j}": await ledger.load_session(f"dup-{j}") for j in range(shared)}
@@ -187,11 +245,18 @@ def conflict_worker(url: str, writer: int, private: int, shared: int, barrier: A
                 try:
                     await _contend(ledger, sid, handles[sid], action, writer, appended)
                 except ConcurrencyError as error:
-                    conflicts.append(("stale", sid, type(error).__name__, error.expected, error.actual))
+                    conflicts.append(
+                        ("stale", sid, type(error).__name__, error.expected, error.actual)
+                    )
 
             rng.shuffle(order)
             await asyncio.gather(*(contend(j) for j in order))
-        return {"created": created, "appended": appended, "conflicts": conflicts, "private": private_outcomes}
+        return {
+            "created": created,
+            "appended": appended,
+            "conflicts": conflicts,
+            "private": private_outcomes,
+        }
 
     _report(queue, name, body())
 
@@ -211,8 +276,13 @@ async def write_sessions(
         sid = f"{prefix}-{i}"
         async with limit:
             handle = await ledger.create_session(
-                sid, uid=f"{prefix}g{i // 4}", session_index=i % 4, group_size=4,
-                partition="val" if (i // 4) % 3 == 0 else "train", global_step=i // 40, data_source="stream",
+                sid,
+                uid=f"{prefix}g{i // 4}",
+                session_index=i % 4,
+                group_size=4,
+                partition="val" if (i // 4) % 3 == 0 else "train",
+                global_step=i // 40,
+                data_source="stream",
             )
             await asyncio.sleep(delay)
             if plan == "cancel":
@@ -221,7 +291,9 @@ async def write_sessions(
                 await handle.complete()
             else:
                 response = [(i * 7 + t) % 30_000 + 1 for t in range(rng.randint(8, 96))]
-                await handle.record_trajectory(prompt_ids=PROMPT, response_ids=response, num_turns=1)
+                await handle.record_trajectory(
+                    prompt_ids=PROMPT, response_ids=response, num_turns=1
+                )
                 if plan == "fail":
                     await handle.fail_with(SandboxError("sandbox lost"))
                 else:
@@ -229,7 +301,9 @@ async def write_sessions(
                     await handle.complete()
             outcomes[sid] = handle.state
 
-    plans = [rng.choice(("ok", "ok", "ok", "ok", "fail", "cancel", "empty")) for _ in range(sessions)]
+    plans = [
+        rng.choice(("ok", "ok", "ok", "ok", "fail", "cancel", "empty")) for _ in range(sessions)
+    ]
     tasks = []
     for i, plan in enumerate(plans):
         tasks.append(asyncio.ensure_future(one(i, plan, rng.uniform(0, 2 * pace))))
@@ -238,7 +312,9 @@ async def write_sessions(
     return outcomes
 
 
-def session_writer_worker(url: str, name: str, sessions: int, pace: float, go: Any, queue: Any) -> None:
+def session_writer_worker(
+    url: str, name: str, sessions: int, pace: float, go: Any, queue: Any
+) -> None:
     async def body() -> dict[str, str]:
         from sessions import Ledger
 
@@ -250,7 +326,9 @@ def session_writer_worker(url: str, name: str, sessions: int, pace: float, go: A
     _report(queue, name, body())
 
 
-def follower_worker(url: str, name: str, log_path: str, page_size: int, poll: float, queue: Any) -> None:
+def follower_worker(
+    url: str, name: str, log_path: str, page_size: int, poll: float, queue: Any
+) -> None:
     """`Projector(engine).follow(stop, on_leader=...)` until SIGTERM.
 
     Writes one line per happening to `log_path` (unbuffered, so a SIGKILL loses nothing
@@ -269,7 +347,8 @@ def follower_worker(url: str, name: str, log_path: str, page_size: int, poll: fl
             projector = Projector(engine, page_size=page_size)
             queue.put(("ready", name, os.getpid()))
             total = await projector.follow(
-                stop, poll_interval=poll,
+                stop,
+                poll_interval=poll,
                 on_leader=lambda: log.write(f"leader {time.time()}\n"),
                 on_page=lambda r: log.write(f"page {r.events} {r.last_position} {time.time()}\n"),
             )

@@ -18,7 +18,9 @@ FAST = settings(max_examples=50, deadline=None)
 EPS = 1e-6
 
 
-def row(uid: str, reward: float, r_len: int = 3, *, mask: list[int] | None = None, index: int = 0) -> BatchRow:
+def row(
+    uid: str, reward: float, r_len: int = 3, *, mask: list[int] | None = None, index: int = 0
+) -> BatchRow:
     return BatchRow(
         prompt_ids=np.arange(1, 3, dtype=np.int32),
         response_ids=np.arange(1, r_len + 1, dtype=np.int32),
@@ -47,7 +49,9 @@ def scalar_advantages(batch: Any, **kwargs: Any) -> list[float]:
     return grpo_outcome_advantage(batch, **kwargs)[:, 0].tolist()
 
 
-def reference(batch: Any, exclude: bool, norm: bool, eps: float = EPS, min_valid: int = 1) -> torch.Tensor:
+def reference(
+    batch: Any, exclude: bool, norm: bool, eps: float = EPS, min_valid: int = 1
+) -> torch.Tensor:
     """verl's loop (core_algos.compute_grpo_outcome_advantage) in float64, plus exclusion and
     min_valid (a group with fewer included rows gives advantage 0; verl's own is min_valid=1)."""
     scores = batch["rm_scores"].sum(-1).double()
@@ -60,7 +64,10 @@ def reference(batch: Any, exclude: bool, norm: bool, eps: float = EPS, min_valid
     id2mean, id2std = {}, {}
     for uid, values in id2score.items():
         if len(values) == 1:
-            id2mean[uid], id2std[uid] = torch.tensor(0.0, dtype=torch.float64), torch.tensor(1.0, dtype=torch.float64)
+            id2mean[uid], id2std[uid] = (
+                torch.tensor(0.0, dtype=torch.float64),
+                torch.tensor(1.0, dtype=torch.float64),
+            )
         else:
             stacked = torch.stack(values)
             id2mean[uid], id2std[uid] = torch.mean(stacked), torch.std(stacked)
@@ -85,7 +92,10 @@ def verl_float32(batch: Any, eps: float = EPS) -> torch.Tensor:
         if len(values) == 1:
             id2mean[idx], id2std[idx] = torch.tensor(0.0), torch.tensor(1.0)
         else:
-            id2mean[idx], id2std[idx] = torch.mean(torch.stack(values)), torch.std(torch.stack(values))
+            id2mean[idx], id2std[idx] = (
+                torch.mean(torch.stack(values)),
+                torch.std(torch.stack(values)),
+            )
     for i in range(scores.shape[0]):
         scores[i] = (scores[i] - id2mean[index[i]]) / (id2std[index[i]] + eps)
     return scores.unsqueeze(-1) * batch["response_mask"]
@@ -102,7 +112,9 @@ def grouped_rows(draw: st.DrawFn) -> list[BatchRow]:
             else:
                 r_len = draw(st.integers(1, 6))
                 mask = draw(st.lists(st.integers(0, 1), min_size=r_len, max_size=r_len))
-                reward = draw(st.sampled_from([0.0, 1.0]) | st.floats(-5, 5, width=32, allow_subnormal=False))
+                reward = draw(
+                    st.sampled_from([0.0, 1.0]) | st.floats(-5, 5, width=32, allow_subnormal=False)
+                )
                 rows.append(row(f"g{g}", reward, r_len, mask=mask, index=i))
     order = draw(st.permutations(range(len(rows))))
     return [rows[i] for i in order]
@@ -113,11 +125,17 @@ def grouped_rows(draw: st.DrawFn) -> list[BatchRow]:
 
 @FAST
 @given(rows=grouped_rows(), exclude=st.booleans(), norm=st.booleans(), min_valid=st.integers(0, 4))
-def test_matches_per_group_loop_reference(rows: list[BatchRow], exclude: bool, norm: bool, min_valid: int) -> None:
+def test_matches_per_group_loop_reference(
+    rows: list[BatchRow], exclude: bool, norm: bool, min_valid: int
+) -> None:
     batch = build_padded(rows)
-    got = grpo_outcome_advantage(batch, exclude_placeholders=exclude, norm_by_std=norm, min_valid=min_valid)
+    got = grpo_outcome_advantage(
+        batch, exclude_placeholders=exclude, norm_by_std=norm, min_valid=min_valid
+    )
     assert got.dtype == torch.float32 and got.shape == batch["responses"].shape
-    torch.testing.assert_close(got, reference(batch, exclude, norm, min_valid=min_valid), rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(
+        got, reference(batch, exclude, norm, min_valid=min_valid), rtol=1e-5, atol=1e-4
+    )
     assert not got[batch["response_mask"] == 0].any()
 
 
@@ -125,7 +143,9 @@ def test_matches_per_group_loop_reference(rows: list[BatchRow], exclude: bool, n
 @given(rows=grouped_rows())
 def test_without_exclusion_agrees_with_verl_float32(rows: list[BatchRow]) -> None:
     batch = build_padded(rows)
-    got = grpo_outcome_advantage(batch, exclude_placeholders=False, min_valid=1)  # min_valid=1: verl's rule
+    got = grpo_outcome_advantage(
+        batch, exclude_placeholders=False, min_valid=1
+    )  # min_valid=1: verl's rule
     torch.testing.assert_close(got, verl_float32(batch), rtol=1e-5, atol=1e-4)
 
 
@@ -157,17 +177,25 @@ def test_group_of_one_has_mean_zero_std_one() -> None:
     assert adv[0] == pytest.approx(3.0 / (1.0 + EPS))
     std = float(torch.tensor([1.0, 3.0]).std())
     assert adv[1:] == pytest.approx([-1.0 / (std + EPS), 1.0 / (std + EPS)])
-    assert scalar_advantages(batch, norm_by_std=False, min_valid=1) == pytest.approx([3.0, -1.0, 1.0])
+    assert scalar_advantages(batch, norm_by_std=False, min_valid=1) == pytest.approx(
+        [3.0, -1.0, 1.0]
+    )
     assert scalar_advantages(batch)[0] == 0.0 and scalar_advantages(batch)[1:] == adv[1:]
 
 
 def test_one_survivor_plus_placeholders_is_a_group_of_one() -> None:
     alone = scalar_advantages(build_padded([row("p", 0.5)]), min_valid=1)
-    with_failures = scalar_advantages(build_padded([failed("p", 1), row("p", 0.5), failed("p", 2)]), min_valid=1)
+    with_failures = scalar_advantages(
+        build_padded([failed("p", 1), row("p", 0.5), failed("p", 2)]), min_valid=1
+    )
     assert with_failures == [0.0, alone[0], 0.0]
     assert alone[0] == pytest.approx(0.5 / (1 + EPS))
     # below min_valid (default 2): the survivor's group gives no signal (NeMo-RL #4061, TRL #5902)
-    assert scalar_advantages(build_padded([failed("p", 1), row("p", 0.5), failed("p", 2)])) == [0.0, 0.0, 0.0]
+    assert scalar_advantages(build_padded([failed("p", 1), row("p", 0.5), failed("p", 2)])) == [
+        0.0,
+        0.0,
+        0.0,
+    ]
 
 
 def test_min_valid_is_checked() -> None:

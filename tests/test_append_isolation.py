@@ -22,9 +22,18 @@ GOOD = 60
 
 def _event(sid: str, **over: Any) -> NewEvent:
     fields: dict[str, Any] = {
-        "event_id": str(uuid.uuid4()), "session_id": sid, "version": 1, "type": "SessionStarted", "schema_version": 1,
-        "run": "r", "uid": f"u{sid}", "partition": "val", "global_step": 0, "data": {"attempt": None, "timeout_s": None},
-        "payload": None, "recorded_at": datetime.now(timezone.utc),
+        "event_id": str(uuid.uuid4()),
+        "session_id": sid,
+        "version": 1,
+        "type": "SessionStarted",
+        "schema_version": 1,
+        "run": "r",
+        "uid": f"u{sid}",
+        "partition": "val",
+        "global_step": 0,
+        "data": {"attempt": None, "timeout_s": None},
+        "payload": None,
+        "recorded_at": datetime.now(timezone.utc),
     }
     fields.update(over)
     return NewEvent(**fields)
@@ -47,13 +56,20 @@ async def test_a_bad_append_among_many_good_ones_fails_alone(db_url: str, bad: s
     try:
         await upgrade(engine)
         override = BAD[bad]
-        bad_event = _event(override.get("session_id", "bad"), **{k: v for k, v in override.items() if k != "session_id"})
+        bad_event = _event(
+            override.get("session_id", "bad"),
+            **{k: v for k, v in override.items() if k != "session_id"},
+        )
         if bad == "uid-longer-than-its-column" and backend_of(db_url) == "sqlite":
-            pytest.skip("SQLite does not enforce VARCHAR lengths; the recorder's declaration does (tests/test_bad_input.py)")
+            pytest.skip(
+                "SQLite does not enforce VARCHAR lengths; the recorder's declaration does (tests/test_bad_input.py)"
+            )
         if bad == "nul-in-uid" and backend_of(db_url) == "sqlite":
-            pytest.skip("SQLite stores NUL in text; the recorder's declaration refuses it for both (tests/test_bad_input.py)")
+            pytest.skip(
+                "SQLite stores NUL in text; the recorder's declaration refuses it for both (tests/test_bad_input.py)"
+            )
         good = [_event(f"good-{i}") for i in range(GOOD)]
-        requests = [*good[: GOOD // 2], bad_event, *good[GOOD // 2:]]
+        requests = [*good[: GOOD // 2], bad_event, *good[GOOD // 2 :]]
         results = await asyncio.gather(
             *(store.append(e.session_id, 0, [e]) for e in requests), return_exceptions=True
         )
@@ -62,7 +78,9 @@ async def test_a_bad_append_among_many_good_ones_fails_alone(db_url: str, bad: s
         assert "bad" in str(failed[0]) or repr(bad_event.session_id) in str(failed[0])
         assert results[GOOD // 2] is failed[0], "the failure belongs to the bad request"
         for event in good:
-            assert [s.event_id for s in await store.read_stream(event.session_id)] == [event.event_id]
+            assert [s.event_id for s in await store.read_stream(event.session_id)] == [
+                event.event_id
+            ]
         assert await store.last_position() >= GOOD
     finally:
         await store.close()

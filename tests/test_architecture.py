@@ -61,10 +61,20 @@ def imports(path: Path, root: Path = ROOT) -> list[Import]:
     found = []
     for node in ast.walk(ast.parse(source, filename=where)):
         if isinstance(node, ast.Import):
-            found += [Import(where, node.lineno, alias.name, (), _text(source, node)) for alias in node.names]
+            found += [
+                Import(where, node.lineno, alias.name, (), _text(source, node))
+                for alias in node.names
+            ]
         elif isinstance(node, ast.ImportFrom):
-            found.append(Import(where, node.lineno, _absolute(path, root, node.level, node.module),
-                                tuple(alias.name for alias in node.names), _text(source, node)))
+            found.append(
+                Import(
+                    where,
+                    node.lineno,
+                    _absolute(path, root, node.level, node.module),
+                    tuple(alias.name for alias in node.names),
+                    _text(source, node),
+                )
+            )
         elif isinstance(node, ast.Call) and _is_dynamic_import(node.func) and node.args:
             first = node.args[0]
             if isinstance(first, ast.Constant) and isinstance(first.value, str):
@@ -85,8 +95,13 @@ def _is_dynamic_import(func: ast.expr) -> bool:
 def _store_aliases(path: Path) -> set[str]:
     """Names the module binds to the `store` package itself (`import store`, `import store as s`)."""
     tree = ast.parse(path.read_text(encoding="utf-8"))
-    return {alias.asname or alias.name for node in ast.walk(tree) if isinstance(node, ast.Import)
-            for alias in node.names if alias.name == "store"}
+    return {
+        alias.asname or alias.name
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Import)
+        for alias in node.names
+        if alias.name == "store"
+    }
 
 
 def _store_attributes(path: Path, exported: set[str], root: Path = ROOT) -> list[str]:
@@ -98,7 +113,9 @@ def _store_attributes(path: Path, exported: set[str], root: Path = ROOT) -> list
     return [
         f"{path.relative_to(root)}:{node.lineno}: {_text(source, node)}"
         for node in ast.walk(ast.parse(source))
-        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in aliases
+        if isinstance(node, ast.Attribute)
+        and isinstance(node.value, ast.Name)
+        and node.value.id in aliases
         and node.attr not in exported
     ]
 
@@ -108,7 +125,9 @@ def _within(module: str, package: str) -> bool:
 
 
 def store_violations() -> list[str]:
-    return [str(i) for path in modules("store") for i in imports(path) if _within(i.module, "sessions")]
+    return [
+        str(i) for path in modules("store") for i in imports(path) if _within(i.module, "sessions")
+    ]
 
 
 def sessions_violations(exported: set[str]) -> list[str]:
@@ -117,7 +136,9 @@ def sessions_violations(exported: set[str]) -> list[str]:
         for i in imports(path):
             if not _within(i.module, "store"):
                 continue
-            allowed = i.module == "store" and all(name == "*" or name in exported for name in i.names)
+            allowed = i.module == "store" and all(
+                name == "*" or name in exported for name in i.names
+            )
             if not allowed:
                 found.append(str(i))
         found += _store_attributes(path, exported)
@@ -126,14 +147,19 @@ def sessions_violations(exported: set[str]) -> list[str]:
 
 def test_store_never_imports_sessions() -> None:
     violations = store_violations()
-    assert not violations, "store/ imports sessions (docs/design.md §10: store never imports sessions):\n" + "\n".join(violations)
+    assert not violations, (
+        "store/ imports sessions (docs/design.md §10: store never imports sessions):\n"
+        + "\n".join(violations)
+    )
 
 
 def test_sessions_imports_from_store_only_what_store_exports() -> None:
     import store
 
     exported = set(store.__all__)
-    assert all(hasattr(store, name) for name in exported), "store.__all__ names something store does not have"
+    assert all(hasattr(store, name) for name in exported), (
+        "store.__all__ names something store does not have"
+    )
     violations = sessions_violations(exported)
     assert not violations, (
         "sessions/ reaches into store/ past store.__all__ (import only `store` or `from store import X`, "
@@ -146,34 +172,52 @@ def test_the_import_checker_sees_every_form(tmp_path: Path) -> None:
     """The rules above are only as good as the parser: each form must be found and resolved."""
     path = tmp_path / "sessions" / "sub" / "mod.py"
     path.parent.mkdir(parents=True)
-    path.write_text("\n".join([
-        "import store.tables",
-        "from store import read_models, tables",
-        "from store.read_models import metric_rows",
-        "def f():",
-        "    from store import bulk_copy as b",
-        "    import importlib",
-        "    return importlib.import_module('store.views')",
-        "if TYPE_CHECKING:",
-        "    from store.records import StoredEvent",
-        "from . import sibling",
-        "from ..other import thing",
-        "__import__('store.engine')",
-    ]), encoding="utf-8")
+    path.write_text(
+        "\n".join(
+            [
+                "import store.tables",
+                "from store import read_models, tables",
+                "from store.read_models import metric_rows",
+                "def f():",
+                "    from store import bulk_copy as b",
+                "    import importlib",
+                "    return importlib.import_module('store.views')",
+                "if TYPE_CHECKING:",
+                "    from store.records import StoredEvent",
+                "from . import sibling",
+                "from ..other import thing",
+                "__import__('store.engine')",
+            ]
+        ),
+        encoding="utf-8",
+    )
     found = imports(path, tmp_path)
     got = {(i.line, i.module, i.names) for i in found}
     assert got == {
-        (1, "store.tables", ()), (2, "store", ("read_models", "tables")), (3, "store.read_models", ("metric_rows",)),
-        (5, "store", ("bulk_copy",)), (6, "importlib", ()), (7, "store.views", ()), (9, "store.records", ("StoredEvent",)),
-        (10, "sessions.sub", ("sibling",)), (11, "sessions.other", ("thing",)), (12, "store.engine", ()),
+        (1, "store.tables", ()),
+        (2, "store", ("read_models", "tables")),
+        (3, "store.read_models", ("metric_rows",)),
+        (5, "store", ("bulk_copy",)),
+        (6, "importlib", ()),
+        (7, "store.views", ()),
+        (9, "store.records", ("StoredEvent",)),
+        (10, "sessions.sub", ("sibling",)),
+        (11, "sessions.other", ("thing",)),
+        (12, "store.engine", ()),
     }
-    assert str(next(i for i in found if i.line == 3)) == "sessions/sub/mod.py:3: from store.read_models import metric_rows"
+    assert (
+        str(next(i for i in found if i.line == 3))
+        == "sessions/sub/mod.py:3: from store.read_models import metric_rows"
+    )
 
 
 def test_the_checker_sees_a_submodule_reached_through_the_package(tmp_path: Path) -> None:
     path = tmp_path / "sessions" / "mod.py"
     path.parent.mkdir()
-    path.write_text("import store as st\n\ndef f():\n    return st.tables.events, st.create_engine\n", encoding="utf-8")
+    path.write_text(
+        "import store as st\n\ndef f():\n    return st.tables.events, st.create_engine\n",
+        encoding="utf-8",
+    )
     assert _store_attributes(path, {"create_engine"}, tmp_path) == ["sessions/mod.py:4: st.tables"]
 
 
@@ -236,7 +280,9 @@ def test_public_surface_is_frozen() -> None:
 
     assert PUBLIC == sorted(PUBLIC), "keep the frozen list sorted"
     assert len(sessions.__all__) == len(set(sessions.__all__)), "sessions.__all__ repeats a name"
-    assert sorted(sessions.__all__) == PUBLIC, "the public API changed: if on purpose, edit PUBLIC in this test"
+    assert sorted(sessions.__all__) == PUBLIC, (
+        "the public API changed: if on purpose, edit PUBLIC in this test"
+    )
 
 
 @pytest.mark.parametrize("name", PUBLIC)
@@ -248,9 +294,17 @@ def test_every_public_name_is_importable(name: str) -> None:
 
 # ------------------------------------------------------------------ module size
 def test_no_module_is_over_600_lines() -> None:
-    sizes = {path: len(path.read_text(encoding="utf-8").splitlines()) for package in ("sessions", "store") for path in modules(package)}
+    sizes = {
+        path: len(path.read_text(encoding="utf-8").splitlines())
+        for package in ("sessions", "store")
+        for path in modules(package)
+    }
     assert len(sizes) > 20
-    over = [f"{path.relative_to(ROOT)}: {lines} lines" for path, lines in sorted(sizes.items()) if lines > MAX_LINES]
+    over = [
+        f"{path.relative_to(ROOT)}: {lines} lines"
+        for path, lines in sorted(sizes.items())
+        if lines > MAX_LINES
+    ]
     assert not over, f"modules over {MAX_LINES} lines (split them by job):\n" + "\n".join(over)
 
 

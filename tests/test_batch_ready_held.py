@@ -35,7 +35,9 @@ def _same(a: dict[str, Any], b: dict[str, Any]) -> None:
 
 
 @pytest.mark.parametrize("reward_info", [False, True])
-async def test_a_held_step_builds_the_batch_the_rows_read_back_build(tmp_path: Path, reward_info: bool) -> None:
+async def test_a_held_step_builds_the_batch_the_rows_read_back_build(
+    tmp_path: Path, reward_info: bool
+) -> None:
     path = tmp_path / "held.db"
     async with Ledger.open(f"sqlite+aiosqlite:///{path}") as ledger:
         handles = await _open_step(ledger, 12)
@@ -46,9 +48,13 @@ async def test_a_held_step_builds_the_batch_the_rows_read_back_build(tmp_path: P
             else:
                 await handle.complete()
         await ledger.project()
-        assert ledger.projector.held_step(ledger.run, "train", 0) is not None  # the batch comes from the hold
+        assert (
+            ledger.projector.held_step(ledger.run, "train", 0) is not None
+        )  # the batch comes from the hold
         held = _columns(await ledger.batch("train", 0, timeout=5, reward_info=reward_info))
-    async with Ledger.open(f"sqlite+aiosqlite:///{path}") as reader:  # a fresh projector: holds nothing
+    async with Ledger.open(
+        f"sqlite+aiosqlite:///{path}"
+    ) as reader:  # a fresh projector: holds nothing
         assert reader.projector.held_step(reader.run, "train", 0) is None
         read_back = _columns(await reader.batch("train", 0, timeout=5, reward_info=reward_info))
     _same(held, read_back)
@@ -65,9 +71,12 @@ async def test_a_hold_is_not_used_once_another_projector_wrote_after_it(tmp_path
             await handle.complete()
         elsewhere = Projector(ledger.engine)
         await elsewhere.run()  # projects the ends: the rows this projector holds are short of them
-        assert ledger.projector.held_step(ledger.run, "train", 0) is not None  # it has not noticed yet
+        assert (
+            ledger.projector.held_step(ledger.run, "train", 0) is not None
+        )  # it has not noticed yet
         async with ledger.engine.connect() as conn:
             assert await ledger.projector.current_held_step(conn, ledger.run, "train", 0) is None
         batch = await ledger.batch("train", 0, timeout=5)
         assert batch.batch_size[0] == 8 and sorted(non_tensor(batch, "key")) == sorted(
-            f"u{i // 4}_{i % 4}_0" for i in range(8))
+            f"u{i // 4}_{i % 4}_0" for i in range(8)
+        )

@@ -34,11 +34,15 @@ READS = ("load_sessions", "load_groups", "load_metrics", "trajectory_events")
 
 async def _record(path: Path, seed: int, groups: int = 6) -> None:
     scenario = random_scenario(random.Random(seed), min_groups=groups, max_groups=groups, ends=ENDS)
-    async with Ledger.open(f"sqlite+aiosqlite:///{path}", trajectory_selection=scenario.default_selection) as ledger:
+    async with Ledger.open(
+        f"sqlite+aiosqlite:///{path}", trajectory_selection=scenario.default_selection
+    ) as ledger:
         await play(ledger, scenario, project_between=False)
 
 
-async def _project(path: Path, page_size: int, make: Callable[[Any, int], list[Projector]]) -> dict[str, Any]:
+async def _project(
+    path: Path, page_size: int, make: Callable[[Any, int], list[Projector]]
+) -> dict[str, Any]:
     """Project the log at `path` page by page, round robin over the projectors `make` returns."""
     engine = create_engine(f"sqlite+aiosqlite:///{path}")
     try:
@@ -48,13 +52,17 @@ async def _project(path: Path, page_size: int, make: Callable[[Any, int], list[P
             turn += 1
         async with engine.connect() as conn:
             ids = sorted(q["id"] for q in await _all_queue(conn))
-        assert ids == list(range(1, len(ids) + 1))  # numbered as a replay numbers them (snapshot drops ids)
+        assert ids == list(
+            range(1, len(ids) + 1)
+        )  # numbered as a replay numbers them (snapshot drops ids)
         return await snapshot(engine)
     finally:
         await engine.dispose()
 
 
-async def _log_and_reference(tmp_path: Path, seed: int, page_size: int) -> tuple[Path, dict[str, Any]]:
+async def _log_and_reference(
+    tmp_path: Path, seed: int, page_size: int
+) -> tuple[Path, dict[str, Any]]:
     """A recorded log, and what one projector makes of a copy of it."""
     log = tmp_path / "log.db"
     await _record(log, seed=seed, groups=8)
@@ -80,15 +88,23 @@ class _Fresh:
         return await Projector(self.engine, page_size=self.page_size).step()
 
 
-@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(seed=st.integers(0, 2**16), page_size=st.integers(1, 9))
-def test_held_rows_project_what_reading_every_page_back_projects(tmp_path: Path, seed: int, page_size: int) -> None:
+def test_held_rows_project_what_reading_every_page_back_projects(
+    tmp_path: Path, seed: int, page_size: int
+) -> None:
     folder = tmp_path / f"{seed}-{page_size}"
     folder.mkdir()
     log = folder / "log.db"
     asyncio.run(_record(log, seed))
     results = {}
-    for name, make in (("fresh", lambda e, p: [_Fresh(e, p)]), ("held", _one), ("alternating", _two)):
+    for name, make in (
+        ("fresh", lambda e, p: [_Fresh(e, p)]),
+        ("held", _one),
+        ("alternating", _two),
+    ):
         copy = folder / f"{name}.db"
         shutil.copyfile(log, copy)
         results[name] = asyncio.run(_project(copy, page_size, make))
@@ -114,15 +130,25 @@ def _counting(monkeypatch: pytest.MonkeyPatch) -> Any:
 async def _open_step(ledger: Ledger, sessions: int) -> list[Any]:
     handles = []
     for i in range(sessions):
-        handle = await ledger.create_session(f"s{i}", uid=f"u{i // 4}", session_index=i % 4, group_size=4,
-                                             partition="train", global_step=0)
-        await handle.record_trajectory(prompt_ids=[1, 2], response_ids=[3, 4, 5], response_mask=[1, 1, 0], num_turns=1)
+        handle = await ledger.create_session(
+            f"s{i}",
+            uid=f"u{i // 4}",
+            session_index=i % 4,
+            group_size=4,
+            partition="train",
+            global_step=0,
+        )
+        await handle.record_trajectory(
+            prompt_ids=[1, 2], response_ids=[3, 4, 5], response_mask=[1, 1, 0], num_turns=1
+        )
         await handle.post_reward(float(i % 2))
         handles.append(handle)
     return handles
 
 
-async def _settle_step(ledger: Ledger, sessions: int, projector: Projector, monkeypatch: pytest.MonkeyPatch) -> Counter[str]:
+async def _settle_step(
+    ledger: Ledger, sessions: int, projector: Projector, monkeypatch: pytest.MonkeyPatch
+) -> Counter[str]:
     """A step recorded and projected up to its ends; then its ends, projected by `projector`:
     the reads that last page made."""
     handles = await _open_step(ledger, sessions)
@@ -134,7 +160,9 @@ async def _settle_step(ledger: Ledger, sessions: int, projector: Projector, monk
     return calls
 
 
-async def test_the_settling_page_reads_nothing_back(sqlite_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_the_settling_page_reads_nothing_back(
+    sqlite_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The rows a step's last page touches are all held: no session, group, metric or trajectory
     read — while a projector that holds nothing reads them all."""
     async with Ledger.open(sqlite_url) as ledger:
@@ -146,14 +174,18 @@ async def test_the_settling_page_reads_nothing_back(sqlite_url: str, monkeypatch
         assert batch.batch_size[0] == 12
 
 
-async def test_a_projector_that_held_nothing_reads_the_rows(sqlite_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_a_projector_that_held_nothing_reads_the_rows(
+    sqlite_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The counterpart: the same settling page on a new projector reads every kind of row."""
     async with Ledger.open(sqlite_url) as ledger:
         calls = await _settle_step(ledger, 8, Projector(ledger.engine), monkeypatch)
         assert set(calls) == set(READS), calls
 
 
-async def test_a_page_rolled_back_after_its_rules_ran_drops_the_held_rows(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_a_page_rolled_back_after_its_rules_ran_drops_the_held_rows(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The rules change held rows in memory; a page that then fails must not leave them held, or
     its retry would count every event of the page twice."""
     log, expected = await _log_and_reference(tmp_path, seed=7, page_size=5)
@@ -164,7 +196,9 @@ async def test_a_page_rolled_back_after_its_rules_ran_drops_the_held_rows(tmp_pa
     async def flaky(conn: Any, rows: list[dict[str, Any]]) -> None:
         await real(conn, rows)
         if rows and next(failures, False):
-            raise RuntimeError("injected: the page fails after its rules ran and its rows were written")
+            raise RuntimeError(
+                "injected: the page fails after its rules ran and its rows were written"
+            )
 
     monkeypatch.setattr(rm, "insert_queue_rows", flaky)
     engine = create_engine(f"sqlite+aiosqlite:///{log}")
@@ -183,7 +217,9 @@ async def test_a_page_rolled_back_after_its_rules_ran_drops_the_held_rows(tmp_pa
         await engine.dispose()
 
 
-async def test_callers_of_one_projector_take_turns_in_process(sqlite_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_callers_of_one_projector_take_turns_in_process(
+    sqlite_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A follower and `ledger.batch` project through one projector: their pages never overlap
     (the second waits on the projector's own lock, not the database's), and every event is
     projected once."""
@@ -194,7 +230,9 @@ async def test_callers_of_one_projector_take_turns_in_process(sqlite_url: str, m
     @contextlib.asynccontextmanager
     async def watched(engine: Any) -> AsyncIterator[Any]:
         nonlocal inside, most
-        inside += 1  # counted from before the database's lock: waiting for it is what must not happen
+        inside += (
+            1  # counted from before the database's lock: waiting for it is what must not happen
+        )
         most = max(most, inside)
         try:
             async with real(engine) as conn:
@@ -274,7 +312,9 @@ async def _all_queue(conn: Any) -> list[dict[str, Any]]:
     return [dict(r) for r in (await conn.execute(select(queue_rows))).mappings()]
 
 
-@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(seed=st.integers(0, 2**16), page_size=st.integers(1, 40))
 def test_held_batch_rows_are_the_rows_read_back(tmp_path: Path, seed: int, page_size: int) -> None:
     log = tmp_path / f"{seed}-{page_size}.db"
@@ -297,22 +337,35 @@ async def test_a_step_is_held_from_its_first_session_and_given_to_batch(tmp_path
         assert late.held_step(ledger.run, "train", 0) is None
         await ledger.project()  # another projector moved the checkpoint: the held rows are dropped
         assert ledger.projector.held_step(ledger.run, "train", 0) is None
-    assert await _held_against_read(tmp_path / "steps.db", 3) == (0, 1)  # projected already: nothing held
+    assert await _held_against_read(tmp_path / "steps.db", 3) == (
+        0,
+        1,
+    )  # projected already: nothing held
 
 
 async def test_the_held_steps_are_bounded(sqlite_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(held_module, "MAX_HELD_STEPS", 2)
     async with Ledger.open(sqlite_url) as ledger:
         for step in range(4):
-            handle = await ledger.create_session(f"s{step}", uid=f"u{step}", session_index=0, group_size=1,
-                                                 partition="val", global_step=step)
-            await handle.record_trajectory(prompt_ids=[1], response_ids=[2, 3], response_mask=[1, 1], num_turns=1)
+            handle = await ledger.create_session(
+                f"s{step}",
+                uid=f"u{step}",
+                session_index=0,
+                group_size=1,
+                partition="val",
+                global_step=step,
+            )
+            await handle.record_trajectory(
+                prompt_ids=[1], response_ids=[2, 3], response_mask=[1, 1], num_turns=1
+            )
             await handle.complete()
             await ledger.project()
         held = [ledger.projector.held_step(ledger.run, "val", step) for step in range(4)]
         assert [h is not None for h in held] == [False, False, True, True]
         queue, sources = held[3]  # type: ignore[misc]
-        assert [q["key"] for q in queue] == ["u3_0_0"] and sources[queue[0]["source_position"]][3] is not None
+        assert [q["key"] for q in queue] == ["u3_0_0"] and sources[queue[0]["source_position"]][
+            3
+        ] is not None
 
 
 @pytest.mark.parametrize("limit", ["off", "bytes"])

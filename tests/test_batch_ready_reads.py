@@ -33,7 +33,9 @@ async def test_group_update_finds_its_row_through_the_natural_key_index(tmp_path
     params = {name: None for name in compiled.params}
     sql = str(compiled)
     with sqlite3.connect(path) as db:
-        plan = db.execute(f"EXPLAIN QUERY PLAN {sql}", [params[name] for name in compiled.positiontup]).fetchall()
+        plan = db.execute(
+            f"EXPLAIN QUERY PLAN {sql}", [params[name] for name in compiled.positiontup]
+        ).fetchall()
     details = " ".join(row[-1] for row in plan)
     assert "uq_groups_key" in details, details
     assert "uid=?" in details, details  # the whole key, not a prefix of it
@@ -45,7 +47,9 @@ _rows = st.fixed_dictionaries({c: _values for c in COLUMNS})
 
 
 @given(pairs=st.lists(st.tuples(_rows, st.one_of(st.none(), _rows)), max_size=12))
-def test_changed_columns_writes_each_row_once_with_exactly_what_differs(pairs: list[tuple[dict, dict | None]]) -> None:
+def test_changed_columns_writes_each_row_once_with_exactly_what_differs(
+    pairs: list[tuple[dict, dict | None]],
+) -> None:
     """Every row lands in one group, keyed by the columns that differ from its stored copy (all of
     them without one); a row equal to its stored copy is written not at all."""
     updates = [row for row, _ in pairs]

@@ -78,7 +78,9 @@ def make_row(
     )
 
 
-def placeholder(token: int = 7, *, key: str = "u0_1_0", uid: str = "u0", lp: bool = False) -> BatchRow:
+def placeholder(
+    token: int = 7, *, key: str = "u0_1_0", uid: str = "u0", lp: bool = False
+) -> BatchRow:
     """docs/design.md §5 placeholder: 1 prompt + 1 response token, mask 0, reward 0."""
     return BatchRow(
         prompt_ids=np.asarray([token], dtype=np.int32),
@@ -106,7 +108,9 @@ def batch_rows(draw: st.DrawFn, min_size: int = 1, max_size: int = 8) -> list[Ba
     for i in range(n):
         key, uid = f"u{i % 3}_{i}_0", f"u{i % 3}"
         if draw(st.integers(0, 3)) == 0:
-            rows.append(placeholder(int(rng.integers(1, 100)), key=key, uid=uid, lp=with_logprobs == "all"))
+            rows.append(
+                placeholder(int(rng.integers(1, 100)), key=key, uid=uid, lp=with_logprobs == "all")
+            )
             continue
         p_len, r_len = draw(st.integers(1, 40)), draw(st.integers(1, 40))
         lp = None
@@ -117,7 +121,9 @@ def batch_rows(draw: st.DrawFn, min_size: int = 1, max_size: int = 8) -> list[Ba
                 rng.integers(1, 100, p_len).tolist(),
                 rng.integers(1, 100, r_len).tolist(),
                 rng.integers(0, 2, r_len).tolist(),
-                draw(st.floats(-10, 10, allow_nan=False, allow_infinity=False, allow_subnormal=False)),
+                draw(
+                    st.floats(-10, 10, allow_nan=False, allow_infinity=False, allow_subnormal=False)
+                ),
                 lp,
                 key=key,
                 uid=uid,
@@ -159,7 +165,9 @@ def reference_padded(rows: list[BatchRow], pad: int) -> dict[str, torch.Tensor]:
         cols["response_length"].append(torch.tensor(float(lr)))
         cols["is_placeholder"].append(torch.tensor(r.is_placeholder))
         turns = r.meta.get("num_turns")
-        cols["num_turns"].append(torch.tensor(turns if turns is not None else 0 if r.is_placeholder else UNKNOWN_TURNS))
+        cols["num_turns"].append(
+            torch.tensor(turns if turns is not None else 0 if r.is_placeholder else UNKNOWN_TURNS)
+        )
     out = {k: torch.stack(v) for k, v in cols.items()}
     if not any_lp:
         del out["rollout_log_probs"]
@@ -222,7 +230,10 @@ def test_padded_row_invariants(rows: list[BatchRow]) -> None:
         assert not batch["response_mask"][i, lr:].any()
         if row.is_placeholder:
             assert not batch["response_mask"][i].any()
-        assert batch["input_ids"][i].tolist() == batch["prompts"][i].tolist() + batch["responses"][i].tolist()
+        assert (
+            batch["input_ids"][i].tolist()
+            == batch["prompts"][i].tolist() + batch["responses"][i].tolist()
+        )
     assert non_tensor(batch, "key") == [r.meta["key"] for r in rows]
     assert batch["uid"] == [r.meta["uid"] for r in rows]
 
@@ -237,7 +248,9 @@ def test_score_mean_matches_verl_critic_score_mean(rows: list[BatchRow]) -> None
     scores = batch["rm_scores"].sum(-1)[response_length > 0]
     rewards = np.asarray([r.reward for r in rows], dtype=np.float32)
     assert scores.numel() == len(rows)  # placeholders count (as zeros), none is "aborted"
-    assert scores.double().mean().item() == pytest.approx(rewards.astype(np.float64).mean(), abs=1e-5)
+    assert scores.double().mean().item() == pytest.approx(
+        rewards.astype(np.float64).mean(), abs=1e-5
+    )
 
 
 def test_placeholder_attends_exactly_its_two_tokens() -> None:
@@ -292,7 +305,9 @@ def masked_token_loss(model: TinyLM, batch: Any) -> torch.Tensor:
     """Sum over response tokens of next-token CE * response_mask (verl's masked loss, unnormalised)."""
     P, R = batch["prompts"].shape[1], batch["responses"].shape[1]
     logits = model(batch["input_ids"])[:, P - 1 : P + R - 1]
-    ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), batch["responses"].reshape(-1), reduction="none")
+    ce = F.cross_entropy(
+        logits.reshape(-1, logits.shape[-1]), batch["responses"].reshape(-1), reduction="none"
+    )
     return (ce.view(-1, R) * batch["response_mask"]).sum()
 
 
@@ -305,7 +320,10 @@ def grads(model: TinyLM, batch: Any) -> list[torch.Tensor]:
 def test_placeholder_rows_contribute_exactly_zero_gradient() -> None:
     torch.manual_seed(0)
     model = TinyLM()
-    real = [make_row([1, 2, 3], [4, 5, 6], [1, 0, 1], key="u0_0_0"), make_row([7], [8, 9], key="u1_0_0")]
+    real = [
+        make_row([1, 2, 3], [4, 5, 6], [1, 0, 1], key="u0_0_0"),
+        make_row([7], [8, 9], key="u1_0_0"),
+    ]
     fails = [placeholder(3, key="u0_1_0"), placeholder(11, key="u1_1_0", uid="u1")]
     batch = build_padded(real + fails)
     is_ph = batch["is_placeholder"]
@@ -334,7 +352,12 @@ def test_over_long_prompt_raises_naming_key(builder: Any) -> None:
     msg = str(err.value)
     assert "long_0_0" in msg and "prompt" in msg and "10" in msg and "4" in msg
     assert "truncate=True" in msg
-    assert (err.value.key, err.value.side, err.value.length, err.value.limit) == ("long_0_0", "prompt", 10, 4)
+    assert (err.value.key, err.value.side, err.value.length, err.value.limit) == (
+        "long_0_0",
+        "prompt",
+        10,
+        4,
+    )
     assert isinstance(err.value, ValueError)
 
 
@@ -344,13 +367,17 @@ def test_over_long_response_raises_before_building(monkeypatch: pytest.MonkeyPat
 
     monkeypatch.setattr(flat_module, "_concat", no_concat)  # the jagged builder's flat columns
     monkeypatch.setattr(padded_module, "_empty", no_concat)  # the padded writer's outputs
-    with pytest.raises(BatchTooLongError, match="r_0_0.*response length 5 exceeds max_response_length=3"):
+    with pytest.raises(
+        BatchTooLongError, match="r_0_0.*response length 5 exceeds max_response_length=3"
+    ):
         build_padded([make_row([1], [1, 2, 3, 4, 5], key="r_0_0")], max_response_length=3)
 
 
 def test_within_limits_is_untouched() -> None:
     rows = [make_row([1, 2, 3], [4, 5], reward=2.0)]
-    assert_same_batch(build_padded(rows, max_prompt_length=3, max_response_length=2), build_padded(rows))
+    assert_same_batch(
+        build_padded(rows, max_prompt_length=3, max_response_length=2), build_padded(rows)
+    )
 
 
 def test_truncate_keeps_prompt_tail_and_response_head() -> None:
@@ -385,7 +412,9 @@ def cut(row: BatchRow, max_p: int, max_r: int) -> BatchRow:
 
 @FAST
 @given(rows=batch_rows(), max_p=st.integers(1, 40), max_r=st.integers(1, 40))
-def test_truncate_equals_building_pre_cut_rows(rows: list[BatchRow], max_p: int, max_r: int) -> None:
+def test_truncate_equals_building_pre_cut_rows(
+    rows: list[BatchRow], max_p: int, max_r: int
+) -> None:
     expected = [cut(r, max_p, max_r) for r in rows]
     got = build_padded(rows, max_prompt_length=max_p, max_response_length=max_r, truncate=True)
     assert_same_batch(got, build_padded(expected))
@@ -421,7 +450,9 @@ def test_placeholder_with_trainable_tokens_is_rejected() -> None:
 
 
 def test_non_integer_ids_rejected() -> None:
-    bad = BatchRow(np.array([1.5]), np.array([2]), np.array([1]), None, 0.0, False, {"key": "f_0_0"})
+    bad = BatchRow(
+        np.array([1.5]), np.array([2]), np.array([1]), None, 0.0, False, {"key": "f_0_0"}
+    )
     with pytest.raises(ValueError, match="f_0_0.*prompt_ids"):
         build_padded([bad])
 
@@ -487,7 +518,9 @@ def test_empty_rows_give_zero_width_batch_with_all_keys() -> None:
 @given(a=batch_rows(min_size=0, max_size=5), b=batch_rows(min_size=0, max_size=5))
 def test_concat_padded_equals_building_all_rows(a: list[BatchRow], b: list[BatchRow]) -> None:
     expected = build_padded(a + b, pad_token_id=3)
-    got = concat_padded([build_padded(a, pad_token_id=3), build_padded(b, pad_token_id=3)], pad_token_id=3)
+    got = concat_padded(
+        [build_padded(a, pad_token_id=3), build_padded(b, pad_token_id=3)], pad_token_id=3
+    )
     assert_same_batch(got, expected)
     mixed = concat_padded([build_jagged(a), build_padded(b, pad_token_id=3)], pad_token_id=3)
     assert_same_batch(mixed, expected)
@@ -512,14 +545,24 @@ def test_concat_padded_of_nothing_is_empty_batch() -> None:
 @FAST
 @given(rows=batch_rows(), pad=st.integers(0, 5))
 def test_densify_equals_padded(rows: list[BatchRow], pad: int) -> None:
-    assert_same_batch(densify(build_jagged(rows), pad_token_id=pad), build_padded(rows, pad_token_id=pad))
+    assert_same_batch(
+        densify(build_jagged(rows), pad_token_id=pad), build_padded(rows, pad_token_id=pad)
+    )
 
 
 @FAST
 @given(rows=batch_rows())
 def test_jagged_rows_are_unpadded(rows: list[BatchRow]) -> None:
     batch = build_jagged(rows)
-    names = ("prompts", "responses", "input_ids", "attention_mask", "position_ids", "response_mask", "rm_scores")
+    names = (
+        "prompts",
+        "responses",
+        "input_ids",
+        "attention_mask",
+        "position_ids",
+        "response_mask",
+        "rm_scores",
+    )
     per_row = {}
     for name in names:
         assert batch[name].layout == torch.jagged, name
@@ -539,7 +582,11 @@ def test_jagged_rows_are_unpadded(rows: list[BatchRow]) -> None:
 
 
 def test_densify_after_reordering_rows() -> None:
-    rows = [make_row([1, 2, 3], [4], key="a_0_0"), make_row([5], [6, 7, 8], key="b_0_0"), placeholder(9)]
+    rows = [
+        make_row([1, 2, 3], [4], key="a_0_0"),
+        make_row([5], [6, 7, 8], key="b_0_0"),
+        placeholder(9),
+    ]
     order = torch.tensor([2, 0, 1])
     expected = build_padded([rows[i] for i in order.tolist()])
     assert_same_batch(densify(select_rows(build_jagged(rows), order)), expected)
@@ -549,7 +596,9 @@ def test_densify_after_reordering_rows() -> None:
 
 def test_densify_rejects_unknown_token_columns() -> None:
     batch = build_jagged([make_row([1], [2])])
-    batch["advantages"] = torch.nested.nested_tensor_from_jagged(torch.zeros(1), torch.tensor([0, 1]))
+    batch["advantages"] = torch.nested.nested_tensor_from_jagged(
+        torch.zeros(1), torch.tensor([0, 1])
+    )
     with pytest.raises(ValueError, match="advantages"):
         densify(batch)
 
@@ -571,7 +620,10 @@ def test_plain_dict_roundtrips_weights_only(rows: list[BatchRow]) -> None:
 
     plain_j = torch_roundtrip(to_plain_dict(jagged))
     assert "prompts" not in plain_j
-    assert torch.equal(plain_j["prompts.offsets"], torch.tensor([0] + np.cumsum([len(r.prompt_ids) for r in rows]).tolist()))
+    assert torch.equal(
+        plain_j["prompts.offsets"],
+        torch.tensor([0] + np.cumsum([len(r.prompt_ids) for r in rows]).tolist()),
+    )
     assert plain_j["prompts.values"].tolist() == [t for r in rows for t in r.prompt_ids.tolist()]
     assert plain_j["prompt_length"].tolist() == [len(r.prompt_ids) for r in rows]
     assert_same_batch(densify(from_plain_dict(plain_j)), padded)

@@ -31,7 +31,9 @@ from tests.test_batches_padding import SCALARS
 
 pytestmark = pytest.mark.verl_env  # also under verl's pin, tensordict 0.10.0
 
-EXAMPLES = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+EXAMPLES = settings(
+    max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 VALUES = st.lists(
     SCALARS | st.dictionaries(st.text(max_size=2), st.integers(), max_size=2),
     min_size=1,
@@ -142,19 +144,25 @@ def test_with_the_gc_off_it_stays_off_and_nothing_is_promoted(freezes: list[int]
 # ------------------------------------------------------------ per-row values, every path
 @EXAMPLES
 @given(batch_rows=rows(min_size=1), data=st.data())
-def test_splits_as_tensordict_and_verl_make_them_keep_the_baselines_rows(batch_rows: list[BatchRow], data: Any) -> None:
+def test_splits_as_tensordict_and_verl_make_them_keep_the_baselines_rows(
+    batch_rows: list[BatchRow], data: Any
+) -> None:
     expected, found = per_row_padded(batch_rows), build_padded(batch_rows)
     size = data.draw(st.integers(1, len(batch_rows)))
     for part_expected, part_found in zip(expected.split(size), found.split(size), strict=True):
         check_same(part_expected, part_found)
-    for part_expected, part_found in zip(split_batch(expected, size), split_batch(found, size), strict=True):
+    for part_expected, part_found in zip(
+        split_batch(expected, size), split_batch(found, size), strict=True
+    ):
         check_same(part_expected, part_found)
     check_same(torch.cat(list(expected.split(size))), found)
 
 
 @EXAMPLES
 @given(batch_rows=rows(min_size=1), data=st.data())
-def test_verl_reads_the_baselines_rows(verl_installed: None, batch_rows: list[BatchRow], data: Any) -> None:
+def test_verl_reads_the_baselines_rows(
+    verl_installed: None, batch_rows: list[BatchRow], data: Any
+) -> None:
     """DataProto.from_tensordict, its mini-batch split and chunk, and to_data_proto, each on the
     built batch and on the per-row baseline: the same object arrays."""
     from verl import DataProto
@@ -165,7 +173,9 @@ def test_verl_reads_the_baselines_rows(verl_installed: None, batch_rows: list[Ba
     dp_expected, dp_found = DataProto.from_tensordict(expected), DataProto.from_tensordict(found)
     assert_same_non_tensor_batch(dp_expected, dp_found)
     size = data.draw(st.integers(1, len(batch_rows)))
-    for part_expected, part_found in zip(dp_expected.split(size), dp_found.split(size), strict=True):
+    for part_expected, part_found in zip(
+        dp_expected.split(size), dp_found.split(size), strict=True
+    ):
         assert_same_non_tensor_batch(part_expected, part_found)
     for part_expected, part_found in zip(dp_expected.chunk(1), dp_found.chunk(1), strict=True):
         assert_same_non_tensor_batch(part_expected, part_found)
@@ -192,7 +202,9 @@ def test_non_tensor_reads_what_tolist_reads(batch_rows: list[BatchRow], data: An
     picked = batch[torch.tensor(ids)]
     joined = torch.cat([batch, picked])
     joined["uid"][0] = "written"
-    sources = [batch, picked, joined] + ([batch[1:]] if len(batch_rows) > 1 or NATIVE_EMPTY_SELECTION else [])
+    sources = [batch, picked, joined] + (
+        [batch[1:]] if len(batch_rows) > 1 or NATIVE_EMPTY_SELECTION else []
+    )
     for source in sources:
         for name in NON_TENSOR_COLUMNS:
             assert non_tensor(source, name) == list(source.get(name).tolist()), name

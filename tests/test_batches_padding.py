@@ -26,7 +26,14 @@ from tensordict import NonTensorData, NonTensorStack
 from benchmarks.projection import check_same, per_row_padded
 from sessions import batches as batches_module
 from sessions.batches import non_tensor_stacks as stacks_module
-from sessions.batches import NON_TENSOR_COLUMNS, BatchRow, build_padded, concat_batches, non_tensor, select_rows
+from sessions.batches import (
+    NON_TENSOR_COLUMNS,
+    BatchRow,
+    build_padded,
+    concat_batches,
+    non_tensor,
+    select_rows,
+)
 from sessions.batches.tensordict_compat import NATIVE_EMPTY_SELECTION
 
 pytestmark = pytest.mark.verl_env  # also under verl's pin, tensordict 0.10.0
@@ -158,9 +165,13 @@ def test_rows_follow_indexing_save_and_cat_as_the_baseline(rows: list[BatchRow],
     for name in NON_TENSOR_COLUMNS:
         assert found[i][name] == expected[i][name] == non_tensor(found, name)[i], name
     check_same(
-        torch.cat([expected, select_rows(expected, picked)]), torch.cat([found, select_rows(found, picked)])
+        torch.cat([expected, select_rows(expected, picked)]),
+        torch.cat([found, select_rows(found, picked)]),
     )
-    check_same(torch.cat([found, select_rows(found, picked)]), concat_batches([found, select_rows(found, picked)]))
+    check_same(
+        torch.cat([found, select_rows(found, picked)]),
+        concat_batches([found, select_rows(found, picked)]),
+    )
     buf = io.BytesIO()
     torch.save(found, buf)
     buf.seek(0)
@@ -259,7 +270,10 @@ def test_relayout_leaves_the_input_batches_as_they_were() -> None:
 
     def resizable(batch: Any) -> dict[str, bool]:
         tensors = {k: batch.get(k) for k in batch.keys() if isinstance(batch.get(k), torch.Tensor)}
-        return {k: (v.values() if v.is_nested else v).untyped_storage().resizable() for k, v in tensors.items()}
+        return {
+            k: (v.values() if v.is_nested else v).untyped_storage().resizable()
+            for k, v in tensors.items()
+        }
 
     before = resizable(padded), resizable(jagged)
     assert all(before[0].values())

@@ -35,18 +35,33 @@ from tests.batch_strategies import assert_declared_columns, assert_same_batch, r
 pytestmark = pytest.mark.verl_env
 
 EXAMPLES = settings(max_examples=40, deadline=None)
-JAGGED = ("prompts", "responses", "input_ids", "attention_mask", "position_ids", "response_mask", "rm_scores")
+JAGGED = (
+    "prompts",
+    "responses",
+    "input_ids",
+    "attention_mask",
+    "position_ids",
+    "response_mask",
+    "rm_scores",
+)
 
 
 @st.composite
 def row_index(draw: st.DrawFn, n: int) -> tuple[Any, list[int]]:
     """An index of every kind select_rows takes, and the row ids it selects in order."""
-    kind = draw(st.sampled_from(["int", "slice", "mask", "ids", "list", "numpy"] if n else ["slice", "mask", "ids"]))
+    kind = draw(
+        st.sampled_from(
+            ["int", "slice", "mask", "ids", "list", "numpy"] if n else ["slice", "mask", "ids"]
+        )
+    )
     if kind == "int":
         i = draw(st.integers(-n, n - 1))
         return i, [i % n]
     if kind == "slice":
-        start, stop = draw(st.one_of(st.none(), st.integers(-n - 1, n + 1))), draw(st.one_of(st.none(), st.integers(-n - 1, n + 1)))
+        start, stop = (
+            draw(st.one_of(st.none(), st.integers(-n - 1, n + 1))),
+            draw(st.one_of(st.none(), st.integers(-n - 1, n + 1))),
+        )
         step = draw(st.one_of(st.none(), st.sampled_from([1, 2, -1, -2])))
         s = slice(start, stop, step)
         return s, list(range(n))[s]
@@ -86,14 +101,19 @@ def without_zero_logprobs(batch: Any, chosen: list[BatchRow]) -> Any:
 # ------------------------------------------------------------------------------ select_rows
 @EXAMPLES
 @given(batch_rows=rows(), data=st.data())
-def test_select_rows_equals_building_the_selected_rows(batch_rows: list[BatchRow], data: Any) -> None:
+def test_select_rows_equals_building_the_selected_rows(
+    batch_rows: list[BatchRow], data: Any
+) -> None:
     index, ids = data.draw(row_index(len(batch_rows)))
     chosen = [batch_rows[i] for i in ids]
     padded, jagged = build_padded(batch_rows), build_jagged(batch_rows)
     P, R = widths(padded)
 
     got_padded = select_rows(padded, index)
-    assert_same_batch(without_zero_logprobs(got_padded, chosen), build_padded(chosen, prompt_width=P, response_width=R))
+    assert_same_batch(
+        without_zero_logprobs(got_padded, chosen),
+        build_padded(chosen, prompt_width=P, response_width=R),
+    )
     got_jagged = select_rows(jagged, index)
     assert_same_batch(without_zero_logprobs(densify(got_jagged), chosen), build_padded(chosen))
     assert_jagged_widths(got_jagged)
@@ -110,7 +130,20 @@ def test_select_rows_equals_building_the_selected_rows(batch_rows: list[BatchRow
 
 
 def test_select_rows_refuses_what_is_not_a_row_index() -> None:
-    batch = build_padded([BatchRow(np.ones(1, np.int32), np.ones(1, np.int32), np.ones(1, np.uint8), None, 1.0, False, {})] * 3)
+    batch = build_padded(
+        [
+            BatchRow(
+                np.ones(1, np.int32),
+                np.ones(1, np.int32),
+                np.ones(1, np.uint8),
+                None,
+                1.0,
+                False,
+                {},
+            )
+        ]
+        * 3
+    )
     with pytest.raises(IndexError, match="row 3 out of range for a batch of 3"):
         select_rows(batch, 3)
     with pytest.raises(IndexError, match="row -4 out of range"):
@@ -146,7 +179,11 @@ def test_concat_batches_equals_building_all_rows(a: list[BatchRow], b: list[Batc
 
 
 def test_concat_batches_names_what_differs() -> None:
-    one = [BatchRow(np.ones(2, np.int32), np.ones(1, np.int32), np.ones(1, np.uint8), None, 1.0, False, {})]
+    one = [
+        BatchRow(
+            np.ones(2, np.int32), np.ones(1, np.int32), np.ones(1, np.uint8), None, 1.0, False, {}
+        )
+    ]
     with pytest.raises(ValueError, match="'prompts': widths differ.*concat_padded"):
         concat_batches([build_padded(one), build_padded(one, prompt_width=5)])
     with pytest.raises(ValueError, match="jagged in some batches"):
@@ -158,7 +195,9 @@ def test_concat_batches_names_what_differs() -> None:
 # ------------------------------------------------------------------------------ split_batch
 @EXAMPLES
 @given(batch_rows=rows(), data=st.data())
-def test_split_batch_gives_consecutive_chunks_that_concatenate_back(batch_rows: list[BatchRow], data: Any) -> None:
+def test_split_batch_gives_consecutive_chunks_that_concatenate_back(
+    batch_rows: list[BatchRow], data: Any
+) -> None:
     n = len(batch_rows)
     if data.draw(st.booleans()):
         size: Any = data.draw(st.integers(1, n + 2))
@@ -184,7 +223,20 @@ def test_split_batch_gives_consecutive_chunks_that_concatenate_back(batch_rows: 
 
 
 def test_split_batch_refuses_sizes_that_do_not_cover_the_batch() -> None:
-    batch = build_jagged([BatchRow(np.ones(1, np.int32), np.ones(1, np.int32), np.ones(1, np.uint8), None, 1.0, False, {})] * 3)
+    batch = build_jagged(
+        [
+            BatchRow(
+                np.ones(1, np.int32),
+                np.ones(1, np.int32),
+                np.ones(1, np.uint8),
+                None,
+                1.0,
+                False,
+                {},
+            )
+        ]
+        * 3
+    )
     with pytest.raises(ValueError, match="add up to the batch's 3 rows"):
         split_batch(batch, [1, 1])
     with pytest.raises(ValueError, match=">= 1"):
@@ -206,7 +258,18 @@ def test_one_long_row_among_many_pads_to_its_own_length_not_the_total() -> None:
     rng = np.random.default_rng(0)
     lengths = [1024] + rng.integers(100, 600, 40).tolist()
     batch = build_jagged(
-        [BatchRow(np.ones(5, np.int32), np.ones(n, np.int32), np.ones(n, np.uint8), None, 1.0, False, {}) for n in lengths]
+        [
+            BatchRow(
+                np.ones(5, np.int32),
+                np.ones(n, np.int32),
+                np.ones(n, np.uint8),
+                None,
+                1.0,
+                False,
+                {},
+            )
+            for n in lengths
+        ]
     )
     assert sum(lengths) > 10_000
     assert batch["responses"].to_padded_tensor(0).shape == (len(lengths), 1024)
@@ -215,16 +278,30 @@ def test_one_long_row_among_many_pads_to_its_own_length_not_the_total() -> None:
 
 # ------------------------------------------------------------------------------ empty batches
 def test_empty_batches_have_every_column_and_take_every_row_operation() -> None:
-    one = [BatchRow(np.ones(2, np.int32), np.ones(3, np.int32), np.ones(3, np.uint8), None, 1.0, False, {"key": "a_0_0"})]
+    one = [
+        BatchRow(
+            np.ones(2, np.int32),
+            np.ones(3, np.int32),
+            np.ones(3, np.uint8),
+            None,
+            1.0,
+            False,
+            {"key": "a_0_0"},
+        )
+    ]
     for build in (build_padded, build_jagged):
         empty, full = build([]), build(one)
         assert_declared_columns(empty, [], one)  # logprobs-free rows: the same columns as `full`
         assert_same_batch(select_rows(empty, []), empty)
         assert_same_batch(select_rows(empty, torch.zeros(0, dtype=torch.bool)), empty)
         assert len(split_batch(empty, 2)) == 1
-    assert_same_batch(concat_batches([build_jagged([]), build_jagged(one), build_jagged([])]), build_jagged(one))
+    assert_same_batch(
+        concat_batches([build_jagged([]), build_jagged(one), build_jagged([])]), build_jagged(one)
+    )
     assert_same_batch(select_rows(build_jagged(one), []), build_jagged([]))
-    assert_same_batch(select_rows(build_padded(one), []), build_padded([], prompt_width=2, response_width=3))
+    assert_same_batch(
+        select_rows(build_padded(one), []), build_padded([], prompt_width=2, response_width=3)
+    )
     assert_same_batch(torch.cat([build_padded([]), build_padded([])]), build_padded([]))
 
 
@@ -238,10 +315,14 @@ def test_flags_are_what_this_tensordict_does() -> None:
             TensorDict({}, batch_size=[0]).set("x", NonTensorStack.from_list([]))
 
 
-def test_empty_batches_build_only_thanks_to_the_workaround_where_it_applies(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_empty_batches_build_only_thanks_to_the_workaround_where_it_applies(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """Without set_stack's workaround an empty batch fails exactly where the flag says it would."""
     assert build_padded([]).batch_size == torch.Size([0])
-    monkeypatch.setattr(non_tensor_stacks, "set_stack", lambda batch, name, stack: batch.set(name, stack))
+    monkeypatch.setattr(
+        non_tensor_stacks, "set_stack", lambda batch, name, stack: batch.set(name, stack)
+    )
     if tensordict_compat.EMPTY_STACK_SET_FAILS:
         with pytest.raises(IndexError):
             build_padded([])

@@ -17,7 +17,9 @@ import pytest
 from benchmarks.__main__ import main
 
 
-def test_quick_suite_reports_every_figure(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_quick_suite_reports_every_figure(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     out = tmp_path / "bench.json"
     assert main(["--quick", "--json", str(out), "--workdir", str(tmp_path)]) == 0
     printed = capsys.readouterr().out
@@ -43,8 +45,13 @@ def test_quick_suite_reports_every_figure(tmp_path: Path, capsys: pytest.Capture
     assert any(w == "projection" and n.startswith("bandwidth bound") for w, n in names)
     assert any(w == "replay/audit" and n.startswith("audit") for w, n in names)
     # issue 18's baselines and targets are printed beside the figures
-    assert any(w == "overhead" and n.startswith("ratio recorder overhead / JSONL-dump") for w, n in names)
-    assert any(w == "batch ready" and n.startswith("ratio batch-ready wait / build_padded") for w, n in names)
+    assert any(
+        w == "overhead" and n.startswith("ratio recorder overhead / JSONL-dump") for w, n in names
+    )
+    assert any(
+        w == "batch ready" and n.startswith("ratio batch-ready wait / build_padded")
+        for w, n in names
+    )
     assert any(w == "replay/audit" and n.startswith("disk write speed") for w, n in names)
     targeted = {f["name"] for f in figures if f["target"]}
     assert "audit (check log + fold + compare in memory)" in targeted

@@ -22,7 +22,9 @@ from tests.test_faults import write_lock_held
 KW: dict[str, Any] = {"session_index": 0, "group_size": 1, "partition": "val", "global_step": 0}
 
 
-async def test_run_session_returns_within_its_timeout_and_recording_budget_while_the_database_is_locked(tmp_path: Path) -> None:
+async def test_run_session_returns_within_its_timeout_and_recording_budget_while_the_database_is_locked(
+    tmp_path: Path,
+) -> None:
     path = tmp_path / "ledger.db"
     timeout, recording = 0.5, 1.0
 
@@ -33,25 +35,33 @@ async def test_run_session_returns_within_its_timeout_and_recording_budget_while
         await ledger.create_session("warm", uid="warm", **KW)  # the file exists and is migrated
         with write_lock_held(path, 6.0):
             started = time.monotonic()
-            outcome = await ledger.run_session(runner, "slow", uid="slow", timeout=timeout, recording_timeout=recording, **KW)
+            outcome = await ledger.run_session(
+                runner, "slow", uid="slow", timeout=timeout, recording_timeout=recording, **KW
+            )
             took = time.monotonic() - started
             # the creation itself waited on the lock too: all of it fits timeout + recording (+ slack)
             assert took < timeout + recording + 0.5, took
             assert outcome.state == "recording" and outcome.failure_reason == "timeout"
-            assert isinstance(outcome.error, TimeoutError) and "recording_timeout" in str(outcome.error)
+            assert isinstance(outcome.error, TimeoutError) and "recording_timeout" in str(
+                outcome.error
+            )
         # once the lock is gone the recording lands: close() waits for it
     async with Ledger.open(path) as ledger:
         handle = await ledger.load_session("slow")
         assert (handle.state, handle.view.failure_reason) == ("failed", "timeout")
 
 
-async def test_run_session_without_a_locked_database_reports_the_recorded_outcome(tmp_path: Path) -> None:
+async def test_run_session_without_a_locked_database_reports_the_recorded_outcome(
+    tmp_path: Path,
+) -> None:
     async def runner(handle: Any) -> None:
         await asyncio.sleep(30)
 
     async with Ledger.open(tmp_path / "ledger.db") as ledger:
         started = time.monotonic()
-        outcome = await ledger.run_session(runner, "quick", uid="quick", timeout=0.2, recording_timeout=5.0, **KW)
+        outcome = await ledger.run_session(
+            runner, "quick", uid="quick", timeout=0.2, recording_timeout=5.0, **KW
+        )
         assert time.monotonic() - started < 2.0
         assert (outcome.state, outcome.failure_reason) == ("failed", "timeout")
 
@@ -68,7 +78,9 @@ def test_a_handle_used_on_another_event_loop_raises_instead_of_hanging(tmp_path:
 
     async def use() -> None:
         with pytest.raises(LedgerError, match="another event loop"):
-            await asyncio.wait_for(made["handle"].record_trajectory(prompt_ids=[1], response_ids=[2]), 5)
+            await asyncio.wait_for(
+                made["handle"].record_trajectory(prompt_ids=[1], response_ids=[2]), 5
+            )
 
     result: list[BaseException] = []
     thread = threading.Thread(target=lambda: _run_into(use(), result))
@@ -89,14 +101,20 @@ def _run_into(coro: Any, errors: list[BaseException]) -> None:
         errors.append(error)
 
 
-async def test_opening_survives_a_connection_dropped_while_migrating(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_opening_survives_a_connection_dropped_while_migrating(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     real = ledger_module.upgrade
     calls: list[int] = []
 
     async def flaky(engine: Any) -> None:
         calls.append(1)
         if len(calls) == 1:
-            raise OperationalError("SELECT 1", {}, ConnectionError("terminating connection due to administrator command"))
+            raise OperationalError(
+                "SELECT 1",
+                {},
+                ConnectionError("terminating connection due to administrator command"),
+            )
         await real(engine)
 
     monkeypatch.setattr(ledger_module, "upgrade", flaky)
@@ -105,7 +123,9 @@ async def test_opening_survives_a_connection_dropped_while_migrating(tmp_path: P
     assert len(calls) == 2
 
 
-async def test_a_ledger_used_from_another_running_loop_refuses_every_call_and_keeps_serving_its_own(db_url: str) -> None:
+async def test_a_ledger_used_from_another_running_loop_refuses_every_call_and_keeps_serving_its_own(
+    db_url: str,
+) -> None:
     """The ledger's reads and writes from a foreign loop (another thread's asyncio.run) raise one
     clear error; without the check a PostgreSQL read fails with "attached to a different loop"
     and leaves connections bound to the foreign loop in the owner's pool."""
@@ -136,7 +156,10 @@ async def test_a_ledger_used_from_another_running_loop_refuses_every_call_and_ke
         await asyncio.to_thread(thread.join, 30)
         assert not thread.is_alive() and not errors, errors
         assert set(refused) == set(calls), refused
-        assert all("another event loop" in message and "SyncLedger" in message for message in refused.values())
+        assert all(
+            "another event loop" in message and "SyncLedger" in message
+            for message in refused.values()
+        )
         # the owner loop is unharmed: its pool holds no connection of the foreign loop
         rows = {r.metric: r.value for r in await ledger.metrics("val", 0) if r.data_source is None}
         assert rows["sessions/succeeded"] == 1.0

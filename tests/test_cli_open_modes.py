@@ -45,13 +45,16 @@ def _sqlite(path: Path, *statements: str) -> None:
 
 def _ledger(path: Path, revision: str = "head", stored: str | None = None) -> None:
     """A ledger file at `revision` (and, with `stored`, claiming that revision in alembic_version)."""
+
     async def make() -> None:
         engine = create_engine(str(path))
         try:
             await upgrade(engine, revision)
             async with engine.begin() as conn:
                 if stored is not None:
-                    await conn.execute(text("UPDATE alembic_version SET version_num = :r"), {"r": stored})
+                    await conn.execute(
+                        text("UPDATE alembic_version SET version_num = :r"), {"r": stored}
+                    )
             async with engine.connect() as conn:
                 await conn.exec_driver_sql("PRAGMA wal_checkpoint(TRUNCATE)")
         finally:
@@ -72,19 +75,29 @@ def _empty(folder: Path) -> Path:
 
 
 def _foreign(folder: Path) -> Path:
-    _sqlite(folder / "shop.db", "CREATE TABLE customers (id INTEGER PRIMARY KEY, name TEXT)",
-            "CREATE TABLE orders (id INTEGER PRIMARY KEY, customer INTEGER)", "INSERT INTO customers VALUES (1, 'ada')")
+    _sqlite(
+        folder / "shop.db",
+        "CREATE TABLE customers (id INTEGER PRIMARY KEY, name TEXT)",
+        "CREATE TABLE orders (id INTEGER PRIMARY KEY, customer INTEGER)",
+        "INSERT INTO customers VALUES (1, 'ada')",
+    )
     return folder / "shop.db"
 
 
 def _foreign_alembic(folder: Path) -> Path:
-    _sqlite(folder / "app.db", "CREATE TABLE alembic_version (version_num VARCHAR(32) NOT NULL)",
-            "INSERT INTO alembic_version VALUES ('ae1027a6acf')", "CREATE TABLE users (id INTEGER PRIMARY KEY)")
+    _sqlite(
+        folder / "app.db",
+        "CREATE TABLE alembic_version (version_num VARCHAR(32) NOT NULL)",
+        "INSERT INTO alembic_version VALUES ('ae1027a6acf')",
+        "CREATE TABLE users (id INTEGER PRIMARY KEY)",
+    )
     return folder / "app.db"
 
 
 def _no_tables(folder: Path) -> Path:
-    _sqlite(folder / "blank.db", "PRAGMA user_version = 1")  # a valid SQLite file with no table at all
+    _sqlite(
+        folder / "blank.db", "PRAGMA user_version = 1"
+    )  # a valid SQLite file with no table at all
     return folder / "blank.db"
 
 
@@ -103,8 +116,18 @@ CASES: dict[str, tuple[Callable[[Path], Path], tuple[str, ...]]] = {
     "missing": (_missing, ("no SQLite file {db}", "mistyped", "rollout-ledger migrate --db {db}")),
     "empty": (_empty, ("{db} is empty (0 bytes)", "rollout-ledger migrate --db {db}")),
     "no-tables": (_no_tables, ("{db} is empty (no tables)", "rollout-ledger migrate --db {db}")),
-    "foreign": (_foreign, ("not a rollout-ledger database", "no alembic_version table", "2 table(s): customers, orders")),
-    "foreign-alembic": (_foreign_alembic, ("not a rollout-ledger database", "'ae1027a6acf'", "no events table", "users")),
+    "foreign": (
+        _foreign,
+        (
+            "not a rollout-ledger database",
+            "no alembic_version table",
+            "2 table(s): customers, orders",
+        ),
+    ),
+    "foreign-alembic": (
+        _foreign_alembic,
+        ("not a rollout-ledger database", "'ae1027a6acf'", "no events table", "users"),
+    ),
     "older": (_older, ("schema revision '0003'", "rollout-ledger migrate --db {db}")),
     "newer": (_newer, ("'9999_from_the_future'", "newer rollout-ledger", "upgrade the package")),
 }
@@ -113,7 +136,11 @@ FULL = ("missing", "foreign")
 
 def _snapshot(folder: Path) -> dict[str, str]:
     """Every file of the folder and a digest of its bytes."""
-    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.iterdir()) if p.is_file()}
+    return {
+        p.name: hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(folder.iterdir())
+        if p.is_file()
+    }
 
 
 def _journal_mode(path: Path) -> str:
@@ -130,7 +157,9 @@ def _pairs() -> Iterator[tuple[str, str]]:
 
 
 @pytest.mark.parametrize(("case", "verb"), list(_pairs()))
-def test_a_read_verb_refuses_what_is_not_a_ledger_at_head_and_writes_nothing(case: str, verb: str, tmp_path: Path) -> None:
+def test_a_read_verb_refuses_what_is_not_a_ledger_at_head_and_writes_nothing(
+    case: str, verb: str, tmp_path: Path
+) -> None:
     make, says = CASES[case]
     db = make(tmp_path)
     before = _snapshot(tmp_path)
@@ -143,7 +172,9 @@ def test_a_read_verb_refuses_what_is_not_a_ledger_at_head_and_writes_nothing(cas
         assert _journal_mode(db) == mode
 
 
-def test_the_foreign_file_keeps_its_journal_mode_and_bytes_through_every_read_verb(tmp_path: Path) -> None:
+def test_the_foreign_file_keeps_its_journal_mode_and_bytes_through_every_read_verb(
+    tmp_path: Path,
+) -> None:
     """The issue's own report: another application's file, every read verb in turn, then compared."""
     db = _foreign(tmp_path)
     digest = hashlib.sha256(db.read_bytes()).hexdigest()
@@ -158,8 +189,12 @@ def test_migrate_upgrades_what_the_read_verbs_refused(tmp_path: Path) -> None:
     db = _older(tmp_path)
     assert "schema revision '0003'" in one_line(cli("metrics", "--db", str(db), cwd=tmp_path))
     migrated = cli("migrate", "--db", str(db), cwd=tmp_path)
-    assert migrated.returncode == 0 and f"schema at {head_revision()} (was 0003)" in migrated.stdout, migrated.stderr
-    assert "no events yet" in one_line(cli("metrics", "--db", str(db), cwd=tmp_path))  # opened: a ledger, just empty
+    assert (
+        migrated.returncode == 0 and f"schema at {head_revision()} (was 0003)" in migrated.stdout
+    ), migrated.stderr
+    assert "no events yet" in one_line(
+        cli("metrics", "--db", str(db), cwd=tmp_path)
+    )  # opened: a ledger, just empty
 
 
 def test_replay_creates_its_target_but_not_its_source(tmp_path: Path) -> None:
@@ -175,13 +210,19 @@ def test_replay_creates_its_target_but_not_its_source(tmp_path: Path) -> None:
     done = cli("replay", "--db", str(source), "--into", "fresh.db", cwd=tmp_path)
     assert done.returncode == 0 and "replayed" in done.stdout, done.stderr
     assert (tmp_path / "fresh.db").exists()
-    assert "no SQLite file" in one_line(cli("replay", "--db", "nowhere.db", "--into", "other.db", cwd=tmp_path))
+    assert "no SQLite file" in one_line(
+        cli("replay", "--db", "nowhere.db", "--into", "other.db", cwd=tmp_path)
+    )
     assert not (tmp_path / "nowhere.db").exists() and not (tmp_path / "other.db").exists()
 
 
 @pytest.mark.parametrize("verb", ["demo", "migrate"])
 def test_demo_and_migrate_create_a_missing_file(verb: str, tmp_path: Path) -> None:
-    args = ["demo", "--steps", "1", "--prompts", "1", "--group-size", "1"] if verb == "demo" else ["migrate"]
+    args = (
+        ["demo", "--steps", "1", "--prompts", "1", "--group-size", "1"]
+        if verb == "demo"
+        else ["migrate"]
+    )
     done = cli(*args, "--db", "new.db", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert _journal_mode(tmp_path / "new.db") == "wal"
@@ -189,11 +230,14 @@ def test_demo_and_migrate_create_a_missing_file(verb: str, tmp_path: Path) -> No
 
 # -- PostgreSQL: connecting changes nothing, so the same refusals come from reading the catalog ----
 
+
 async def _tables(url: str) -> list[str]:
     engine = create_engine(url)
     try:
         async with engine.connect() as conn:
-            rows = await conn.execute(text("SELECT tablename FROM pg_tables WHERE schemaname = 'public' ORDER BY 1"))
+            rows = await conn.execute(
+                text("SELECT tablename FROM pg_tables WHERE schemaname = 'public' ORDER BY 1")
+            )
             return [row[0] for row in rows]
     finally:
         await engine.dispose()

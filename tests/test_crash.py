@@ -66,7 +66,12 @@ class Zygote:
         kind, _pid = self.conn.recv()
         assert kind == "ready"
 
-    def run(self, jobs: list[tuple[str, dict[str, Any], float | None]], errors: Path, limit: float = 60.0) -> list[dict[str, Any]]:
+    def run(
+        self,
+        jobs: list[tuple[str, dict[str, Any], float | None]],
+        errors: Path,
+        limit: float = 60.0,
+    ) -> list[dict[str, Any]]:
         self.conn.send((jobs, str(errors), limit))
         if not self.conn.poll(limit + 60):
             raise AssertionError(f"the zygote did not report on {[j for j, _, _ in jobs]}")
@@ -75,7 +80,9 @@ class Zygote:
             raise AssertionError(f"zygote failed:\n{body}")
         for result in body:
             if not result["killed"] and result["exit"] != 0 and result["exit"] != -signal.SIGKILL:
-                raise AssertionError(f"{result['job']} exited {result['exit']}:\n{errors.read_text() if errors.exists() else ''}")
+                raise AssertionError(
+                    f"{result['job']} exited {result['exit']}:\n{errors.read_text() if errors.exists() else ''}"
+                )
         return body
 
     def close(self) -> None:
@@ -125,11 +132,15 @@ async def reset_postgres(url: str) -> None:
 
 async def last_position(engine: Any) -> int:
     async with engine.connect() as conn:
-        return int((await conn.execute(text("SELECT coalesce(max(position), 0) FROM events"))).scalar_one())
+        return int(
+            (await conn.execute(text("SELECT coalesce(max(position), 0) FROM events"))).scalar_one()
+        )
 
 
 # ------------------------------------------------------------------------------ after a kill
-async def check_after_kill(url: str, journal: Path, sink: Path | None, stats: dict[str, int]) -> None:
+async def check_after_kill(
+    url: str, journal: Path, sink: Path | None, stats: dict[str, int]
+) -> None:
     sinks = [cw.FileSink(str(sink))] if sink is not None else []
     try:
         async with Ledger.open(url, migrate=False, run="crash", sinks=sinks) as ledger:
@@ -148,8 +159,12 @@ async def check_after_kill(url: str, journal: Path, sink: Path | None, stats: di
             stats["events"] += end
             stats["empty"] += end == 0  # the writer died before its first commit
 
-            recovered = await recover(ledger, timedelta(0))  # projects first: the restarted projector
-            assert sorted(recovered) == sorted(facts["open"]), "recover must fail exactly the open sessions"
+            recovered = await recover(
+                ledger, timedelta(0)
+            )  # projects first: the restarted projector
+            assert sorted(recovered) == sorted(facts["open"]), (
+                "recover must fail exactly the open sessions"
+            )
             stats["recovered"] += len(recovered)
             stats["cycles_with_open"] += bool(recovered)
             await ledger.project()
@@ -163,11 +178,15 @@ async def check_after_kill(url: str, journal: Path, sink: Path | None, stats: di
             for sid in recovered:
                 tail = streams[sid][-2:]
                 assert [t for _, _, t, _ in tail] == ["SessionFailed", "PlaceholderEmitted"], sid
-                assert tail[0][3]["reason"] == "orphaned" and tail[1][3]["reason"] == "orphaned", tail
+                assert tail[0][3]["reason"] == "orphaned" and tail[1][3]["reason"] == "orphaned", (
+                    tail
+                )
             projection = await cw.check_projection(engine, streams)
             assert projection["checkpoint"] == report.projected_through
             stats["rows"] += projection["rows"]
-            stats["pending_groups"] += projection["pending_groups"]  # never fully created: writer died first
+            stats["pending_groups"] += projection[
+                "pending_groups"
+            ]  # never fully created: writer died first
             if sink is not None:
                 stats["redelivered"] += cw.check_sink(str(sink), projection)
     finally:
@@ -175,26 +194,69 @@ async def check_after_kill(url: str, journal: Path, sink: Path | None, stats: di
             s.close()
 
 
-async def crash_cycles(zygote: Zygote, backend: str, url_for_cycle: Any, folder: Path, cycles: int, seed: int) -> dict[str, int]:
+async def crash_cycles(
+    zygote: Zygote, backend: str, url_for_cycle: Any, folder: Path, cycles: int, seed: int
+) -> dict[str, int]:
     """Run the cycles pipelined: while this process checks cycle k's database, the zygote's
     children already write (and die) in cycle k+1's — `url_for_cycle` hands out a database no
     earlier cycle still uses."""
     rng = random.Random(seed)
     stats = dict.fromkeys(
-        ("cycles", "writer_kills", "projector_kills", "exited", "acks", "events", "rows", "recovered", "cycles_with_open",
-         "projector_behind", "pending_groups", "redelivered", "sink_cycles", "empty"), 0)
+        (
+            "cycles",
+            "writer_kills",
+            "projector_kills",
+            "exited",
+            "acks",
+            "events",
+            "rows",
+            "recovered",
+            "cycles_with_open",
+            "projector_behind",
+            "pending_groups",
+            "redelivered",
+            "sink_cycles",
+            "empty",
+        ),
+        0,
+    )
     errors = folder / "errors.txt"
 
     async def launch(k: int) -> tuple[Any, ...]:
         url = await url_for_cycle(k)
-        journal, sink = folder / f"journal-{k}", (folder / f"sink-{k}" if rng.random() < 0.5 else None)
+        journal, sink = (
+            folder / f"journal-{k}",
+            (folder / f"sink-{k}" if rng.random() < 0.5 else None),
+        )
         jobs = [
-            ("writer", {"url": url, "prefix": f"k{k}", "seed": rng.randrange(2**32), "journal": str(journal),
-                        "concurrency": rng.choice((4, 12, 24))}, rng.uniform(0.05, 0.8)),
-            ("projector", {"url": url, "page_size": rng.choice((1, 4, 16, 64)), "sink": None if sink is None else str(sink)},
-             rng.uniform(0.05, 0.6)),
+            (
+                "writer",
+                {
+                    "url": url,
+                    "prefix": f"k{k}",
+                    "seed": rng.randrange(2**32),
+                    "journal": str(journal),
+                    "concurrency": rng.choice((4, 12, 24)),
+                },
+                rng.uniform(0.05, 0.8),
+            ),
+            (
+                "projector",
+                {
+                    "url": url,
+                    "page_size": rng.choice((1, 4, 16, 64)),
+                    "sink": None if sink is None else str(sink),
+                },
+                rng.uniform(0.05, 0.6),
+            ),
         ]
-        return url, journal, sink, jobs, asyncio.ensure_future(asyncio.to_thread(zygote.run, jobs, errors))
+        return (
+            url,
+            journal,
+            sink,
+            jobs,
+            asyncio.ensure_future(asyncio.to_thread(zygote.run, jobs, errors)),
+        )
 
     running = await launch(0)
     for k in range(cycles):
@@ -212,7 +274,9 @@ async def crash_cycles(zygote: Zygote, backend: str, url_for_cycle: Any, folder:
         except AssertionError as error:
             if k + 1 < cycles:
                 await running[-1]
-            raise AssertionError(f"{backend} cycle {k} (seed {seed}, jobs {jobs}, results {results}): {error}") from error
+            raise AssertionError(
+                f"{backend} cycle {k} (seed {seed}, jobs {jobs}, results {results}): {error}"
+            ) from error
         stats["cycles"] += 1
         stats["sink_cycles"] += sink is not None
         for leftover in (journal, sink):
@@ -221,7 +285,9 @@ async def crash_cycles(zygote: Zygote, backend: str, url_for_cycle: Any, folder:
     return stats
 
 
-def report(capsys: pytest.CaptureFixture[str], backend: str, stats: dict[str, int], seconds: float) -> None:
+def report(
+    capsys: pytest.CaptureFixture[str], backend: str, stats: dict[str, int], seconds: float
+) -> None:
     with capsys.disabled():
         print(
             f"\n[crash {backend}] {stats['writer_kills'] + stats['projector_kills']} kills "
@@ -253,9 +319,16 @@ def test_sqlite_writer_and_projector_killed_at_random_points(
 
 @pytest.mark.postgres
 def test_postgres_writer_and_projector_killed_at_random_points(
-    zygote: Zygote, pg_url: str, second_pg_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    zygote: Zygote,
+    pg_url: str,
+    second_pg_url: str,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
-    urls = (pg_url, second_pg_url)  # alternate: one is checked while the next cycle runs on the other
+    urls = (
+        pg_url,
+        second_pg_url,
+    )  # alternate: one is checked while the next cycle runs on the other
 
     async def migrate() -> None:
         for url in urls:
@@ -280,7 +353,9 @@ def test_postgres_writer_and_projector_killed_at_random_points(
 async def _leave_stale_sessions(zygote: Zygote, url: str, folder: Path) -> None:
     async with Ledger.open(url):  # migrate
         pass
-    (result,) = await asyncio.to_thread(zygote.run, [("stale", {"url": url}, None)], folder / "errors.txt")
+    (result,) = await asyncio.to_thread(
+        zygote.run, [("stale", {"url": url}, None)], folder / "errors.txt"
+    )
     assert result["exit"] == -signal.SIGKILL, result
 
 
@@ -296,10 +371,14 @@ async def test_recover_fails_what_a_killed_writer_left_open_and_releases_the_tra
     async with Ledger.open(db_url, run="stale") as ledger:
         trainer = asyncio.create_task(ledger.batch("val", 0, timeout=30, poll_interval=0.05))
         await asyncio.sleep(0.3)
-        assert not trainer.done(), "the batch cannot be complete: two sessions of its group are open"
+        assert not trainer.done(), (
+            "the batch cannot be complete: two sessions of its group are open"
+        )
         await asyncio.sleep(max(0.0, 1.6 - (time.monotonic() - killed_at)))
         # a live session with recent activity, in another step
-        live = await ledger.create_session("live-0", uid="live", session_index=0, group_size=1, partition="val", global_step=1)
+        live = await ledger.create_session(
+            "live-0", uid="live", session_index=0, group_size=1, partition="val", global_step=1
+        )
         await live.record_trajectory(prompt_ids=[1, 2], response_ids=[3])
 
         failed = await recover(ledger, timedelta(seconds=1))
@@ -309,12 +388,23 @@ async def test_recover_fails_what_a_killed_writer_left_open_and_releases_the_tra
         by_sid = dict(zip(batch["session_id"], batch["is_placeholder"].tolist()))
         assert by_sid == {"old-0": True, "old-1": True, "old-2": False}
         assert sorted(r for r in batch["failure_reason"] if r) == ["orphaned", "orphaned"]
-        assert batch["rm_scores"].sum(-1).tolist() == [0.0 if p else 1.0 for p in batch["is_placeholder"].tolist()]
+        assert batch["rm_scores"].sum(-1).tolist() == [
+            0.0 if p else 1.0 for p in batch["is_placeholder"].tolist()
+        ]
 
-        assert [t for t, _ in await _types(ledger, "old-0")] == ["SessionCreated", "SessionFailed", "PlaceholderEmitted"]
+        assert [t for t, _ in await _types(ledger, "old-0")] == [
+            "SessionCreated",
+            "SessionFailed",
+            "PlaceholderEmitted",
+        ]
         old1 = await _types(ledger, "old-1")
         assert [t for t, _ in old1] == [
-            "SessionCreated", "SessionStarted", "TrajectoryRecorded", "SessionFailed", "PlaceholderEmitted"]
+            "SessionCreated",
+            "SessionStarted",
+            "TrajectoryRecorded",
+            "SessionFailed",
+            "PlaceholderEmitted",
+        ]
         assert old1[3][1]["reason"] == "orphaned" and "recovery sweep" in old1[3][1]["message"]
         assert old1[3][1]["discarded_trajectories"] == 1
         assert [t for t, _ in await _types(ledger, "old-2")][-1] == "SessionSucceeded"
@@ -323,10 +413,18 @@ async def test_recover_fails_what_a_killed_writer_left_open_and_releases_the_tra
         assert live.state == "running" and (await ledger.load_session("live-0")).state == "running"
         assert await recover(ledger, timedelta(seconds=1)) == []
         async with ledger.engine.connect() as conn:
-            status = (await conn.execute(text("SELECT status FROM groups WHERE uid = 'old'"))).scalar_one()
+            status = (
+                await conn.execute(text("SELECT status FROM groups WHERE uid = 'old'"))
+            ).scalar_one()
         assert status == "finished"
-        metrics = {m.metric: m.value for m in await ledger.metrics("val", 0) if m.data_source is None}
-        assert metrics["failed/orphaned"] == 2 and metrics["placeholders"] == 2 and metrics["groups/unsettled"] == 0
+        metrics = {
+            m.metric: m.value for m in await ledger.metrics("val", 0) if m.data_source is None
+        }
+        assert (
+            metrics["failed/orphaned"] == 2
+            and metrics["placeholders"] == 2
+            and metrics["groups/unsettled"] == 0
+        )
         await live.complete()
         assert (await audit(ledger.engine)).ok
 
@@ -353,7 +451,9 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([*command, *args], env=env, capture_output=True, text=True, timeout=120)
 
 
-def test_recover_cli_fails_orphans_and_spares_recent_sessions(db_url: str, zygote: Zygote, tmp_path: Path) -> None:
+def test_recover_cli_fails_orphans_and_spares_recent_sessions(
+    db_url: str, zygote: Zygote, tmp_path: Path
+) -> None:
     asyncio.run(_leave_stale_sessions(zygote, db_url, tmp_path))
     spared = _cli("recover", "--db", db_url, "--older-than", "1h")
     assert spared.returncode == 0, spared.stderr
@@ -361,13 +461,23 @@ def test_recover_cli_fails_orphans_and_spares_recent_sessions(db_url: str, zygot
     time.sleep(0.3)
     result = _cli("recover", "--db", db_url, "--older-than", "0.2s")
     assert result.returncode == 0, result.stderr
-    assert "failed 2 orphaned session(s)" in result.stdout and "old-0" in result.stdout and "old-1" in result.stdout
+    assert (
+        "failed 2 orphaned session(s)" in result.stdout
+        and "old-0" in result.stdout
+        and "old-1" in result.stdout
+    )
     bad = _cli("recover", "--db", db_url, "--older-than=-5m")
-    assert bad.returncode != 0 and "duration" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1, bad.stderr
+    assert (
+        bad.returncode != 0
+        and "duration" in bad.stderr
+        and len(bad.stderr.strip().splitlines()) == 1
+    ), bad.stderr
 
     async def check() -> None:
         async with Ledger.open(db_url, run="stale") as ledger:
-            states = {sid: (await ledger.load_session(sid)).state for sid in ("old-0", "old-1", "old-2")}
+            states = {
+                sid: (await ledger.load_session(sid)).state for sid in ("old-0", "old-1", "old-2")
+            }
             assert states == {"old-0": "failed", "old-1": "failed", "old-2": "succeeded"}
             assert (await ledger.load_session("old-1")).view.failure_reason == "orphaned"
             assert (await ledger.batch("val", 0, timeout=5)).batch_size[0] == 3

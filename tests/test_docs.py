@@ -49,13 +49,21 @@ def printed_metric(output: str, name: str) -> float:
 def test_quickstart_runs_as_written_and_prints_the_batch_shape_and_metrics() -> None:
     done, seconds = run_quickstart()
     assert done.returncode == 0, done.stdout + done.stderr
-    assert seconds < 60, f"the quickstart took {seconds:.1f}s (a batch waiting on sessions that never come?)"
+    assert seconds < 60, (
+        f"the quickstart took {seconds:.1f}s (a batch waiting on sessions that never come?)"
+    )
     out = done.stdout
     outcomes = re.findall(r"^(s-\d-\d): (\w+)(?: (\w+))?$", out, re.MULTILINE)
     assert len(outcomes) == 7, out  # s-7-0 is recorded by hand, without an outcome
-    assert [o for o in outcomes if o[1] != "succeeded"] == [("s-7-2", "failed", "sandbox_error")], out
-    assert re.search(r"^batch: 8 rows, input_ids \(8, \d+\), 1 placeholder$", out, re.MULTILINE), out
-    assert printed_metric(out, "sessions/total") == 8 and printed_metric(out, "sessions/failed") == 1
+    assert [o for o in outcomes if o[1] != "succeeded"] == [("s-7-2", "failed", "sandbox_error")], (
+        out
+    )
+    assert re.search(r"^batch: 8 rows, input_ids \(8, \d+\), 1 placeholder$", out, re.MULTILINE), (
+        out
+    )
+    assert (
+        printed_metric(out, "sessions/total") == 8 and printed_metric(out, "sessions/failed") == 1
+    )
     assert printed_metric(out, "placeholders") == 1 and printed_metric(out, "groups/finished") == 2
     assert printed_metric(out, "reward/mean") == pytest.approx(0.5)  # the failure counts as a zero
     assert printed_metric(out, "reward/mean_success_only") == pytest.approx(4 / 7, abs=1e-5)
@@ -66,7 +74,9 @@ def test_quickstart_refuses_a_file_that_exists_and_leaves_it_alone(tmp_path: Pat
     existing.write_bytes(b"someone else's file")
     done, _ = run_quickstart(str(existing))
     assert done.returncode != 0
-    assert done.stderr.strip().splitlines() == [f"{existing} exists; give quickstart a new file"], done.stderr
+    assert done.stderr.strip().splitlines() == [f"{existing} exists; give quickstart a new file"], (
+        done.stderr
+    )
     assert existing.read_bytes() == b"someone else's file"
 
 
@@ -89,7 +99,9 @@ def test_the_readme_names_every_extra_and_installing_from_a_clone() -> None:
     extras = re.findall(r"^([A-Za-z0-9_-]+) = \[", section, re.MULTILINE)
     assert {"postgres", "transferqueue", "verl", "bench", "test"} <= set(extras)
     readme = (REPO / "README.md").read_text(encoding="utf-8")
-    assert [e for e in extras if f"| `{e}` |" not in readme] == [], "extras the README's table does not name"
+    assert [e for e in extras if f"| `{e}` |" not in readme] == [], (
+        "extras the README's table does not name"
+    )
     assert "pip install -e '.[postgres]'" in readme and "not on PyPI" in readme
 
 
@@ -116,14 +128,19 @@ def test_the_picture_shows_every_state_and_command_and_embeds_the_mermaid_text()
         assert texts.count(state) == 1, state
     edges = [p for p in root.iter(f"{ns}path") if p.get("class") == "edge"]
     pairs = {(s, d) for (s, _), d in machine.TABLE.items()}
-    assert len(edges) == len(pairs) + 1  # one line per (source, destination), plus the initial arrow
-    assert sorted(t for t in texts if t not in machine.STATES) == sorted(t for _, t in machine.TABLE)
+    assert (
+        len(edges) == len(pairs) + 1
+    )  # one line per (source, destination), plus the initial arrow
+    assert sorted(t for t in texts if t not in machine.STATES) == sorted(
+        t for _, t in machine.TABLE
+    )
     desc = root.find(f"{ns}desc")
     assert desc is not None and machine.mermaid() in (desc.text or "")
 
 
-def test_make_diagram_check_reports_a_stale_picture(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                    capsys: pytest.CaptureFixture[str]) -> None:
+def test_make_diagram_check_reports_a_stale_picture(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     module = load_make_diagram()
     monkeypatch.setattr(module, "OUT", tmp_path / "state-machine.svg")
     (tmp_path / "state-machine.svg").write_text("<svg/>", encoding="utf-8")
@@ -152,21 +169,30 @@ def test_every_relative_link_resolves(page: Path) -> None:
 def offences(page: Path, rule: re.Pattern[str]) -> list[str]:
     pending = PENDING.get(str(page.relative_to(REPO)), [])
     lines = page.read_text(encoding="utf-8").splitlines()
-    return [f"{page.relative_to(REPO)}:{n}: {line.strip()}" for n, line in enumerate(lines, 1)
-            if rule.search(line) and not any(p in line for p in pending)]
+    return [
+        f"{page.relative_to(REPO)}:{n}: {line.strip()}"
+        for n, line in enumerate(lines, 1)
+        if rule.search(line) and not any(p in line for p in pending)
+    ]
 
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(REPO)))
 def test_no_page_refers_to_files_a_clone_lacks(page: Path) -> None:
-    assert offences(page, OUTSIDE_THE_CLONE) == [], "reword: describe the rule, or point to the repo's own docs"
+    assert offences(page, OUTSIDE_THE_CLONE) == [], (
+        "reword: describe the rule, or point to the repo's own docs"
+    )
 
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(REPO)))
 def test_no_page_installs_the_package_from_pypi(page: Path) -> None:
-    assert offences(page, FROM_PYPI) == [], "the package is not on PyPI: pip install -e '.[extra]' from a clone"
+    assert offences(page, FROM_PYPI) == [], (
+        "the package is not on PyPI: pip install -e '.[extra]' from a clone"
+    )
 
 
 def test_the_rules_catch_what_they_are_for() -> None:
-    assert OUTSIDE_THE_CLONE.search("see ../shared/DESIGN.md §6") and OUTSIDE_THE_CLONE.search("(DESIGN §3)")
+    assert OUTSIDE_THE_CLONE.search("see ../shared/DESIGN.md §6") and OUTSIDE_THE_CLONE.search(
+        "(DESIGN §3)"
+    )
     assert FROM_PYPI.search("pip install 'rollout-ledger[transferqueue]'")
     assert not FROM_PYPI.search("pip install -e '.[transferqueue]'")

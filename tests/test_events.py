@@ -42,7 +42,9 @@ def stored_from(new: Any, position: int = 1) -> StoredEvent:
     )
 
 
-def raw(event_type: str, schema_version: int, data: dict[str, Any], payload: bytes | None = None) -> StoredEvent:
+def raw(
+    event_type: str, schema_version: int, data: dict[str, Any], payload: bytes | None = None
+) -> StoredEvent:
     return StoredEvent(
         position=7,
         event_id="00000000-0000-0000-0000-000000000007",
@@ -63,7 +65,9 @@ def raw(event_type: str, schema_version: int, data: dict[str, Any], payload: byt
 # ------------------------------------------------------------------ token payloads
 def test_payload_layout_is_little_endian_int32_then_float32_then_mask() -> None:
     arrays = tokens.TokenArrays(
-        prompt_ids=np.array([1, 258, 2**31 - 1], dtype=">i4"),  # big-endian input must still be stored LE
+        prompt_ids=np.array(
+            [1, 258, 2**31 - 1], dtype=">i4"
+        ),  # big-endian input must still be stored LE
         response_ids=np.array([7, 65536], dtype=np.int64),
         response_mask=np.array([1, 0], dtype=np.uint8),
         logprobs=np.array([-0.5, -1.25], dtype=np.float64),
@@ -81,7 +85,10 @@ def test_payload_layout_is_little_endian_int32_then_float32_then_mask() -> None:
 
 def test_payload_without_logprobs_has_no_logprob_section() -> None:
     arrays = tokens.TokenArrays(
-        np.array([5], dtype=np.int32), np.array([6, 7], dtype=np.int32), np.array([0, 1], dtype=np.uint8), None
+        np.array([5], dtype=np.int32),
+        np.array([6, 7], dtype=np.int32),
+        np.array([0, 1], dtype=np.uint8),
+        None,
     )
     payload = tokens.encode(arrays)
     assert payload == struct.pack("<3i", 5, 6, 7) + bytes([0, 1])
@@ -138,27 +145,63 @@ def test_decode_rejects_a_payload_of_the_wrong_size() -> None:
 # ------------------------------------------------------------------ event JSON round trips
 def _sample_events() -> list[ev.Event]:
     arrays = tokens.TokenArrays(
-        np.array([11, 12, 13]), np.array([21, 22]), np.array([1, 0], dtype=np.uint8), np.array([-0.1, -0.2])
+        np.array([11, 12, 13]),
+        np.array([21, 22]),
+        np.array([1, 0], dtype=np.uint8),
+        np.array([-0.1, -0.2]),
     )
     return [
         ev.SessionCreated(
-            run="r1", uid="u1", session_index=2, group_size=4, partition="train", global_step=9,
-            data_source="gsm8k", runner="sim", sample_index=3, metadata={"k": [1, 2], "nested": {"a": None}},
+            run="r1",
+            uid="u1",
+            session_index=2,
+            group_size=4,
+            partition="train",
+            global_step=9,
+            data_source="gsm8k",
+            runner="sim",
+            sample_index=3,
+            metadata={"k": [1, 2], "nested": {"a": None}},
         ),
-        ev.SessionCreated(run="r1", uid="u1", session_index=0, group_size=1, partition="val", global_step=None),
+        ev.SessionCreated(
+            run="r1", uid="u1", session_index=0, group_size=1, partition="val", global_step=None
+        ),
         ev.SessionStarted(attempt=2, timeout_s=1.5),
         ev.SessionStarted(),
         ev.TrajectoryRecorded(
-            index=0, num_turns=3, prompt_len=3, response_len=2, has_logprobs=True,
-            materialization_reason="final", extra={"tool_calls": 2}, payload=tokens.encode(arrays),
+            index=0,
+            num_turns=3,
+            prompt_len=3,
+            response_len=2,
+            has_logprobs=True,
+            materialization_reason="final",
+            extra={"tool_calls": 2},
+            payload=tokens.encode(arrays),
         ),
         ev.RewardPosted(reward=0.75, info={"acc": 1.0, "lang": "py"}),
         ev.RewardPosted(reward=None, info={}),
-        ev.SessionSucceeded(selected=[0, 1], trajectory_selection="all", score=0.75, score_source="reward_info"),
-        ev.SessionSucceeded(selected=[1], trajectory_selection="longest", score=None, score_source="absent"),
-        ev.SessionFailed(reason="timeout", error_type="TimeoutError", message="too slow", discarded_trajectories=1),
-        ev.SessionFailed(reason="sandbox_error", error_type=None, message="", discarded_trajectories=0, placeholder="drop"),
-        ev.PlaceholderEmitted(reason="timeout", token_id=5, reward_info={"acc": 0.0, "reward": 0.0, "finished": False}),
+        ev.SessionSucceeded(
+            selected=[0, 1], trajectory_selection="all", score=0.75, score_source="reward_info"
+        ),
+        ev.SessionSucceeded(
+            selected=[1], trajectory_selection="longest", score=None, score_source="absent"
+        ),
+        ev.SessionFailed(
+            reason="timeout",
+            error_type="TimeoutError",
+            message="too slow",
+            discarded_trajectories=1,
+        ),
+        ev.SessionFailed(
+            reason="sandbox_error",
+            error_type=None,
+            message="",
+            discarded_trajectories=0,
+            placeholder="drop",
+        ),
+        ev.PlaceholderEmitted(
+            reason="timeout", token_id=5, reward_info={"acc": 0.0, "reward": 0.0, "finished": False}
+        ),
         ev.SessionCancelled(message="shutdown"),
         ev.SessionCancelled(),
     ]
@@ -166,7 +209,9 @@ def _sample_events() -> list[ev.Event]:
 
 @pytest.mark.parametrize("event", _sample_events(), ids=lambda e: e.TYPE)
 def test_event_round_trips_through_an_envelope(event: ev.Event) -> None:
-    new = ev.envelope(event, session_id="s-1", version=3, run="r1", uid="u1", partition="train", global_step=9)
+    new = ev.envelope(
+        event, session_id="s-1", version=3, run="r1", uid="u1", partition="train", global_step=9
+    )
     assert new.type == event.TYPE and new.schema_version == event.SCHEMA_VERSION
     assert new.recorded_at.tzinfo is not None and new.recorded_at.utcoffset().total_seconds() == 0
     import json
@@ -178,21 +223,38 @@ def test_event_round_trips_through_an_envelope(event: ev.Event) -> None:
         assert new.payload is None
     back = ev.decode(stored_from(new, position=42))
     assert back.event == event
-    assert (back.event_id, back.session_id, back.version, back.position) == (new.event_id, "s-1", 3, 42)
+    assert (back.event_id, back.session_id, back.version, back.position) == (
+        new.event_id,
+        "s-1",
+        3,
+        42,
+    )
     assert back.type == event.TYPE
 
 
 def test_envelopes_get_fresh_event_ids() -> None:
     event = ev.SessionStarted()
-    ids = {ev.envelope(event, session_id="s", version=1, run="r", uid="u", partition="val", global_step=0).event_id for _ in range(50)}
+    ids = {
+        ev.envelope(
+            event, session_id="s", version=1, run="r", uid="u", partition="val", global_step=0
+        ).event_id
+        for _ in range(50)
+    }
     assert len(ids) == 50
 
 
 def test_event_registry_covers_every_event_of_the_design() -> None:
     assert set(ev.EVENT_TYPES) == {
-        "SessionCreated", "SessionStarted", "TrajectoryRecorded", "RewardPosted",
-        "SessionSucceeded", "SessionFailed", "PlaceholderEmitted", "SessionCancelled",
-        "AttemptFailed", "RunConfigured",  # retries and run fingerprints (issue 16)
+        "SessionCreated",
+        "SessionStarted",
+        "TrajectoryRecorded",
+        "RewardPosted",
+        "SessionSucceeded",
+        "SessionFailed",
+        "PlaceholderEmitted",
+        "SessionCancelled",
+        "AttemptFailed",
+        "RunConfigured",  # retries and run fingerprints (issue 16)
     }
     for name, cls in ev.EVENT_TYPES.items():
         assert cls.TYPE == name
@@ -201,9 +263,16 @@ def test_event_registry_covers_every_event_of_the_design() -> None:
 def test_trajectory_arrays_decode_lazily_from_the_payload() -> None:
     arrays = tokens.TokenArrays(np.array([1, 2, 3]), np.array([4, 5]), np.array([0, 1]), None)
     event = ev.TrajectoryRecorded(
-        index=0, num_turns=1, prompt_len=3, response_len=2, has_logprobs=False, payload=tokens.encode(arrays)
+        index=0,
+        num_turns=1,
+        prompt_len=3,
+        response_len=2,
+        has_logprobs=False,
+        payload=tokens.encode(arrays),
     )
-    new = ev.envelope(event, session_id="s", version=3, run="r", uid="u", partition="val", global_step=1)
+    new = ev.envelope(
+        event, session_id="s", version=3, run="r", uid="u", partition="val", global_step=1
+    )
     back = ev.decode(stored_from(new)).event
     assert isinstance(back, ev.TrajectoryRecorded)
     got = back.arrays()
@@ -258,11 +327,13 @@ def test_upcaster_lifts_old_data_of_a_real_event(monkeypatch: pytest.MonkeyPatch
     back = ev.decode(old)
     assert back.event == ev.SessionStarted(attempt=2, timeout_s=1.5)
     assert calls == [{"attempt": 2, "timeout_ms": 1500}]
-    assert old.data == {"attempt": 2, "timeout_ms": 1500}, "upcasting must not mutate the stored data"
-    # Current-version events are not upcast.
-    assert ev.decode(raw("SessionStarted", 2, {"attempt": 3, "timeout_s": 0.5})).event == ev.SessionStarted(
-        attempt=3, timeout_s=0.5
+    assert old.data == {"attempt": 2, "timeout_ms": 1500}, (
+        "upcasting must not mutate the stored data"
     )
+    # Current-version events are not upcast.
+    assert ev.decode(
+        raw("SessionStarted", 2, {"attempt": 3, "timeout_s": 0.5})
+    ).event == ev.SessionStarted(attempt=3, timeout_s=0.5)
     assert len(calls) == 1
 
 
@@ -286,9 +357,15 @@ def test_upcasters_chain_across_versions(monkeypatch: pytest.MonkeyPatch) -> Non
     def two_to_three(data: dict[str, Any]) -> dict[str, Any]:
         return {"label": data["label"], "count": int(data["n"]) * 10}
 
-    assert ev.decode(raw(_Renamed.TYPE, 1, {"name": "x", "n": 2})).event == _Renamed(label="x", count=20)
-    assert ev.decode(raw(_Renamed.TYPE, 2, {"label": "y", "n": 3})).event == _Renamed(label="y", count=30)
-    assert ev.decode(raw(_Renamed.TYPE, 3, {"label": "z", "count": 4})).event == _Renamed(label="z", count=4)
+    assert ev.decode(raw(_Renamed.TYPE, 1, {"name": "x", "n": 2})).event == _Renamed(
+        label="x", count=20
+    )
+    assert ev.decode(raw(_Renamed.TYPE, 2, {"label": "y", "n": 3})).event == _Renamed(
+        label="y", count=30
+    )
+    assert ev.decode(raw(_Renamed.TYPE, 3, {"label": "z", "count": 4})).event == _Renamed(
+        label="z", count=4
+    )
 
 
 def test_missing_upcaster_is_an_error(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -314,24 +391,41 @@ def test_test_registrations_do_not_leak() -> None:
 # ------------------------------------------------------------------ through the real store
 async def test_events_and_tokens_round_trip_through_the_store(ledger) -> None:
     handle = await ledger.create_session(
-        "s-tokens", uid="u1", session_index=0, group_size=2, partition="train", global_step=3,
-        data_source="ds", metadata={"temperature": 0.7},
+        "s-tokens",
+        uid="u1",
+        session_index=0,
+        group_size=2,
+        partition="train",
+        global_step=3,
+        data_source="ds",
+        metadata={"temperature": 0.7},
     )
     prompt = [0, 1, 2**31 - 1, 151643]
     response = [42, 43, 44]
     logprobs = np.array([-0.25, -1.5, -3.0], dtype=np.float32)
     await handle.record_trajectory(
-        prompt_ids=prompt, response_ids=response, response_mask=[1, 0, 1], response_logprobs=logprobs,
-        num_turns=2, extra={"tool": "python"},
+        prompt_ids=prompt,
+        response_ids=response,
+        response_mask=[1, 0, 1],
+        response_logprobs=logprobs,
+        num_turns=2,
+        extra={"tool": "python"},
     )
     await handle.post_reward(0.5, acc=1.0)
     await handle.complete()
 
     stored = await ledger.store.read_stream("s-tokens")
     assert [s.type for s in stored] == [
-        "SessionCreated", "SessionStarted", "TrajectoryRecorded", "RewardPosted", "SessionSucceeded"
+        "SessionCreated",
+        "SessionStarted",
+        "TrajectoryRecorded",
+        "RewardPosted",
+        "SessionSucceeded",
     ]
-    assert all(s.run == "default" and s.uid == "u1" and s.partition == "train" and s.global_step == 3 for s in stored)
+    assert all(
+        s.run == "default" and s.uid == "u1" and s.partition == "train" and s.global_step == 3
+        for s in stored
+    )
     trajectory = stored[2]
     assert isinstance(trajectory.payload, bytes)
     assert trajectory.payload[: 4 * len(prompt)] == struct.pack(f"<{len(prompt)}i", *prompt)
@@ -347,7 +441,10 @@ async def test_events_and_tokens_round_trip_through_the_store(ledger) -> None:
     assert event.extra == {"tool": "python"} and event.num_turns == 2
     created = decoded[0].event
     assert isinstance(created, ev.SessionCreated) and created.metadata == {"temperature": 0.7}
-    assert all(d.recorded_at.utcoffset() is not None and d.recorded_at.utcoffset().total_seconds() == 0 for d in decoded)
+    assert all(
+        d.recorded_at.utcoffset() is not None and d.recorded_at.utcoffset().total_seconds() == 0
+        for d in decoded
+    )
     assert agg.fold("s-tokens", (d.event for d in decoded)) == handle.view
     assert dataclasses.asdict(handle.view)["trajectories"] == [
         {"index": 0, "num_turns": 2, "prompt_len": 4, "response_len": 3}
@@ -380,15 +477,23 @@ def test_a_forked_child_never_reuses_its_parents_unused_event_ids() -> None:
 
 
 _JSON_VALUES = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text(),
-    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(),
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4)
+    ),
     max_leaves=12,
 )
 
 
 @given(data=st.dictionaries(st.text(max_size=8), _JSON_VALUES, max_size=6))
 @settings(max_examples=300, deadline=None)
-def test_event_data_is_stored_as_json_that_reads_back_as_the_stdlibs_would(data: dict[str, Any]) -> None:
+def test_event_data_is_stored_as_json_that_reads_back_as_the_stdlibs_would(
+    data: dict[str, Any],
+) -> None:
     """`encode_data` (orjson, the stdlib for what orjson refuses: integers beyond 64 bits, lone
     surrogates) writes text that decodes to what `json.dumps`' text decodes to."""
     assert json.loads(encode_data(data)) == json.loads(json.dumps(data))
@@ -403,11 +508,20 @@ _TEXT = st.text(alphabet=st.sampled_from(["a", "é", "\x00", "\ud800", " "]), ma
 
 
 @given(
-    reward=st.one_of(st.none(), st.floats(-1, 1), st.floats(-1, 1).map(np.float64), st.integers(-3, 3).map(np.int64)),
-    info=st.dictionaries(_TEXT, st.one_of(_TEXT, st.integers(-5, 5), st.integers(-5, 5).map(np.int32)), max_size=3),
+    reward=st.one_of(
+        st.none(),
+        st.floats(-1, 1),
+        st.floats(-1, 1).map(np.float64),
+        st.integers(-3, 3).map(np.int64),
+    ),
+    info=st.dictionaries(
+        _TEXT, st.one_of(_TEXT, st.integers(-5, 5), st.integers(-5, 5).map(np.int32)), max_size=3
+    ),
 )
 @settings(max_examples=200, deadline=None)
-def test_the_data_clean_event_hands_the_envelope_is_the_cleaned_events_own(reward: Any, info: dict[str, Any]) -> None:
+def test_the_data_clean_event_hands_the_envelope_is_the_cleaned_events_own(
+    reward: Any, info: dict[str, Any]
+) -> None:
     """`clean_event_data` returns the data its check built, which the recorder's envelope stores
     instead of building it again: it must be the returned event's `to_data()`, on the fast path
     and on the cleaning one (numpy scalars, NUL and lone surrogates in free text) alike."""
@@ -415,4 +529,7 @@ def test_the_data_clean_event_hands_the_envelope_is_the_cleaned_events_own(rewar
         cleaned, data = storable.clean_event_data("s-1", ev.RewardPosted(reward=reward, info=info))
     except InvalidInput:
         return
-    assert data == cleaned.to_data() and storable.clean_event("s-1", ev.RewardPosted(reward=reward, info=info)) == cleaned
+    assert (
+        data == cleaned.to_data()
+        and storable.clean_event("s-1", ev.RewardPosted(reward=reward, info=info)) == cleaned
+    )

@@ -36,11 +36,24 @@ def test_verl_grpo_step_trains_one_step_on_ledger_batches_with_verls_own_functio
     assert out.count(": failed (") == 3 and out.count(": cancelled") == 2, out
     assert "batch: 14 rows (3 placeholders)" in out
     ledger = "ledger/train/all/"
-    assert [metric(out, ledger + name) for name in ("sessions/total", "sessions/failed", "sessions/cancelled")] == [16, 3, 2]
-    assert metric(out, "critic/score/mean") == pytest.approx(metric(out, ledger + "reward/mean"), abs=1e-6)
-    shared = re.search(r"^verl's compute_data_metrics equals the ledger's metrics_dict on all (\d+) names", out, re.MULTILINE)
-    assert shared and int(shared.group(1)) >= 10, out  # critic/score/*, response_length/*, num_turns/*, ...
+    assert [
+        metric(out, ledger + name)
+        for name in ("sessions/total", "sessions/failed", "sessions/cancelled")
+    ] == [16, 3, 2]
+    assert metric(out, "critic/score/mean") == pytest.approx(
+        metric(out, ledger + "reward/mean"), abs=1e-6
+    )
+    shared = re.search(
+        r"^verl's compute_data_metrics equals the ledger's metrics_dict on all (\d+) names",
+        out,
+        re.MULTILINE,
+    )
+    assert shared and int(shared.group(1)) >= 10, (
+        out
+    )  # critic/score/*, response_length/*, num_turns/*, ...
     assert "verl critic/score/mean equals the ledger's reward/mean" in out
-    assert re.search(r"^loss = -?[0-9.]+ .*grad norm [0-9.]*[1-9]", out, re.MULTILINE), out  # a non-zero gradient
+    assert re.search(r"^loss = -?[0-9.]+ .*grad norm [0-9.]*[1-9]", out, re.MULTILINE), (
+        out
+    )  # a non-zero gradient
     assert "placeholder rows: 3, their gradients are exactly 0" in out
     assert out.rstrip().endswith("optimizer step done")

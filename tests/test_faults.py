@@ -36,7 +36,9 @@ async def record_group(ledger: Ledger, uid: str, *, size: int = 2) -> None:
     """One group: session 0 succeeds, the others fail (placeholders)."""
     for index in range(size):
         try:
-            async with ledger.session(f"{uid}-{index}", uid=uid, session_index=index, group_size=size, **KW) as s:
+            async with ledger.session(
+                f"{uid}-{index}", uid=uid, session_index=index, group_size=size, **KW
+            ) as s:
                 await s.record_trajectory(prompt_ids=[1, 2, 3], response_ids=[4, 5])
                 if index:
                     raise RuntimeError("runner failed")
@@ -81,13 +83,25 @@ class FlakySink:
         await self.inner.put(items)
 
 
-async def _follow_until_tag(ledger: Ledger, sink: FlakySink, uid: str, errors: list[tuple[Any, int, float]],
-                            *, backoff: float = 0.01, max_backoff: float = 0.04) -> asyncio.Task[int]:
+async def _follow_until_tag(
+    ledger: Ledger,
+    sink: FlakySink,
+    uid: str,
+    errors: list[tuple[Any, int, float]],
+    *,
+    backoff: float = 0.01,
+    max_backoff: float = 0.04,
+) -> asyncio.Task[int]:
     stop = asyncio.Event()
-    follower = asyncio.create_task(ledger.projector.follow(
-        stop, poll_interval=0.05, backoff=backoff, max_backoff=max_backoff,
-        on_error=lambda error, attempt, delay: errors.append((error, attempt, delay)),
-    ))
+    follower = asyncio.create_task(
+        ledger.projector.follow(
+            stop,
+            poll_interval=0.05,
+            backoff=backoff,
+            max_backoff=max_backoff,
+            on_error=lambda error, attempt, delay: errors.append((error, attempt, delay)),
+        )
+    )
     # while the sink fails, the checkpoint stays put and nothing is in the queue table
     while len(errors) < 2:
         assert not follower.done(), follower.exception() if follower.done() else None
@@ -115,14 +129,20 @@ async def test_follow_retries_a_raising_sink_with_backoff_until_the_group_tag_la
         await record_group(ledger, "g1", size=3)
         follower = await _follow_until_tag(ledger, sink, "g1", errors)
         assert [(type(e), a, d) for e, a, d in errors] == [
-            (ConnectionError, 1, 0.01), (ConnectionError, 2, 0.02), (ConnectionError, 3, 0.04),
-            (ConnectionError, 4, 0.04), (ConnectionError, 5, 0.04)]  # exponential, capped
+            (ConnectionError, 1, 0.01),
+            (ConnectionError, 2, 0.02),
+            (ConnectionError, 3, 0.04),
+            (ConnectionError, 4, 0.04),
+            (ConnectionError, 5, 0.04),
+        ]  # exponential, capped
         assert ledger.projector.failures_total == 5 and ledger.projector.failures == 0
         assert isinstance(ledger.projector.last_error, ConnectionError)
         warned = [r.getMessage() for r in caplog.records if "page failed" in r.getMessage()]
         assert len(warned) == 5 and "attempt 1" in warned[0] and "queue unreachable" in warned[0]
         assert any("recovered after 5 failed attempt(s)" in r.getMessage() for r in caplog.records)
-        assert follower.result() == await ledger.store.last_position()  # every event once, counted once
+        assert (
+            follower.result() == await ledger.store.last_position()
+        )  # every event once, counted once
         # the sink got every row, then the tag (status finished: one session succeeded)
         assert sink.order == ["g1_0_0", "g1_1_0", "g1_2_0", "g1"]
         assert sink.inner.tag(ledger.run, "val", "g1")["status"] == "finished"
@@ -138,7 +158,10 @@ async def test_follow_survives_a_hanging_sink_by_timing_it_out(db_url: str) -> N
         await record_group(ledger, "g2", size=2)
         await _follow_until_tag(ledger, sink, "g2", errors)
         assert [a for _, a, _ in errors] == [1, 2]
-        assert all(isinstance(e, TimeoutError) and "sink_timeout=0.1" in str(e) and "FlakySink" in str(e) for e, _, _ in errors)
+        assert all(
+            isinstance(e, TimeoutError) and "sink_timeout=0.1" in str(e) and "FlakySink" in str(e)
+            for e, _, _ in errors
+        )
         assert sink.inner.tag(ledger.run, "val", "g2")["status"] == "finished"
         assert sink.order == ["g2_0_0", "g2_1_0", "g2"]
         # while a put hangs the page holds the write lock; once timed out, writers go on
@@ -198,7 +221,9 @@ print("released", flush=True)
 @contextlib.contextmanager
 def write_lock_held(path: Path, seconds: float) -> Iterator[subprocess.Popen[str]]:
     """Another process holding SQLite's write lock (BEGIN IMMEDIATE) for `seconds`."""
-    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(path), str(seconds)], stdout=subprocess.PIPE, text=True)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(path), str(seconds)], stdout=subprocess.PIPE, text=True
+    )
     try:
         assert holder.stdout is not None and holder.stdout.readline().strip() == "locked"
         yield holder
@@ -210,40 +235,60 @@ def write_lock_held(path: Path, seconds: float) -> Iterator[subprocess.Popen[str
             holder.wait(5)
 
 
-async def test_sqlite_locked_by_another_writer_waits_and_then_succeeds(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+async def test_sqlite_locked_by_another_writer_waits_and_then_succeeds(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     path = tmp_path / "ledger.db"
     caplog.set_level(logging.WARNING, logger="store.retry")
     async with Ledger.open(path, sqlite_busy_timeout=0.2) as ledger:
-        handle = await ledger.create_session("busy-0", uid="busy", session_index=0, group_size=1, **KW)
+        handle = await ledger.create_session(
+            "busy-0", uid="busy", session_index=0, group_size=1, **KW
+        )
         with write_lock_held(path, 0.6):
             started = time.monotonic()
             await handle.record_trajectory(prompt_ids=[1], response_ids=[2, 3])
             waited = time.monotonic() - started
-        assert waited >= 0.4, f"the append cannot have committed while the other process held the lock ({waited:.2f}s)"
-        assert any("database is locked" in r.getMessage() and "retry" in r.getMessage() for r in caplog.records)
+        assert waited >= 0.4, (
+            f"the append cannot have committed while the other process held the lock ({waited:.2f}s)"
+        )
+        assert any(
+            "database is locked" in r.getMessage() and "retry" in r.getMessage()
+            for r in caplog.records
+        )
         await handle.complete()
         await ledger.project()
         assert [s.version for s in await ledger.store.read_stream("busy-0")] == [1, 2, 3, 4]
         await log_is_whole(ledger)
 
 
-async def test_sqlite_locked_beyond_the_retry_budget_fails_clearly_and_writes_nothing(tmp_path: Path) -> None:
+async def test_sqlite_locked_beyond_the_retry_budget_fails_clearly_and_writes_nothing(
+    tmp_path: Path,
+) -> None:
     path = tmp_path / "ledger.db"
     async with Ledger.open(path, sqlite_busy_timeout=0.05) as ledger:
-        handle = await ledger.create_session("busy-1", uid="busy", session_index=0, group_size=1, **KW)
+        handle = await ledger.create_session(
+            "busy-1", uid="busy", session_index=0, group_size=1, **KW
+        )
         with write_lock_held(path, 2.5) as holder:
             started = time.monotonic()
             with pytest.raises(StoreError) as caught:
                 await handle.record_trajectory(prompt_ids=[1], response_ids=[2, 3])
-            assert time.monotonic() - started < 2.0, "the budget is a few busy timeouts, not the holder's 2.5 s"
+            assert time.monotonic() - started < 2.0, (
+                "the budget is a few busy timeouts, not the holder's 2.5 s"
+            )
             message = str(caught.value)
             assert "busy-1" in message and "database is locked" in message
             with pytest.raises(StoreError, match="database is locked"):
-                await ledger.create_session("busy-2", uid="busy2", session_index=0, group_size=1, **KW)
+                await ledger.create_session(
+                    "busy-2", uid="busy2", session_index=0, group_size=1, **KW
+                )
             assert handle.version == 2 and handle.state == "running"
             holder.wait(10)
         # nothing of either append was written; the caller's retry after the holder let go succeeds
-        assert [s.type for s in await ledger.store.read_stream("busy-1")] == ["SessionCreated", "SessionStarted"]
+        assert [s.type for s in await ledger.store.read_stream("busy-1")] == [
+            "SessionCreated",
+            "SessionStarted",
+        ]
         assert await ledger.store.read_stream("busy-2") == []
         await handle.record_trajectory(prompt_ids=[1], response_ids=[2, 3])
         await handle.complete()
@@ -251,21 +296,32 @@ async def test_sqlite_locked_beyond_the_retry_budget_fails_clearly_and_writes_no
         await log_is_whole(ledger)
 
 
-async def test_a_locked_database_fails_a_whole_group_commit_within_one_retry_budget(tmp_path: Path) -> None:
+async def test_a_locked_database_fails_a_whole_group_commit_within_one_retry_budget(
+    tmp_path: Path,
+) -> None:
     """Many appends queued behind another process's lock fail together once the batch's retry
     budget is spent: redoing them one by one would make each wait out the lock again."""
     path = tmp_path / "ledger.db"
     async with Ledger.open(path, sqlite_busy_timeout=0.05) as ledger:
-        handles = [await ledger.create_session(f"busy-{i}", uid=f"busy{i}", session_index=0, group_size=1, **KW)
-                   for i in range(20)]
+        handles = [
+            await ledger.create_session(
+                f"busy-{i}", uid=f"busy{i}", session_index=0, group_size=1, **KW
+            )
+            for i in range(20)
+        ]
         with write_lock_held(path, 4.0) as holder:
             started = time.monotonic()
             results = await asyncio.gather(
-                *(h.record_trajectory(prompt_ids=[1], response_ids=[2, 3]) for h in handles), return_exceptions=True
+                *(h.record_trajectory(prompt_ids=[1], response_ids=[2, 3]) for h in handles),
+                return_exceptions=True,
             )
             waited = time.monotonic() - started
-            assert all(isinstance(r, StoreError) and "database is locked" in str(r) for r in results), results
-            assert waited < 2.0, f"20 appends took {waited:.1f}s to fail: each paid its own retry budget"
+            assert all(
+                isinstance(r, StoreError) and "database is locked" in str(r) for r in results
+            ), results
+            assert waited < 2.0, (
+                f"20 appends took {waited:.1f}s to fail: each paid its own retry budget"
+            )
             holder.wait(10)
         assert all(h.version == 2 for h in handles)
         for h in handles:  # nothing was written; the callers' retries succeed
@@ -291,8 +347,11 @@ def tmpfs(path: Path, size: str) -> Iterator[Path]:
     if os.geteuid() != 0 or shutil.which("mount") is None:
         pytest.skip("mounting a tmpfs needs root")
     path.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0755", "tmpfs", str(path)],
-                             capture_output=True, text=True)
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size},mode=0755", "tmpfs", str(path)],
+        capture_output=True,
+        text=True,
+    )
     if mounted.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
     try:
@@ -360,7 +419,9 @@ async def _full_disk_checks(ledger: Ledger, free_space: Any) -> None:
     message = str(caught.value)
     assert "database or disk is full" in message and "full-0" in message
     version = handle.version
-    assert len(await ledger.store.read_stream("full-0")) == version  # the failed append left nothing
+    assert (
+        len(await ledger.store.read_stream("full-0")) == version
+    )  # the failed append left nothing
     # inside session(): the failure to record the end is noted on the original error
     with pytest.raises(StoreError) as inner:
         async with ledger.session("full-1", uid="full1", session_index=0, group_size=1, **KW) as s:
@@ -380,8 +441,12 @@ async def _full_disk_checks(ledger: Ledger, free_space: Any) -> None:
         assert await recover(ledger, timedelta(0)) == ["full-1"]
     await ledger.project()
     await log_is_whole(ledger)
-    full1_exists = "full-1" in await cw.log_streams(ledger.engine)  # its creation may itself have hit the full disk
-    assert (await ledger.batch("val", 0, timeout=5)).batch_size[0] == len(handle.view.trajectories) + full1_exists
+    full1_exists = "full-1" in await cw.log_streams(
+        ledger.engine
+    )  # its creation may itself have hit the full disk
+    assert (await ledger.batch("val", 0, timeout=5)).batch_size[0] == len(
+        handle.view.trajectories
+    ) + full1_exists
 
 
 async def test_sqlite_on_a_full_filesystem(tmp_path: Path) -> None:
@@ -399,7 +464,9 @@ async def test_full_disk_simulated_on_either_backend(db_url: str) -> None:
     """The same checks without a mount: the driver reports the disk full on event inserts."""
     async with Ledger.open(db_url) as ledger:
         state = {"inserts": 0, "full": True}
-        appends = ledger.store.append_engine  # on a SQLite file, the append writer thread's own engine
+        appends = (
+            ledger.store.append_engine
+        )  # on a SQLite file, the append writer thread's own engine
         dbapi = appends.dialect.dbapi
 
         @event.listens_for(appends, "before_cursor_execute")

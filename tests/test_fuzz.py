@@ -30,21 +30,49 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule, run_state_machine_as_test
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
 from sqlalchemy import event
 
-from sessions import ConcurrencyError, InvalidInput, InvalidTransition, Ledger, SandboxError, StoreError
+from sessions import (
+    ConcurrencyError,
+    InvalidInput,
+    InvalidTransition,
+    Ledger,
+    SandboxError,
+    StoreError,
+)
 from sessions.audit.auditing import audit
 from sessions.recovery import recover
 from tests import crash_workers as cw
 from tests.conftest import backend_of, wipe
 
 OPEN = ("created", "running")
-REASONS = ("runner_error", "timeout", "sandbox_error", "finalize_error", "invalid_output", "empty_output")
-RAISED = {"runtime": ("runner_error", RuntimeError), "sandbox": ("sandbox_error", SandboxError),
-          "timeout": ("timeout", TimeoutError), "invalid": ("invalid_output", None)}
+REASONS = (
+    "runner_error",
+    "timeout",
+    "sandbox_error",
+    "finalize_error",
+    "invalid_output",
+    "empty_output",
+)
+RAISED = {
+    "runtime": ("runner_error", RuntimeError),
+    "sandbox": ("sandbox_error", SandboxError),
+    "timeout": ("timeout", TimeoutError),
+    "invalid": ("invalid_output", None),
+}
 #: What each backend's driver says when the disk is full (the fault the fuzzer injects at append).
-DISK_FULL = {"sqlite": "database or disk is full", "postgresql": "could not extend file: No space left on device"}
+DISK_FULL = {
+    "sqlite": "database or disk is full",
+    "postgresql": "could not extend file: No space left on device",
+}
 
 
 class Injected(RuntimeError):
@@ -89,7 +117,9 @@ class LedgerMachine(RuleBasedStateMachine):
         self.groups: dict[str, dict[str, Any]] = {}  # uid -> {"size", "members"}
         self.handles: dict[str, Any] = {}
         self.counter = 0
-        self.at_rest = True  # the sink holds exactly the committed keys (no delivery was left uncommitted)
+        self.at_rest = (
+            True  # the sink holds exactly the committed keys (no delivery was left uncommitted)
+        )
 
     # ------------------------------------------------------------------ plumbing
     def run(self, coro: Any) -> Any:
@@ -121,8 +151,12 @@ class LedgerMachine(RuleBasedStateMachine):
         open_groups = sorted(uid for uid, g in self.groups.items() if len(g["members"]) < g["size"])
         if new_group or not open_groups:
             uid = f"g{self.counter}"
-            self.groups[uid] = {"size": size, "members": [], "partition": ("train", "val")[self.counter % 2],
-                                "step": self.counter % 3}
+            self.groups[uid] = {
+                "size": size,
+                "members": [],
+                "partition": ("train", "val")[self.counter % 2],
+                "step": self.counter % 3,
+            }
         else:
             uid = open_groups[pick % len(open_groups)]
         group = self.groups[uid]
@@ -132,14 +166,22 @@ class LedgerMachine(RuleBasedStateMachine):
         self.trajectories[sid] = 0
         self.reason[sid] = None
         self.scope[sid] = (group["partition"], group["step"])
-        return sid, {"uid": uid, "session_index": len(group["members"]) - 1, "group_size": group["size"],
-                     "partition": group["partition"], "global_step": group["step"], "data_source": "fuzz"}
+        return sid, {
+            "uid": uid,
+            "session_index": len(group["members"]) - 1,
+            "group_size": group["size"],
+            "partition": group["partition"],
+            "global_step": group["step"],
+            "data_source": "fuzz",
+        }
 
     def _end(self, sid: str, state: str, reason: str | None = None) -> None:
         self.state[sid] = state
         self.reason[sid] = reason
 
-    async def _expect_refused(self, sid: str, command: Any, error: type[BaseException] = InvalidTransition) -> None:
+    async def _expect_refused(
+        self, sid: str, command: Any, error: type[BaseException] = InvalidTransition
+    ) -> None:
         ledger = self.ledger
         position = await ledger.store.last_position()  # type: ignore[union-attr]
         with pytest.raises(error):
@@ -151,7 +193,12 @@ class LedgerMachine(RuleBasedStateMachine):
     def start_ledger(self) -> None:
         self.run(self._open())
 
-    @rule(new_group=st.booleans(), size=st.integers(1, 3), pick=st.integers(0, 99), start=st.booleans())
+    @rule(
+        new_group=st.booleans(),
+        size=st.integers(1, 3),
+        pick=st.integers(0, 99),
+        start=st.booleans(),
+    )
     def create(self, new_group: bool, size: int, pick: int, start: bool) -> None:
         sid, kw = self._new(new_group, size, pick)
         self.handles[sid] = self.run(self.ledger.create_session(sid, start=start, **kw))  # type: ignore[union-attr]
@@ -163,7 +210,9 @@ class LedgerMachine(RuleBasedStateMachine):
         sid = self._pick(pick)
         handle = self.run(self._handle(sid))
         mask = [2] * length if bad_mask else [1, 0] * (length // 2) + [1] * (length % 2)
-        command = handle.record_trajectory(prompt_ids=[1, 2, 3], response_ids=list(range(5, 5 + length)), response_mask=mask)
+        command = handle.record_trajectory(
+            prompt_ids=[1, 2, 3], response_ids=list(range(5, 5 + length)), response_mask=mask
+        )
         if bad_mask:  # input is checked before the state
             self.run(self._expect_refused(sid, command, InvalidInput))
         elif self.state[sid] != "running":
@@ -231,9 +280,23 @@ class LedgerMachine(RuleBasedStateMachine):
         self.run(handle.cancel("fuzzed"))
         self._end(sid, "cancelled")
 
-    @rule(new_group=st.booleans(), size=st.integers(1, 3), pick=st.integers(0, 99),
-          outcome=st.sampled_from(["ok", "empty", *RAISED]), records=st.integers(0, 2), via_run_session=st.booleans())
-    def session_block(self, new_group: bool, size: int, pick: int, outcome: str, records: int, via_run_session: bool) -> None:
+    @rule(
+        new_group=st.booleans(),
+        size=st.integers(1, 3),
+        pick=st.integers(0, 99),
+        outcome=st.sampled_from(["ok", "empty", *RAISED]),
+        records=st.integers(0, 2),
+        via_run_session=st.booleans(),
+    )
+    def session_block(
+        self,
+        new_group: bool,
+        size: int,
+        pick: int,
+        outcome: str,
+        records: int,
+        via_run_session: bool,
+    ) -> None:
         """`session()` or `run_session`, ending normally or by an exception (or a real timeout)."""
         sid, kw = self._new(new_group, size, pick)
         ledger = self.ledger
@@ -250,7 +313,9 @@ class LedgerMachine(RuleBasedStateMachine):
 
         async def go() -> None:
             if via_run_session:
-                result = await ledger.run_session(body, sid, timeout=0.05 if outcome == "timeout" else 10, **kw)
+                result = await ledger.run_session(
+                    body, sid, timeout=0.05 if outcome == "timeout" else 10, **kw
+                )
                 assert result.state == self.state[sid], (result, self.state[sid])
                 return
             try:
@@ -285,7 +350,11 @@ class LedgerMachine(RuleBasedStateMachine):
         handle = self.run(self._handle(sid))
         version = handle.version
         self.disk_full = True
-        self.run(self._expect_refused(sid, handle.record_trajectory(prompt_ids=[1], response_ids=[2]), StoreError))
+        self.run(
+            self._expect_refused(
+                sid, handle.record_trajectory(prompt_ids=[1], response_ids=[2]), StoreError
+            )
+        )
         assert handle.version == version and not self.disk_full
 
     @rule(fault=st.sampled_from([None, None, "before", "after"]))
@@ -305,7 +374,9 @@ class LedgerMachine(RuleBasedStateMachine):
             return
         finally:
             self.sink.armed = None
-        assert fault is None or before == end  # an armed sink is only ever called with a page to put
+        assert (
+            fault is None or before == end
+        )  # an armed sink is only ever called with a page to put
         self.at_rest = True
         self.run(self._check_metrics_against_model())
 
@@ -331,8 +402,12 @@ class LedgerMachine(RuleBasedStateMachine):
         engine = self.ledger.engine
         streams = self.run(cw.log_streams(engine))
         facts = cw.check_streams(streams)
-        assert sorted(streams) == sorted(self.state), "every session the model knows is in the log, no other"
-        assert sorted(facts["open"]) == sorted(s for s, state in self.state.items() if state in OPEN)
+        assert sorted(streams) == sorted(self.state), (
+            "every session the model knows is in the log, no other"
+        )
+        assert sorted(facts["open"]) == sorted(
+            s for s, state in self.state.items() if state in OPEN
+        )
         for sid, stream in streams.items():
             types = [t for _, _, t, _ in stream]
             state = self.state[sid]
@@ -343,7 +418,10 @@ class LedgerMachine(RuleBasedStateMachine):
             elif state in OPEN:
                 assert ("SessionStarted" in types) == (state == "running"), (sid, types, state)
             else:
-                assert types[-1] == {"succeeded": "SessionSucceeded", "cancelled": "SessionCancelled"}[state]
+                assert (
+                    types[-1]
+                    == {"succeeded": "SessionSucceeded", "cancelled": "SessionCancelled"}[state]
+                )
             assert types.count("TrajectoryRecorded") == self.trajectories[sid]
         projection = self.run(cw.check_projection(engine, streams))
         cw.check_sink(self.sink_path, projection, exact=self.at_rest)
@@ -351,20 +429,29 @@ class LedgerMachine(RuleBasedStateMachine):
     async def _check_metrics_against_model(self) -> None:
         """Right after a successful projection: metric counters vs the model's own count."""
         rows = await self.ledger.metrics(project=False)  # type: ignore[union-attr]
-        found = {(r.partition, r.global_step, r.metric): r.value for r in rows if r.data_source is None}
+        found = {
+            (r.partition, r.global_step, r.metric): r.value for r in rows if r.data_source is None
+        }
         counted: dict[tuple[str, int, str], int] = {}
         for sid, state in self.state.items():
             partition, step = self.scope[sid]
-            for name in ("sessions/total", f"sessions/{state}" if state not in OPEN else "sessions/open"):
+            for name in (
+                "sessions/total",
+                f"sessions/{state}" if state not in OPEN else "sessions/open",
+            ):
                 counted[(partition, step, name)] = counted.get((partition, step, name), 0) + 1
             if state == "failed":
                 for name in (f"failed/{self.reason[sid]}", "placeholders"):
                     counted[(partition, step, name)] = counted.get((partition, step, name), 0) + 1
         for key, value in counted.items():
-            assert found.get(key, 0) == value, f"metric {key}: stored {found.get(key)}, model {value}"
+            assert found.get(key, 0) == value, (
+                f"metric {key}: stored {found.get(key)}, model {value}"
+            )
         for (partition, step, name), value in found.items():
             if name.startswith(("sessions/", "failed/")) or name == "placeholders":
-                assert value == counted.get((partition, step, name), 0), f"metric {name} {partition}/{step}: {value}"
+                assert value == counted.get((partition, step, name), 0), (
+                    f"metric {name} {partition}/{step}: {value}"
+                )
 
     def teardown(self) -> None:
         try:
@@ -387,7 +474,12 @@ EXAMPLES = {"sqlite": 20, "postgres": 10}
 
 def test_ledger_fuzz(module_db_url: str) -> None:
     machine = type("LedgerFuzz", (LedgerMachine,), {"database": module_db_url})
-    run_state_machine_as_test(machine, settings=settings(
-        max_examples=EXAMPLES[backend_of(module_db_url)], stateful_step_count=30, deadline=None,
-        suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
-    ))
+    run_state_machine_as_test(
+        machine,
+        settings=settings(
+            max_examples=EXAMPLES[backend_of(module_db_url)],
+            stateful_step_count=30,
+            deadline=None,
+            suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+        ),
+    )

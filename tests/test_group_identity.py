@@ -19,8 +19,12 @@ from sessions.batches import non_tensor
 ROOT = Path(__file__).resolve().parent.parent
 
 
-async def _succeed(ledger: Ledger, sid: str, uid: str, index: int, size: int, step: int | None, reward: float) -> None:
-    async with ledger.session(sid, uid=uid, session_index=index, group_size=size, partition="val", global_step=step) as s:
+async def _succeed(
+    ledger: Ledger, sid: str, uid: str, index: int, size: int, step: int | None, reward: float
+) -> None:
+    async with ledger.session(
+        sid, uid=uid, session_index=index, group_size=size, partition="val", global_step=step
+    ) as s:
         await s.record_trajectory(prompt_ids=[1, 2], response_ids=[3, 4, 5])
         await s.post_reward(reward)
 
@@ -32,7 +36,9 @@ async def test_a_uid_reused_at_later_steps_is_a_new_group_each_time(db_url: str)
         for step in range(3):
             for uid in ("p1", "p2"):
                 for index in range(2):
-                    await _succeed(ledger, f"s{step}-{uid}-{index}", uid, index, 2, step, reward=float(step))
+                    await _succeed(
+                        ledger, f"s{step}-{uid}-{index}", uid, index, 2, step, reward=float(step)
+                    )
         await ledger.project()
         for step in range(3):
             batch = await ledger.batch("val", step, timeout=10)
@@ -40,7 +46,11 @@ async def test_a_uid_reused_at_later_steps_is_a_new_group_each_time(db_url: str)
             assert sorted(non_tensor(batch, "key")) == ["p1_0_0", "p1_1_0", "p2_0_0", "p2_1_0"]
             assert set(non_tensor(batch, "global_step")) == {step}
             assert torch.equal(batch["rm_scores"].sum(-1), torch.full((4,), float(step)))
-            metrics = {row.metric: row.value for row in await ledger.metrics("val", step) if row.data_source is None}
+            metrics = {
+                row.metric: row.value
+                for row in await ledger.metrics("val", step)
+                if row.data_source is None
+            }
             assert metrics["groups/total"] == 2 and metrics["groups/finished"] == 2
             assert metrics["reward/mean@2"] == pytest.approx(float(step))
         tags = [(q["global_step"], q["key"]) for q in await _tags(ledger)]
@@ -59,39 +69,81 @@ async def _tags(ledger: Ledger) -> list[dict]:
 
 async def test_a_taken_session_index_is_refused_at_creation_naming_the_sibling(db_url: str) -> None:
     async with Ledger.open(db_url) as ledger:
-        await ledger.create_session("first", uid="g", session_index=0, group_size=2, partition="val", global_step=4)
+        await ledger.create_session(
+            "first", uid="g", session_index=0, group_size=2, partition="val", global_step=4
+        )
         with pytest.raises(InvalidInput) as refused:
-            await ledger.create_session("second", uid="g", session_index=0, group_size=2, partition="val", global_step=4)
+            await ledger.create_session(
+                "second", uid="g", session_index=0, group_size=2, partition="val", global_step=4
+            )
         assert refused.value.field == "session_index"
         assert "'first'" in str(refused.value) and "'second'" in str(refused.value)
         # nothing of it was written, and the group still takes its real second member
         assert await ledger.store.read_stream("second") == []
-        await ledger.create_session("third", uid="g", session_index=1, group_size=2, partition="val", global_step=4)
+        await ledger.create_session(
+            "third", uid="g", session_index=1, group_size=2, partition="val", global_step=4
+        )
         # the same slot at another step, partition or run is another group
-        await ledger.create_session("other-step", uid="g", session_index=0, group_size=2, partition="val", global_step=5)
-        await ledger.create_session("no-step", uid="g", session_index=0, group_size=2, partition="val", global_step=None)
-        await ledger.create_session("train", uid="g", session_index=0, group_size=2, partition="train", global_step=4)
-        await ledger.create_session("other-run", uid="g", session_index=0, group_size=2, partition="val", global_step=4,
-                                    run="another")
+        await ledger.create_session(
+            "other-step", uid="g", session_index=0, group_size=2, partition="val", global_step=5
+        )
+        await ledger.create_session(
+            "no-step", uid="g", session_index=0, group_size=2, partition="val", global_step=None
+        )
+        await ledger.create_session(
+            "train", uid="g", session_index=0, group_size=2, partition="train", global_step=4
+        )
+        await ledger.create_session(
+            "other-run",
+            uid="g",
+            session_index=0,
+            group_size=2,
+            partition="val",
+            global_step=4,
+            run="another",
+        )
         with pytest.raises(InvalidInput):  # a NULL step is one group too
-            await ledger.create_session("no-step-2", uid="g", session_index=0, group_size=2, partition="val", global_step=None)
+            await ledger.create_session(
+                "no-step-2",
+                uid="g",
+                session_index=0,
+                group_size=2,
+                partition="val",
+                global_step=None,
+            )
 
 
-async def test_a_sibling_with_another_group_size_is_refused_naming_the_first_siblings_size(db_url: str) -> None:
+async def test_a_sibling_with_another_group_size_is_refused_naming_the_first_siblings_size(
+    db_url: str,
+) -> None:
     async with Ledger.open(db_url) as ledger:
-        await ledger.create_session("a", uid="h", session_index=0, group_size=4, partition="train", global_step=0)
+        await ledger.create_session(
+            "a", uid="h", session_index=0, group_size=4, partition="train", global_step=0
+        )
         with pytest.raises(InvalidInput) as refused:
-            await ledger.create_session("b", uid="h", session_index=1, group_size=3, partition="train", global_step=0)
+            await ledger.create_session(
+                "b", uid="h", session_index=1, group_size=3, partition="train", global_step=0
+            )
         assert refused.value.field == "group_size"
-        assert "'a'" in str(refused.value) and "4" in str(refused.value) and "3" in str(refused.value)
+        assert (
+            "'a'" in str(refused.value) and "4" in str(refused.value) and "3" in str(refused.value)
+        )
 
 
 async def test_one_refused_creation_among_concurrent_ones_fails_only_itself(db_url: str) -> None:
     """Creations committed in one group commit: the conflicting one is refused, every other lands."""
     async with Ledger.open(db_url) as ledger:
+
         async def create(i: int) -> str:
             index = 0 if i == 17 else i  # session 17 takes session 0's slot
-            await ledger.create_session(f"c{i}", uid="big", session_index=index, group_size=40, partition="val", global_step=1)
+            await ledger.create_session(
+                f"c{i}",
+                uid="big",
+                session_index=index,
+                group_size=40,
+                partition="val",
+                global_step=1,
+            )
             return f"c{i}"
 
         results = await asyncio.gather(*(create(i) for i in range(40)), return_exceptions=True)
@@ -125,8 +177,13 @@ RACER = textwrap.dedent(
 def test_two_processes_racing_for_one_slot_one_wins(db_url: str, sizes: tuple[int, int]) -> None:
     asyncio.run(_migrate(db_url))
     procs = [
-        subprocess.Popen([sys.executable, "-c", RACER, db_url, f"racer-{i}", str(size)], cwd=ROOT,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        subprocess.Popen(
+            [sys.executable, "-c", RACER, db_url, f"racer-{i}", str(size)],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         for i, size in enumerate(sizes)
     ]
     outputs = [p.communicate(timeout=120) for p in procs]
@@ -146,8 +203,18 @@ async def test_the_demo_with_reused_uids_projects_and_exports_every_step(tmp_pat
     from sessions.cli.demo import DemoConfig, run_demo
 
     async with Ledger.open(tmp_path / "demo.db", run="reuse") as ledger:
-        await run_demo(ledger, DemoConfig(steps=3, prompts=3, group_size=2, fail_rate=0.3, cancel_rate=0.0, seed=5,
-                                          reuse_uids=True))
+        await run_demo(
+            ledger,
+            DemoConfig(
+                steps=3,
+                prompts=3,
+                group_size=2,
+                fail_rate=0.3,
+                cancel_rate=0.0,
+                seed=5,
+                reuse_uids=True,
+            ),
+        )
         await ledger.project()
         uids_by_step = []
         for step in range(3):

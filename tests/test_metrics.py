@@ -33,7 +33,15 @@ Scope = tuple[str, str, "int | None", "str | None"]
 #: metric families whose exact set of names is checked (no spurious reasons or group sizes)
 FAMILIES = ("failed/", "reward/mean@", "retries/", "excluded/", "failed_origin/")
 #: means that must be absent while their denominator is zero
-MEANS = ("reward/mean", "reward/mean_default_rule", "reward/mean_success_only", "reward/mean_per_uid", "response_length/mean", "response_length/max", "coverage")
+MEANS = (
+    "reward/mean",
+    "reward/mean_default_rule",
+    "reward/mean_success_only",
+    "reward/mean_per_uid",
+    "response_length/mean",
+    "response_length/max",
+    "coverage",
+)
 
 
 # ------------------------------------------------------------------------------------------
@@ -85,8 +93,15 @@ async def recompute_from_events(engine: AsyncEngine) -> dict[Scope, dict[str, fl
         if isinstance(e, ev.RunConfigured):
             continue  # a run's configuration stream: no session
         if isinstance(e, ev.SessionCreated):
-            sessions[r.session_id] = _Session(e.run, e.uid, e.group_size, e.partition, e.global_step, e.data_source,
-                                              min_valid=2 if e.min_valid is None else e.min_valid)
+            sessions[r.session_id] = _Session(
+                e.run,
+                e.uid,
+                e.group_size,
+                e.partition,
+                e.global_step,
+                e.data_source,
+                min_valid=2 if e.min_valid is None else e.min_valid,
+            )
             group_of[(e.run, e.partition, e.global_step, e.uid)].append(r.session_id)
             continue
         s = sessions[r.session_id]
@@ -99,7 +114,12 @@ async def recompute_from_events(engine: AsyncEngine) -> dict[Scope, dict[str, fl
         elif isinstance(e, ev.SessionSucceeded):
             s.state, s.selected, s.score = "succeeded", list(e.selected), e.score
         elif isinstance(e, ev.SessionFailed):
-            s.state, s.reason, s.origin, s.excluded = "failed", e.reason, e.origin, e.metric == "exclude"
+            s.state, s.reason, s.origin, s.excluded = (
+                "failed",
+                e.reason,
+                e.origin,
+                e.metric == "exclude",
+            )
             if e.placeholder == "keep_partial":
                 s.partial, s.selected, s.score = True, list(e.selected), e.score
         elif isinstance(e, ev.PlaceholderEmitted):
@@ -134,12 +154,21 @@ async def recompute_from_events(engine: AsyncEngine) -> dict[Scope, dict[str, fl
             if s.partial:
                 for index in s.selected:
                     c["rows/partial"] += 1
-                    rows[scope].append((0.0 if s.score is None else s.score, s.response_lens[index], False, s.excluded))
+                    rows[scope].append(
+                        (
+                            0.0 if s.score is None else s.score,
+                            s.response_lens[index],
+                            False,
+                            s.excluded,
+                        )
+                    )
             if s.state == "succeeded":
                 if s.score is None:
                     c["reward/absent"] += 1
                 for index in s.selected:
-                    rows[scope].append((0.0 if s.score is None else s.score, s.response_lens[index], True, False))
+                    rows[scope].append(
+                        (0.0 if s.score is None else s.score, s.response_lens[index], True, False)
+                    )
 
     # verl's view of a settled group: its batch rows (a succeeded session's selected trajectories,
     # each with the session's reward; a placeholder's one row); k = its row count.
@@ -163,7 +192,11 @@ async def recompute_from_events(engine: AsyncEngine) -> dict[Scope, dict[str, fl
             c = counts[scope]
             c["groups/total"] += 1
             if settled:
-                c["groups/finished" if any(sessions[sid].state == "succeeded" for sid in sids) else "groups/failure"] += 1
+                c[
+                    "groups/finished"
+                    if any(sessions[sid].state == "succeeded" for sid in sids)
+                    else "groups/failure"
+                ] += 1
                 settled_groups[scope] += 1
                 if first.partition == "train" and valid < first.min_valid:
                     c["groups/below_min_valid"] += 1
@@ -173,11 +206,27 @@ async def recompute_from_events(engine: AsyncEngine) -> dict[Scope, dict[str, fl
     out: dict[Scope, dict[str, float]] = {}
     for scope, c in counts.items():
         metrics = dict(c)
-        for name in ("sessions/total", "sessions/succeeded", "sessions/failed", "sessions/cancelled",
-                     "placeholders", "groups/total", "groups/finished", "groups/failure", "reward/absent"):
+        for name in (
+            "sessions/total",
+            "sessions/succeeded",
+            "sessions/failed",
+            "sessions/cancelled",
+            "placeholders",
+            "groups/total",
+            "groups/finished",
+            "groups/failure",
+            "reward/absent",
+        ):
             metrics.setdefault(name, 0.0)
-        metrics["sessions/open"] = metrics["sessions/total"] - metrics["sessions/succeeded"] - metrics["sessions/failed"] - metrics["sessions/cancelled"]
-        metrics["groups/unsettled"] = metrics["groups/total"] - metrics["groups/finished"] - metrics["groups/failure"]
+        metrics["sessions/open"] = (
+            metrics["sessions/total"]
+            - metrics["sessions/succeeded"]
+            - metrics["sessions/failed"]
+            - metrics["sessions/cancelled"]
+        )
+        metrics["groups/unsettled"] = (
+            metrics["groups/total"] - metrics["groups/finished"] - metrics["groups/failure"]
+        )
         all_rows = rows.get(scope, [])
         ok_rows = [row for row in all_rows if row[2]]
         kept = [row for row in all_rows if not row[3]]
@@ -198,7 +247,9 @@ async def recompute_from_events(engine: AsyncEngine) -> dict[Scope, dict[str, fl
         every = [mean for means in by_k.values() for mean in means]
         if every:
             metrics["reward/mean_per_uid"] = sum(every) / len(every)
-        metrics["reward/uids_excluded"] = settled_groups.get(scope, 0) - (len(by_k[max(by_k)]) if by_k else 0)
+        metrics["reward/uids_excluded"] = settled_groups.get(scope, 0) - (
+            len(by_k[max(by_k)]) if by_k else 0
+        )
         out[scope] = metrics
     return out
 
@@ -208,7 +259,9 @@ async def stored_metrics(engine: AsyncEngine) -> dict[Scope, dict[str, float]]:
     async with engine.connect() as conn:
         for row in (await conn.execute(select(metric_counts))).mappings():
             scope = (row["run"], row["partition"], row["global_step"], row["data_source"])
-            assert row["metric"] not in out[scope], f"metric {row['metric']} stored twice for {scope}"
+            assert row["metric"] not in out[scope], (
+                f"metric {row['metric']} stored twice for {scope}"
+            )
             out[scope][row["metric"]] = row["value"]
     return dict(out)
 
@@ -224,7 +277,9 @@ async def assert_metrics_match(engine: AsyncEngine) -> dict[Scope, dict[str, flo
             assert name in got, f"{scope}: {name} missing (expected {value})"
             assert got[name] == pytest.approx(value, rel=1e-9, abs=1e-12), f"{scope}: {name}"
         for family in FAMILIES:
-            assert {k for k in got if k.startswith(family)} == {k for k in want if k.startswith(family)}, f"{scope}: {family}*"
+            assert {k for k in got if k.startswith(family)} == {
+                k for k in want if k.startswith(family)
+            }, f"{scope}: {family}*"
         for name in MEANS:
             if name not in want:
                 assert name not in got, f"{scope}: {name} reported without a denominator"
@@ -236,15 +291,38 @@ async def assert_metrics_match(engine: AsyncEngine) -> dict[Scope, dict[str, flo
 # ------------------------------------------------------------------------------------------
 
 
-async def _session(ledger: Any, sid: str, uid: str, index: int, size: int, *, source: str | None = "math", step: int | None = 0,
-                   partition: str = "val", trajectories: tuple[int, ...] = (), reward: float | None = None,
-                   end: str = "complete", selection: str | None = None) -> None:
+async def _session(
+    ledger: Any,
+    sid: str,
+    uid: str,
+    index: int,
+    size: int,
+    *,
+    source: str | None = "math",
+    step: int | None = 0,
+    partition: str = "val",
+    trajectories: tuple[int, ...] = (),
+    reward: float | None = None,
+    end: str = "complete",
+    selection: str | None = None,
+) -> None:
     """One session: `trajectories` lists response lengths (prompt of 2 tokens each)."""
-    kw = dict(uid=uid, session_index=index, group_size=size, partition=partition, global_step=step, data_source=source)
+    kw = dict(
+        uid=uid,
+        session_index=index,
+        group_size=size,
+        partition=partition,
+        global_step=step,
+        data_source=source,
+    )
     try:
         async with ledger.session(sid, **kw) as s:
             for length in trajectories:
-                await s.record_trajectory(prompt_ids=[1, 2], response_ids=list(range(3, 3 + length)), response_mask=[1] * length)
+                await s.record_trajectory(
+                    prompt_ids=[1, 2],
+                    response_ids=list(range(3, 3 + length)),
+                    response_mask=[1] * length,
+                )
             if reward is not None:
                 await s.post_reward(reward)
             if end == "runner":
@@ -261,8 +339,14 @@ async def _session(ledger: Any, sid: str, uid: str, index: int, size: int, *, so
         pass
 
 
-def _scope_metrics(rows: list[m.MetricRow], partition: str, step: int | None, source: str | None) -> dict[str, float]:
-    return {r.metric: r.value for r in rows if (r.partition, r.global_step, r.data_source) == (partition, step, source)}
+def _scope_metrics(
+    rows: list[m.MetricRow], partition: str, step: int | None, source: str | None
+) -> dict[str, float]:
+    return {
+        r.metric: r.value
+        for r in rows
+        if (r.partition, r.global_step, r.data_source) == (partition, step, source)
+    }
 
 
 async def test_hand_computed_metrics(db_url: str) -> None:
@@ -274,15 +358,27 @@ async def test_hand_computed_metrics(db_url: str) -> None:
         await _session(ledger, "b0", "b", 0, 2, source="code", trajectories=(2,))
         await _session(ledger, "b1", "b", 1, 2, source="code", end="sandbox")
         # uid c (math, n=2): success 0.5 selecting the longest of two (response 8), cancelled sibling
-        await _session(ledger, "c0", "c", 0, 2, trajectories=(8, 5), reward=0.5, selection="longest")
+        await _session(
+            ledger, "c0", "c", 0, 2, trajectories=(8, 5), reward=0.5, selection="longest"
+        )
         await _session(ledger, "c1", "c", 1, 2, trajectories=(3,), end="cancel")
         # uid d (math, n=2): one timeout, one still open: unsettled
         await _session(ledger, "d0", "d", 0, 2, end="timeout")
-        await ledger.create_session("d1", uid="d", session_index=1, group_size=2, partition="val", global_step=0, data_source="math")
+        await ledger.create_session(
+            "d1",
+            uid="d",
+            session_index=1,
+            group_size=2,
+            partition="val",
+            global_step=0,
+            data_source="math",
+        )
         # another step and partition must not leak into val/0
         await _session(ledger, "t0", "t", 0, 1, partition="train", trajectories=(1,), reward=0.25)
         rows = await ledger.metrics("val", 0)
-        await assert_metrics_match(ledger.engine)  # the oracle agrees with the hand-computed figures below
+        await assert_metrics_match(
+            ledger.engine
+        )  # the oracle agrees with the hand-computed figures below
         everything = _scope_metrics(rows, "val", 0, None)
         math_only = _scope_metrics(rows, "val", 0, "math")
         code_only = _scope_metrics(rows, "val", 0, "code")
@@ -309,7 +405,11 @@ async def test_hand_computed_metrics(db_url: str) -> None:
     assert everything["reward/mean@3"] == pytest.approx(2 / 3)
     assert everything["reward/mean@2"] == 0.0
     assert everything["reward/mean@1"] == 0.5
-    assert sorted(k for k in everything if k.startswith("reward/mean@")) == ["reward/mean@1", "reward/mean@2", "reward/mean@3"]
+    assert sorted(k for k in everything if k.startswith("reward/mean@")) == [
+        "reward/mean@1",
+        "reward/mean@2",
+        "reward/mean@3",
+    ]
     assert everything["reward/mean_per_uid"] == pytest.approx((2 / 3 + 0.0 + 0.5) / 3)
     assert everything["reward/uids_excluded"] == 2  # b and c are outside the headline mean@3
     assert everything["coverage"] == pytest.approx(3 / 6)
@@ -344,7 +444,9 @@ async def test_drop_policy_keeps_failures_out_of_means(db_url: str) -> None:
     assert got["sessions/failed"] == 2
     assert got["placeholders"] == 1
     assert got["reward/mean"] == pytest.approx(0.5)
-    assert got["reward/mean@2"] == pytest.approx(0.5)  # the group of 3 has 2 rows: verl files it under mean@2
+    assert got["reward/mean@2"] == pytest.approx(
+        0.5
+    )  # the group of 3 has 2 rows: verl files it under mean@2
     assert "reward/mean@3" not in got and got["reward/uids_excluded"] == 0
     assert got["coverage"] == pytest.approx(1 / 3)
     assert got["groups/finished"] == 1
@@ -361,22 +463,57 @@ async def test_metrics_agree_with_verl_score_and_validation_metrics(sqlite_url: 
 
     async with Ledger.open(sqlite_url) as ledger:
         plan = {  # uid -> per session: (trajectory response lengths, reward, end)
-            "p": [((3, 5), 1.0, "complete"), ((2,), 0.0, "complete"), ((), None, "runner"), ((4,), 0.75, "complete")],
-            "q": [((1,), None, "sandbox"), ((2,), None, "timeout"), ((6,), 0.25, "complete"), ((2, 2, 2), 0.5, "complete")],
-            "r": [((3,), None, "runner"), ((), None, "complete"), ((1,), None, "sandbox"), ((5,), None, "timeout")],
-            "s": [((2,), 1.0, "complete"), ((3,), 0.5, "complete"), ((1,), None, "cancel"), ((), None, "runner")],
-            "v": [((2,), 0.5, "complete"), ((1,), None, "runner"), ((3,), 1.0, "complete"), ((2,), 0.0, "complete")],
+            "p": [
+                ((3, 5), 1.0, "complete"),
+                ((2,), 0.0, "complete"),
+                ((), None, "runner"),
+                ((4,), 0.75, "complete"),
+            ],
+            "q": [
+                ((1,), None, "sandbox"),
+                ((2,), None, "timeout"),
+                ((6,), 0.25, "complete"),
+                ((2, 2, 2), 0.5, "complete"),
+            ],
+            "r": [
+                ((3,), None, "runner"),
+                ((), None, "complete"),
+                ((1,), None, "sandbox"),
+                ((5,), None, "timeout"),
+            ],
+            "s": [
+                ((2,), 1.0, "complete"),
+                ((3,), 0.5, "complete"),
+                ((1,), None, "cancel"),
+                ((), None, "runner"),
+            ],
+            "v": [
+                ((2,), 0.5, "complete"),
+                ((1,), None, "runner"),
+                ((3,), 1.0, "complete"),
+                ((2,), 0.0, "complete"),
+            ],
         }
         for uid, sessions in plan.items():
             for i, (lengths, reward, end) in enumerate(sessions):
-                await _session(ledger, f"{uid}{i}", uid, i, 4, source="math", trajectories=lengths, reward=reward, end=end)
+                await _session(
+                    ledger,
+                    f"{uid}{i}",
+                    uid,
+                    i,
+                    4,
+                    source="math",
+                    trajectories=lengths,
+                    reward=reward,
+                    end=end,
+                )
         rows = await ledger.metrics("val", 0)
         batch = await ledger.batch("val", 0, timeout=5)
     got = _scope_metrics(rows, "val", 0, None)
 
     # verl compute_data_metrics: sequence score = rm_scores.sum(-1), over rows with response_length > 0
     score = batch["rm_scores"].sum(-1)
-    attended = batch["attention_mask"][:, -batch["responses"].shape[1]:].sum(-1)
+    attended = batch["attention_mask"][:, -batch["responses"].shape[1] :].sum(-1)
     assert torch_equal(attended, batch["response_length"])
     assert got["reward/mean"] == pytest.approx(float(score[attended > 0].double().mean()))
 
@@ -386,8 +523,15 @@ async def test_metrics_agree_with_verl_score_and_validation_metrics(sqlite_url: 
     by_k: dict[int, list[float]] = defaultdict(list)
     for values in per_uid.values():
         by_k[len(values)].append(float(np.mean(values)))
-    assert {k: len(means) for k, means in by_k.items()} == {5: 1, 6: 1, 4: 2, 3: 1}  # s lost a session to cancellation
-    assert sorted(k for k in got if k.startswith("reward/mean@")) == [f"reward/mean@{k}" for k in sorted(by_k)]
+    assert {k: len(means) for k, means in by_k.items()} == {
+        5: 1,
+        6: 1,
+        4: 2,
+        3: 1,
+    }  # s lost a session to cancellation
+    assert sorted(k for k in got if k.startswith("reward/mean@")) == [
+        f"reward/mean@{k}" for k in sorted(by_k)
+    ]
     for k, means in by_k.items():
         assert got[f"reward/mean@{k}"] == pytest.approx(float(np.mean(means)), abs=1e-6)
     every = [mean for means in by_k.values() for mean in means]
@@ -412,12 +556,28 @@ def test_metric_table_derives_means_and_drops_undefined_ones() -> None:
     table = m.MetricTable()
     table.derive()
     assert "reward/mean" not in table.values and "coverage" not in table.values
-    assert table.values["sessions/failed"] == 0 and table.values["groups/failure"] == 0  # zero counts are reported
-    for name, amount in [("sessions/total", 5), ("sessions/succeeded", 2), ("sessions/failed", 2), ("sessions/cancelled", 1),
-                         ("rows/total", 4), ("rows/succeeded", 2), ("reward/sum", 1.5), ("reward/sum_success_only", 1.5),
-                         ("groups/total", 3), ("groups/finished", 1), ("groups/failure", 1), ("reward/uid_mean_sum@4", 1.25),
-                         ("reward/uids@4", 1), ("reward/uid_mean_sum@3", 0.5), ("reward/uids@3", 1),
-                         ("reward/uid_mean_sum", 1.75), ("reward/uids", 2)]:
+    assert (
+        table.values["sessions/failed"] == 0 and table.values["groups/failure"] == 0
+    )  # zero counts are reported
+    for name, amount in [
+        ("sessions/total", 5),
+        ("sessions/succeeded", 2),
+        ("sessions/failed", 2),
+        ("sessions/cancelled", 1),
+        ("rows/total", 4),
+        ("rows/succeeded", 2),
+        ("reward/sum", 1.5),
+        ("reward/sum_success_only", 1.5),
+        ("groups/total", 3),
+        ("groups/finished", 1),
+        ("groups/failure", 1),
+        ("reward/uid_mean_sum@4", 1.25),
+        ("reward/uids@4", 1),
+        ("reward/uid_mean_sum@3", 0.5),
+        ("reward/uids@3", 1),
+        ("reward/uid_mean_sum", 1.75),
+        ("reward/uids", 2),
+    ]:
         table.add(name, amount)
     table.maximum("response_length/max", 7)
     table.maximum("response_length/max", 3)
@@ -435,9 +595,16 @@ def test_metric_table_derives_means_and_drops_undefined_ones() -> None:
     assert not math.isnan(v["reward/mean"])
 
 
-@given(groups=st.lists(st.tuples(st.integers(0, 6), st.lists(st.floats(-1e308, 1e308), min_size=6, max_size=6)), max_size=12))
+@given(
+    groups=st.lists(
+        st.tuples(st.integers(0, 6), st.lists(st.floats(-1e308, 1e308), min_size=6, max_size=6)),
+        max_size=12,
+    )
+)
 @settings(max_examples=200, deadline=None)
-def test_counting_settled_groups_as_the_rules_do_derives_verls_means(groups: list[tuple[int, list[float]]]) -> None:
+def test_counting_settled_groups_as_the_rules_do_derives_verls_means(
+    groups: list[tuple[int, list[float]]],
+) -> None:
     """Settled groups (k rows each, k = 0 for a group with no row left), counted as
     `rules._settle` counts them: `reward/mean@k` is the mean over the groups with k rows of their
     row means, `reward/mean_per_uid` the mean over every group with a row, `reward/uids_excluded`
@@ -455,29 +622,44 @@ def test_counting_settled_groups_as_the_rules_do_derives_verls_means(groups: lis
             if math.isfinite(total):
                 assert mean == total / k
             else:
-                assert abs(mean) == sys.float_info.max and math.copysign(1, mean) == math.copysign(1, total)
+                assert abs(mean) == sys.float_info.max and math.copysign(1, mean) == math.copysign(
+                    1, total
+                )
             by_k[k].append(mean)
-            for name, amount in ((m.UID_MEAN_SUM.format(n=k), mean), (m.UIDS.format(n=k), 1.0), (m.UID_MEAN_SUM_ALL, mean), (m.UIDS_ALL, 1.0)):
+            for name, amount in (
+                (m.UID_MEAN_SUM.format(n=k), mean),
+                (m.UIDS.format(n=k), 1.0),
+                (m.UID_MEAN_SUM_ALL, mean),
+                (m.UIDS_ALL, 1.0),
+            ):
                 table.add(name, amount)
     table.derive()
     v = table.values
     assert not any(math.isnan(value) for value in v.values())
-    assert {name for name in v if name.startswith("reward/mean@")} == {f"reward/mean@{k}" for k in by_k}
+    assert {name for name in v if name.startswith("reward/mean@")} == {
+        f"reward/mean@{k}" for k in by_k
+    }
     for k, means in by_k.items():
         assert v[f"reward/uids@{k}"] == len(means)
         if all(abs(mean) < 1e300 for mean in means):
-            assert v[f"reward/mean@{k}"] == pytest.approx(sum(means) / len(means), rel=1e-9, abs=1e-300)
+            assert v[f"reward/mean@{k}"] == pytest.approx(
+                sum(means) / len(means), rel=1e-9, abs=1e-300
+            )
     every = [mean for means in by_k.values() for mean in means]
     assert ("reward/mean_per_uid" in v) == bool(every)
     assert v["reward/uids_excluded"] == len(groups) - (len(by_k[max(by_k)]) if by_k else 0)
 
 
 def test_scopes_add_the_all_sources_row() -> None:
-    assert sorted(m.scopes("r", "val", 3, "gsm8k"), key=repr) == sorted([("r", "val", 3, "gsm8k"), ("r", "val", 3, None)], key=repr)
+    assert sorted(m.scopes("r", "val", 3, "gsm8k"), key=repr) == sorted(
+        [("r", "val", 3, "gsm8k"), ("r", "val", 3, None)], key=repr
+    )
     assert m.scopes("r", "train", None, None) == [("r", "train", None, None)]
 
 
-async def test_metrics_select_one_step_every_step_or_the_step_less_sessions(sqlite_url: str) -> None:
+async def test_metrics_select_one_step_every_step_or_the_step_less_sessions(
+    sqlite_url: str,
+) -> None:
     """`global_step=None` means the sessions recorded without a step, not "any step"; the CLI's
     `--step none` reaches the same rows."""
     import json as json_module
@@ -500,5 +682,10 @@ async def test_metrics_select_one_step_every_step_or_the_step_less_sessions(sqli
 
     out = io.StringIO()
     with contextlib.redirect_stdout(out):  # the CLI runs its own event loop: give it a thread
-        assert await asyncio.to_thread(cli_main, ["metrics", "--db", sqlite_url, "--run", "r", "--step", "none", "--json"]) == 0
+        assert (
+            await asyncio.to_thread(
+                cli_main, ["metrics", "--db", sqlite_url, "--run", "r", "--step", "none", "--json"]
+            )
+            == 0
+        )
     assert {row["global_step"] for row in json_module.loads(out.getvalue())} == {None}

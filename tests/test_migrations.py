@@ -22,7 +22,15 @@ from store import SchemaError, create_engine, current_revision, head_revision, u
 from store.tables import metadata
 
 ROOT = Path(__file__).resolve().parent.parent
-TABLES = {"events", "sessions", "groups", "metric_counts", "queue_rows", "queue_claims", "checkpoints"}
+TABLES = {
+    "events",
+    "sessions",
+    "groups",
+    "metric_counts",
+    "queue_rows",
+    "queue_claims",
+    "checkpoints",
+}
 
 
 def alembic(url: str, *args: str) -> subprocess.CompletedProcess[str]:
@@ -31,16 +39,26 @@ def alembic(url: str, *args: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k != "ROLLOUT_LEDGER_DB"}
     result = subprocess.run(
         [*command, "-c", str(ROOT / "alembic.ini"), "-x", f"db={url}", *args],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
-    assert result.returncode == 0, f"alembic {' '.join(args)} failed:\n{result.stdout}\n{result.stderr}"
+    assert result.returncode == 0, (
+        f"alembic {' '.join(args)} failed:\n{result.stdout}\n{result.stderr}"
+    )
     return result
 
 
 def _expression_indexes() -> dict[str, tuple[str, bool]]:
     """Indexes of the metadata on expressions (e.g. coalesce over a NULLable key part): name -> (table, unique)."""
-    return {index.name: (table.name, index.unique) for table in metadata.tables.values() for index in table.indexes
-            if any(not isinstance(e, Column) for e in index.expressions)}
+    return {
+        index.name: (table.name, index.unique)
+        for table in metadata.tables.values()
+        for index in table.indexes
+        if any(not isinstance(e, Column) for e in index.expressions)
+    }
 
 
 def _compare(context: MigrationContext, target: Any) -> list:
@@ -48,13 +66,20 @@ def _compare(context: MigrationContext, target: Any) -> list:
     expression indexes; `test_every_expression_index_is_created` checks those on both backends."""
     names = "|".join(re.escape(name) for name in _expression_indexes())
     with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=f"Skipped unsupported reflection of expression-based index ({names})$")
-        warnings.filterwarnings("ignore", message=f"autogenerate skipping metadata-specified expression-based index '({names})'")
+        warnings.filterwarnings(
+            "ignore", message=f"Skipped unsupported reflection of expression-based index ({names})$"
+        )
+        warnings.filterwarnings(
+            "ignore",
+            message=f"autogenerate skipping metadata-specified expression-based index '({names})'",
+        )
         return compare_metadata(context, target)
 
 
 def _diff(sync_conn) -> list:  # type: ignore[no-untyped-def]
-    context = MigrationContext.configure(sync_conn, opts={"compare_type": True, "compare_server_default": True})
+    context = MigrationContext.configure(
+        sync_conn, opts={"compare_type": True, "compare_server_default": True}
+    )
     return _compare(context, metadata)
 
 
@@ -85,7 +110,9 @@ async def test_alembic_cli_upgrades_an_empty_database_without_drift(db_url: str)
     from sessions import Ledger
 
     async with Ledger.open(db_url) as ledger:
-        handle = await ledger.create_session("m-1", uid="u", session_index=0, group_size=1, partition="val")
+        handle = await ledger.create_session(
+            "m-1", uid="u", session_index=0, group_size=1, partition="val"
+        )
         await handle.cancel()
 
 
@@ -173,7 +200,9 @@ async def test_concurrent_opens_migrate_once(db_url: str) -> None:
 
     async def open_and_append(i: int) -> None:
         async with Ledger.open(db_url) as ledger:
-            handle = await ledger.create_session(f"c-{i}", uid=f"u{i}", session_index=0, group_size=1, partition="val")
+            handle = await ledger.create_session(
+                f"c-{i}", uid=f"u{i}", session_index=0, group_size=1, partition="val"
+            )
             await handle.cancel()
 
     await asyncio.gather(*(open_and_append(i) for i in range(3)))
@@ -191,7 +220,9 @@ INSERT_METRIC = text(
 SCOPES = [(None, None), (0, None), (None, "gsm8k"), (0, "gsm8k")]
 
 
-async def _index_sql(conn: Any, name: str = "uq_metric_counts_scope", table: str = "metric_counts") -> str | None:
+async def _index_sql(
+    conn: Any, name: str = "uq_metric_counts_scope", table: str = "metric_counts"
+) -> str | None:
     """The stored definition of an index, from the backend's own catalog (SQLite's reflection skips
     expression indexes)."""
     if conn.dialect.name == "postgresql":
@@ -224,13 +255,31 @@ async def test_metric_counts_natural_key_refuses_a_second_row_even_with_nulls(db
         await upgrade(engine)
         async with engine.connect() as conn:
             definition = await _index_sql(conn)
-            columns = {c["name"] for c in await conn.run_sync(lambda sync: inspect(sync).get_columns("metric_counts"))}
+            columns = {
+                c["name"]
+                for c in await conn.run_sync(
+                    lambda sync: inspect(sync).get_columns("metric_counts")
+                )
+            }
         assert definition is not None, "uq_metric_counts_scope is missing"
-        assert "UNIQUE" in definition.upper() and definition.lower().count("coalesce") == 2, definition
-        assert columns == set(METRIC_COLUMNS), "metric_counts is keyed by its natural key, without a surrogate id"
+        assert "UNIQUE" in definition.upper() and definition.lower().count("coalesce") == 2, (
+            definition
+        )
+        assert columns == set(METRIC_COLUMNS), (
+            "metric_counts is keyed by its natural key, without a surrogate id"
+        )
 
-        rows = [{"run": "r", "partition": "val", "global_step": step, "data_source": source, "metric": "sessions/total",
-                 "value": float(i)} for i, (step, source) in enumerate(SCOPES)]
+        rows = [
+            {
+                "run": "r",
+                "partition": "val",
+                "global_step": step,
+                "data_source": source,
+                "metric": "sessions/total",
+                "value": float(i),
+            }
+            for i, (step, source) in enumerate(SCOPES)
+        ]
         async with engine.begin() as conn:  # differing only in NULL vs a value: all of them coexist
             for row in rows:
                 await conn.execute(INSERT_METRIC, row)
@@ -242,7 +291,10 @@ async def test_metric_counts_natural_key_refuses_a_second_row_even_with_nulls(db
             for other in ({"run": "r2"}, {"partition": "train"}, {"metric": "sessions/failed"}):
                 await conn.execute(INSERT_METRIC, {**rows[0], **other})
         async with engine.connect() as conn:
-            stored = sorted(tuple(r) for r in (await conn.execute(text("SELECT value FROM metric_counts"))).all())
+            stored = sorted(
+                tuple(r)
+                for r in (await conn.execute(text("SELECT value FROM metric_counts"))).all()
+            )
         assert stored == [(0.0,), (0.0,), (0.0,), (0.0,), (1.0,), (2.0,), (3.0,)]
     finally:
         await engine.dispose()
@@ -259,16 +311,80 @@ async def test_upgrade_from_0002_keeps_every_metric_row(db_url: str) -> None:
     revision documents.
     """
     rows = [
-        {"id": 7, "run": "r", "partition": "val", "global_step": None, "data_source": None, "metric": "reward/mean", "value": 0.125},
-        {"id": 3, "run": "r", "partition": "val", "global_step": 0, "data_source": None, "metric": "reward/mean", "value": -0.5},
-        {"id": 11, "run": "r", "partition": "val", "global_step": None, "data_source": "swe", "metric": "reward/mean", "value": 1e-300},
-        {"id": 1, "run": "r", "partition": "val", "global_step": 0, "data_source": "swe", "metric": "reward/mean", "value": 1.0 / 3},
-        {"id": 2, "run": "r", "partition": "train", "global_step": 2**40, "data_source": "gsm8k", "metric": "sessions/total", "value": 12.0},
-        {"id": 5, "run": "other", "partition": "train", "global_step": 0, "data_source": None, "metric": "sessions/failed", "value": 0.0},
+        {
+            "id": 7,
+            "run": "r",
+            "partition": "val",
+            "global_step": None,
+            "data_source": None,
+            "metric": "reward/mean",
+            "value": 0.125,
+        },
+        {
+            "id": 3,
+            "run": "r",
+            "partition": "val",
+            "global_step": 0,
+            "data_source": None,
+            "metric": "reward/mean",
+            "value": -0.5,
+        },
+        {
+            "id": 11,
+            "run": "r",
+            "partition": "val",
+            "global_step": None,
+            "data_source": "swe",
+            "metric": "reward/mean",
+            "value": 1e-300,
+        },
+        {
+            "id": 1,
+            "run": "r",
+            "partition": "val",
+            "global_step": 0,
+            "data_source": "swe",
+            "metric": "reward/mean",
+            "value": 1.0 / 3,
+        },
+        {
+            "id": 2,
+            "run": "r",
+            "partition": "train",
+            "global_step": 2**40,
+            "data_source": "gsm8k",
+            "metric": "sessions/total",
+            "value": 12.0,
+        },
+        {
+            "id": 5,
+            "run": "other",
+            "partition": "train",
+            "global_step": 0,
+            "data_source": None,
+            "metric": "sessions/failed",
+            "value": 0.0,
+        },
     ]
     duplicate = [
-        {"id": 20, "run": "d", "partition": "val", "global_step": None, "data_source": None, "metric": "sessions/total", "value": 1.0},
-        {"id": 21, "run": "d", "partition": "val", "global_step": None, "data_source": None, "metric": "sessions/total", "value": 2.0},
+        {
+            "id": 20,
+            "run": "d",
+            "partition": "val",
+            "global_step": None,
+            "data_source": None,
+            "metric": "sessions/total",
+            "value": 1.0,
+        },
+        {
+            "id": 21,
+            "run": "d",
+            "partition": "val",
+            "global_step": None,
+            "data_source": None,
+            "metric": "sessions/total",
+            "value": 2.0,
+        },
     ]
     engine = create_engine(db_url)
     try:
@@ -277,21 +393,38 @@ async def test_upgrade_from_0002_keeps_every_metric_row(db_url: str) -> None:
         async with engine.begin() as conn:
             views = await _views(conn)
             await conn.execute(
-                text("INSERT INTO metric_counts (id, run, partition, global_step, data_source, metric, value) "
-                     "VALUES (:id, :run, :partition, :global_step, :data_source, :metric, :value)"),
+                text(
+                    "INSERT INTO metric_counts (id, run, partition, global_step, data_source, metric, value) "
+                    "VALUES (:id, :run, :partition, :global_step, :data_source, :metric, :value)"
+                ),
                 rows + duplicate,
             )
         await upgrade(engine)
         assert await current_revision(engine) == head_revision()
         async with engine.connect() as conn:
-            stored = [dict(r) for r in (await conn.execute(text(f"SELECT {', '.join(METRIC_COLUMNS)} FROM metric_counts"))).mappings()]
-            assert views and set(views) <= set(await _views(conn)), "the views 0002 created are there again"
+            stored = [
+                dict(r)
+                for r in (
+                    await conn.execute(
+                        text(f"SELECT {', '.join(METRIC_COLUMNS)} FROM metric_counts")
+                    )
+                ).mappings()
+            ]
+            assert views and set(views) <= set(await _views(conn)), (
+                "the views 0002 created are there again"
+            )
             assert await _index_sql(conn) is not None
         # revision 0005 adds `reward/mean_default_rule` beside each `reward/mean` (equal: nothing was excluded before it)
-        copies = {(r["run"], r["partition"], r["global_step"], r["data_source"]): r["value"] for r in stored
-                  if r["metric"] == "reward/mean_default_rule"}
-        assert copies == {(r["run"], r["partition"], r["global_step"], r["data_source"]): r["value"] for r in stored
-                          if r["metric"] == "reward/mean"}
+        copies = {
+            (r["run"], r["partition"], r["global_step"], r["data_source"]): r["value"]
+            for r in stored
+            if r["metric"] == "reward/mean_default_rule"
+        }
+        assert copies == {
+            (r["run"], r["partition"], r["global_step"], r["data_source"]): r["value"]
+            for r in stored
+            if r["metric"] == "reward/mean"
+        }
         stored = [r for r in stored if r["metric"] != "reward/mean_default_rule"]
         key = lambda r: tuple((r[c] is None, r[c] or 0) for c in METRIC_COLUMNS)  # noqa: E731
         want = [{c: r[c] for c in METRIC_COLUMNS} for r in [*rows, duplicate[1]]]

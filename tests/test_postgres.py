@@ -46,7 +46,9 @@ def kill_storm(dsn: str, seconds: float, spare: int) -> int:
         killed, until = 0, time.monotonic() + seconds
         try:
             while time.monotonic() < until:
-                killed += sum(1 for (ok,) in await conn.fetch(KILL_OTHERS + " AND pid <> $1", spare) if ok)
+                killed += sum(
+                    1 for (ok,) in await conn.fetch(KILL_OTHERS + " AND pid <> $1", spare) if ok
+                )
         finally:
             await conn.close()
         return killed
@@ -78,16 +80,24 @@ class Hub:
         else:
             self.results[name] = body
 
-    def wait(self, names: list[str], *, ready: bool = False, timeout: float = 90.0) -> dict[str, Any]:
+    def wait(
+        self, names: list[str], *, ready: bool = False, timeout: float = 90.0
+    ) -> dict[str, Any]:
         """Block until every named worker is ready (or done, with its result)."""
         deadline = time.monotonic() + timeout
         have = self.pids if ready else self.results
         while any(name not in have for name in names):
-            dead = [n for n in names if n not in have and not self.procs[n].is_alive() and self.queue.empty()]
+            dead = [
+                n
+                for n in names
+                if n not in have and not self.procs[n].is_alive() and self.queue.empty()
+            ]
             if dead:
                 time.sleep(0.2)  # a last message may still be in flight
                 if self.queue.empty():
-                    raise AssertionError(f"worker(s) {dead} exited ({[self.procs[n].exitcode for n in dead]}) without reporting")
+                    raise AssertionError(
+                        f"worker(s) {dead} exited ({[self.procs[n].exitcode for n in dead]}) without reporting"
+                    )
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise AssertionError(f"timed out waiting for {[n for n in names if n not in have]}")
@@ -148,22 +158,31 @@ async def fetch(url: str, sql: str, **params: Any) -> list[Any]:
 async def event_streams(url: str) -> dict[str, list[tuple[int, str, Any]]]:
     """session -> [(version, type, data)] in version order (the runs' configuration streams left out)."""
     streams: dict[str, list[tuple[int, str, Any]]] = defaultdict(list)
-    rows = await fetch(url, "SELECT session_id, version, type, data FROM events WHERE type <> 'RunConfigured' "
-                            "ORDER BY session_id, version")
+    rows = await fetch(
+        url,
+        "SELECT session_id, version, type, data FROM events WHERE type <> 'RunConfigured' "
+        "ORDER BY session_id, version",
+    )
     for sid, version, type_, data in rows:
         streams[sid].append((version, type_, data))
     return dict(streams)
 
 
-def assert_sessions_whole(streams: dict[str, list[tuple[int, str, Any]]], *, all_terminal: bool = True) -> Counter[str]:
+def assert_sessions_whole(
+    streams: dict[str, list[tuple[int, str, Any]]], *, all_terminal: bool = True
+) -> Counter[str]:
     """Contiguous versions 1..n, a SessionCreated first, at most (exactly, if all_terminal) one
     terminal event and nothing after it but the placeholder that must follow a SessionFailed."""
     ends: Counter[str] = Counter()
     for sid, stream in streams.items():
         versions = [v for v, _, _ in stream]
-        assert versions == list(range(1, len(stream) + 1)), f"{sid}: versions {versions} are not 1..n"
+        assert versions == list(range(1, len(stream) + 1)), (
+            f"{sid}: versions {versions} are not 1..n"
+        )
         types = [t for _, t, _ in stream]
-        assert types[0] == "SessionCreated" and types.count("SessionCreated") == 1, f"{sid}: {types}"
+        assert types[0] == "SessionCreated" and types.count("SessionCreated") == 1, (
+            f"{sid}: {types}"
+        )
         terminals = [i for i, t in enumerate(types) if t in TERMINAL]
         assert len(terminals) <= 1, f"{sid}: {len(terminals)} terminal events: {types}"
         if all_terminal:
@@ -175,7 +194,9 @@ def assert_sessions_whole(streams: dict[str, list[tuple[int, str, Any]]], *, all
         end = terminals[0]
         tail = types[end + 1 :]
         if types[end] == "SessionFailed":
-            assert tail == ["PlaceholderEmitted"], f"{sid}: SessionFailed must be followed by its placeholder: {types}"
+            assert tail == ["PlaceholderEmitted"], (
+                f"{sid}: SessionFailed must be followed by its placeholder: {types}"
+            )
         else:
             assert tail == [], f"{sid}: events after {types[end]}: {types}"
             assert "PlaceholderEmitted" not in types, f"{sid}: {types}"
@@ -207,27 +228,39 @@ SELECT count(*) FROM (
 async def assert_projection_complete(url: str) -> dict[str, int]:
     """Checkpoint at the end of the log; every queue row exactly once and as many as the
     sessions table (and the log) call for."""
-    (last,), = await fetch(url, "SELECT coalesce(max(position), 0) FROM events")
-    (checkpoint,), = await fetch(url, "SELECT position FROM checkpoints WHERE name = 'projector'")
+    ((last,),) = await fetch(url, "SELECT coalesce(max(position), 0) FROM events")
+    ((checkpoint,),) = await fetch(url, "SELECT position FROM checkpoints WHERE name = 'projector'")
     assert checkpoint == last, f"checkpoint {checkpoint} is not at the end of the log ({last})"
-    (rows, tags, distinct), = await fetch(
-        url, "SELECT count(*) FILTER (WHERE kind = 'row'), count(*) FILTER (WHERE kind = 'tag'), "
-             "count(DISTINCT (run, partition, key)) FROM queue_rows",
+    ((rows, tags, distinct),) = await fetch(
+        url,
+        "SELECT count(*) FILTER (WHERE kind = 'row'), count(*) FILTER (WHERE kind = 'tag'), "
+        "count(DISTINCT (run, partition, key)) FROM queue_rows",
     )
     assert distinct == rows + tags, "duplicate queue keys"
-    (from_sessions, sessions), = await fetch(url, "SELECT coalesce(sum(selected_rows), 0), count(*) FROM sessions")
-    (settled_groups,), = await fetch(url, "SELECT count(*) FROM groups WHERE status <> 'pending'")
-    (from_log,), = await fetch(url, EXPECTED_ROWS_SQL, upto=last)
-    (settled_in_log,), = await fetch(url, SETTLED_GROUPS_SQL)
-    (created,), = await fetch(url, "SELECT count(DISTINCT session_id) FROM events WHERE type <> 'RunConfigured'")
-    assert rows == from_sessions == from_log, f"queue rows {rows}, sessions table says {from_sessions}, log says {from_log}"
-    assert tags == settled_groups == settled_in_log, f"group tags {tags}, groups table {settled_groups}, log {settled_in_log}"
+    ((from_sessions, sessions),) = await fetch(
+        url, "SELECT coalesce(sum(selected_rows), 0), count(*) FROM sessions"
+    )
+    ((settled_groups,),) = await fetch(url, "SELECT count(*) FROM groups WHERE status <> 'pending'")
+    ((from_log,),) = await fetch(url, EXPECTED_ROWS_SQL, upto=last)
+    ((settled_in_log,),) = await fetch(url, SETTLED_GROUPS_SQL)
+    ((created,),) = await fetch(
+        url, "SELECT count(DISTINCT session_id) FROM events WHERE type <> 'RunConfigured'"
+    )
+    assert rows == from_sessions == from_log, (
+        f"queue rows {rows}, sessions table says {from_sessions}, log says {from_log}"
+    )
+    assert tags == settled_groups == settled_in_log, (
+        f"group tags {tags}, groups table {settled_groups}, log {settled_in_log}"
+    )
     assert sessions == created
     per_session = await fetch(
-        url, "SELECT s.session_id FROM sessions s LEFT JOIN queue_rows q ON q.session_id = s.session_id AND q.kind = 'row' "
-             "GROUP BY s.session_id, s.selected_rows HAVING count(q.id) <> s.selected_rows",
+        url,
+        "SELECT s.session_id FROM sessions s LEFT JOIN queue_rows q ON q.session_id = s.session_id AND q.kind = 'row' "
+        "GROUP BY s.session_id, s.selected_rows HAVING count(q.id) <> s.selected_rows",
     )
-    assert per_session == [], f"sessions whose queue rows differ from selected_rows: {per_session[:5]}"
+    assert per_session == [], (
+        f"sessions whose queue rows differ from selected_rows: {per_session[:5]}"
+    )
     return {"rows": rows, "tags": tags, "sessions": sessions, "events": last}
 
 
@@ -239,7 +272,10 @@ async def copy_events(source: str, target: str) -> int:
     src, dst = create_engine(source), create_engine(target)
     try:
         async with src.connect() as conn:
-            rows = [dict(r) for r in (await conn.execute(select(events).order_by(events.c.position))).mappings()]
+            rows = [
+                dict(r)
+                for r in (await conn.execute(select(events).order_by(events.c.position))).mappings()
+            ]
         async with dst.begin() as conn:
             for start in range(0, len(rows), 500):
                 await conn.execute(events.insert(), rows[start : start + 500])
@@ -255,7 +291,9 @@ async def read_models(url: str) -> dict[str, list[tuple[Any, ...]]]:
 
     def ordered(table: Any, *skip: str) -> Any:
         columns = [c for c in table.columns if c.name not in skip]
-        return select(*columns).order_by(*(c.nulls_first() for c in columns if c.name not in ("reward_info", "tags", "value")))
+        return select(*columns).order_by(
+            *(c.nulls_first() for c in columns if c.name not in ("reward_info", "tags", "value"))
+        )
 
     engine = create_engine(url)
     try:
@@ -264,7 +302,9 @@ async def read_models(url: str) -> dict[str, list[tuple[Any, ...]]]:
                 "sessions": [tuple(r) for r in await conn.execute(ordered(sessions))],
                 "groups": [tuple(r) for r in await conn.execute(ordered(groups))],
                 "queue_rows": [tuple(r) for r in await conn.execute(ordered(queue_rows, "id"))],
-                "metric_counts": [tuple(r) for r in await conn.execute(ordered(metric_counts, "id"))],
+                "metric_counts": [
+                    tuple(r) for r in await conn.execute(ordered(metric_counts, "id"))
+                ],
             }
     finally:
         await engine.dispose()
@@ -326,9 +366,14 @@ def test_tailing_reader_sees_every_event_in_commit_order(pg_url: str, hub: Hub) 
         from store import EventStore, create_engine
 
         reader = EventStore(create_engine(pg_url))
-        local = asyncio.gather(*(
-            pg_workers.append_batches(pg_url, f"local{e}", streams=3, appends=40, max_batch=6, seed=e) for e in range(2)
-        ))
+        local = asyncio.gather(
+            *(
+                pg_workers.append_batches(
+                    pg_url, f"local{e}", streams=3, appends=40, max_batch=6, seed=e
+                )
+                for e in range(2)
+            )
+        )
         go.set()
         remote = asyncio.ensure_future(asyncio.to_thread(hub.wait, names))
         writers = asyncio.gather(local, remote)
@@ -344,16 +389,25 @@ def test_tailing_reader_sees_every_event_in_commit_order(pg_url: str, hub: Hub) 
         return observed, appends
 
     readers, appends = asyncio.run(main())
-    table = [tuple(r) for r in asyncio.run(fetch(pg_url, "SELECT position, event_id FROM events ORDER BY position"))]
+    table = [
+        tuple(r)
+        for r in asyncio.run(
+            fetch(pg_url, "SELECT position, event_id FROM events ORDER BY position")
+        )
+    ]
     assert len(appends) == 8 * 40
     assert len(table) == sum(len(ids) for ids in appends)
     for observed in readers:
         missing = sorted(set(table) - set(observed))
-        assert observed == table, f"a tailing reader missed {len(missing)} events (first {missing[:3]})"
+        assert observed == table, (
+            f"a tailing reader missed {len(missing)} events (first {missing[:3]})"
+        )
     index = {event_id: i for i, (_, event_id) in enumerate(table)}
     for ids in appends:
         spots = [index[event_id] for event_id in ids]
-        assert spots == list(range(spots[0], spots[0] + len(ids))), f"an append's events interleave with others: {spots}"
+        assert spots == list(range(spots[0], spots[0] + len(ids))), (
+            f"an append's events interleave with others: {spots}"
+        )
 
 
 # ------------------------------------------------------------- 2. many writer processes, conflicts
@@ -375,7 +429,11 @@ def test_writer_processes_conflict_cleanly(pg_url: str, hub: Hub) -> None:
     assert sum(ends.values()) == len(streams)
 
     # private sessions ended as their writers were told
-    event_of = {"succeeded": "SessionSucceeded", "failed": "SessionFailed", "cancelled": "SessionCancelled"}
+    event_of = {
+        "succeeded": "SessionSucceeded",
+        "failed": "SessionFailed",
+        "cancelled": "SessionCancelled",
+    }
     for name in names:
         for sid, state in results[name]["private"].items():
             assert next(t for _, t, _ in streams[sid] if t in TERMINAL) == event_of[state], sid
@@ -385,18 +443,31 @@ def test_writer_processes_conflict_cleanly(pg_url: str, hub: Hub) -> None:
         stream = streams[sid]
         # creation: exactly one winner (the writer named in the stored event); the rest were told
         creators = [w for w, name in enumerate(names) if sid in results[name]["created"]]
-        refused = [w for w, name in enumerate(names) if ("create", sid, "InvalidInput", 0, -1) in results[name]["conflicts"]]
+        refused = [
+            w
+            for w, name in enumerate(names)
+            if ("create", sid, "InvalidInput", 0, -1) in results[name]["conflicts"]
+        ]
         assert len(creators) == 1, f"{sid} created by {creators}"
-        assert sorted(creators + refused) == list(range(writers)), f"{sid}: created by {creators}, refused {refused}"
+        assert sorted(creators + refused) == list(range(writers)), (
+            f"{sid}: created by {creators}, refused {refused}"
+        )
         assert stream[0][2]["metadata"] == {"writer": creators[0]}
         # stale appends: exactly one winner whose events follow version 2; the rest got ConcurrencyError
-        winners = [w for w, name in enumerate(names) if any(a[0] == sid for a in results[name]["appended"])]
+        winners = [
+            w for w, name in enumerate(names) if any(a[0] == sid for a in results[name]["appended"])
+        ]
         stale = {
-            w: c for w, name in enumerate(names) for c in results[name]["conflicts"] if c[0] == "stale" and c[1] == sid
+            w: c
+            for w, name in enumerate(names)
+            for c in results[name]["conflicts"]
+            if c[0] == "stale" and c[1] == sid
         }
         assert len(winners) == 1, f"{sid}: appended by {winners}"
         winner = winners[0]
-        assert sorted([winner, *stale]) == list(range(writers)), f"{sid}: winner {winner}, told of a conflict {sorted(stale)}"
+        assert sorted([winner, *stale]) == list(range(writers)), (
+            f"{sid}: winner {winner}, told of a conflict {sorted(stale)}"
+        )
         for w, (_, _, kind, expected, actual) in stale.items():
             assert kind == "ConcurrencyError" and expected == 2 and actual >= 3, (sid, w, stale[w])
         action = pg_workers.CONTEND_ACTIONS[(winner + j) % len(pg_workers.CONTEND_ACTIONS)]
@@ -410,11 +481,19 @@ def test_writer_processes_conflict_cleanly(pg_url: str, hub: Hub) -> None:
         assert types[2:] == tail, f"{sid}: {types}, winner {winner} ran {action}"
         data = stream[2][2]
         writer_seen = {
-            "succeed": lambda: data["extra"]["writer"], "fail": lambda: int(data["message"].split()[-1]),
+            "succeed": lambda: data["extra"]["writer"],
+            "fail": lambda: int(data["message"].split()[-1]),
             "cancel": lambda: int(data["message"].split()[-1]),
         }[action]()
-        assert writer_seen == winner, f"{sid}: version 3 written by {writer_seen}, but writer {winner} was told it won"
-        versions = [v for s, _, v in sorted(a for name in names for a in results[name]["appended"] if a[0] == sid)]
+        assert writer_seen == winner, (
+            f"{sid}: version 3 written by {writer_seen}, but writer {winner} was told it won"
+        )
+        versions = [
+            v
+            for s, _, v in sorted(
+                a for name in names for a in results[name]["appended"] if a[0] == sid
+            )
+        ]
         assert max(versions) == len(stream)
 
     told = sum(len(results[name]["conflicts"]) for name in names)
@@ -428,7 +507,9 @@ def _log_lines(path: Path) -> list[list[str]]:
     return [line.split() for line in path.read_text().splitlines() if line.strip()]
 
 
-def test_one_leading_projector_survives_sigkill(pg_url: str, second_pg_url: str, hub: Hub, tmp_path: Path) -> None:
+def test_one_leading_projector_survives_sigkill(
+    pg_url: str, second_pg_url: str, hub: Hub, tmp_path: Path
+) -> None:
     """Two follower processes on one database: one leads; SIGKILL it mid-stream while two writer
     processes keep appending; the other takes over from the checkpoint. Every queue row lands
     exactly once and the read models equal a fresh projection of the same log."""
@@ -450,7 +531,9 @@ def test_one_leading_projector_survives_sigkill(pg_url: str, second_pg_url: str,
             if found:
                 return found
             time.sleep(0.02)
-        raise AssertionError(f"timed out waiting for {what}: {({n: _log_lines(p) for n, p in logs.items()})}")
+        raise AssertionError(
+            f"timed out waiting for {what}: { ({n: _log_lines(p) for n, p in logs.items()}) }"
+        )
 
     def lines(name: str, kind: str) -> list[list[str]]:
         return [line for line in _log_lines(logs[name]) if line[0] == kind]
@@ -463,20 +546,26 @@ def test_one_leading_projector_survives_sigkill(pg_url: str, second_pg_url: str,
     leader = first[0]
     other = next(n for n in logs if n != leader)
     wait_for("the leader to project a few pages", lambda: len(lines(leader, "page")) >= 3)
-    assert all(hub.procs[w].is_alive() for w in writers) and not set(hub.results) & set(writers), "writers ended too soon"
+    assert all(hub.procs[w].is_alive() for w in writers) and not set(hub.results) & set(writers), (
+        "writers ended too soon"
+    )
     assert leaders() == [leader], "the second follower led while the first still held the lead"
     os.kill(hub.pids[leader], signal.SIGKILL)
     killed_at = time.time()
     hub.procs[leader].join(10)
 
-    took_over = float(wait_for("the other follower to take over", lambda: lines(other, "leader"))[0][1])
+    took_over = float(
+        wait_for("the other follower to take over", lambda: lines(other, "leader"))[0][1]
+    )
     assert took_over >= killed_at - 0.01, "the second follower led while the first was alive"
     outcomes = hub.wait(writers, timeout=90)
     assert sum(len(o) for o in outcomes.values()) == 192
 
     async def caught_up() -> bool:
-        (last,), = await fetch(pg_url, "SELECT coalesce(max(position), 0) FROM events")
-        checkpoint = await fetch(pg_url, "SELECT position FROM checkpoints WHERE name = 'projector'")
+        ((last,),) = await fetch(pg_url, "SELECT coalesce(max(position), 0) FROM events")
+        checkpoint = await fetch(
+            pg_url, "SELECT position FROM checkpoints WHERE name = 'projector'"
+        )
         return bool(checkpoint) and checkpoint[0][0] == last
 
     wait_for("the new leader to reach the end of the log", lambda: asyncio.run(caught_up()))
@@ -485,11 +574,17 @@ def test_one_leading_projector_survives_sigkill(pg_url: str, second_pg_url: str,
 
     before = [(int(line[1]), int(line[2]), float(line[3])) for line in lines(leader, "page")]
     after = [(int(line[1]), int(line[2]), float(line[3])) for line in lines(other, "page")]
-    (events_total,), = asyncio.run(fetch(pg_url, "SELECT count(*) FROM events"))
+    ((events_total,),) = asyncio.run(fetch(pg_url, "SELECT count(*) FROM events"))
     assert before and after
-    assert all(at >= took_over for _, _, at in after), "the waiting follower projected before it led"
-    assert total_other == sum(n for n, _, _ in after) < events_total, "the new leader restarted from the beginning"
-    assert after[0][1] > max(p for _, p, _ in before), "the new leader re-projected pages the old one had committed"
+    assert all(at >= took_over for _, _, at in after), (
+        "the waiting follower projected before it led"
+    )
+    assert total_other == sum(n for n, _, _ in after) < events_total, (
+        "the new leader restarted from the beginning"
+    )
+    assert after[0][1] > max(p for _, p, _ in before), (
+        "the new leader re-projected pages the old one had committed"
+    )
     assert sum(n for n, _, _ in before) + total_other <= events_total
     streams = asyncio.run(event_streams(pg_url))
     assert_sessions_whole(streams)
@@ -527,7 +622,9 @@ async def test_dropped_connections_never_tear_sessions_or_move_the_checkpoint_al
     async with Ledger.open(pg_url, run="faults") as ledger:
         original = ledger.store.submit
 
-        def recording_submit(session_id: str, expected: int, new_events: Any) -> asyncio.Future[int]:
+        def recording_submit(
+            session_id: str, expected: int, new_events: Any
+        ) -> asyncio.Future[int]:
             """Every append goes through submit (the recorder awaits its future): record its fate."""
             ids = [e.event_id for e in new_events]
             future = original(session_id, expected, new_events)
@@ -552,9 +649,15 @@ async def test_dropped_connections_never_tear_sessions_or_move_the_checkpoint_al
                 next_kill, next_burst = time.monotonic() + 0.2, time.monotonic() + 1.5
                 while not stop.is_set():
                     async with conn.transaction(isolation="repeatable_read", readonly=True):
-                        checkpoint = await conn.fetchval("SELECT coalesce(max(position), 0) FROM checkpoints")
-                        rows = await conn.fetchval("SELECT count(*) FROM queue_rows WHERE kind = 'row'")
-                        expected = await conn.fetchval(EXPECTED_ROWS_SQL.replace(":upto", "$1"), checkpoint)
+                        checkpoint = await conn.fetchval(
+                            "SELECT coalesce(max(position), 0) FROM checkpoints"
+                        )
+                        rows = await conn.fetchval(
+                            "SELECT count(*) FROM queue_rows WHERE kind = 'row'"
+                        )
+                        expected = await conn.fetchval(
+                            EXPECTED_ROWS_SQL.replace(":upto", "$1"), checkpoint
+                        )
                     if rows != expected:
                         mismatches.append((checkpoint, rows, expected))
                     now = time.monotonic()
@@ -562,7 +665,9 @@ async def test_dropped_connections_never_tear_sessions_or_move_the_checkpoint_al
                         kills += sum(1 for (ok,) in await conn.fetch(KILL_OTHERS) if ok)
                         next_kill = now + rng.uniform(0.2, 0.5)
                     if not faults_off.is_set() and now >= next_burst:
-                        kills += await asyncio.to_thread(kill_storm, admin_dsn(pg_url), 0.6, conn.get_server_pid())
+                        kills += await asyncio.to_thread(
+                            kill_storm, admin_dsn(pg_url), 0.6, conn.get_server_pid()
+                        )
                         next_burst = time.monotonic() + 2.5
                     await asyncio.sleep(0.01)
             finally:
@@ -588,7 +693,9 @@ async def test_dropped_connections_never_tear_sessions_or_move_the_checkpoint_al
                     leading = True
 
                 try:
-                    follow_totals.append(await projector.follow(stop, poll_interval=0.05, on_leader=lead))
+                    follow_totals.append(
+                        await projector.follow(stop, poll_interval=0.05, on_leader=lead)
+                    )
                 except DBAPIError as error:
                     follow_errors.append((name, leading, stop.is_set(), error))
                     await asyncio.sleep(0.05)
@@ -597,19 +704,28 @@ async def test_dropped_connections_never_tear_sessions_or_move_the_checkpoint_al
             plan = ("ok", "ok", "fail", "cancel", "empty")[i % 5]
             try:
                 handle = await ledger.create_session(
-                    f"f-{i}", uid=f"fg{i // 4}", session_index=i % 4, group_size=4, partition="train", global_step=0,
+                    f"f-{i}",
+                    uid=f"fg{i // 4}",
+                    session_index=i % 4,
+                    group_size=4,
+                    partition="train",
+                    global_step=0,
                 )
                 if plan == "cancel":
                     await handle.cancel("operator")
                     return
                 if plan != "empty":
-                    await handle.record_trajectory(prompt_ids=[1, 2, 3], response_ids=list(range(10, 10 + 32 + i % 7)))
+                    await handle.record_trajectory(
+                        prompt_ids=[1, 2, 3], response_ids=list(range(10, 10 + 32 + i % 7))
+                    )
                 if plan == "fail":
                     await handle.fail_with(SandboxError("sandbox went away"))
                     return
                 await handle.post_reward(1.0)
                 await handle.complete()
-            except StoreError as error:  # retries ran out: a clear error, and the session is left as is
+            except (
+                StoreError
+            ) as error:  # retries ran out: a clear error, and the session is left as is
                 command_errors.append(error)
 
         limit = asyncio.Semaphore(12)
@@ -620,7 +736,9 @@ async def test_dropped_connections_never_tear_sessions_or_move_the_checkpoint_al
                 await session(i)
 
         started = time.monotonic()
-        background = [asyncio.ensure_future(c) for c in (admin(), project(), follower("fa"), follower("fb"))]
+        background = [
+            asyncio.ensure_future(c) for c in (admin(), project(), follower("fa"), follower("fb"))
+        ]
         batch = 0
         while time.monotonic() - started < 6.0 or batch < 2:
             await asyncio.gather(*(limited(batch * 40 + i) for i in range(40)))
@@ -640,8 +758,12 @@ async def test_dropped_connections_never_tear_sessions_or_move_the_checkpoint_al
             if error is None:
                 assert all(present), f"{sid}: an append that returned is missing events"
             else:
-                assert all(present) or not any(present), f"{sid}: an append that raised left part of its events"
-                assert isinstance(error, StoreError) and not isinstance(error, ConcurrencyError), f"{sid}: {error!r}"
+                assert all(present) or not any(present), (
+                    f"{sid}: an append that raised left part of its events"
+                )
+                assert isinstance(error, StoreError) and not isinstance(error, ConcurrencyError), (
+                    f"{sid}: {error!r}"
+                )
                 assert sid in str(error), f"unclear error for {sid}: {error!r}"
         for error in command_errors:
             assert "failed" in str(error) or "concurrency" in str(error).lower(), error
@@ -651,11 +773,17 @@ async def test_dropped_connections_never_tear_sessions_or_move_the_checkpoint_al
         # `follow` may give up only as a leader whose page retries ran out mid-storm: a waiting
         # follower outlives dropped connections, and a stop after one still ends it cleanly
         for name, leading, stopping, error in follow_errors:
-            assert leading and not stopping, f"follower {name} (leading={leading}, stopping={stopping}) raised {error!r}"
+            assert leading and not stopping, (
+                f"follower {name} (leading={leading}, stopping={stopping}) raised {error!r}"
+            )
         assert len(follow_totals) == 2, follow_errors
         retries = [r for r in caplog.records if "failed transiently" in r.getMessage()]
-        assert kills > 0 and retries, f"the fault injection never hit (kills {kills}, retries {len(retries)})"
-        assert mismatches == [], f"checkpoint moved without its rows (checkpoint, rows, expected): {mismatches[:5]}"
+        assert kills > 0 and retries, (
+            f"the fault injection never hit (kills {kills}, retries {len(retries)})"
+        )
+        assert mismatches == [], (
+            f"checkpoint moved without its rows (checkpoint, rows, expected): {mismatches[:5]}"
+        )
 
         streams = await event_streams(pg_url)
         assert_sessions_whole(streams, all_terminal=False)
@@ -668,9 +796,15 @@ async def test_dropped_connections_never_tear_sessions_or_move_the_checkpoint_al
         await ledger.project()
         logging.getLogger(__name__).info(
             "faults: %d backends killed, %d retries (%d in projection), %d/%d appends failed, %d projection "
-            "errors, %d follow errors, %d sessions", kills, len(retries),
-            sum("projection" in r.getMessage() for r in retries), len(failed), len(appends), len(projection_errors),
-            len(follow_errors), len(streams),
+            "errors, %d follow errors, %d sessions",
+            kills,
+            len(retries),
+            sum("projection" in r.getMessage() for r in retries),
+            len(failed),
+            len(appends),
+            len(projection_errors),
+            len(follow_errors),
+            len(streams),
         )
 
     streams = await event_streams(pg_url)
@@ -685,18 +819,37 @@ def test_demo_on_postgres_ends_every_session_once(pg_url: str) -> None:
     script = Path(sys.executable).with_name("rollout-ledger")
     command = [str(script)] if script.exists() else [sys.executable, "-m", "sessions.cli.main"]
     done = subprocess.run(
-        [*command, "demo", "--db", pg_url, "--steps", "1", "--prompts", "4", "--group-size", "2", "--seed", "3"],
-        capture_output=True, text=True, timeout=120,
+        [
+            *command,
+            "demo",
+            "--db",
+            pg_url,
+            "--steps",
+            "1",
+            "--prompts",
+            "4",
+            "--group-size",
+            "2",
+            "--seed",
+            "3",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert done.returncode == 0, done.stderr
-    bad = asyncio.run(fetch(
-        pg_url,
-        "SELECT session_id, count(*) FILTER (WHERE type IN ('SessionSucceeded', 'SessionFailed', 'SessionCancelled')) "
-        "FROM events WHERE type <> 'RunConfigured' GROUP BY session_id "
-        "HAVING count(*) FILTER (WHERE type IN ('SessionSucceeded', 'SessionFailed', 'SessionCancelled')) <> 1",
-    ))
+    bad = asyncio.run(
+        fetch(
+            pg_url,
+            "SELECT session_id, count(*) FILTER (WHERE type IN ('SessionSucceeded', 'SessionFailed', 'SessionCancelled')) "
+            "FROM events WHERE type <> 'RunConfigured' GROUP BY session_id "
+            "HAVING count(*) FILTER (WHERE type IN ('SessionSucceeded', 'SessionFailed', 'SessionCancelled')) <> 1",
+        )
+    )
     assert bad == []
-    (sessions,), = asyncio.run(fetch(pg_url, "SELECT count(DISTINCT session_id) FROM events WHERE type <> 'RunConfigured'"))
+    ((sessions,),) = asyncio.run(
+        fetch(pg_url, "SELECT count(DISTINCT session_id) FROM events WHERE type <> 'RunConfigured'")
+    )
     assert sessions == 1 * 2 * 4 * 2
     assert_sessions_whole(asyncio.run(event_streams(pg_url)))
     asyncio.run(assert_projection_complete(pg_url))

@@ -34,7 +34,12 @@ from store.tables import checkpoints, groups, metric_counts, queue_rows, session
 from tests.conftest import backend_of, wipe
 from tests.test_metrics import assert_metrics_match, read_events, stored_metrics
 
-FAILURE_REASON = {"error": "runner_error", "sandbox": "sandbox_error", "timeout": "timeout", "empty": "empty_output"}
+FAILURE_REASON = {
+    "error": "runner_error",
+    "sandbox": "sandbox_error",
+    "timeout": "timeout",
+    "empty": "empty_output",
+}
 POLICIES: dict[str, PlaceholderPolicy] = {
     "emit": PlaceholderPolicy(),
     "drop": PlaceholderPolicy(rules={"*": {"*": "drop"}}),
@@ -77,7 +82,9 @@ class SessionPlan:
     def state(self) -> str | None:
         if self.end == "absent":
             return None
-        return {"complete": "succeeded", "cancel": "cancelled", "open": "running"}.get(self.end, "failed")
+        return {"complete": "succeeded", "cancel": "cancelled", "open": "running"}.get(
+            self.end, "failed"
+        )
 
     @property
     def reason(self) -> str | None:
@@ -130,7 +137,14 @@ ENDS = ["complete"] * 8 + ["error", "sandbox", "timeout", "empty", "cancel", "op
 REWARDS = [1.0, 0.5, 0.25, -0.5, 2.0, 0.0, None]
 
 
-def random_scenario(rnd: random.Random, *, min_groups: int = 1, max_groups: int = 5, ends: list[str] = ENDS, policy: str = "emit") -> Scenario:
+def random_scenario(
+    rnd: random.Random,
+    *,
+    min_groups: int = 1,
+    max_groups: int = 5,
+    ends: list[str] = ENDS,
+    policy: str = "emit",
+) -> Scenario:
     groups_: list[GroupPlan] = []
     for g in range(rnd.randint(min_groups, max_groups)):
         size = rnd.randint(1, 4)
@@ -142,17 +156,35 @@ def random_scenario(rnd: random.Random, *, min_groups: int = 1, max_groups: int 
             trajectories = []
             for _ in range(count):
                 n = rnd.randint(1, 5)
-                trajectories.append(Traj(
-                    [rnd.randint(1, 99) for _ in range(rnd.randint(1, 4))],
-                    [rnd.randint(1, 99) for _ in range(n)],
-                    [rnd.randint(0, 1) for _ in range(n)],
-                ))
+                trajectories.append(
+                    Traj(
+                        [rnd.randint(1, 99) for _ in range(rnd.randint(1, 4))],
+                        [rnd.randint(1, 99) for _ in range(n)],
+                        [rnd.randint(0, 1) for _ in range(n)],
+                    )
+                )
             rewards = [rnd.choice(REWARDS) for _ in range(rnd.randint(0, 2))]
-            plans.append(SessionPlan(f"{uid}-s{i}", i, trajectories, rewards, end, rnd.choice([None, "all", "longest"])))
-        groups_.append(GroupPlan(
-            rnd.choice(["r1", "r2"]), uid, rnd.choice(["train", "val"]), rnd.choice([0, 1, None]),
-            rnd.choice(["gsm8k", "swe", None]), size, plans,
-        ))
+            plans.append(
+                SessionPlan(
+                    f"{uid}-s{i}",
+                    i,
+                    trajectories,
+                    rewards,
+                    end,
+                    rnd.choice([None, "all", "longest"]),
+                )
+            )
+        groups_.append(
+            GroupPlan(
+                rnd.choice(["r1", "r2"]),
+                uid,
+                rnd.choice(["train", "val"]),
+                rnd.choice([0, 1, None]),
+                rnd.choice(["gsm8k", "swe", None]),
+                size,
+                plans,
+            )
+        )
     return Scenario(groups_, policy, rnd.choice(["all", "longest"]), rnd.randrange(2**32))
 
 
@@ -161,9 +193,13 @@ class Actor:
 
     def __init__(self, ledger: Ledger, group: GroupPlan, plan: SessionPlan) -> None:
         self.ledger, self.group, self.plan = ledger, group, plan
-        self.inbox: asyncio.Queue[tuple[tuple[Any, ...], asyncio.Future[None] | None]] = asyncio.Queue()
+        self.inbox: asyncio.Queue[tuple[tuple[Any, ...], asyncio.Future[None] | None]] = (
+            asyncio.Queue()
+        )
         self.task: asyncio.Task[None] | None = None
-        self.handle: Any = None  # sessions left open use a plain handle: no task, nothing to clean up
+        self.handle: Any = (
+            None  # sessions left open use a plain handle: no task, nothing to clean up
+        )
         self.raised: BaseException | None = None
 
     def ops(self, rnd: random.Random) -> list[tuple[Any, ...]]:
@@ -187,8 +223,15 @@ class Actor:
 
     def _identity(self) -> dict[str, Any]:
         g = self.group
-        return dict(uid=g.uid, session_index=self.plan.index, group_size=g.size, partition=g.partition,
-                    global_step=g.step, data_source=g.source, run=g.run)
+        return dict(
+            uid=g.uid,
+            session_index=self.plan.index,
+            group_size=g.size,
+            partition=g.partition,
+            global_step=g.step,
+            data_source=g.source,
+            run=g.run,
+        )
 
     async def _main(self, ready: asyncio.Future[None]) -> None:
         try:
@@ -198,7 +241,12 @@ class Actor:
                     op, done = await self.inbox.get()
                     if op[0] == "traj":
                         t: Traj = op[1]
-                        await handle.record_trajectory(prompt_ids=t.prompt, response_ids=t.response, response_mask=t.mask, num_turns=1)
+                        await handle.record_trajectory(
+                            prompt_ids=t.prompt,
+                            response_ids=t.response,
+                            response_mask=t.mask,
+                            num_turns=1,
+                        )
                     elif op[0] == "reward":
                         await handle.post_reward(op[1])
                     elif op[0] == "complete":
@@ -221,7 +269,9 @@ class Actor:
                 self.handle = await self.ledger.create_session(self.plan.sid, **self._identity())
             elif op[0] == "traj":
                 t: Traj = op[1]
-                await self.handle.record_trajectory(prompt_ids=t.prompt, response_ids=t.response, response_mask=t.mask)
+                await self.handle.record_trajectory(
+                    prompt_ids=t.prompt, response_ids=t.response, response_mask=t.mask
+                )
             else:
                 await self.handle.post_reward(op[1])
             return
@@ -251,7 +301,9 @@ class Actor:
             raise AssertionError(f"session {self.plan.sid} ended before its command ran")
 
 
-def _keep_reward_order(body: list[tuple[Any, ...]], rewards: list[float | None]) -> list[tuple[Any, ...]]:
+def _keep_reward_order(
+    body: list[tuple[Any, ...]], rewards: list[float | None]
+) -> list[tuple[Any, ...]]:
     """Rewards were inserted at random places; put them back in posting order (the last one wins)."""
     it = iter(rewards)
     return [("reward", next(it)) if op[0] == "reward" else op for op in body]
@@ -284,7 +336,10 @@ async def play(ledger: Ledger, scenario: Scenario, *, project_between: bool = Tr
 
 async def all_queue_rows(engine: Any) -> list[dict[str, Any]]:
     async with engine.connect() as conn:
-        return [dict(r) for r in (await conn.execute(select(queue_rows).order_by(queue_rows.c.id))).mappings()]
+        return [
+            dict(r)
+            for r in (await conn.execute(select(queue_rows).order_by(queue_rows.c.id))).mappings()
+        ]
 
 
 async def step_batch(ledger: Ledger, run: str, partition: str, step: int | None) -> Any:
@@ -298,7 +353,9 @@ async def step_batch(ledger: Ledger, run: str, partition: str, step: int | None)
     return build_padded(materialise(queue, sources))
 
 
-def check_rows(scenario: Scenario, queue: list[dict[str, Any]]) -> dict[tuple[str, str, str], tuple[SessionPlan, Traj | None, float]]:
+def check_rows(
+    scenario: Scenario, queue: list[dict[str, Any]]
+) -> dict[tuple[str, str, str], tuple[SessionPlan, Traj | None, float]]:
     """Queue rows == the plan's rows; returns (run, partition, key) -> (plan, trajectory or None, reward)."""
     rows = [q for q in queue if q["kind"] == "row"]
     keys = [(q["run"], q["partition"], q["key"]) for q in rows]
@@ -317,10 +374,16 @@ def check_rows(scenario: Scenario, queue: list[dict[str, Any]]) -> dict[tuple[st
             selection = s.selection or scenario.default_selection
             if selection == "all":
                 indices = list(range(len(s.trajectories)))
-                assert sorted(q["key"] for q in got) == sorted(f"{g.uid}_{s.index}_{t}" for t in indices), s.sid
+                assert sorted(q["key"] for q in got) == sorted(
+                    f"{g.uid}_{s.index}_{t}" for t in indices
+                ), s.sid
             else:
                 longest = max(len(t.prompt) + len(t.response) for t in s.trajectories)
-                candidates = {t for t, tr in enumerate(s.trajectories) if len(tr.prompt) + len(tr.response) == longest}
+                candidates = {
+                    t
+                    for t, tr in enumerate(s.trajectories)
+                    if len(tr.prompt) + len(tr.response) == longest
+                }
                 assert len(got) == 1, f"{s.sid}: 'longest' selects one row, got {len(got)}"
                 assert int(got[0]["key"].rsplit("_", 1)[1]) in candidates, s.sid
             for q in got:
@@ -329,10 +392,14 @@ def check_rows(scenario: Scenario, queue: list[dict[str, Any]]) -> dict[tuple[st
                 expected[(g.run, g.partition, q["key"])] = (s, s.trajectories[t], reward)
         elif s.state == "failed" and emits(scenario.policy, g.partition, s.reason or ""):
             failed_emitting += 1
-            assert [q["key"] for q in got] == [f"{g.uid}_{s.index}_0"], f"{s.sid}: one placeholder row"
+            assert [q["key"] for q in got] == [f"{g.uid}_{s.index}_0"], (
+                f"{s.sid}: one placeholder row"
+            )
             q = got[0]
             assert q["is_placeholder"] and q["reward"] == 0.0, s.sid
-            assert q["failure_reason"] == s.reason and q["materialization_reason"] == "session_failed", s.sid
+            assert (
+                q["failure_reason"] == s.reason and q["materialization_reason"] == "session_failed"
+            ), s.sid
             placeholders += 1
             expected[(g.run, g.partition, q["key"])] = (s, None, 0.0)
         else:  # dropped failures, cancelled, open and never-created sessions have no row
@@ -343,10 +410,14 @@ def check_rows(scenario: Scenario, queue: list[dict[str, Any]]) -> dict[tuple[st
     return expected
 
 
-def check_batch_rows(batch: Any, expected: dict[tuple[str, str, str], tuple[SessionPlan, Traj | None, float]]) -> None:
+def check_batch_rows(
+    batch: Any, expected: dict[tuple[str, str, str], tuple[SessionPlan, Traj | None, float]]
+) -> None:
     from sessions.batches import non_tensor
 
-    keys = list(zip(non_tensor(batch, "run"), non_tensor(batch, "partition"), non_tensor(batch, "key")))
+    keys = list(
+        zip(non_tensor(batch, "run"), non_tensor(batch, "partition"), non_tensor(batch, "key"))
+    )
     P = batch["prompts"].shape[1]
     for i, key in enumerate(keys):
         plan, traj, reward = expected[key]
@@ -365,14 +436,16 @@ def check_batch_rows(batch: Any, expected: dict[tuple[str, str, str], tuple[Sess
             assert int(batch["prompts"][i, -1]) == TOKEN_ID == int(batch["responses"][i, 0]), key
         else:
             assert not bool(batch["is_placeholder"][i]), key
-            assert batch["prompts"][i, P - pl:].tolist() == traj.prompt, key
+            assert batch["prompts"][i, P - pl :].tolist() == traj.prompt, key
             assert batch["responses"][i, :rl].tolist() == traj.response, key
             assert mask == traj.mask + [0] * (len(mask) - rl), key
         assert non_tensor(batch, "session_id")[i] == plan.sid
 
 
 async def check_tags(ledger: Ledger, scenario: Scenario, queue: list[dict[str, Any]]) -> None:
-    positions: dict[str, list[int]] = defaultdict(list)  # session -> positions of its settling events
+    positions: dict[str, list[int]] = defaultdict(
+        list
+    )  # session -> positions of its settling events
     for r in await read_events(ledger.engine):
         if r.type in ev.TERMINAL_EVENTS or r.type == "PlaceholderEmitted":
             positions[r.session_id].append(r.position or 0)
@@ -387,17 +460,28 @@ async def check_tags(ledger: Ledger, scenario: Scenario, queue: list[dict[str, A
         assert len(mine) == 1, f"group {g.uid}: expected one tag, got {len(mine)}"
         tag = mine[0]
         status = "finished" if any(s.state == "succeeded" for s in g.sessions) else "failure"
-        assert tag["key"] == g.uid and tag["tags"]["status"] == status and tag["partition"] == g.partition
+        assert (
+            tag["key"] == g.uid
+            and tag["tags"]["status"] == status
+            and tag["partition"] == g.partition
+        )
         rows = [q for q in queue if q["kind"] == "row" and (q["run"], q["uid"]) == (g.run, g.uid)]
         assert all(q["id"] < tag["id"] for q in rows), f"group {g.uid}: tag before one of its rows"
         settle = max(p for s in g.sessions for p in positions[s.sid])
-        assert tag["produced_position"] >= settle, f"group {g.uid}: tagged at {tag['produced_position']} before position {settle}"
+        assert tag["produced_position"] >= settle, (
+            f"group {g.uid}: tagged at {tag['produced_position']} before position {settle}"
+        )
 
 
 async def check_read_models(ledger: Ledger, scenario: Scenario) -> None:
     async with ledger.engine.connect() as conn:
         states = dict((await conn.execute(select(sessions.c.session_id, sessions.c.state))).all())
-        status = {(r, u): s for r, u, s in (await conn.execute(select(groups.c.run, groups.c.uid, groups.c.status))).all()}
+        status = {
+            (r, u): s
+            for r, u, s in (
+                await conn.execute(select(groups.c.run, groups.c.uid, groups.c.status))
+            ).all()
+        }
     assert states == {s.sid: s.state for _g, s in scenario.sessions() if s.state is not None}
     for g in scenario.groups:
         if not g.exists:
@@ -405,10 +489,14 @@ async def check_read_models(ledger: Ledger, scenario: Scenario) -> None:
         elif not g.settled:
             assert status[(g.run, g.uid)] == "pending"
         else:
-            assert status[(g.run, g.uid)] == ("finished" if any(s.state == "succeeded" for s in g.sessions) else "failure")
+            assert status[(g.run, g.uid)] == (
+                "finished" if any(s.state == "succeeded" for s in g.sessions) else "failure"
+            )
 
 
-async def check_everything(ledger: Ledger, scenario: Scenario, sink: InProcessQueue | None = None) -> None:
+async def check_everything(
+    ledger: Ledger, scenario: Scenario, sink: InProcessQueue | None = None
+) -> None:
     queue = await all_queue_rows(ledger.engine)
     expected = check_rows(scenario, queue)
     await check_tags(ledger, scenario, queue)
@@ -417,7 +505,11 @@ async def check_everything(ledger: Ledger, scenario: Scenario, sink: InProcessQu
     from sessions.batches import non_tensor
 
     for run, partition, step in sorted(scenario.buckets(), key=repr):
-        settled = all(g.settled for g in scenario.groups if g.exists and (g.run, g.partition, g.step) == (run, partition, step))
+        settled = all(
+            g.settled
+            for g in scenario.groups
+            if g.exists and (g.run, g.partition, g.step) == (run, partition, step)
+        )
         if settled:
             batch = await ledger.batch(partition, step, run=run, timeout=0)
         else:
@@ -431,21 +523,41 @@ async def check_everything(ledger: Ledger, scenario: Scenario, sink: InProcessQu
         sources = non_tensor(batch, "data_source")
         for source in {None, *sources}:
             scope = oracle.get((run, partition, step, source), {})
-            picked = [i for i in range(len(sources)) if attended[i] and (source is None or sources[i] == source)]
+            picked = [
+                i
+                for i in range(len(sources))
+                if attended[i] and (source is None or sources[i] == source)
+            ]
             if picked:
-                assert scope["reward/mean"] == pytest.approx(float(score[picked].mean())), (run, partition, step, source)
+                assert scope["reward/mean"] == pytest.approx(float(score[picked].mean())), (
+                    run,
+                    partition,
+                    step,
+                    source,
+                )
             else:
                 assert "reward/mean" not in scope
     if sink is not None:
         for run, partition in {(g.run, g.partition) for g in scenario.groups}:
             db_rows = [q for q in queue if (q["run"], q["partition"]) == (run, partition)]
-            assert [i.key for i in sink.items(run, partition)] == [q["key"] for q in db_rows if q["kind"] == "row"]
-            assert [i.key for i in sink.items(run, partition, tags=True)] == [q["key"] for q in db_rows if q["kind"] == "tag"]
+            assert [i.key for i in sink.items(run, partition)] == [
+                q["key"] for q in db_rows if q["kind"] == "row"
+            ]
+            assert [i.key for i in sink.items(run, partition, tags=True)] == [
+                q["key"] for q in db_rows if q["kind"] == "tag"
+            ]
             for item in sink.items(run, partition):
                 plan, _traj, reward = expected[(run, partition, item.key)]
-                assert item.row is not None and item.row.reward == reward and item.row.meta["session_id"] == plan.sid
+                assert (
+                    item.row is not None
+                    and item.row.reward == reward
+                    and item.row.meta["session_id"] == plan.sid
+                )
             for item in sink.items(run, partition, tags=True):
-                assert item.tags["status"] in ("finished", "failure") and item.tags["is_prompt"] is True
+                assert (
+                    item.tags["status"] in ("finished", "failure")
+                    and item.tags["is_prompt"] is True
+                )
 
 
 # ------------------------------------------------------------------------------------------
@@ -461,7 +573,11 @@ EXAMPLES = {"sqlite": 25, "postgres": 10}
 def test_projection_properties(module_db_url: str) -> None:
     """Random scenarios, interleavings, page sizes and policies; one database per backend, wiped per example."""
 
-    @settings(max_examples=EXAMPLES[backend_of(module_db_url)], deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @settings(
+        max_examples=EXAMPLES[backend_of(module_db_url)],
+        deadline=None,
+        suppress_health_check=[HealthCheck.too_slow],
+    )
     @given(
         rnd=st.randoms(use_true_random=False),
         page_size=st.integers(1, 7),
@@ -473,8 +589,12 @@ def test_projection_properties(module_db_url: str) -> None:
         async def main(url: str) -> None:
             await wipe(url)
             sink = InProcessQueue()
-            async with Ledger.open(url, placeholder_policy=POLICIES[policy], trajectory_selection=scenario.default_selection,
-                                   sinks=[sink]) as ledger:
+            async with Ledger.open(
+                url,
+                placeholder_policy=POLICIES[policy],
+                trajectory_selection=scenario.default_selection,
+                sinks=[sink],
+            ) as ledger:
                 ledger.projector.page_size = page_size
                 await play(ledger, scenario)
                 await ledger.project()
@@ -487,11 +607,19 @@ def test_projection_properties(module_db_url: str) -> None:
 
 async def test_failed_and_placeholder_split_across_pages(db_url: str) -> None:
     """page_size 1 puts every SessionFailed and its PlaceholderEmitted in different pages."""
-    plan = [SessionPlan("a-s0", 0, [Traj([1], [2, 3], [1, 1])], [1.0], "complete", None),
-            SessionPlan("a-s1", 1, [], [], "error", None),
-            SessionPlan("a-s2", 2, [Traj([1], [2], [1])], [], "sandbox", None)]
-    scenario = Scenario([GroupPlan("r1", "a", "val", 0, "gsm8k", 3, plan),
-                         GroupPlan("r1", "b", "val", 0, "gsm8k", 1, [SessionPlan("b-s0", 0, [], [], "timeout", None)])])
+    plan = [
+        SessionPlan("a-s0", 0, [Traj([1], [2, 3], [1, 1])], [1.0], "complete", None),
+        SessionPlan("a-s1", 1, [], [], "error", None),
+        SessionPlan("a-s2", 2, [Traj([1], [2], [1])], [], "sandbox", None),
+    ]
+    scenario = Scenario(
+        [
+            GroupPlan("r1", "a", "val", 0, "gsm8k", 3, plan),
+            GroupPlan(
+                "r1", "b", "val", 0, "gsm8k", 1, [SessionPlan("b-s0", 0, [], [], "timeout", None)]
+            ),
+        ]
+    )
     async with Ledger.open(db_url) as ledger:
         ledger.projector.page_size = 1
         await play(ledger, scenario, project_between=False)
@@ -508,28 +636,82 @@ async def test_failed_and_placeholder_split_across_pages(db_url: str) -> None:
 
 FAULT_SCENARIO = Scenario(
     [
-        GroupPlan("r1", "g1", "val", 0, "gsm8k", 3, [
-            SessionPlan("g1-s0", 0, [Traj([5, 6], [7, 8, 9], [1, 0, 1]), Traj([5], [7], [1])], [1.0], "complete", "all"),
-            SessionPlan("g1-s1", 1, [Traj([5], [6, 7], [1, 1])], [], "error", None),
-            SessionPlan("g1-s2", 2, [Traj([5, 6], [8], [1])], [0.5], "complete", None),
-        ]),
-        GroupPlan("r1", "g2", "val", 0, "swe", 2, [
-            SessionPlan("g2-s0", 0, [], [], "sandbox", None),
-            SessionPlan("g2-s1", 1, [Traj([4], [4, 4], [0, 1])], [0.25], "timeout", None),
-        ]),
-        GroupPlan("r1", "g3", "train", 0, "gsm8k", 3, [
-            SessionPlan("g3-s0", 0, [Traj([1, 2, 3], [4], [1])], [], "complete", None),
-            SessionPlan("g3-s1", 1, [Traj([1], [2], [1])], [], "cancel", None),
-            SessionPlan("g3-s2", 2, [], [], "empty", None),
-        ]),
-        GroupPlan("r1", "g4", "train", 1, None, 2, [
-            SessionPlan("g4-s0", 0, [Traj([1], [2, 3], [1, 1]), Traj([1], [2, 3, 4, 5], [1, 0, 0, 1])], [0.25], "complete", "longest"),
-            SessionPlan("g4-s1", 1, [Traj([9], [9], [1])], [0.75], "complete", None),
-        ]),
-        GroupPlan("r2", "g5", "val", 1, "gsm8k", 2, [
-            SessionPlan("g5-s0", 0, [Traj([3], [3], [1])], [2.0], "complete", None),
-            SessionPlan("g5-s1", 1, [Traj([3], [3], [1])], [], "open", None),
-        ]),
+        GroupPlan(
+            "r1",
+            "g1",
+            "val",
+            0,
+            "gsm8k",
+            3,
+            [
+                SessionPlan(
+                    "g1-s0",
+                    0,
+                    [Traj([5, 6], [7, 8, 9], [1, 0, 1]), Traj([5], [7], [1])],
+                    [1.0],
+                    "complete",
+                    "all",
+                ),
+                SessionPlan("g1-s1", 1, [Traj([5], [6, 7], [1, 1])], [], "error", None),
+                SessionPlan("g1-s2", 2, [Traj([5, 6], [8], [1])], [0.5], "complete", None),
+            ],
+        ),
+        GroupPlan(
+            "r1",
+            "g2",
+            "val",
+            0,
+            "swe",
+            2,
+            [
+                SessionPlan("g2-s0", 0, [], [], "sandbox", None),
+                SessionPlan("g2-s1", 1, [Traj([4], [4, 4], [0, 1])], [0.25], "timeout", None),
+            ],
+        ),
+        GroupPlan(
+            "r1",
+            "g3",
+            "train",
+            0,
+            "gsm8k",
+            3,
+            [
+                SessionPlan("g3-s0", 0, [Traj([1, 2, 3], [4], [1])], [], "complete", None),
+                SessionPlan("g3-s1", 1, [Traj([1], [2], [1])], [], "cancel", None),
+                SessionPlan("g3-s2", 2, [], [], "empty", None),
+            ],
+        ),
+        GroupPlan(
+            "r1",
+            "g4",
+            "train",
+            1,
+            None,
+            2,
+            [
+                SessionPlan(
+                    "g4-s0",
+                    0,
+                    [Traj([1], [2, 3], [1, 1]), Traj([1], [2, 3, 4, 5], [1, 0, 0, 1])],
+                    [0.25],
+                    "complete",
+                    "longest",
+                ),
+                SessionPlan("g4-s1", 1, [Traj([9], [9], [1])], [0.75], "complete", None),
+            ],
+        ),
+        GroupPlan(
+            "r2",
+            "g5",
+            "val",
+            1,
+            "gsm8k",
+            2,
+            [
+                SessionPlan("g5-s0", 0, [Traj([3], [3], [1])], [2.0], "complete", None),
+                SessionPlan("g5-s1", 1, [Traj([3], [3], [1])], [], "open", None),
+            ],
+        ),
     ],
     seed=11,
 )
@@ -546,10 +728,25 @@ class Injected(RuntimeError):
 
 
 STEPS = (
-    "get_checkpoint:after", "events_after:before", "load_sessions:before", "load_groups:before", "load_metrics:before",
-    "trajectory_events:before", "next_queue_id:before", "save_rows:before", "save_rows:after", "save_metrics:before", "save_metrics:after",
-    "insert_queue_rows:before", "insert_queue_rows:after", "source_events:before", "materialise:before",
-    "sink.put:before", "sink.put:after", "set_checkpoint:before", "set_checkpoint:after",
+    "get_checkpoint:after",
+    "events_after:before",
+    "load_sessions:before",
+    "load_groups:before",
+    "load_metrics:before",
+    "trajectory_events:before",
+    "next_queue_id:before",
+    "save_rows:before",
+    "save_rows:after",
+    "save_metrics:before",
+    "save_metrics:after",
+    "insert_queue_rows:before",
+    "insert_queue_rows:after",
+    "source_events:before",
+    "materialise:before",
+    "sink.put:before",
+    "sink.put:after",
+    "set_checkpoint:before",
+    "set_checkpoint:after",
 )
 
 
@@ -569,7 +766,10 @@ class Faults:
 
     def fire(self, name: str, when: str) -> None:
         step = f"{name}:{when}"
-        if self.remaining[step] and sum(page == self.page for page, _ in self.fired) < self.per_page:
+        if (
+            self.remaining[step]
+            and sum(page == self.page for page, _ in self.fired) < self.per_page
+        ):
             self.remaining[step] -= 1
             self.fired.append((self.page, step))
             raise Injected(f"injected failure {when} {name} (page from position {self.page})")
@@ -581,6 +781,7 @@ class Faults:
             if after:
                 self.fire(name, "after")
             return result
+
         return guarded
 
     def wrap_checkpoint(self, real: Callable[..., Any]) -> Callable[..., Any]:
@@ -589,12 +790,14 @@ class Faults:
             self.page = result  # a page attempt begins
             self.fire("get_checkpoint", "after")
             return result
+
         return guarded
 
     def wrap_sync(self, name: str, real: Callable[..., Any]) -> Callable[..., Any]:
         def guarded(*args: Any, **kwargs: Any) -> Any:
             self.fire(name, "before")
             return real(*args, **kwargs)
+
         return guarded
 
 
@@ -625,16 +828,41 @@ def _copy(template: Path, folder: Path, name: str) -> str:
 
 async def snapshot(engine: Any) -> dict[str, Any]:
     async with engine.connect() as conn:
-        queue = [{k: v for k, v in dict(r).items() if k != "id"}
-                 for r in (await conn.execute(select(queue_rows).order_by(queue_rows.c.id))).mappings()]
-        session_rows = [dict(r) for r in (await conn.execute(select(sessions).order_by(sessions.c.session_id))).mappings()]
-        group_rows = [dict(r) for r in (await conn.execute(select(groups).order_by(groups.c.run, groups.c.uid))).mappings()]
+        queue = [
+            {k: v for k, v in dict(r).items() if k != "id"}
+            for r in (await conn.execute(select(queue_rows).order_by(queue_rows.c.id))).mappings()
+        ]
+        session_rows = [
+            dict(r)
+            for r in (
+                await conn.execute(select(sessions).order_by(sessions.c.session_id))
+            ).mappings()
+        ]
+        group_rows = [
+            dict(r)
+            for r in (
+                await conn.execute(select(groups).order_by(groups.c.run, groups.c.uid))
+            ).mappings()
+        ]
         metrics = sorted(
-            (r["run"], r["partition"], -1 if r["global_step"] is None else r["global_step"], r["data_source"] or "", r["metric"], r["value"])
+            (
+                r["run"],
+                r["partition"],
+                -1 if r["global_step"] is None else r["global_step"],
+                r["data_source"] or "",
+                r["metric"],
+                r["value"],
+            )
             for r in (await conn.execute(select(metric_counts))).mappings()
         )
         checkpoint = (await conn.execute(select(checkpoints.c.name, checkpoints.c.position))).all()
-    return {"queue": queue, "sessions": session_rows, "groups": group_rows, "metrics": metrics, "checkpoint": checkpoint}
+    return {
+        "queue": queue,
+        "sessions": session_rows,
+        "groups": group_rows,
+        "metrics": metrics,
+        "checkpoint": checkpoint,
+    }
 
 
 def sink_snapshot(sink: InProcessQueue) -> dict[tuple[str, str], list[Any]]:
@@ -642,16 +870,28 @@ def sink_snapshot(sink: InProcessQueue) -> dict[tuple[str, str], list[Any]]:
     for run, partition in FAULT_KEYS:
         items = sink.items(run, partition) + sink.items(run, partition, tags=True)
         out[(run, partition)] = [
-            (i.key, i.global_step, dict(i.tags)) if i.row is None else
-            (i.key, i.global_step, dict(i.tags), i.row.reward, i.row.is_placeholder, i.row.prompt_ids.tolist(),
-             i.row.response_ids.tolist(), i.row.response_mask.tolist(), dict(i.row.meta))
+            (i.key, i.global_step, dict(i.tags))
+            if i.row is None
+            else (
+                i.key,
+                i.global_step,
+                dict(i.tags),
+                i.row.reward,
+                i.row.is_placeholder,
+                i.row.prompt_ids.tolist(),
+                i.row.response_ids.tolist(),
+                i.row.response_mask.tolist(),
+                dict(i.row.meta),
+            )
             for i in items
         ]
     return out
 
 
 # SQLite only: the faults are injected above the driver (store.read_models, the sink), the same code on both backends.
-async def test_restart_after_failure_at_every_step(fault_template: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_restart_after_failure_at_every_step(
+    fault_template: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import sessions.batches.rows as rows_module
 
     # the uninterrupted run, on its own database
@@ -662,18 +902,39 @@ async def test_restart_after_failure_at_every_step(fault_template: Path, tmp_pat
         expected = await snapshot(baseline_engine)
     finally:
         await baseline_engine.dispose()
-    for (run, partition), keys in FAULT_KEYS.items():  # the baseline itself matches the hand-written plan
-        got = [q["key"] for q in expected["queue"] if (q["run"], q["partition"]) == (run, partition)]
+    for (
+        run,
+        partition,
+    ), keys in FAULT_KEYS.items():  # the baseline itself matches the hand-written plan
+        got = [
+            q["key"] for q in expected["queue"] if (q["run"], q["partition"]) == (run, partition)
+        ]
         assert sorted(got) == sorted(keys), (run, partition)
 
     faults = Faults(rounds=2)
-    page_sizes = (1, 3, 2)  # each restart pages differently, so failures hit different page boundaries
+    page_sizes = (
+        1,
+        3,
+        2,
+    )  # each restart pages differently, so failures hit different page boundaries
     monkeypatch.setattr(rm, "get_checkpoint", faults.wrap_checkpoint(rm.get_checkpoint))
-    for name, after in [("events_after", False), ("next_queue_id", False), ("load_sessions", False), ("load_groups", False), ("load_metrics", False), ("trajectory_events", False),
-                        ("save_rows", True), ("save_metrics", True), ("insert_queue_rows", True), ("source_events", False),
-                        ("set_checkpoint", True)]:
+    for name, after in [
+        ("events_after", False),
+        ("next_queue_id", False),
+        ("load_sessions", False),
+        ("load_groups", False),
+        ("load_metrics", False),
+        ("trajectory_events", False),
+        ("save_rows", True),
+        ("save_metrics", True),
+        ("insert_queue_rows", True),
+        ("source_events", False),
+        ("set_checkpoint", True),
+    ]:
         monkeypatch.setattr(rm, name, faults.wrap_async(name, getattr(rm, name), after=after))
-    monkeypatch.setattr(rows_module, "materialise", faults.wrap_sync("materialise", rows_module.materialise))
+    monkeypatch.setattr(
+        rows_module, "materialise", faults.wrap_sync("materialise", rows_module.materialise)
+    )
 
     engine = create_engine(_copy(fault_template, tmp_path, "faulty"))
     sink = InProcessQueue()
@@ -681,7 +942,9 @@ async def test_restart_after_failure_at_every_step(fault_template: Path, tmp_pat
     try:
         while True:
             page_size = page_sizes[failures % len(page_sizes)]
-            projector = Projector(engine, sinks=[FaultySink(sink, faults)], page_size=page_size)  # a restart
+            projector = Projector(
+                engine, sinks=[FaultySink(sink, faults)], page_size=page_size
+            )  # a restart
             try:
                 await projector.run()
                 break
@@ -691,14 +954,18 @@ async def test_restart_after_failure_at_every_step(fault_template: Path, tmp_pat
     finally:
         await engine.dispose()
 
-    assert not any(faults.remaining.values()), f"steps that never failed: {[k for k, v in faults.remaining.items() if v]}"
+    assert not any(faults.remaining.values()), (
+        f"steps that never failed: {[k for k, v in faults.remaining.items() if v]}"
+    )
     assert failures == len(faults.fired) == 2 * len(STEPS)
     for part in ("queue", "sessions", "groups", "metrics", "checkpoint"):
         assert got[part] == expected[part], f"{part} differs from the uninterrupted run"
     # the in-process sink: every key exactly once, same order, same content as without faults
     assert sink_snapshot(sink) == sink_snapshot(baseline_sink)
     for (run, partition), keys in FAULT_KEYS.items():
-        present = [i.key for i in sink.items(run, partition) + sink.items(run, partition, tags=True)]
+        present = [
+            i.key for i in sink.items(run, partition) + sink.items(run, partition, tags=True)
+        ]
         assert sorted(present) == sorted(keys)
 
 
@@ -709,8 +976,12 @@ async def test_restart_after_failure_at_every_step(fault_template: Path, tmp_pat
 
 async def test_two_projectors_concurrently(db_url: str) -> None:
     """Two projectors (separate engines, as in two processes) tail one log while sessions are recorded."""
-    scenario = random_scenario(random.Random(3), min_groups=10, max_groups=10,
-                               ends=["complete"] * 6 + ["error", "sandbox", "timeout", "empty", "cancel", "open"])
+    scenario = random_scenario(
+        random.Random(3),
+        min_groups=10,
+        max_groups=10,
+        ends=["complete"] * 6 + ["error", "sandbox", "timeout", "empty", "cancel", "open"],
+    )
     async with Ledger.open(db_url, trajectory_selection=scenario.default_selection) as ledger:
         recorded = asyncio.Event()
 
@@ -727,12 +998,16 @@ async def test_two_projectors_concurrently(db_url: str) -> None:
 
         first, second = create_engine(db_url), create_engine(db_url)
         try:
-            _, a, b = await asyncio.gather(record(), tail(Projector(first, page_size=2)), tail(Projector(second, page_size=3)))
+            _, a, b = await asyncio.gather(
+                record(), tail(Projector(first, page_size=2)), tail(Projector(second, page_size=3))
+            )
         finally:
             await first.dispose()
             await second.dispose()
         total = len(await read_events(ledger.engine))
-        assert a + b == total, f"projected {a} + {b} events of {total}: a page was projected twice or skipped"
+        assert a + b == total, (
+            f"projected {a} + {b} events of {total}: a page was projected twice or skipped"
+        )
         queue = await all_queue_rows(ledger.engine)
         identities = [(q["run"], q["partition"], q["key"]) for q in queue]
         assert len(identities) == len(set(identities))
@@ -785,7 +1060,9 @@ async def test_batch_timeout_names_the_unsettled_uids(sqlite_url: str) -> None:
 
 
 async def _record(ledger: Ledger, sid: str, uid: str) -> None:
-    async with ledger.session(sid, uid=uid, session_index=0, group_size=1, partition="train", global_step=0) as s:
+    async with ledger.session(
+        sid, uid=uid, session_index=0, group_size=1, partition="train", global_step=0
+    ) as s:
         await s.record_trajectory(prompt_ids=[1], response_ids=[2])
         await s.post_reward(0.5)
 
@@ -806,7 +1083,11 @@ async def test_follow_picks_up_new_sessions_and_stops(db_url: str) -> None:
         stop = asyncio.Event()
         pages: list[int] = []
         # a long poll: in-process appends must wake the follower, not the poll
-        follower = asyncio.create_task(ledger.projector.follow(stop, poll_interval=30, on_page=lambda r: pages.append(r.events)))
+        follower = asyncio.create_task(
+            ledger.projector.follow(
+                stop, poll_interval=30, on_page=lambda r: pages.append(r.events)
+            )
+        )
         await _wait_for_tag(ledger, "before", 5)
         for i in range(3):
             await asyncio.sleep(0.05)
@@ -815,10 +1096,14 @@ async def test_follow_picks_up_new_sessions_and_stops(db_url: str) -> None:
         stop.set()
         total = await asyncio.wait_for(follower, 3)
         assert total == sum(pages) == len(await read_events(ledger.engine))
-        assert (await stored_metrics(ledger.engine))[("default", "train", 0, None)]["sessions/succeeded"] == 4
+        assert (await stored_metrics(ledger.engine))[("default", "train", 0, None)][
+            "sessions/succeeded"
+        ] == 4
 
 
-async def test_follow_sees_a_commit_landing_between_its_run_and_its_wait(db_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_follow_sees_a_commit_landing_between_its_run_and_its_wait(
+    db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A commit that lands after the follower's last read but before it starts waiting must still wake it."""
     async with Ledger.open(db_url) as ledger:
         projector = ledger.projector

@@ -30,71 +30,169 @@ from tests.test_replay_audit import table_rows
 STEP = 3
 
 
-def _raw(sid: str, version: int, type_: str, data: dict[str, Any], *, uid: str = "g", schema: int = 1) -> NewEvent:
-    return NewEvent(str(uuid.uuid4()), sid, version, type_, schema, "default", uid, "val", STEP, data, None,
-                    datetime.now(timezone.utc))
+def _raw(
+    sid: str, version: int, type_: str, data: dict[str, Any], *, uid: str = "g", schema: int = 1
+) -> NewEvent:
+    return NewEvent(
+        str(uuid.uuid4()),
+        sid,
+        version,
+        type_,
+        schema,
+        "default",
+        uid,
+        "val",
+        STEP,
+        data,
+        None,
+        datetime.now(timezone.utc),
+    )
 
 
 def _created(sid: str, index: int, *, size: int = 2, uid: str = "g", **over: Any) -> dict[str, Any]:
-    return {"run": "default", "uid": uid, "session_index": index, "group_size": size, "partition": "val",
-            "global_step": STEP, "data_source": None, "runner": None, "sample_index": None, "metadata": {}, **over}
+    return {
+        "run": "default",
+        "uid": uid,
+        "session_index": index,
+        "group_size": size,
+        "partition": "val",
+        "global_step": STEP,
+        "data_source": None,
+        "runner": None,
+        "sample_index": None,
+        "metadata": {},
+        **over,
+    }
 
 
 def _trajectory(index: int = 0, **over: Any) -> dict[str, Any]:
-    return {"index": index, "num_turns": 1, "prompt_len": 1, "response_len": 1, "has_logprobs": False,
-            "trainable_tokens": 1, "materialization_reason": None, "extra": {}, **over}
+    return {
+        "index": index,
+        "num_turns": 1,
+        "prompt_len": 1,
+        "response_len": 1,
+        "has_logprobs": False,
+        "trainable_tokens": 1,
+        "materialization_reason": None,
+        "extra": {},
+        **over,
+    }
 
 
 #: name -> (poisoned events of session "bad", whose group is g of size 2 with good session "ok";
 #:          the expected projection_errors (type, field, outcome) rows; whether "bad" has a row)
 Case = tuple[Callable[[], list[NewEvent]], list[tuple[str, str | None, str]], bool]
 CASES: dict[str, Case] = {
-    "unknown-type": (lambda: [_raw("bad", 1, "SessionCreated", _created("bad", 1)),
-                              _raw("bad", 2, "SessionPaused", {"why": "?"})],
-                     [("SessionPaused", None, "session_failed")], True),
-    "newer-schema": (lambda: [_raw("bad", 1, "SessionCreated", _created("bad", 1)),
-                              _raw("bad", 2, "RewardPosted", {"reward": 1.0, "info": {}}, schema=99)],
-                     [("RewardPosted", None, "session_failed")], True),
-    "num-turns-beyond-int32": (lambda: [_raw("bad", 1, "SessionCreated", _created("bad", 1)),
-                                        _raw("bad", 2, "TrajectoryRecorded", _trajectory(num_turns=2**40))],
-                               [("TrajectoryRecorded", "num_turns", "session_failed")], True),
-    "reward-not-a-number": (lambda: [_raw("bad", 1, "SessionCreated", _created("bad", 1)),
-                                     _raw("bad", 2, "RewardPosted", {"reward": "high", "info": {}})],
-                            [("RewardPosted", "reward", "session_failed")], True),
-    "missing-field": (lambda: [_raw("bad", 1, "SessionCreated", _created("bad", 1)),
-                               _raw("bad", 2, "RewardPosted", {"info": {}})],
-                      [("RewardPosted", None, "session_failed")], True),
-    "selects-unrecorded-trajectory": (lambda: [
-        _raw("bad", 1, "SessionCreated", _created("bad", 1)),
-        _raw("bad", 2, "SessionSucceeded", {"selected": [3], "trajectory_selection": "all", "score": 1.0,
-                                            "score_source": "external", "finished": True}),
-    ], [("SessionSucceeded", "selected", "session_failed")], True),
-    "materialization-reason-too-long": (lambda: [
-        _raw("bad", 1, "SessionCreated", _created("bad", 1)),
-        _raw("bad", 2, "TrajectoryRecorded", _trajectory(materialization_reason="x" * 65)),
-    ], [("TrajectoryRecorded", "materialization_reason", "session_failed")], True),
-    "runner-too-long": (lambda: [_raw("bad", 1, "SessionCreated", _created("bad", 1, runner="r" * 200))],
-                        [("SessionCreated", "runner", "session_failed")], True),
-    "duplicate-session-index": (lambda: [_raw("bad", 1, "SessionCreated", _created("bad", 0))],
-                                [("SessionCreated", "session_index", "session_failed")], False),
-    "other-group-size": (lambda: [_raw("bad", 1, "SessionCreated", _created("bad", 1, size=3))],
-                         [("SessionCreated", "group_size", "session_failed")], False),
-    "uid-too-long": (lambda: [_raw("bad", 1, "SessionCreated", _created("bad", 0, uid="u" * 200), uid="u" * 100),
-                              _raw("bad", 2, "SessionCancelled", {"message": None}, uid="u" * 100)],
-                     [("SessionCreated", "uid", "ignored"), ("SessionCancelled", None, "ignored")], False),
-    "event-before-creation": (lambda: [_raw("ghost", 1, "RewardPosted", {"reward": 1.0, "info": {}})],
-                              [("RewardPosted", None, "ignored")], False),
+    "unknown-type": (
+        lambda: [
+            _raw("bad", 1, "SessionCreated", _created("bad", 1)),
+            _raw("bad", 2, "SessionPaused", {"why": "?"}),
+        ],
+        [("SessionPaused", None, "session_failed")],
+        True,
+    ),
+    "newer-schema": (
+        lambda: [
+            _raw("bad", 1, "SessionCreated", _created("bad", 1)),
+            _raw("bad", 2, "RewardPosted", {"reward": 1.0, "info": {}}, schema=99),
+        ],
+        [("RewardPosted", None, "session_failed")],
+        True,
+    ),
+    "num-turns-beyond-int32": (
+        lambda: [
+            _raw("bad", 1, "SessionCreated", _created("bad", 1)),
+            _raw("bad", 2, "TrajectoryRecorded", _trajectory(num_turns=2**40)),
+        ],
+        [("TrajectoryRecorded", "num_turns", "session_failed")],
+        True,
+    ),
+    "reward-not-a-number": (
+        lambda: [
+            _raw("bad", 1, "SessionCreated", _created("bad", 1)),
+            _raw("bad", 2, "RewardPosted", {"reward": "high", "info": {}}),
+        ],
+        [("RewardPosted", "reward", "session_failed")],
+        True,
+    ),
+    "missing-field": (
+        lambda: [
+            _raw("bad", 1, "SessionCreated", _created("bad", 1)),
+            _raw("bad", 2, "RewardPosted", {"info": {}}),
+        ],
+        [("RewardPosted", None, "session_failed")],
+        True,
+    ),
+    "selects-unrecorded-trajectory": (
+        lambda: [
+            _raw("bad", 1, "SessionCreated", _created("bad", 1)),
+            _raw(
+                "bad",
+                2,
+                "SessionSucceeded",
+                {
+                    "selected": [3],
+                    "trajectory_selection": "all",
+                    "score": 1.0,
+                    "score_source": "external",
+                    "finished": True,
+                },
+            ),
+        ],
+        [("SessionSucceeded", "selected", "session_failed")],
+        True,
+    ),
+    "materialization-reason-too-long": (
+        lambda: [
+            _raw("bad", 1, "SessionCreated", _created("bad", 1)),
+            _raw("bad", 2, "TrajectoryRecorded", _trajectory(materialization_reason="x" * 65)),
+        ],
+        [("TrajectoryRecorded", "materialization_reason", "session_failed")],
+        True,
+    ),
+    "runner-too-long": (
+        lambda: [_raw("bad", 1, "SessionCreated", _created("bad", 1, runner="r" * 200))],
+        [("SessionCreated", "runner", "session_failed")],
+        True,
+    ),
+    "duplicate-session-index": (
+        lambda: [_raw("bad", 1, "SessionCreated", _created("bad", 0))],
+        [("SessionCreated", "session_index", "session_failed")],
+        False,
+    ),
+    "other-group-size": (
+        lambda: [_raw("bad", 1, "SessionCreated", _created("bad", 1, size=3))],
+        [("SessionCreated", "group_size", "session_failed")],
+        False,
+    ),
+    "uid-too-long": (
+        lambda: [
+            _raw("bad", 1, "SessionCreated", _created("bad", 0, uid="u" * 200), uid="u" * 100),
+            _raw("bad", 2, "SessionCancelled", {"message": None}, uid="u" * 100),
+        ],
+        [("SessionCreated", "uid", "ignored"), ("SessionCancelled", None, "ignored")],
+        False,
+    ),
+    "event-before-creation": (
+        lambda: [_raw("ghost", 1, "RewardPosted", {"reward": 1.0, "info": {}})],
+        [("RewardPosted", None, "ignored")],
+        False,
+    ),
 }
 
 
 async def _good(ledger: Ledger, index: int, sid: str) -> None:
-    async with ledger.session(sid, uid="g", session_index=index, group_size=2, partition="val", global_step=STEP) as s:
+    async with ledger.session(
+        sid, uid="g", session_index=index, group_size=2, partition="val", global_step=STEP
+    ) as s:
         await s.record_trajectory(prompt_ids=[5], response_ids=[6, 7])
         await s.post_reward(1.0)
 
 
 @pytest.mark.parametrize("case", list(CASES))
-async def test_projection_goes_past_a_poisoned_event_and_the_group_settles(db_url: str, case: str, tmp_path: Any) -> None:
+async def test_projection_goes_past_a_poisoned_event_and_the_group_settles(
+    db_url: str, case: str, tmp_path: Any
+) -> None:
     poison, expected_errors, bad_has_row = CASES[case]
     async with Ledger.open(db_url) as ledger:
         await _good(ledger, 0, "ok")
@@ -104,7 +202,9 @@ async def test_projection_goes_past_a_poisoned_event_and_the_group_settles(db_ur
             await _good(ledger, 1, "ok-2")
         projected = await ledger.project()
         assert projected > 0
-        batch = await ledger.batch("val", STEP, timeout=10)  # the group settled: no wait for a hung session
+        batch = await ledger.batch(
+            "val", STEP, timeout=10
+        )  # the group settled: no wait for a hung session
         keys = sorted(non_tensor(batch, "key"))
         assert keys == ["g_0_0", "g_1_0"]
         placeholders = dict(zip(non_tensor(batch, "key"), batch["is_placeholder"].tolist()))
@@ -114,14 +214,27 @@ async def test_projection_goes_past_a_poisoned_event_and_the_group_settles(db_ur
             assert reasons["g_1_0"] == "unprojectable"
             assert batch["rm_scores"].sum(-1).tolist()[keys.index("g_1_0")] == 0.0
         async with ledger.engine.connect() as conn:
-            errors = [(r.type, r.field, r.outcome) for r in await conn.execute(select(projection_errors).order_by(projection_errors.c.position))]
+            errors = [
+                (r.type, r.field, r.outcome)
+                for r in await conn.execute(
+                    select(projection_errors).order_by(projection_errors.c.position)
+                )
+            ]
         assert errors == expected_errors
         # a good session recorded after the poison still projects
         report = await audit(ledger.engine)
-        reported = [(d.field, d.position) for d in report.divergences if d.table == "events" and d.key.startswith("position")]
+        reported = [
+            (d.field, d.position)
+            for d in report.divergences
+            if d.table == "events" and d.key.startswith("position")
+        ]
         assert len(reported) == len(expected_errors), report.divergences
-        assert [e["outcome"] for e in report.quarantined] == [outcome for _t, _f, outcome in expected_errors]
-        assert not [d for d in report.divergences if d.table != "events"], "the stored read models must equal a replay"
+        assert [e["outcome"] for e in report.quarantined] == [
+            outcome for _t, _f, outcome in expected_errors
+        ]
+        assert not [d for d in report.divergences if d.table != "events"], (
+            "the stored read models must equal a replay"
+        )
         source = ledger.engine
         with fresh_database("sqlite", tmp_path, "replayed") as target_url:
             target = create_engine(target_url)
@@ -139,11 +252,22 @@ async def test_projection_goes_past_a_poisoned_event_and_the_group_settles(db_ur
 async def test_events_after_the_poison_keep_projecting(db_url: str) -> None:
     async with Ledger.open(db_url) as ledger:
         async with ledger.engine.begin() as conn:
-            await insert_events(conn, [_raw("bad", 1, "SessionCreated", _created("bad", 1)),
-                                       _raw("bad", 2, "SessionPaused", {})])
+            await insert_events(
+                conn,
+                [
+                    _raw("bad", 1, "SessionCreated", _created("bad", 1)),
+                    _raw("bad", 2, "SessionPaused", {}),
+                ],
+            )
         for step_index in range(3):
-            async with ledger.session(f"later-{step_index}", uid=f"later{step_index}", session_index=0, group_size=1,
-                                      partition="train", global_step=0) as s:
+            async with ledger.session(
+                f"later-{step_index}",
+                uid=f"later{step_index}",
+                session_index=0,
+                group_size=1,
+                partition="train",
+                global_step=0,
+            ) as s:
                 await s.record_trajectory(prompt_ids=[1], response_ids=[2])
                 await s.post_reward(0.5)
         await ledger.project()
@@ -162,8 +286,15 @@ async def test_audit_reports_unprojectable_events_past_the_checkpoint(db_url: st
         await _good(ledger, 0, "ok")
         await ledger.project()
         async with ledger.engine.begin() as conn:
-            await insert_events(conn, [_raw("bad", 1, "SessionCreated", _created("bad", 1)),
-                                       _raw("bad", 2, "TrajectoryRecorded", _trajectory(num_turns=-1))])
+            await insert_events(
+                conn,
+                [
+                    _raw("bad", 1, "SessionCreated", _created("bad", 1)),
+                    _raw("bad", 2, "TrajectoryRecorded", _trajectory(num_turns=-1)),
+                ],
+            )
         report = await audit(ledger.engine)  # not projected yet
-        assert [(e["type"], e["field"]) for e in report.quarantined] == [("TrajectoryRecorded", "num_turns")]
+        assert [(e["type"], e["field"]) for e in report.quarantined] == [
+            ("TrajectoryRecorded", "num_turns")
+        ]
         assert not report.ok

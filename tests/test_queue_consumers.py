@@ -41,22 +41,37 @@ async def _boom(handle: Any) -> None:
 
 
 async def record(
-    ledger: Ledger, *, uids: int, group_size: int = 3, global_step: int | None = 0, prefix: str = "", fail_index: int = 1
+    ledger: Ledger,
+    *,
+    uids: int,
+    group_size: int = 3,
+    global_step: int | None = 0,
+    prefix: str = "",
+    fail_index: int = 1,
 ) -> None:
     """`uids` groups of `group_size` sessions; session `fail_index` of each fails (a placeholder row)."""
-    await asyncio.gather(*(
-        ledger.run_session(
-            _boom if i == fail_index else _ok, f"{prefix}s{u}_{i}", uid=f"{prefix}u{u}", session_index=i,
-            group_size=group_size, partition=PART, global_step=global_step,
+    await asyncio.gather(
+        *(
+            ledger.run_session(
+                _boom if i == fail_index else _ok,
+                f"{prefix}s{u}_{i}",
+                uid=f"{prefix}u{u}",
+                session_index=i,
+                group_size=group_size,
+                partition=PART,
+                global_step=global_step,
+            )
+            for u in range(uids)
+            for i in range(group_size)
         )
-        for u in range(uids)
-        for i in range(group_size)
-    ))
+    )
 
 
 async def row_ids(engine: Any, *, kind: str = "row") -> list[int]:
     async with engine.connect() as conn:
-        result = await conn.execute(select(queue_rows.c.id).where(queue_rows.c.kind == kind).order_by(queue_rows.c.id))
+        result = await conn.execute(
+            select(queue_rows.c.id).where(queue_rows.c.kind == kind).order_by(queue_rows.c.id)
+        )
         return [int(i) for i in result.scalars()]
 
 
@@ -94,10 +109,15 @@ async def drain(consumer: QueueConsumer, limit: int) -> list[int]:
 
 # ------------------------------------------------------------------- (a) concurrency
 @pytest.mark.parametrize("consumers,limit", [(2, 3), (6, 1)])
-async def test_concurrent_consumers_get_every_row_exactly_once(queue: Queue, consumers: int, limit: int) -> None:
+async def test_concurrent_consumers_get_every_row_exactly_once(
+    queue: Queue, consumers: int, limit: int
+) -> None:
     engines = [create_engine(queue.url) for _ in range(consumers)]  # own pools: real concurrency
     try:
-        workers = [QueueConsumer(engine, f"c{n}", run=RUN, partition=PART) for n, engine in enumerate(engines)]
+        workers = [
+            QueueConsumer(engine, f"c{n}", run=RUN, partition=PART)
+            for n, engine in enumerate(engines)
+        ]
         results = await asyncio.wait_for(asyncio.gather(*(drain(w, limit) for w in workers)), 30)
     finally:
         for engine in engines:
@@ -106,7 +126,9 @@ async def test_concurrent_consumers_get_every_row_exactly_once(queue: Queue, con
     assert len(flat) == len(set(flat)), "a row was handed to two consumers"
     assert sorted(flat) == queue.ids
     async with queue.ledger.engine.connect() as conn:
-        acked = (await conn.execute(select(func.count()).where(queue_claims.c.acked_at.is_not(None)))).scalar_one()
+        acked = (
+            await conn.execute(select(func.count()).where(queue_claims.c.acked_at.is_not(None)))
+        ).scalar_one()
     assert acked == len(queue.ids)
 
 
@@ -126,12 +148,16 @@ def _drain_process(url: str, name: str, start: Any, out: Any) -> None:
     out.put((name, asyncio.run(main())))
 
 
-@pytest.mark.parametrize("db_url", [pytest.param("postgres", marks=pytest.mark.postgres)], indirect=True)
+@pytest.mark.parametrize(
+    "db_url", [pytest.param("postgres", marks=pytest.mark.postgres)], indirect=True
+)
 async def test_two_processes_get_every_row_exactly_once(queue: Queue) -> None:
     """PostgreSQL only: SQLite's cross-process exclusion (BEGIN IMMEDIATE) is exercised by the kill test."""
     ctx = mp.get_context("spawn")
     start, out = ctx.Event(), ctx.Queue()
-    procs = [ctx.Process(target=_drain_process, args=(queue.url, f"p{n}", start, out)) for n in range(2)]
+    procs = [
+        ctx.Process(target=_drain_process, args=(queue.url, f"p{n}", start, out)) for n in range(2)
+    ]
     for p in procs:
         p.start()
     try:
@@ -151,7 +177,9 @@ async def test_two_processes_get_every_row_exactly_once(queue: Queue) -> None:
 
 
 # ---------------------------------------------------------- (b) lease, (c) ack, release
-async def test_unacked_rows_stay_with_their_claimer_for_the_lease_then_come_back(queue: Queue) -> None:
+async def test_unacked_rows_stay_with_their_claimer_for_the_lease_then_come_back(
+    queue: Queue,
+) -> None:
     lease = 1.0
     a = QueueConsumer(queue.ledger, "a", run=RUN, partition=PART, lease_seconds=lease)
     b = QueueConsumer(queue.ledger, "b", run=RUN, partition=PART, lease_seconds=lease)
@@ -208,11 +236,15 @@ async def test_the_claim_write_refuses_a_live_claim_even_if_the_select_missed_it
     b = QueueConsumer(queue.ledger, "b", run=RUN, partition=PART)
     held = [r["id"] for r in await a.claim_rows(30)]
     assert await a.ack(held[:10]) == 10
-    blind = lambda cutoff: and_(queue_claims.c.queue_row_id == queue_rows.c.id, queue_claims.c.queue_row_id < 0)  # noqa: E731
+    blind = lambda cutoff: and_(
+        queue_claims.c.queue_row_id == queue_rows.c.id, queue_claims.c.queue_row_id < 0
+    )  # noqa: E731
     monkeypatch.setattr(qc, "_live_claim", blind)
     assert await b.claim_rows(5) == []
     async with queue.ledger.engine.connect() as conn:
-        owners = dict((await conn.execute(select(queue_claims.c.queue_row_id, queue_claims.c.consumer))).all())
+        owners = dict(
+            (await conn.execute(select(queue_claims.c.queue_row_id, queue_claims.c.consumer))).all()
+        )
     assert owners == {i: "a" for i in held}
 
 
@@ -221,10 +253,14 @@ def _hold_process(url: str, lease: float, out: Any) -> None:
 
     async def main() -> None:
         engine = create_engine(url)
-        committed = await qc.claim(engine, "doomed", run=RUN, partition=PART, limit=3, lease_seconds=lease)
+        committed = await qc.claim(
+            engine, "doomed", run=RUN, partition=PART, limit=3, lease_seconds=lease
+        )
         conn = await (await engine.connect()).execution_options(**{WRITE_LOCK: True})
         await conn.begin()
-        pending = await qc.claim_in(conn, "doomed", run=RUN, partition=PART, limit=3, lease_seconds=lease)
+        pending = await qc.claim_in(
+            conn, "doomed", run=RUN, partition=PART, limit=3, lease_seconds=lease
+        )
         out.put(([r["id"] for r in committed], [r["id"] for r in pending], time.time()))
         await asyncio.sleep(120)
 
@@ -318,9 +354,13 @@ async def test_claims_select_by_step_and_skip_group_tags(db_url: str) -> None:
         assert len(rest) == 4 and {r["global_step"] for r in rest} == {0}
         claimed = step1 + no_step + rest
         assert {r["kind"] for r in claimed} == {"row"}
-        assert len(await row_ids(ledger.engine, kind="tag")) == 5  # tags exist but are never claimed
+        assert (
+            len(await row_ids(ledger.engine, kind="tag")) == 5
+        )  # tags exist but are never claimed
         assert await QueueConsumer(ledger, "v", run=RUN, partition="val").claim_rows(100) == []
-        assert await QueueConsumer(ledger, "o", run="other-run", partition=PART).claim_rows(100) == []
+        assert (
+            await QueueConsumer(ledger, "o", run="other-run", partition=PART).claim_rows(100) == []
+        )
 
 
 # ------------------------------------------------------------------- (e) bad input

@@ -43,8 +43,14 @@ def kw(**overrides: Any) -> dict[str, Any]:
     """Identity keywords of a session in a group of its own: a fresh uid per call. A group is
     (run, partition, global_step, uid) and refuses a second session with the same index, so the
     sessions of this module (one shared database) must not share a uid."""
-    return {"uid": f"u{uuid.uuid4().hex[:12]}", "session_index": 0, "group_size": 1, "partition": "val",
-            "global_step": 0, **overrides}
+    return {
+        "uid": f"u{uuid.uuid4().hex[:12]}",
+        "session_index": 0,
+        "group_size": 1,
+        "partition": "val",
+        "global_step": 0,
+        **overrides,
+    }
 
 
 async def stream(ledger: Any, sid: str) -> list[ev.Event]:
@@ -77,8 +83,16 @@ REASON_CASES = [
     (lambda: SandboxError("explicit", reason="timeout"), "timeout"),
 ]
 REASON_IDS = [
-    "RuntimeError", "KeyError", "custom", "TimeoutError", "asyncio.TimeoutError", "SandboxError",
-    "InvalidInput", "RolloutFailure-finalize", "RolloutFailure-default", "SandboxError-explicit",
+    "RuntimeError",
+    "KeyError",
+    "custom",
+    "TimeoutError",
+    "asyncio.TimeoutError",
+    "SandboxError",
+    "InvalidInput",
+    "RolloutFailure-finalize",
+    "RolloutFailure-default",
+    "SandboxError-explicit",
 ]
 
 
@@ -90,7 +104,9 @@ def test_failure_reason_maps_each_exception(make: Any, reason: str) -> None:
 def test_rollout_failure_reason_is_per_instance() -> None:
     explicit = RolloutFailure("x", reason="empty_output")
     assert explicit.reason == "empty_output"
-    assert RolloutFailure("y").reason == "runner_error" and SandboxError("z").reason == "sandbox_error"
+    assert (
+        RolloutFailure("y").reason == "runner_error" and SandboxError("z").reason == "sandbox_error"
+    )
 
 
 @pytest.mark.parametrize(
@@ -98,7 +114,9 @@ def test_rollout_failure_reason_is_per_instance() -> None:
     [REASON_CASES[i] for i in (0, 3, 4, 5, 7)],
     ids=[REASON_IDS[i] for i in (0, 3, 4, 5, 7)],
 )
-async def test_session_context_records_the_failure_and_reraises(ledger: Any, make: Any, reason: str, ids: Any) -> None:
+async def test_session_context_records_the_failure_and_reraises(
+    ledger: Any, make: Any, reason: str, ids: Any
+) -> None:
     error = make()
     with pytest.raises(type(error)) as info:
         async with ledger.session(ids("s-fail"), **kw()) as s:
@@ -108,7 +126,12 @@ async def test_session_context_records_the_failure_and_reraises(ledger: Any, mak
     assert info.value is error, "the runner's own exception must be re-raised"
     events = await stream(ledger, ids("s-fail"))
     assert [e.TYPE for e in events] == [
-        "SessionCreated", "SessionStarted", "TrajectoryRecorded", "RewardPosted", "SessionFailed", "PlaceholderEmitted",
+        "SessionCreated",
+        "SessionStarted",
+        "TrajectoryRecorded",
+        "RewardPosted",
+        "SessionFailed",
+        "PlaceholderEmitted",
     ]
     failed, placeholder = events[-2], events[-1]
     assert isinstance(failed, ev.SessionFailed) and isinstance(placeholder, ev.PlaceholderEmitted)
@@ -122,13 +145,18 @@ async def test_session_context_records_the_failure_and_reraises(ledger: Any, mak
     await assert_fold_matches(ledger, s)
 
 
-async def test_invalid_input_raised_inside_a_session_fails_it_as_invalid_output(ledger: Any, ids: Any) -> None:
+async def test_invalid_input_raised_inside_a_session_fails_it_as_invalid_output(
+    ledger: Any, ids: Any
+) -> None:
     with pytest.raises(InvalidInput) as info:
         async with ledger.session(ids("s-bad-output"), **kw()) as s:
             await s.record_trajectory(prompt_ids=[1], response_ids=[2, 3], response_mask=[1, 2])
     assert info.value.field == "response_mask"
     assert await types(ledger, ids("s-bad-output")) == [
-        "SessionCreated", "SessionStarted", "SessionFailed", "PlaceholderEmitted",
+        "SessionCreated",
+        "SessionStarted",
+        "SessionFailed",
+        "PlaceholderEmitted",
     ]
     failed = (await stream(ledger, ids("s-bad-output")))[2]
     assert isinstance(failed, ev.SessionFailed)
@@ -139,16 +167,24 @@ async def test_invalid_input_raised_inside_a_session_fails_it_as_invalid_output(
 
 async def test_session_context_completes_on_normal_exit(ledger: Any, ids: Any) -> None:
     async with ledger.session(ids("s-ok"), **kw()) as s:
-        await s.record_trajectory(prompt_ids=[1, 2, 3], response_ids=[4, 5], response_mask=[1, 0], num_turns=2)
+        await s.record_trajectory(
+            prompt_ids=[1, 2, 3], response_ids=[4, 5], response_mask=[1, 0], num_turns=2
+        )
         await s.post_reward(1.0, acc=1.0)
     assert s.state == "succeeded"
     succeeded = (await stream(ledger, ids("s-ok")))[-1]
     assert isinstance(succeeded, ev.SessionSucceeded)
-    assert succeeded.selected == [0] and succeeded.score == 1.0 and succeeded.score_source == "reward_info"
+    assert (
+        succeeded.selected == [0]
+        and succeeded.score == 1.0
+        and succeeded.score_source == "reward_info"
+    )
     await assert_fold_matches(ledger, s)
 
 
-async def test_session_context_without_trajectory_is_an_empty_output_failure(ledger: Any, ids: Any) -> None:
+async def test_session_context_without_trajectory_is_an_empty_output_failure(
+    ledger: Any, ids: Any
+) -> None:
     async with ledger.session(ids("s-empty"), **kw()) as s:
         await s.post_reward(1.0)
     assert s.state == "failed" and s.view.failure_reason == "empty_output"
@@ -196,7 +232,11 @@ async def test_run_session_records_failures_without_raising(ledger: Any, ids: An
         await handle.fail("finalize_error", message="reward model down")
 
     outcome = await ledger.run_session(crashing, ids("r-crash"), **kw())
-    assert (outcome.session_id, outcome.state, outcome.failure_reason) == (ids("r-crash"), "failed", "runner_error")
+    assert (outcome.session_id, outcome.state, outcome.failure_reason) == (
+        ids("r-crash"),
+        "failed",
+        "runner_error",
+    )
     assert outcome.error is boom and not outcome.succeeded
     outcome = await ledger.run_session(sandboxed, ids("r-sandbox"), **kw())
     assert (outcome.state, outcome.failure_reason) == ("failed", "sandbox_error")
@@ -206,7 +246,10 @@ async def test_run_session_records_failures_without_raising(ledger: Any, ids: An
     assert (outcome.state, outcome.failure_reason) == ("failed", "finalize_error")
     for sid in (ids("r-crash"), ids("r-sandbox"), ids("r-explicit")):
         names = await types(ledger, sid)
-        assert names.count("SessionFailed") == 1 and names.count("PlaceholderEmitted") == 1, (sid, names)
+        assert names.count("SessionFailed") == 1 and names.count("PlaceholderEmitted") == 1, (
+            sid,
+            names,
+        )
     assert (await types(ledger, ids("r-good")))[-1] == "SessionSucceeded"
 
 
@@ -228,14 +271,24 @@ async def test_run_session_timeout_records_timeout_and_returns(ledger: Any, ids:
     assert isinstance(outcome.error, TimeoutError)
     events = await stream(ledger, ids("r-slow"))
     assert [e.TYPE for e in events] == [
-        "SessionCreated", "SessionStarted", "TrajectoryRecorded", "SessionFailed", "PlaceholderEmitted",
+        "SessionCreated",
+        "SessionStarted",
+        "TrajectoryRecorded",
+        "SessionFailed",
+        "PlaceholderEmitted",
     ]
     started, failed = events[1], events[3]
     assert isinstance(started, ev.SessionStarted) and started.timeout_s == 0.05
-    assert isinstance(failed, ev.SessionFailed) and failed.reason == "timeout" and failed.discarded_trajectories == 1
+    assert (
+        isinstance(failed, ev.SessionFailed)
+        and failed.reason == "timeout"
+        and failed.discarded_trajectories == 1
+    )
 
 
-async def test_timeout_during_appends_keeps_the_handle_in_step_with_the_log(ledger: Any, ids: Any) -> None:
+async def test_timeout_during_appends_keeps_the_handle_in_step_with_the_log(
+    ledger: Any, ids: Any
+) -> None:
     handles: list[Any] = []
 
     async def busy(handle: Any) -> None:
@@ -250,12 +303,16 @@ async def test_timeout_during_appends_keeps_the_handle_in_step_with_the_log(ledg
     assert recorded >= 1
     failed = events[-2]
     assert isinstance(failed, ev.SessionFailed) and failed.discarded_trajectories == recorded
-    assert [e.index for e in events if isinstance(e, ev.TrajectoryRecorded)] == list(range(recorded))
+    assert [e.index for e in events if isinstance(e, ev.TrajectoryRecorded)] == list(
+        range(recorded)
+    )
     await assert_fold_matches(ledger, handles[0])
 
 
 # ------------------------------------------------------------------ cancellation
-async def test_cancelling_a_session_context_records_cancelled_and_reraises(ledger: Any, ids: Any) -> None:
+async def test_cancelling_a_session_context_records_cancelled_and_reraises(
+    ledger: Any, ids: Any
+) -> None:
     inside = asyncio.Event()
     handles: list[Any] = []
 
@@ -275,7 +332,9 @@ async def test_cancelling_a_session_context_records_cancelled_and_reraises(ledge
     assert names == ["SessionCreated", "SessionStarted", "TrajectoryRecorded", "SessionCancelled"]
     assert handles[0].state == "cancelled"
     cancelled = (await stream(ledger, ids("c-ctx")))[-1]
-    assert isinstance(cancelled, ev.SessionCancelled) and "CancelledError" in (cancelled.message or "")
+    assert isinstance(cancelled, ev.SessionCancelled) and "CancelledError" in (
+        cancelled.message or ""
+    )
     await assert_fold_matches(ledger, handles[0])
 
 
@@ -299,7 +358,9 @@ async def test_cancelling_run_session_records_cancelled_and_reraises(ledger: Any
     assert handles[0].state == "cancelled"
 
 
-async def test_cancellation_during_appends_keeps_the_handle_in_step_with_the_log(ledger: Any, ids: Any) -> None:
+async def test_cancellation_during_appends_keeps_the_handle_in_step_with_the_log(
+    ledger: Any, ids: Any
+) -> None:
     """Cancel a runner that appends non-stop: whatever committed is in the view, and nothing more."""
     handles: list[Any] = []
     progress = asyncio.Event()
@@ -344,7 +405,9 @@ BAD_IDENTITIES = [
 ]
 
 
-async def test_invalid_identities_are_rejected_and_nothing_is_written(ledger: Any, ids: Any) -> None:
+async def test_invalid_identities_are_rejected_and_nothing_is_written(
+    ledger: Any, ids: Any
+) -> None:
     position = await ledger.store.last_position()
     for field, overrides in BAD_IDENTITIES:
         kwargs = kw(**{"group_size": 4, **overrides})
@@ -390,7 +453,9 @@ BAD_TRAJECTORIES = [
 ]
 
 
-async def test_invalid_trajectories_and_rewards_are_rejected_and_nothing_is_written(ledger: Any, ids: Any) -> None:
+async def test_invalid_trajectories_and_rewards_are_rejected_and_nothing_is_written(
+    ledger: Any, ids: Any
+) -> None:
     handle = await ledger.create_session(ids("s-inputs"), **kw())
     version, position = handle.version, await ledger.store.last_position()
     good = {"prompt_ids": [1, 2], "response_ids": [3, 4]}
@@ -416,7 +481,9 @@ async def test_invalid_trajectories_and_rewards_are_rejected_and_nothing_is_writ
     assert await ledger.store.last_position() == position
     # the session is still usable: valid input of several kinds goes through
     await handle.record_trajectory(
-        prompt_ids=np.array([0, 2**31 - 1]), response_ids=[5.0, 6.0], response_mask=np.array([True, False]),
+        prompt_ids=np.array([0, 2**31 - 1]),
+        response_ids=[5.0, 6.0],
+        response_mask=np.array([True, False]),
         response_logprobs=[-0.5, -0.25],
     )
     await handle.post_reward(np.float64(0.5))
@@ -428,13 +495,17 @@ async def test_torch_tensors_are_accepted(ledger: Any, ids: Any) -> None:
     torch = pytest.importorskip("torch")
     handle = await ledger.create_session(ids("s-torch"), **kw())
     await handle.record_trajectory(
-        prompt_ids=torch.tensor([1, 2, 3]), response_ids=torch.tensor([4, 5]), response_mask=torch.tensor([1, 0]),
+        prompt_ids=torch.tensor([1, 2, 3]),
+        response_ids=torch.tensor([4, 5]),
+        response_mask=torch.tensor([1, 0]),
     )
     arrays = (await stream(ledger, ids("s-torch")))[-1].arrays()  # type: ignore[attr-defined]
     assert arrays.prompt_ids.tolist() == [1, 2, 3] and arrays.response_mask.tolist() == [1, 0]
 
 
-async def test_duplicate_session_id_is_rejected_and_nothing_is_written(ledger: Any, ids: Any) -> None:
+async def test_duplicate_session_id_is_rejected_and_nothing_is_written(
+    ledger: Any, ids: Any
+) -> None:
     dup = ids("dup")
     identity = kw()
     first = await ledger.create_session(dup, **identity)
@@ -454,7 +525,10 @@ async def test_duplicate_session_id_is_rejected_and_nothing_is_written(ledger: A
     assert await ledger.store.last_position() == position
     stored = await ledger.store.read_stream(dup)
     assert [e.type for e in stored] == [
-        "SessionCreated", "SessionStarted", "TrajectoryRecorded", "SessionSucceeded",
+        "SessionCreated",
+        "SessionStarted",
+        "TrajectoryRecorded",
+        "SessionSucceeded",
     ]
     assert all(e.uid == identity["uid"] for e in stored)
 
@@ -486,7 +560,9 @@ COMMANDS_ON_HANDLE: dict[str, Any] = {
 }
 
 
-async def test_commands_on_terminal_sessions_raise_and_append_nothing(ledger: Any, ids: Any) -> None:
+async def test_commands_on_terminal_sessions_raise_and_append_nothing(
+    ledger: Any, ids: Any
+) -> None:
     handles = await _terminal_sessions(ledger, ids)
     position = await ledger.store.last_position()
     for state, handle in handles.items():
@@ -497,7 +573,11 @@ async def test_commands_on_terminal_sessions_raise_and_append_nothing(ledger: An
                 with pytest.raises(InvalidTransition) as info:
                     await call(target)
                 error = info.value
-                assert (error.session_id, error.state, error.command) == (handle.session_id, state, command)
+                assert (error.session_id, error.state, error.command) == (
+                    handle.session_id,
+                    state,
+                    command,
+                )
                 message = str(error)
                 assert handle.session_id in message and state in message and command in message
         with pytest.raises(InvalidTransition):
@@ -521,7 +601,11 @@ async def test_commands_from_created_state(ledger: Any, ids: Any) -> None:
     # a session that failed before it started still gets its placeholder
     never = await ledger.create_session(ids("t-never-started"), **kw(), start=False)
     await never.fail("sandbox_error")
-    assert await types(ledger, ids("t-never-started")) == ["SessionCreated", "SessionFailed", "PlaceholderEmitted"]
+    assert await types(ledger, ids("t-never-started")) == [
+        "SessionCreated",
+        "SessionFailed",
+        "PlaceholderEmitted",
+    ]
 
 
 # ------------------------------------------------------------------ rewards
@@ -534,7 +618,11 @@ async def test_reward_info_merges_across_reward_events(ledger: Any, ids: Any) ->
     expected = {"acc": 0.0, "lang": "py", "steps": 3, "tests": {"passed": 2}, "reward": 0.75}
     assert handle.view.reward_info == expected
     posted = [e for e in await stream(ledger, ids("rw-merge")) if isinstance(e, ev.RewardPosted)]
-    assert [p.info for p in posted] == [{"acc": 1.0, "lang": "py"}, {"steps": 3}, {"acc": 0.0, "tests": {"passed": 2}}]
+    assert [p.info for p in posted] == [
+        {"acc": 1.0, "lang": "py"},
+        {"steps": 3},
+        {"acc": 0.0, "tests": {"passed": 2}},
+    ]
     await assert_fold_matches(ledger, handle)
     # a failure afterwards keeps the diagnostics on the placeholder, reward and finished forced
     await handle.fail("finalize_error")
@@ -569,7 +657,10 @@ async def test_absent_reward_stays_distinct_from_zero(ledger: Any, ids: Any) -> 
     for handle in (zero, never, none, external, overwritten):
         succeeded = (await stream(ledger, handle.session_id))[-1]
         assert isinstance(succeeded, ev.SessionSucceeded)
-        assert (succeeded.score, succeeded.score_source) == (handle.view.score, handle.view.score_source)
+        assert (succeeded.score, succeeded.score_source) == (
+            handle.view.score,
+            handle.view.score_source,
+        )
         await assert_fold_matches(ledger, handle)
 
 
@@ -578,7 +669,9 @@ async def test_failure_message_is_truncated(ledger: Any, ids: Any) -> None:
         raise RuntimeError("x" * 5000)
 
     await ledger.run_session(runner, ids("msg-long"), **kw())
-    failed = [e for e in await stream(ledger, ids("msg-long")) if isinstance(e, ev.SessionFailed)][0]
+    failed = [e for e in await stream(ledger, ids("msg-long")) if isinstance(e, ev.SessionFailed)][
+        0
+    ]
     assert len(failed.message) == ev.MESSAGE_LIMIT and failed.message == "x" * ev.MESSAGE_LIMIT
 
 
@@ -593,7 +686,9 @@ async def test_failure_fields_fit_the_read_model_columns(ledger: Any, ids: Any) 
 
     outcome = await ledger.run_session(runner, ids("long-error"), **kw())
     assert outcome.state == "failed"
-    failed = [e for e in await stream(ledger, ids("long-error")) if isinstance(e, ev.SessionFailed)][0]
+    failed = [
+        e for e in await stream(ledger, ids("long-error")) if isinstance(e, ev.SessionFailed)
+    ][0]
     assert failed.error_type is not None and failed.error_type.startswith("EEEE")
     assert len(failed.error_type) <= sessions_table.c.error_type.type.length
     assert len(failed.message) <= sessions_table.c.message.type.length

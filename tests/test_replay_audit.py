@@ -33,7 +33,16 @@ from sessions.audit.replay import replay
 from store import create_engine
 from store.migrate import upgrade
 from store.records import StoredEvent
-from store.tables import READ_MODELS, checkpoints, events, groups, metric_counts, projection_errors, queue_rows, sessions
+from store.tables import (
+    READ_MODELS,
+    checkpoints,
+    events,
+    groups,
+    metric_counts,
+    projection_errors,
+    queue_rows,
+    sessions,
+)
 from tests import golden
 from tests.conftest import BACKENDS, backend_of, fresh_database, wipe
 
@@ -46,7 +55,9 @@ def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     script = Path(sys.executable).with_name("rollout-ledger")
     command = [str(script)] if script.exists() else [sys.executable, "-m", "sessions.cli.main"]
     env = {k: v for k, v in os.environ.items() if k != "ROLLOUT_LEDGER_DB"}
-    return subprocess.run([*command, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [*command, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=120
+    )
 
 
 def run_cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
@@ -66,7 +77,10 @@ def run_cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, s
 def sqlite_pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[str]]:
     """Two SQLite databases shared by this module's tests, wiped before each use."""
     folder = tmp_path_factory.mktemp("pool")
-    with fresh_database("sqlite", folder, "first") as first, fresh_database("sqlite", folder, "second") as second:
+    with (
+        fresh_database("sqlite", folder, "first") as first,
+        fresh_database("sqlite", folder, "second") as second,
+    ):
         yield [first, second]
 
 
@@ -106,7 +120,9 @@ async def _projected_golden(url: str, log: Path) -> AsyncEngine:
 
 # ------------------------------------------------------------------ golden logs
 @pytest.mark.parametrize("log", golden.golden_logs(), ids=lambda p: p.stem)
-async def test_golden_log_projects_to_its_expectation_replays_and_audits_clean(log: Path, backend_url: str, replica_url: str) -> None:
+async def test_golden_log_projects_to_its_expectation_replays_and_audits_clean(
+    log: Path, backend_url: str, replica_url: str
+) -> None:
     expected = json.loads(golden.expectation_path(log).read_text(encoding="utf-8"))
     assert expected.pop("log") == log.name
     engine = await _projected_golden(backend_url, log)
@@ -115,7 +131,11 @@ async def test_golden_log_projects_to_its_expectation_replays_and_audits_clean(l
         assert await golden.projection_summary(engine) == expected
         report = await audit(engine)
         assert report.ok, report.divergences[:3]
-        sessions = {row["session_id"] for row in golden.read_rows(log) if not row["session_id"].startswith("@run:")}
+        sessions = {
+            row["session_id"]
+            for row in golden.read_rows(log)
+            if not row["session_id"].startswith("@run:")
+        }
         assert (report.events, report.sessions) == (len(golden.read_rows(log)), len(sessions))
         assert len(sessions) >= 12
         await upgrade(replica)
@@ -132,15 +152,29 @@ async def test_golden_log_projects_to_its_expectation_replays_and_audits_clean(l
 def test_golden_expectations_agree_across_schema_versions() -> None:
     """The v1 and v2 logs are one scenario: the schema bump must not move any projection. (v3 adds
     sessions and the run's configuration event, so it is its own scenario: see the next test.)"""
-    summaries = [json.loads(golden.expectation_path(log).read_text(encoding="utf-8")) for log in golden.golden_logs()[:2]]
+    summaries = [
+        json.loads(golden.expectation_path(log).read_text(encoding="utf-8"))
+        for log in golden.golden_logs()[:2]
+    ]
     assert len(summaries) == 2
     for summary in summaries:
         summary.pop("log")
     assert all(s == summaries[0] for s in summaries[1:])
     first = summaries[0]
-    assert first["group_tags"] == {"t0-a": "finished", "t0-b": "failure", "v0-a": "finished", "v0-b": "finished",
-                                   "t1-a": "finished", "v1-a": "finished"}
-    assert {(q["partition"], q["global_step"]) for q in first["queue"]} == {("train", 0), ("val", 0), ("train", 1), ("val", 1)}
+    assert first["group_tags"] == {
+        "t0-a": "finished",
+        "t0-b": "failure",
+        "v0-a": "finished",
+        "v0-b": "finished",
+        "t1-a": "finished",
+        "v1-a": "finished",
+    }
+    assert {(q["partition"], q["global_step"]) for q in first["queue"]} == {
+        ("train", 0),
+        ("val", 0),
+        ("train", 1),
+        ("val", 1),
+    }
     assert {scope.split("/")[3] for scope in first["metrics"]} == {"*", "gsm8k", "swe"}
 
 
@@ -153,15 +187,27 @@ def test_the_v3_golden_log_keeps_the_old_scenario_and_adds_retries_and_partial_w
     assert v3["group_tags"] == {**v2["group_tags"], "v1-b": "finished"}
     rows = {q["session_id"]: q for q in v3["queue"] if q["kind"] == "row"}
     assert rows["v1-b-s0"]["key"] == "v1-b_0_1" and rows["v1-b-s0"]["reward"] == 1.0
-    assert rows["v1-b-s1"]["key"] == "v1-b_1_0" and rows["v1-b-s1"]["reward"] == 0.5 and not rows["v1-b-s1"]["is_placeholder"]
-    events = {(s.session_id, s.version): s for s in golden.stored_events(golden.FIXTURES / "golden_v3.jsonl")}
-    assert events[("v1-b-s0", 4)].type == "AttemptFailed" and rows["v1-b-s0"]["source_position"] > events[("v1-b-s0", 4)].position
+    assert (
+        rows["v1-b-s1"]["key"] == "v1-b_1_0"
+        and rows["v1-b-s1"]["reward"] == 0.5
+        and not rows["v1-b-s1"]["is_placeholder"]
+    )
+    events = {
+        (s.session_id, s.version): s
+        for s in golden.stored_events(golden.FIXTURES / "golden_v3.jsonl")
+    }
+    assert (
+        events[("v1-b-s0", 4)].type == "AttemptFailed"
+        and rows["v1-b-s0"]["source_position"] > events[("v1-b-s0", 4)].position
+    )
     assert events[("@run:golden", 1)].type == "RunConfigured"
 
 
 # ------------------------------------------------------------------ tampering
 def _event(session_id: str, type_: str) -> StoredEvent:
-    return next(s for s in golden.stored_events(GOLDEN_V2) if s.session_id == session_id and s.type == type_)
+    return next(
+        s for s in golden.stored_events(GOLDEN_V2) if s.session_id == session_id and s.type == type_
+    )
 
 
 @dataclass(frozen=True)
@@ -188,15 +234,21 @@ Tamper = Callable[[AsyncConnection], Awaitable[Expect]]
 
 
 async def change_session_reward(conn: AsyncConnection) -> Expect:
-    await conn.execute(update(sessions).where(sessions.c.session_id == "t0-a-s0").values(reward=0.75))
+    await conn.execute(
+        update(sessions).where(sessions.c.session_id == "t0-a-s0").values(reward=0.75)
+    )
     return Expect("sessions", "t0-a-s0", "reward", 1.0, 0.75)
 
 
 async def change_metric_count(conn: AsyncConnection) -> Expect:
     await conn.execute(
         update(metric_counts)
-        .where(metric_counts.c.partition == "val", metric_counts.c.global_step == 0, metric_counts.c.data_source.is_(None),
-               metric_counts.c.metric == "sessions/failed")
+        .where(
+            metric_counts.c.partition == "val",
+            metric_counts.c.global_step == 0,
+            metric_counts.c.data_source.is_(None),
+            metric_counts.c.metric == "sessions/failed",
+        )
         .values(value=metric_counts.c.value + 1)
     )
     return Expect("metric_counts", "golden/val/0/∅/sessions/failed", "value", 2.0, 3.0)
@@ -211,7 +263,9 @@ async def repoint_queue_row(conn: AsyncConnection) -> Expect:
     """A row pointing at another trajectory's tokens: the field, then the content hash, diverge."""
     own = _event("t0-a-s0", "TrajectoryRecorded").position
     other = _event("t0-a-s1", "TrajectoryRecorded").position
-    await conn.execute(update(queue_rows).where(queue_rows.c.key == "t0-a_0_0").values(source_position=other))
+    await conn.execute(
+        update(queue_rows).where(queue_rows.c.key == "t0-a_0_0").values(source_position=other)
+    )
     return Expect("queue_rows", "golden/train/0/t0-a_0_0", "source_position", own, other)
 
 
@@ -219,36 +273,66 @@ async def delete_event(conn: AsyncConnection) -> Expect:
     reward = _event("t0-a-s0", "RewardPosted")
     succeeded = _event("t0-a-s0", "SessionSucceeded")
     await conn.execute(delete(events).where(events.c.position == reward.position))
-    return Expect("events", "t0-a-s0", "version", reward.version, succeeded.version, succeeded.position)
+    return Expect(
+        "events", "t0-a-s0", "version", reward.version, succeeded.version, succeeded.position
+    )
 
 
 async def swap_versions(conn: AsyncConnection) -> Expect:
     started = _event("t0-a-s1", "SessionStarted")
     trajectory = _event("t0-a-s1", "TrajectoryRecorded")
-    for position, version in ((started.position, -1), (trajectory.position, started.version), (started.position, trajectory.version)):
-        await conn.execute(update(events).where(events.c.position == position).values(version=version))
-    return Expect("events", "t0-a-s1", "version order", started.version, trajectory.version, started.position)
+    for position, version in (
+        (started.position, -1),
+        (trajectory.position, started.version),
+        (started.position, trajectory.version),
+    ):
+        await conn.execute(
+            update(events).where(events.c.position == position).values(version=version)
+        )
+    return Expect(
+        "events", "t0-a-s1", "version order", started.version, trajectory.version, started.position
+    )
 
 
 async def delete_placeholder(conn: AsyncConnection) -> Expect:
     placeholder = _event("t0-b-s0", "PlaceholderEmitted")
     failed = _event("t0-b-s0", "SessionFailed")
     await conn.execute(delete(events).where(events.c.position == placeholder.position))
-    return Expect("events", "t0-b-s0", "placeholder", "PlaceholderEmitted after SessionFailed", None, failed.position)
+    return Expect(
+        "events",
+        "t0-b-s0",
+        "placeholder",
+        "PlaceholderEmitted after SessionFailed",
+        None,
+        failed.position,
+    )
 
 
 async def truncate_payload(conn: AsyncConnection) -> Expect:
     trajectory = _event("t0-a-s0", "TrajectoryRecorded")
     assert trajectory.payload is not None
-    await conn.execute(update(events).where(events.c.position == trajectory.position).values(payload=trajectory.payload[:-3]))
-    return Expect("events", "t0-a-s0", "payload", "decodable token arrays", lambda found: "bytes" in found, trajectory.position)
+    await conn.execute(
+        update(events)
+        .where(events.c.position == trajectory.position)
+        .values(payload=trajectory.payload[:-3])
+    )
+    return Expect(
+        "events",
+        "t0-a-s0",
+        "payload",
+        "decodable token arrays",
+        lambda found: "bytes" in found,
+        trajectory.position,
+    )
 
 
 async def misstate_trainable_tokens(conn: AsyncConnection) -> Expect:
     trajectory = _event("t0-a-s0", "TrajectoryRecorded")
     true = trajectory.data["trainable_tokens"]
     await conn.execute(
-        update(events).where(events.c.position == trajectory.position).values(data={**trajectory.data, "trainable_tokens": true + 1})
+        update(events)
+        .where(events.c.position == trajectory.position)
+        .values(data={**trajectory.data, "trainable_tokens": true + 1})
     )
     return Expect("events", "t0-a-s0", "trainable_tokens", true, true + 1, trajectory.position)
 
@@ -256,27 +340,50 @@ async def misstate_trainable_tokens(conn: AsyncConnection) -> Expect:
 async def add_second_terminal(conn: AsyncConnection) -> Expect:
     succeeded = _event("t0-a-s0", "SessionSucceeded")
     position = int((await conn.execute(select(func.max(events.c.position)))).scalar_one()) + 1
-    await conn.execute(events.insert().values(
-        position=position, event_id="00000000-0000-4000-8000-00000000beef", session_id="t0-a-s0",
-        version=succeeded.version + 1, type="SessionCancelled", schema_version=1, run="golden", uid="t0-a",
-        partition="train", global_step=0, data={"message": "again"}, payload=None, recorded_at=succeeded.recorded_at,
-    ))
+    await conn.execute(
+        events.insert().values(
+            position=position,
+            event_id="00000000-0000-4000-8000-00000000beef",
+            session_id="t0-a-s0",
+            version=succeeded.version + 1,
+            type="SessionCancelled",
+            schema_version=1,
+            run="golden",
+            uid="t0-a",
+            partition="train",
+            global_step=0,
+            data={"message": "again"},
+            payload=None,
+            recorded_at=succeeded.recorded_at,
+        )
+    )
     return Expect("events", "t0-a-s0", "terminal events", 1, 2, position)
 
 
 TAMPERS: list[Tamper] = [
-    change_session_reward, change_metric_count, change_queue_reward, repoint_queue_row, delete_event,
-    swap_versions, delete_placeholder, truncate_payload, misstate_trainable_tokens, add_second_terminal,
+    change_session_reward,
+    change_metric_count,
+    change_queue_reward,
+    repoint_queue_row,
+    delete_event,
+    swap_versions,
+    delete_placeholder,
+    truncate_payload,
+    misstate_trainable_tokens,
+    add_second_terminal,
 ]
 
 
 @pytest.mark.parametrize(
     ("backend_url", "tamper"),
-    [("sqlite", t) for t in TAMPERS] + [pytest.param("postgres", t, marks=pytest.mark.postgres) for t in TAMPERS],
+    [("sqlite", t) for t in TAMPERS]
+    + [pytest.param("postgres", t, marks=pytest.mark.postgres) for t in TAMPERS],
     ids=lambda v: v if isinstance(v, str) else v.__name__,
     indirect=["backend_url"],
 )
-async def test_each_single_tampering_fails_the_audit_naming_it(backend_url: str, tamper: Tamper) -> None:
+async def test_each_single_tampering_fails_the_audit_naming_it(
+    backend_url: str, tamper: Tamper
+) -> None:
     """The same database untampered audits clean: see the golden-log test above."""
     engine = await _projected_golden(backend_url, GOLDEN_V2)
     try:
@@ -286,7 +393,10 @@ async def test_each_single_tampering_fails_the_audit_naming_it(backend_url: str,
         assert not report.ok
         expect.check(report.divergences[0])
         if tamper is repoint_queue_row:
-            assert any(d.field == "content sha256" and d.key.endswith("t0-a_0_0") for d in report.divergences)
+            assert any(
+                d.field == "content sha256" and d.key.endswith("t0-a_0_0")
+                for d in report.divergences
+            )
     finally:
         await engine.dispose()
 
@@ -304,7 +414,9 @@ async def test_audit_ignores_events_the_projector_has_not_reached(sqlite_url: st
         await engine.dispose()
 
 
-def test_audit_cli_exit_status_and_first_divergence(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_audit_cli_exit_status_and_first_divergence(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     db = tmp_path / "ledger.db"
 
     async def populate() -> None:
@@ -326,7 +438,11 @@ def test_audit_cli_exit_status_and_first_divergence(tmp_path: Path, capsys: pyte
     assert failed.returncode == 1
     lines = failed.stderr.strip().splitlines()
     assert len(lines) == 1, failed.stderr
-    assert "sessions t0-a-s0" in lines[0] and "'reward'" in lines[0] and "expected 1.0, found 0.75" in lines[0]
+    assert (
+        "sessions t0-a-s0" in lines[0]
+        and "'reward'" in lines[0]
+        and "expected 1.0, found 0.75" in lines[0]
+    )
 
 
 # ------------------------------------------------------------------ replay equality
@@ -337,7 +453,11 @@ TABLES = {
     "events": (events, ("position",), ()),
     "sessions": (sessions, ("session_id",), ()),
     "groups": (groups, ("run", "partition", "global_step", "uid"), ()),
-    "metric_counts": (metric_counts, ("run", "partition", "global_step", "data_source", "metric"), ()),
+    "metric_counts": (
+        metric_counts,
+        ("run", "partition", "global_step", "data_source", "metric"),
+        (),
+    ),
     "queue_rows": (queue_rows, ("id",), ()),
     "projection_errors": (projection_errors, ("position",), ()),
     "checkpoints": (checkpoints, ("name",), ("updated_at",)),
@@ -356,7 +476,9 @@ def _plain(value: Any) -> Any:
     if isinstance(value, memoryview):
         return bytes(value)
     if hasattr(value, "tzinfo"):
-        return value if value.tzinfo is not None else value.replace(tzinfo=timezone.utc)  # SQLite stores UTC without zone
+        return (
+            value if value.tzinfo is not None else value.replace(tzinfo=timezone.utc)
+        )  # SQLite stores UTC without zone
     return value
 
 
@@ -365,7 +487,9 @@ async def table_rows(engine: AsyncEngine) -> dict[str, list[dict[str, Any]]]:
     async with engine.connect() as conn:
         for name, (table, order, ignored) in TABLES.items():
             rows = [dict(r) for r in (await conn.execute(select(table))).mappings()]
-            rows.sort(key=lambda r: tuple((r[k] is None, r[k] if r[k] is not None else 0) for k in order))
+            rows.sort(
+                key=lambda r: tuple((r[k] is None, r[k] if r[k] is not None else 0) for k in order)
+            )
             out[name] = [{k: _plain(v) for k, v in r.items() if k not in ignored} for r in rows]
     return out
 
@@ -373,7 +497,16 @@ async def table_rows(engine: AsyncEngine) -> dict[str, list[dict[str, Any]]]:
 async def _batches(url: str) -> dict[tuple[str, int], dict[str, Any]]:
     async with Ledger.open(url) as ledger:
         async with ledger.engine.connect() as conn:
-            steps = sorted({(p, s) for p, s in (await conn.execute(select(groups.c.partition, groups.c.global_step).distinct()))})
+            steps = sorted(
+                {
+                    (p, s)
+                    for p, s in (
+                        await conn.execute(
+                            select(groups.c.partition, groups.c.global_step).distinct()
+                        )
+                    )
+                }
+            )
         return {key: to_plain_dict(await ledger.batch(*key, timeout=0)) for key in steps}
 
 
@@ -397,7 +530,10 @@ async def _assert_replica_equal(source_url: str, target_url: str) -> None:
         assert any(isinstance(v, torch.Tensor) for v in batch.values())
         for column, value in batch.items():
             if isinstance(value, torch.Tensor):
-                assert value.dtype == other[column].dtype and torch.equal(value, other[column]), (key, column)
+                assert value.dtype == other[column].dtype and torch.equal(value, other[column]), (
+                    key,
+                    column,
+                )
             else:
                 assert value == other[column], (key, column)
 
@@ -416,7 +552,9 @@ async def test_replay_reproduces_every_table_and_batch(backend_url: str, replica
     source, target = create_engine(backend_url), create_engine(replica_url)
     try:
         await upgrade(target)
-        await replay(source, target, page_size=37)  # odd pages: replay must not depend on page boundaries
+        await replay(
+            source, target, page_size=37
+        )  # odd pages: replay must not depend on page boundaries
     finally:
         await source.dispose()
         await target.dispose()
@@ -454,16 +592,22 @@ def golden_v1_file(tmp_path: Path) -> Path:
     return db
 
 
-def test_history_at_a_position_shows_the_state_then(golden_v1_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_history_at_a_position_shows_the_state_then(
+    golden_v1_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     trajectory = _event("t0-b-s0", "TrajectoryRecorded")
     failed = _event("t0-b-s0", "SessionFailed")
     status, now, err = run_cli(capsys, "history", "t0-b-s0", "--db", str(golden_v1_file))
     assert status == 0, err
     assert "state now: failed (runner_error)" in now and "PlaceholderEmitted" in now
-    status, then, err = run_cli(capsys, "history", "t0-b-s0", "--at", str(trajectory.position), "--db", str(golden_v1_file))
+    status, then, err = run_cli(
+        capsys, "history", "t0-b-s0", "--at", str(trajectory.position), "--db", str(golden_v1_file)
+    )
     assert status == 0, err
     assert f"state as of position {trajectory.position}: running" in then
-    assert "TrajectoryRecorded" in then and "SessionFailed" not in then and "RewardPosted" not in then
+    assert (
+        "TrajectoryRecorded" in then and "SessionFailed" not in then and "RewardPosted" not in then
+    )
     assert trajectory.position < failed.position
     # trainable tokens come from the event (v1 here: upcast from the payload's mask), not a decode
     assert f"({trajectory.data['trainable_tokens']} trainable)" in then
@@ -471,7 +615,10 @@ def test_history_at_a_position_shows_the_state_then(golden_v1_file: Path, capsys
 
 @pytest.mark.parametrize(
     ("args", "reason"),
-    [(("no-such-session",), "no such session"), (("t0-b-s0", "--at", "3"), "no events at or before position 3")],
+    [
+        (("no-such-session",), "no such session"),
+        (("t0-b-s0", "--at", "3"), "no events at or before position 3"),
+    ],
     ids=["unknown-session", "before-the-session"],
 )
 def test_history_errors_are_one_line(

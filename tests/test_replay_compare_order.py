@@ -17,7 +17,13 @@ from hypothesis import strategies as st
 from sessions.audit import read_model_diff
 
 _TEXT = st.text(st.characters(exclude_categories=("Cs",)), max_size=4)
-_ROW = st.tuples(st.sampled_from(["run", "rün", "r"]), st.none() | st.integers(-3, 3), st.none() | _TEXT, _TEXT, st.integers(-(2**63), 2**63 - 1))
+_ROW = st.tuples(
+    st.sampled_from(["run", "rün", "r"]),
+    st.none() | st.integers(-3, 3),
+    st.none() | _TEXT,
+    _TEXT,
+    st.integers(-(2**63), 2**63 - 1),
+)
 
 
 def _sqlite_order(rows: list[tuple[Any, ...]], order: str) -> list[tuple[Any, ...]]:

@@ -43,10 +43,12 @@ async def _counts(url: str) -> tuple[int, int, int, int]:
     engine = create_engine(url)
     try:
         async with engine.connect() as conn:
-            return tuple([  # type: ignore[return-value]
-                (await conn.execute(select(func.count()).select_from(table))).scalar_one()
-                for table in (events, sessions, queue_rows, checkpoints)
-            ])
+            return tuple(
+                [  # type: ignore[return-value]
+                    (await conn.execute(select(func.count()).select_from(table))).scalar_one()
+                    for table in (events, sessions, queue_rows, checkpoints)
+                ]
+            )
     finally:
         await engine.dispose()
 
@@ -75,8 +77,13 @@ class _FoldFailed(Exception):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-async def test_a_failed_fold_leaves_the_target_empty_and_replayable(backend: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    with fresh_database(backend, name="source") as source_url, fresh_database(backend, name="target") as target_url:
+async def test_a_failed_fold_leaves_the_target_empty_and_replayable(
+    backend: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with (
+        fresh_database(backend, name="source") as source_url,
+        fresh_database(backend, name="target") as target_url,
+    ):
         await _projected_source(source_url)
         real_prepare = replay_module.prepare
 
@@ -123,15 +130,22 @@ def test_a_replay_killed_before_its_commit_leaves_the_target_empty(tmp_path: Pat
     source_url = f"sqlite+aiosqlite:///{tmp_path / 'source.db'}"
     target_url = f"sqlite+aiosqlite:///{tmp_path / 'target.db'}"
     asyncio.run(_projected_source(source_url))
-    killed = subprocess.run([sys.executable, "-c", _KILLED, source_url, target_url], capture_output=True, text=True,
-                            timeout=120, cwd=Path(__file__).resolve().parents[1])
+    killed = subprocess.run(
+        [sys.executable, "-c", _KILLED, source_url, target_url],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=Path(__file__).resolve().parents[1],
+    )
     assert killed.returncode == 17, killed.stderr
     assert asyncio.run(_counts(target_url)) == (0, 0, 0, 0)
     assert asyncio.run(_replay(source_url, target_url)) == len(golden.read_rows(LOG))
     asyncio.run(_assert_equal(source_url, target_url))
 
 
-async def test_queue_rows_written_while_the_fold_goes_on_replay_exactly(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_queue_rows_written_while_the_fold_goes_on_replay_exactly(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Replay writes the queue rows the fold has made while it goes on (the copy done first):
     those rows, then the rest with the other read models, equal a replay written at the end."""
     source_url = f"sqlite+aiosqlite:///{tmp_path / 'source.db'}"
@@ -145,14 +159,21 @@ async def test_queue_rows_written_while_the_fold_goes_on_replay_exactly(tmp_path
 
     monkeypatch.setattr(replay_module, "EARLY_QUEUE_ROWS", 1)
     monkeypatch.setattr(replay_module.bulk, "write_queue_rows", counted)
-    source, target = create_engine(source_url), create_engine(f"sqlite+aiosqlite:///{tmp_path / 'target.db'}")
+    source, target = (
+        create_engine(source_url),
+        create_engine(f"sqlite+aiosqlite:///{tmp_path / 'target.db'}"),
+    )
     try:
         await upgrade(target)
-        report = await replay(source, target, page_size=1)  # a page per event: the fold outlasts the copy
+        report = await replay(
+            source, target, page_size=1
+        )  # a page per event: the fold outlasts the copy
     finally:
         await source.dispose()
         await target.dispose()
     assert report.events == len(golden.read_rows(LOG))
-    assert len(early) >= 2, "no queue row was written before the fold ended (the last call is write_read_models')"
+    assert len(early) >= 2, (
+        "no queue row was written before the fold ended (the last call is write_read_models')"
+    )
     assert sum(early) == (await _counts(f"sqlite+aiosqlite:///{tmp_path / 'target.db'}"))[2]
     await _assert_equal(source_url, f"sqlite+aiosqlite:///{tmp_path / 'target.db'}")

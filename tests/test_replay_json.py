@@ -50,7 +50,9 @@ _ENCODERS = {
     "orjson.dumps": lambda v: orjson.dumps(v).decode(),
 }
 #: Number literals as any JSON writer may spell them: long mantissas, big exponents, big ints.
-_NUMBERS = st.from_regex(r"-?(0|[1-9][0-9]{0,30})(\.[0-9]{1,30})?([eE][+-]?[0-9]{1,3})?", fullmatch=True)
+_NUMBERS = st.from_regex(
+    r"-?(0|[1-9][0-9]{0,30})(\.[0-9]{1,30})?([eE][+-]?[0-9]{1,3})?", fullmatch=True
+)
 _WHITESPACE = st.text(st.sampled_from(" \t\n\r\x0b\x0c\u00a0\ufeff"), max_size=2)
 
 
@@ -99,7 +101,12 @@ def test_number_literals_and_surrounding_whitespace(number: str, before: str, af
 
 
 @settings(max_examples=300, deadline=None)
-@given(text=st.one_of(st.text(_CHARS, max_size=30), st.text(st.sampled_from('{}[]",:0123456789.eE-+ tfnaluNIy\\'), max_size=30)))
+@given(
+    text=st.one_of(
+        st.text(_CHARS, max_size=30),
+        st.text(st.sampled_from('{}[]",:0123456789.eE-+ tfnaluNIy\\'), max_size=30),
+    )
+)
 @example(text="NaN")
 @example(text="[Infinity, -Infinity]")
 @example(text='{"a": 1, "a": 2}')
@@ -109,7 +116,10 @@ def test_any_text_parses_or_fails_as_with_the_stdlib(text: str) -> None:
     assert _ours(text) == _stdlib(text)
 
 
-@pytest.mark.parametrize("text", ["NaN", '{"reward": Infinity}', "[1e999]", '{"n": 123456789012345678901234}', '"\\udcff"'])
+@pytest.mark.parametrize(
+    "text",
+    ["NaN", '{"reward": Infinity}', "[1e999]", '{"n": 123456789012345678901234}', '"\\udcff"'],
+)
 def test_fallback_cases_decode_as_the_stdlib_does(text: str) -> None:
     """orjson refuses or misreads each of these; the stdlib's value comes back."""
     orjson_reads = True
@@ -127,9 +137,14 @@ def test_malformed_json_keeps_the_stored_json_error() -> None:
 
 
 @settings(max_examples=150, deadline=None)
-@given(reward=st.one_of(st.none(), st.floats(allow_nan=True, allow_infinity=True), st.integers()),
-       info=st.dictionaries(_KEYS, _SCALARS, max_size=3), encoder=st.sampled_from(sorted(_ENCODERS)))
-def test_decoder_events_equal_a_stdlib_decoders(reward: Any, info: dict[str, Any], encoder: str) -> None:
+@given(
+    reward=st.one_of(st.none(), st.floats(allow_nan=True, allow_infinity=True), st.integers()),
+    info=st.dictionaries(_KEYS, _SCALARS, max_size=3),
+    encoder=st.sampled_from(sorted(_ENCODERS)),
+)
+def test_decoder_events_equal_a_stdlib_decoders(
+    reward: Any, info: dict[str, Any], encoder: str
+) -> None:
     """What the rules get (data cleaned and checked, problems, the cache's second reading of the
     same text) equals what a decoder parsing with `json.loads` alone gives."""
     try:

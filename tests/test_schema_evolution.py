@@ -26,10 +26,22 @@ V1 = golden.FIXTURES / "golden_v1.jsonl"
 V2 = golden.FIXTURES / "golden_v2.jsonl"
 
 
-def _raw(event_type: str, schema_version: int, data: dict[str, Any], payload: bytes | None = None) -> StoredEvent:
+def _raw(
+    event_type: str, schema_version: int, data: dict[str, Any], payload: bytes | None = None
+) -> StoredEvent:
     return StoredEvent(
-        position=9, event_id="00000000-0000-0000-0000-000000000009", session_id="s-raw", version=3, type=event_type,
-        schema_version=schema_version, run="r", uid="u", partition="train", global_step=0, data=data, payload=payload,
+        position=9,
+        event_id="00000000-0000-0000-0000-000000000009",
+        session_id="s-raw",
+        version=3,
+        type=event_type,
+        schema_version=schema_version,
+        run="r",
+        uid="u",
+        partition="train",
+        global_step=0,
+        data=data,
+        payload=payload,
         recorded_at=datetime(2026, 1, 1, tzinfo=timezone.utc),
     )
 
@@ -37,39 +49,68 @@ def _raw(event_type: str, schema_version: int, data: dict[str, Any], payload: by
 def _arrays(mask: list[int], *, logprobs: bool = False) -> tokens.TokenArrays:
     n = len(mask)
     return tokens.TokenArrays(
-        np.arange(3, dtype="<i4"), np.arange(10, 10 + n, dtype="<i4"), np.array(mask, dtype=np.uint8),
+        np.arange(3, dtype="<i4"),
+        np.arange(10, 10 + n, dtype="<i4"),
+        np.array(mask, dtype=np.uint8),
         -np.ones(n, dtype="<f4") if logprobs else None,
     )
 
 
 def _v1_data(prompt_len: int, response_len: int, has_logprobs: bool) -> dict[str, Any]:
-    return {"index": 0, "num_turns": 2, "prompt_len": prompt_len, "response_len": response_len,
-            "has_logprobs": has_logprobs, "materialization_reason": None, "extra": {"k": 1}}
+    return {
+        "index": 0,
+        "num_turns": 2,
+        "prompt_len": prompt_len,
+        "response_len": response_len,
+        "has_logprobs": has_logprobs,
+        "materialization_reason": None,
+        "extra": {"k": 1},
+    }
 
 
 # ------------------------------------------------------------------ the v2 shape
 def test_trajectory_recorded_is_schema_2_and_round_trips_trainable_tokens() -> None:
     assert ev.TrajectoryRecorded.SCHEMA_VERSION == 2
     arrays = _arrays([1, 0, 0, 1, 1], logprobs=True)
-    event = ev.TrajectoryRecorded(index=1, num_turns=3, prompt_len=3, response_len=5, has_logprobs=True,
-                                  trainable_tokens=3, extra={"tool": "sh"}, payload=tokens.encode(arrays))
+    event = ev.TrajectoryRecorded(
+        index=1,
+        num_turns=3,
+        prompt_len=3,
+        response_len=5,
+        has_logprobs=True,
+        trainable_tokens=3,
+        extra={"tool": "sh"},
+        payload=tokens.encode(arrays),
+    )
     data = event.to_data()
     assert data["trainable_tokens"] == 3 and "payload" not in data
     assert ev.TrajectoryRecorded.from_data(data, event.payload) == event
-    new = ev.envelope(event, session_id="s", version=3, run="r", uid="u", partition="val", global_step=0)
+    new = ev.envelope(
+        event, session_id="s", version=3, run="r", uid="u", partition="val", global_step=0
+    )
     assert new.schema_version == 2
     back = ev.decode(_raw("TrajectoryRecorded", new.schema_version, new.data, new.payload)).event
     assert back == event
     # Only changed shapes are bumped (the golden logs' record of them).
-    assert {name: cls.SCHEMA_VERSION for name, cls in ev.EVENT_TYPES.items() if cls.SCHEMA_VERSION > 1} == golden.LOG_SCHEMAS
+    assert {
+        name: cls.SCHEMA_VERSION for name, cls in ev.EVENT_TYPES.items() if cls.SCHEMA_VERSION > 1
+    } == golden.LOG_SCHEMAS
 
 
 async def test_the_recorder_counts_trainable_tokens(sqlite_url: str) -> None:
     async with Ledger.open(sqlite_url) as ledger:
-        handle = await ledger.create_session("s-t", uid="u", session_index=0, group_size=1, partition="train", global_step=0)
-        await handle.record_trajectory(prompt_ids=[1, 2], response_ids=[3, 4, 5, 6], response_mask=[1, 0, 1, 1])
-        await handle.record_trajectory(prompt_ids=[1], response_ids=[3, 4])  # default mask: all trainable
-        stored = [s for s in await ledger.store.read_stream("s-t") if s.type == "TrajectoryRecorded"]
+        handle = await ledger.create_session(
+            "s-t", uid="u", session_index=0, group_size=1, partition="train", global_step=0
+        )
+        await handle.record_trajectory(
+            prompt_ids=[1, 2], response_ids=[3, 4, 5, 6], response_mask=[1, 0, 1, 1]
+        )
+        await handle.record_trajectory(
+            prompt_ids=[1], response_ids=[3, 4]
+        )  # default mask: all trainable
+        stored = [
+            s for s in await ledger.store.read_stream("s-t") if s.type == "TrajectoryRecorded"
+        ]
     assert [(s.schema_version, s.data["trainable_tokens"]) for s in stored] == [(2, 3), (2, 2)]
 
 
@@ -84,7 +125,9 @@ def test_v1_trajectory_upcasts_to_v2_counting_the_payload_mask() -> None:
         assert isinstance(event, ev.TrajectoryRecorded)
         assert event.trainable_tokens == 4
         assert event.to_data() == {**data, "trainable_tokens": 4}
-        assert stored.data == data and "trainable_tokens" not in stored.data, "upcasting must not mutate stored data"
+        assert stored.data == data and "trainable_tokens" not in stored.data, (
+            "upcasting must not mutate stored data"
+        )
         assert event.arrays().response_mask.tolist() == mask
 
 
@@ -94,12 +137,20 @@ def test_v1_upcast_without_the_payload_means_unknown() -> None:
     assert ev.upcast("TrajectoryRecorded", 1, data)["trainable_tokens"] is None
     truncated = tokens.encode(_arrays([1, 1, 0, 1]))[:-2]
     assert ev.upcast("TrajectoryRecorded", 1, data, truncated)["trainable_tokens"] is None
-    assert ev.upcast("TrajectoryRecorded", 2, {**data, "trainable_tokens": 7}) == {**data, "trainable_tokens": 7}
+    assert ev.upcast("TrajectoryRecorded", 2, {**data, "trainable_tokens": 7}) == {
+        **data,
+        "trainable_tokens": 7,
+    }
 
 
 def test_the_v1_upcaster_is_registered_with_payload_access() -> None:
     assert ("TrajectoryRecorded", 1) in ev.UPCASTERS
-    assert ev.upcast("TrajectoryRecorded", 1, _v1_data(3, 2, False), tokens.encode(_arrays([1, 0])))["trainable_tokens"] == 1
+    assert (
+        ev.upcast("TrajectoryRecorded", 1, _v1_data(3, 2, False), tokens.encode(_arrays([1, 0])))[
+            "trainable_tokens"
+        ]
+        == 1
+    )
 
 
 def test_payload_upcasters_chain_with_data_only_ones(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -112,7 +163,9 @@ def test_payload_upcasters_chain_with_data_only_ones(monkeypatch: pytest.MonkeyP
         data["extra"] = {**data["extra"], "lifted": True}
         return data
 
-    event = ev.decode(_raw("TrajectoryRecorded", 1, _v1_data(3, 3, False), tokens.encode(_arrays([1, 1, 0])))).event
+    event = ev.decode(
+        _raw("TrajectoryRecorded", 1, _v1_data(3, 3, False), tokens.encode(_arrays([1, 1, 0])))
+    ).event
     assert event.trainable_tokens == 2 and event.extra == {"k": 1, "lifted": True}
 
 
@@ -124,13 +177,17 @@ def test_golden_v1_log_is_schema_1_and_v2_log_is_schema_2() -> None:
     assert {s.schema_version for s in v2 if s.type == "TrajectoryRecorded"} == {2}
     assert len({s.type for s in v1}) == 8, "the golden log holds every event type of its time"
     newest = golden.stored_events(golden.golden_logs()[-1])
-    assert {s.type for s in newest} == set(ev.EVENT_TYPES), "the newest golden log holds every event type"
+    assert {s.type for s in newest} == set(ev.EVENT_TYPES), (
+        "the newest golden log holds every event type"
+    )
 
 
 def test_decoding_the_v1_golden_log_yields_the_v2_events() -> None:
     """Same scenario, recorded before and after the bump: v1 upcast == v2 as written today."""
     v1, v2 = golden.stored_events(V1), golden.stored_events(V2)
-    assert [(s.position, s.session_id, s.version, s.type) for s in v1] == [(s.position, s.session_id, s.version, s.type) for s in v2]
+    assert [(s.position, s.session_id, s.version, s.type) for s in v1] == [
+        (s.position, s.session_id, s.version, s.type) for s in v2
+    ]
     trajectories = 0
     for old, new in zip(v1, v2):
         lifted, current = ev.decode(old), ev.decode(new)
@@ -155,19 +212,32 @@ async def test_the_newest_golden_log_is_what_todays_recorder_writes(tmp_path: Pa
     make_golden = _make_golden_module()
     newest = golden.golden_logs()[-1]
     assert newest.name == f"golden_v{golden.LOG_VERSION}.jsonl"
-    assert {name: cls.SCHEMA_VERSION for name, cls in ev.EVENT_TYPES.items() if cls.SCHEMA_VERSION > 1} == golden.LOG_SCHEMAS, (
-        "an event's schema changed: record a new golden log (tests/fixtures/make_golden.py log) and bump LOG_VERSION")
-    async with Ledger.open(f"sqlite+aiosqlite:///{tmp_path / 'g.db'}", run=make_golden.RUN, placeholder_policy=make_golden.POLICY) as ledger:
+    assert {
+        name: cls.SCHEMA_VERSION for name, cls in ev.EVENT_TYPES.items() if cls.SCHEMA_VERSION > 1
+    } == golden.LOG_SCHEMAS, (
+        "an event's schema changed: record a new golden log (tests/fixtures/make_golden.py log) and bump LOG_VERSION"
+    )
+    async with Ledger.open(
+        f"sqlite+aiosqlite:///{tmp_path / 'g.db'}",
+        run=make_golden.RUN,
+        placeholder_policy=make_golden.POLICY,
+    ) as ledger:
         await make_golden.record_scenario(ledger)
         rows = make_golden.normalise(await golden.dump_rows(ledger.engine))
     # The slot columns (revision 0004) are the store's copy of a creation's data, not event shape:
     # a log written before them has them NULL. Check them against the data, then compare the rest.
     for row in rows:
-        expected_slot = (row["data"]["session_index"], row["data"]["group_size"]) if row["type"] == "SessionCreated" else (None, None)
+        expected_slot = (
+            (row["data"]["session_index"], row["data"]["group_size"])
+            if row["type"] == "SessionCreated"
+            else (None, None)
+        )
         assert tuple(row[name] for name in golden.ADDED_LATER) == expected_slot, row["position"]
     today = [golden.to_line({**r, **dict.fromkeys(golden.ADDED_LATER)}) for r in rows]
-    stored = [golden.to_line({**golden.from_line(line), **dict.fromkeys(golden.ADDED_LATER)})
-              for line in newest.read_text(encoding="utf-8").splitlines()]
+    stored = [
+        golden.to_line({**golden.from_line(line), **dict.fromkeys(golden.ADDED_LATER)})
+        for line in newest.read_text(encoding="utf-8").splitlines()
+    ]
     for line, (got, want) in enumerate(zip(today, stored), start=1):
         assert got == want, (
             f"{newest.name} line {line}: today's recorder writes a different event. A change of event shape needs a "
@@ -198,19 +268,42 @@ def test_unreadable_events_raise_unknown_event_error_naming_type_and_version(
     assert "\n" not in message
 
 
-async def _append_raw(ledger: Ledger, session_id: str, event_type: str, schema_version: int, data: dict[str, Any]) -> None:
+async def _append_raw(
+    ledger: Ledger, session_id: str, event_type: str, schema_version: int, data: dict[str, Any]
+) -> None:
     version = await ledger.store.stream_version(session_id)
-    await ledger.store.append(session_id, version, [NewEvent(
-        event_id=f"00000000-0000-0000-0000-{version + 1:012d}", session_id=session_id, version=version + 1,
-        type=event_type, schema_version=schema_version, run="default", uid="u", partition="val", global_step=0,
-        data=data, payload=None, recorded_at=datetime.now(timezone.utc),
-    )])
+    await ledger.store.append(
+        session_id,
+        version,
+        [
+            NewEvent(
+                event_id=f"00000000-0000-0000-0000-{version + 1:012d}",
+                session_id=session_id,
+                version=version + 1,
+                type=event_type,
+                schema_version=schema_version,
+                run="default",
+                uid="u",
+                partition="val",
+                global_step=0,
+                data=data,
+                payload=None,
+                recorded_at=datetime.now(timezone.utc),
+            )
+        ],
+    )
 
 
-@pytest.mark.parametrize(("event_type", "schema_version"), [("SessionTeleported", 3), ("TrajectoryRecorded", 0)])
-async def test_load_session_refuses_a_stream_it_cannot_read(db_url: str, event_type: str, schema_version: int) -> None:
+@pytest.mark.parametrize(
+    ("event_type", "schema_version"), [("SessionTeleported", 3), ("TrajectoryRecorded", 0)]
+)
+async def test_load_session_refuses_a_stream_it_cannot_read(
+    db_url: str, event_type: str, schema_version: int
+) -> None:
     async with Ledger.open(db_url) as ledger:
-        await ledger.create_session("s-odd", uid="u", session_index=0, group_size=1, partition="val", global_step=0)
+        await ledger.create_session(
+            "s-odd", uid="u", session_index=0, group_size=1, partition="val", global_step=0
+        )
         await _append_raw(ledger, "s-odd", event_type, schema_version, _v1_data(1, 1, False))
         with pytest.raises(UnknownEventError) as info:
             await ledger.load_session("s-odd")
@@ -221,10 +314,14 @@ def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     script = Path(sys.executable).with_name("rollout-ledger")
     command = [str(script)] if script.exists() else [sys.executable, "-m", "sessions.cli.main"]
     env = {k: v for k, v in os.environ.items() if k != "ROLLOUT_LEDGER_DB"}
-    return subprocess.run([*command, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [*command, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=120
+    )
 
 
-def test_cli_names_an_unknown_type_and_version(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_names_an_unknown_type_and_version(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     import asyncio
 
     from sessions.cli.main import main
@@ -233,11 +330,15 @@ def test_cli_names_an_unknown_type_and_version(tmp_path: Path, capsys: pytest.Ca
 
     async def record() -> None:
         async with Ledger.open(str(db)) as ledger:
-            handle = await ledger.create_session("s-ok", uid="u1", session_index=0, group_size=1, partition="val", global_step=0)
+            handle = await ledger.create_session(
+                "s-ok", uid="u1", session_index=0, group_size=1, partition="val", global_step=0
+            )
             await handle.record_trajectory(prompt_ids=[1], response_ids=[2])
             await handle.complete()
             await ledger.project()
-            await ledger.create_session("s-odd", uid="u2", session_index=0, group_size=1, partition="val", global_step=0)
+            await ledger.create_session(
+                "s-odd", uid="u2", session_index=0, group_size=1, partition="val", global_step=0
+            )
             await _append_raw(ledger, "s-odd", "SessionTeleported", 3, {"where": "mars"})
 
     asyncio.run(record())
@@ -246,7 +347,9 @@ def test_cli_names_an_unknown_type_and_version(tmp_path: Path, capsys: pytest.Ca
     assert result.returncode != 0
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1, result.stderr
-    assert "SessionTeleported" in lines[0] and "schema_version 3" in lines[0] and "s-odd" in lines[0]
+    assert (
+        "SessionTeleported" in lines[0] and "schema_version 3" in lines[0] and "s-odd" in lines[0]
+    )
     # history of that stream fails the same way: one line, no traceback (in-process CLI)
     capsys.readouterr()
     assert main(["history", "s-odd", "--db", str(db)]) != 0

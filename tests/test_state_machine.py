@@ -51,16 +51,27 @@ POLICIES = {
 # ------------------------------------------------------------------ the table and the diagram
 def test_machine_table_is_the_designed_one() -> None:
     assert machine.TABLE == DESIGN_TABLE
-    assert set(machine.STATES) == {"created", "running", "retrying", "succeeded", "failed", "cancelled"}
+    assert set(machine.STATES) == {
+        "created",
+        "running",
+        "retrying",
+        "succeeded",
+        "failed",
+        "cancelled",
+    }
     assert machine.TERMINAL_STATES == TERMINAL
     for state in TERMINAL:
         assert machine.allowed(state) == []
     assert machine.allowed("created") == ["start", "fail", "cancel"]
 
 
-@pytest.mark.parametrize("state", ["created", "running", "retrying", "succeeded", "failed", "cancelled"])
+@pytest.mark.parametrize(
+    "state", ["created", "running", "retrying", "succeeded", "failed", "cancelled"]
+)
 @pytest.mark.parametrize("command", list(machine.COMMANDS))
-def test_next_state_follows_the_table_or_names_session_state_and_command(state: str, command: str) -> None:
+def test_next_state_follows_the_table_or_names_session_state_and_command(
+    state: str, command: str
+) -> None:
     if (state, command) in DESIGN_TABLE:
         assert machine.next_state("s-1", state, command) == DESIGN_TABLE[(state, command)]
         return
@@ -98,7 +109,9 @@ async def test_sessions_do_not_bind_models_to_the_shared_machine(sqlite_url: str
 
     async with Ledger.open(sqlite_url) as ledger:
         for i in range(3):
-            handle = await ledger.create_session(f"m{i}", uid="u", session_index=i, group_size=3, partition="val")
+            handle = await ledger.create_session(
+                f"m{i}", uid="u", session_index=i, group_size=3, partition="val"
+            )
             await handle.cancel()
     assert machine.MACHINE.models == []
 
@@ -140,7 +153,12 @@ class Model:
             self.state = "retrying"
             self.retries.append(cmd[1])
             self.superseded += len(self.trajectories)
-            self.trajectories, self.reward_info, self.last_reward, self.reward_posted = [], {}, None, False
+            self.trajectories, self.reward_info, self.last_reward, self.reward_posted = (
+                [],
+                {},
+                None,
+                False,
+            )
         elif name == "record_trajectory":
             self.trajectories.append((self.recorded, cmd[1], cmd[2]))
             self.recorded += 1
@@ -187,13 +205,19 @@ class Model:
 
 commands = st.one_of(
     st.tuples(st.just("start")),
-    st.tuples(st.just("record_trajectory"), st.integers(1, 6), st.integers(1, 6), st.integers(0, 4)),
+    st.tuples(
+        st.just("record_trajectory"), st.integers(1, 6), st.integers(1, 6), st.integers(0, 4)
+    ),
     st.tuples(
         st.just("post_reward"),
         st.one_of(st.none(), st.floats(-2, 2, allow_nan=False)),
         st.dictionaries(st.sampled_from(["acc", "steps", "lang"]), st.integers(0, 9), max_size=2),
     ),
-    st.tuples(st.just("complete"), st.one_of(st.none(), st.floats(0, 1)), st.sampled_from(["all", "longest"])),
+    st.tuples(
+        st.just("complete"),
+        st.one_of(st.none(), st.floats(0, 1)),
+        st.sampled_from(["all", "longest"]),
+    ),
     st.tuples(st.just("fail"), st.sampled_from(ev.FAILURE_REASONS)),
     st.tuples(st.just("retry"), st.sampled_from(("sandbox_error", "runner_error", "tool_quota"))),
     st.tuples(st.just("cancel")),
@@ -208,17 +232,28 @@ scenarios = st.fixed_dictionaries(
 )
 
 
-def _trajectory_event(index: int, prompt_len: int, response_len: int, num_turns: int) -> ev.TrajectoryRecorded:
+def _trajectory_event(
+    index: int, prompt_len: int, response_len: int, num_turns: int
+) -> ev.TrajectoryRecorded:
     arrays = tokens.TokenArrays(
-        np.arange(1, prompt_len + 1), np.arange(100, 100 + response_len), np.ones(response_len, dtype=np.uint8), None
+        np.arange(1, prompt_len + 1),
+        np.arange(100, 100 + response_len),
+        np.ones(response_len, dtype=np.uint8),
+        None,
     )
     return ev.TrajectoryRecorded(
-        index=index, num_turns=num_turns, prompt_len=prompt_len, response_len=response_len,
-        has_logprobs=False, payload=tokens.encode(arrays),
+        index=index,
+        num_turns=num_turns,
+        prompt_len=prompt_len,
+        response_len=response_len,
+        has_logprobs=False,
+        payload=tokens.encode(arrays),
     )
 
 
-def check_against_model(events: list[ev.Event], view: agg.SessionView, model: Model, policy_name: str) -> None:
+def check_against_model(
+    events: list[ev.Event], view: agg.SessionView, model: Model, policy_name: str
+) -> None:
     """The invariants of docs/design.md §3–5 on one session's stream and folded view."""
     types = [e.TYPE for e in events]
     terminal_at = [i for i, t in enumerate(types) if t in ev.TERMINAL_EVENTS]
@@ -238,7 +273,9 @@ def check_against_model(events: list[ev.Event], view: agg.SessionView, model: Mo
     # attempts: one per start; each retry supersedes exactly the attempt's trajectories
     assert view.attempt == model.attempt == types.count("SessionStarted")
     assert [e.reason for e in events if isinstance(e, ev.AttemptFailed)] == model.retries
-    assert [e.attempt for e in events if isinstance(e, ev.AttemptFailed)] == list(range(1, len(model.retries) + 1))
+    assert [e.attempt for e in events if isinstance(e, ev.AttemptFailed)] == list(
+        range(1, len(model.retries) + 1)
+    )
     assert view.superseded == model.superseded
     indices = [e.index for e in events if isinstance(e, ev.TrajectoryRecorded)]
     assert indices == list(range(len(indices))), "trajectory indices count every attempt's"
@@ -249,17 +286,28 @@ def check_against_model(events: list[ev.Event], view: agg.SessionView, model: Mo
         failed = next(e for e in events if isinstance(e, ev.SessionFailed))
         assert failed.placeholder == model.decision
         assert failed.origin == ev.DEFAULT_ORIGINS[model.failure_reason] and failed.metric == "zero"
-        if model.decision == "keep_partial":  # the final attempt's trajectories with its reward; never a superseded one
-            assert failed.selected == view.selected == model.selected and failed.score == model.score
+        if (
+            model.decision == "keep_partial"
+        ):  # the final attempt's trajectories with its reward; never a superseded one
+            assert (
+                failed.selected == view.selected == model.selected and failed.score == model.score
+            )
             assert set(failed.selected) <= {index for index, _p, _r in model.trajectories}
         assert failed.discarded_trajectories == len(model.trajectories) - len(failed.selected)
         if placeholders:
             emitted = events[-1]
             assert isinstance(emitted, ev.PlaceholderEmitted)
-            assert emitted.reason == model.failure_reason and emitted.reward == 0.0 and emitted.finished is False
+            assert (
+                emitted.reason == model.failure_reason
+                and emitted.reward == 0.0
+                and emitted.finished is False
+            )
             assert emitted.materialization_reason == "session_failed"
             assert emitted.reward_info == {**model.reward_info, "reward": 0.0, "finished": False}
-            assert (emitted.prompt_len, emitted.response_len) == (model.policy.prompt_length, model.policy.response_length)
+            assert (emitted.prompt_len, emitted.response_len) == (
+                model.policy.prompt_length,
+                model.policy.response_length,
+            )
     else:
         assert placeholders == 0 and view.placeholder_emitted == 0
         assert view.failure_reason is None
@@ -281,12 +329,24 @@ def test_deciders_against_the_reference_model(scenario: dict[str, Any]) -> None:
     policy = POLICIES[scenario["policy"]]
     sid = "s-pure"
     log: list[ev.Event] = [
-        ev.SessionCreated(run="r", uid="u", session_index=0, group_size=1, partition=scenario["partition"], global_step=0)
+        ev.SessionCreated(
+            run="r",
+            uid="u",
+            session_index=0,
+            group_size=1,
+            partition=scenario["partition"],
+            global_step=0,
+        )
     ]
     if scenario["started"]:
         log.append(ev.SessionStarted())
     live = agg.fold(sid, log)
-    model = Model(state=live.state, partition=scenario["partition"], policy=policy, attempt=int(scenario["started"]))
+    model = Model(
+        state=live.state,
+        partition=scenario["partition"],
+        policy=policy,
+        attempt=int(scenario["started"]),
+    )
 
     for cmd in scenario["commands"]:
         name = cmd[0]
@@ -295,7 +355,9 @@ def test_deciders_against_the_reference_model(scenario: dict[str, Any]) -> None:
             if name == "start":
                 decided = agg.decide_start(live)
             elif name == "retry":
-                decided = agg.decide_retry(live, cmd[1], ev.DEFAULT_ORIGINS.get(cmd[1], "policy"), message="flaky")
+                decided = agg.decide_retry(
+                    live, cmd[1], ev.DEFAULT_ORIGINS.get(cmd[1], "policy"), message="flaky"
+                )
             elif name == "record_trajectory":
                 decided = agg.decide_trajectory(live, _trajectory_event(live.recorded, *cmd[1:]))
             elif name == "post_reward":
@@ -323,11 +385,16 @@ def test_deciders_against_the_reference_model(scenario: dict[str, Any]) -> None:
 
 
 def test_complete_without_trajectory_is_an_empty_output_failure() -> None:
-    view = agg.fold("s", [
-        ev.SessionCreated(run="r", uid="u", session_index=0, group_size=1, partition="val", global_step=0),
-        ev.SessionStarted(),
-        ev.RewardPosted(reward=1.0, info={"acc": 1.0}),
-    ])
+    view = agg.fold(
+        "s",
+        [
+            ev.SessionCreated(
+                run="r", uid="u", session_index=0, group_size=1, partition="val", global_step=0
+            ),
+            ev.SessionStarted(),
+            ev.RewardPosted(reward=1.0, info={"acc": 1.0}),
+        ],
+    )
     decided = agg.decide_complete(view, PlaceholderPolicy())
     assert [e.TYPE for e in decided] == ["SessionFailed", "PlaceholderEmitted"]
     assert decided[0].reason == "empty_output" and decided[1].reason == "empty_output"
@@ -337,13 +404,33 @@ def test_complete_without_trajectory_is_an_empty_output_failure() -> None:
 
 
 def test_placeholder_policy_rules_per_partition_and_reason() -> None:
-    policy = PlaceholderPolicy(rules={"train": {"sandbox_error": "drop"}, "*": {"orphaned": "drop"}})
-    base = [ev.SessionCreated(run="r", uid="u", session_index=0, group_size=1, partition="train", global_step=0), ev.SessionStarted()]
+    policy = PlaceholderPolicy(
+        rules={"train": {"sandbox_error": "drop"}, "*": {"orphaned": "drop"}}
+    )
+    base = [
+        ev.SessionCreated(
+            run="r", uid="u", session_index=0, group_size=1, partition="train", global_step=0
+        ),
+        ev.SessionStarted(),
+    ]
     train = agg.fold("t", base)
-    val = agg.fold("v", [ev.SessionCreated(run="r", uid="u", session_index=0, group_size=1, partition="val", global_step=0)])
+    val = agg.fold(
+        "v",
+        [
+            ev.SessionCreated(
+                run="r", uid="u", session_index=0, group_size=1, partition="val", global_step=0
+            )
+        ],
+    )
     assert [e.TYPE for e in agg.decide_fail(train, policy, "sandbox_error")] == ["SessionFailed"]
-    assert [e.TYPE for e in agg.decide_fail(train, policy, "timeout")] == ["SessionFailed", "PlaceholderEmitted"]
-    assert [e.TYPE for e in agg.decide_fail(val, policy, "sandbox_error")] == ["SessionFailed", "PlaceholderEmitted"]
+    assert [e.TYPE for e in agg.decide_fail(train, policy, "timeout")] == [
+        "SessionFailed",
+        "PlaceholderEmitted",
+    ]
+    assert [e.TYPE for e in agg.decide_fail(val, policy, "sandbox_error")] == [
+        "SessionFailed",
+        "PlaceholderEmitted",
+    ]
     assert [e.TYPE for e in agg.decide_fail(val, policy, "orphaned")] == ["SessionFailed"]
     with pytest.raises(ValueError):
         PlaceholderPolicy(rules={"test": {"timeout": "drop"}})
@@ -351,20 +438,39 @@ def test_placeholder_policy_rules_per_partition_and_reason() -> None:
         PlaceholderPolicy(rules={"train": {"timeout": "keep"}})  # type: ignore[dict-item]
 
 
-@pytest.mark.parametrize("reason", ["Bad Luck", "infra", "policy", "*", "unprojectable", "", "x" * 33, 7])
+@pytest.mark.parametrize(
+    "reason", ["Bad Luck", "infra", "policy", "*", "unprojectable", "", "x" * 33, 7]
+)
 def test_a_reason_that_cannot_name_a_failure_is_rejected(reason: Any) -> None:
     from sessions.errors import InvalidInput
 
-    view = agg.fold("s", [ev.SessionCreated(run="r", uid="u", session_index=0, group_size=1, partition="val", global_step=0)])
+    view = agg.fold(
+        "s",
+        [
+            ev.SessionCreated(
+                run="r", uid="u", session_index=0, group_size=1, partition="val", global_step=0
+            )
+        ],
+    )
     with pytest.raises(InvalidInput, match="reason"):
         agg.decide_fail(view, PlaceholderPolicy(), reason)
     assert view.state == "created"
 
 
 def test_a_custom_reason_is_a_policy_failure_unless_declared() -> None:
-    view = agg.fold("s", [ev.SessionCreated(run="r", uid="u", session_index=0, group_size=1, partition="val", global_step=0)])
+    view = agg.fold(
+        "s",
+        [
+            ev.SessionCreated(
+                run="r", uid="u", session_index=0, group_size=1, partition="val", global_step=0
+            )
+        ],
+    )
     assert agg.decide_fail(view, PlaceholderPolicy(), "tool_quota")[0].origin == "policy"
-    assert agg.decide_fail(view, PlaceholderPolicy(), "tool_quota", origin="infra")[0].origin == "infra"
+    assert (
+        agg.decide_fail(view, PlaceholderPolicy(), "tool_quota", origin="infra")[0].origin
+        == "infra"
+    )
 
 
 # ------------------------------------------------------------------ through the real SQLite store
@@ -387,7 +493,11 @@ def sqlite_harness(sqlite_url: str) -> Iterator[Harness]:
     opener = Ledger.open(sqlite_url)
     ledger = loop.run_until_complete(opener.__aenter__())
     # one run per policy: a run's configuration is fingerprinted, so two policies cannot share one
-    others = {name: Ledger(ledger.engine, run=f"run-{name}", placeholder_policy=POLICIES[name]) for name in POLICIES if name != "default"}
+    others = {
+        name: Ledger(ledger.engine, run=f"run-{name}", placeholder_policy=POLICIES[name])
+        for name in POLICIES
+        if name != "default"
+    }
     try:
         yield Harness(loop, {"default": ledger, **others})
     finally:
@@ -400,10 +510,20 @@ def sqlite_harness(sqlite_url: str) -> Iterator[Harness]:
 async def _run_on_store(ledger: Any, sid: str, scenario: dict[str, Any]) -> None:
     store = ledger.store
     handle = await ledger.create_session(  # a group of its own per example: one group holds one session_index 0
-        sid, uid=f"u-{sid}", session_index=0, group_size=1, partition=scenario["partition"], global_step=0,
+        sid,
+        uid=f"u-{sid}",
+        session_index=0,
+        group_size=1,
+        partition=scenario["partition"],
+        global_step=0,
         start=scenario["started"],
     )
-    model = Model(state=handle.state, partition=scenario["partition"], policy=ledger.policy, attempt=int(scenario["started"]))
+    model = Model(
+        state=handle.state,
+        partition=scenario["partition"],
+        policy=ledger.policy,
+        attempt=int(scenario["started"]),
+    )
     for cmd in scenario["commands"]:
         name = cmd[0]
         state_before = handle.state
@@ -418,7 +538,9 @@ async def _run_on_store(ledger: Any, sid: str, scenario: dict[str, Any]) -> None
             elif name == "record_trajectory":
                 _, p, r, turns = cmd
                 await handle.record_trajectory(
-                    prompt_ids=list(range(1, p + 1)), response_ids=list(range(100, 100 + r)), num_turns=turns
+                    prompt_ids=list(range(1, p + 1)),
+                    response_ids=list(range(100, 100 + r)),
+                    num_turns=turns,
                 )
             elif name == "post_reward":
                 await handle.post_reward(cmd[1], **cmd[2])
@@ -449,9 +571,13 @@ async def _run_on_store(ledger: Any, sid: str, scenario: dict[str, Any]) -> None
     assert (await ledger.load_session(sid)).view == handle.view
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(scenario=scenarios)
-def test_recorder_on_sqlite_against_the_reference_model(sqlite_harness: Harness, scenario: dict[str, Any]) -> None:
+def test_recorder_on_sqlite_against_the_reference_model(
+    sqlite_harness: Harness, scenario: dict[str, Any]
+) -> None:
     sqlite_harness.counter += 1
     sid = f"prop-{sqlite_harness.counter}"
     sqlite_harness.run(_run_on_store(sqlite_harness.ledgers[scenario["policy"]], sid, scenario))

@@ -20,9 +20,19 @@ from store import ConcurrencyError, EventStore, NewEvent, StoreError, create_eng
 from store.tables import events as events_table
 
 
-def mk(session_id: str, version: int, *, type: str = "Noted", data: dict[str, Any] | None = None,
-       payload: bytes | None = None, event_id: str | None = None, run: str = "r", uid: str = "u",
-       partition: str = "val", global_step: int | None = 0) -> NewEvent:
+def mk(
+    session_id: str,
+    version: int,
+    *,
+    type: str = "Noted",
+    data: dict[str, Any] | None = None,
+    payload: bytes | None = None,
+    event_id: str | None = None,
+    run: str = "r",
+    uid: str = "u",
+    partition: str = "val",
+    global_step: int | None = 0,
+) -> NewEvent:
     return NewEvent(
         event_id=event_id or str(uuid.uuid4()),
         session_id=session_id,
@@ -65,12 +75,16 @@ async def store(db_url: str) -> AsyncIterator[EventStore]:
 
 async def row_count(store: EventStore) -> int:
     async with store.engine.connect() as conn:
-        return int((await conn.execute(select(func.count()).select_from(events_table))).scalar_one())
+        return int(
+            (await conn.execute(select(func.count()).select_from(events_table))).scalar_one()
+        )
 
 
 async def ids_stored(store: EventStore, event_ids: list[str]) -> set[str]:
     async with store.engine.connect() as conn:
-        result = await conn.execute(select(events_table.c.event_id).where(events_table.c.event_id.in_(event_ids)))
+        result = await conn.execute(
+            select(events_table.c.event_id).where(events_table.c.event_id.in_(event_ids))
+        )
         return {row[0] for row in result}
 
 
@@ -80,9 +94,26 @@ async def test_append_and_read_stream_round_trip(store: EventStore) -> None:
     assert await store.stream_version("s1") == 0
     assert await store.last_position() == 0
     first = [
-        mk("s1", 1, type="A", data={"nested": {"x": [1, 2.5, None]}, "s": "ü"}, run="run-1", uid="g1",
-           partition="train", global_step=None),
-        mk("s1", 2, type="B", payload=b"\x00\x01\xff" * 10, run="run-1", uid="g1", partition="train", global_step=None),
+        mk(
+            "s1",
+            1,
+            type="A",
+            data={"nested": {"x": [1, 2.5, None]}, "s": "ü"},
+            run="run-1",
+            uid="g1",
+            partition="train",
+            global_step=None,
+        ),
+        mk(
+            "s1",
+            2,
+            type="B",
+            payload=b"\x00\x01\xff" * 10,
+            run="run-1",
+            uid="g1",
+            partition="train",
+            global_step=None,
+        ),
     ]
     assert await store.append("s1", 0, first) == 2
     assert await store.append("s1", 2, [mk("s1", 3, type="C")]) == 3
@@ -93,8 +124,18 @@ async def test_append_and_read_stream_round_trip(store: EventStore) -> None:
     assert got[0].data == {"nested": {"x": [1, 2.5, None]}, "s": "ü"}
     assert got[0].payload is None
     assert got[1].payload == b"\x00\x01\xff" * 10 and isinstance(got[1].payload, bytes)
-    assert (got[0].run, got[0].uid, got[0].partition, got[0].global_step, got[0].schema_version) == (
-        "run-1", "g1", "train", None, 1,
+    assert (
+        got[0].run,
+        got[0].uid,
+        got[0].partition,
+        got[0].global_step,
+        got[0].schema_version,
+    ) == (
+        "run-1",
+        "g1",
+        "train",
+        None,
+        1,
     )
     for new, old in zip(got[:2], first):
         assert new.recorded_at.tzinfo is not None
@@ -106,7 +147,9 @@ async def test_append_and_read_stream_round_trip(store: EventStore) -> None:
 async def test_read_stream_is_in_version_order_and_isolated_per_session(store: EventStore) -> None:
     for round_ in range(3):
         for sid in ("a", "b", "c"):
-            await store.append(sid, round_, [mk(sid, round_ + 1, data={"sid": sid, "round": round_})])
+            await store.append(
+                sid, round_, [mk(sid, round_ + 1, data={"sid": sid, "round": round_})]
+            )
     for sid in ("a", "b", "c"):
         stream = await store.read_stream(sid)
         assert [e.version for e in stream] == [1, 2, 3]
@@ -135,7 +178,9 @@ async def test_append_checks_versions_and_sessions_before_queueing() -> None:
             await unopened.append("s", 0, [mk("other", 1)])
         first = mk("s", 1)
         with pytest.raises(ValueError, match="repeat an event id"):
-            await unopened.append("s", 0, [first, dataclass_replace(mk("s", 2), event_id=first.event_id)])
+            await unopened.append(
+                "s", 0, [first, dataclass_replace(mk("s", 2), event_id=first.event_id)]
+            )
         assert await unopened.append("s", 0, []) == 0
         assert await unopened.append("s", 5, []) == 5
         assert unopened.batches_committed == 0 and unopened.events_committed == 0
@@ -162,7 +207,9 @@ async def test_conflicting_expected_version_raises_and_writes_nothing(store: Eve
     assert await store.append("s", 2, batch("s", 2, 1)) == 3
 
 
-async def test_a_stream_advanced_by_another_writer_is_not_appended_to_from_a_stale_version(db_url: str) -> None:
+async def test_a_stream_advanced_by_another_writer_is_not_appended_to_from_a_stale_version(
+    db_url: str,
+) -> None:
     """A store remembers the versions it committed and skips the version query when a request
     expects exactly that version; another process's append in between must still be caught."""
     mine, other = await open_store(db_url), await open_store(db_url)
@@ -180,7 +227,9 @@ async def test_a_stream_advanced_by_another_writer_is_not_appended_to_from_a_sta
         # a batch mixing a stale remembered stream with a fresh one fails only the stale request
         assert await other.append("s", 4, batch("s", 4, 1)) == 5
         results = await asyncio.gather(
-            mine.append("s", 4, batch("s", 4, 1)), mine.append("t", 0, batch("t", 0, 1)), return_exceptions=True
+            mine.append("s", 4, batch("s", 4, 1)),
+            mine.append("t", 0, batch("t", 0, 1)),
+            return_exceptions=True,
         )
         assert isinstance(results[0], ConcurrencyError) and results[1] == 1
         assert [e.version for e in await mine.read_stream("s")] == [1, 2, 3, 4, 5]
@@ -259,7 +308,9 @@ async def test_positions_are_strictly_increasing_and_read_from_pages(store: Even
     middle = positions[10]
     assert [e.position for e in await store.read_from(middle, limit=3)] == positions[11:14]
     assert await store.read_from(positions[-1]) == []
-    collected = [e.position async for page in store.iter_from(positions[4], page_size=4) for e in page]
+    collected = [
+        e.position async for page in store.iter_from(positions[4], page_size=4) for e in page
+    ]
     assert collected == positions[5:]
 
 
@@ -274,14 +325,18 @@ async def test_events_of_one_append_get_contiguous_positions_across_writers(db_u
         for _, sid, _evs in requests:
             mine = [e.position for e in log if e.session_id == sid]
             index = [e.position for e in log].index(mine[0])
-            assert [e.position for e in log[index : index + 5]] == mine, f"{sid}'s events were interleaved"
+            assert [e.position for e in log[index : index + 5]] == mine, (
+                f"{sid}'s events were interleaved"
+            )
             assert [e.version for e in log[index : index + 5]] == [1, 2, 3, 4, 5]
     finally:
         for s in stores:
             await shut(s)
 
 
-async def test_a_reader_never_sees_a_later_position_before_an_earlier_one(store: EventStore) -> None:
+async def test_a_reader_never_sees_a_later_position_before_an_earlier_one(
+    store: EventStore,
+) -> None:
     """While another writer's insert is uncommitted, an append must not become visible past it:
     every snapshot a tailing reader takes is a prefix of the final log (docs/design.md §8)."""
     from store.engine import WRITE_LOCK
@@ -301,11 +356,15 @@ async def test_a_reader_never_sees_a_later_position_before_an_earlier_one(store:
     final = await store.read_from(0)
     assert [e.session_id for e in final] == ["before", "other-writer", "later", "later"]
     positions = [e.position for e in final]
-    assert snapshot == positions[: len(snapshot)], "a reader saw an event that an earlier position then joined"
+    assert snapshot == positions[: len(snapshot)], (
+        "a reader saw an event that an earlier position then joined"
+    )
 
 
 # ------------------------------------------------------------------ group commit
-async def test_concurrent_appends_are_group_committed_and_readable_on_return(store: EventStore) -> None:
+async def test_concurrent_appends_are_group_committed_and_readable_on_return(
+    store: EventStore,
+) -> None:
     n = 60
     before = store.batches_committed
 
@@ -356,7 +415,9 @@ async def test_one_stale_append_fails_alone_within_a_batch(store: EventStore) ->
     # in one batch: a resend of a queued request is a no-op; a second writer at the same version loses
     first, rival = batch("s", 0, 2), batch("s", 0, 2)
     results = await asyncio.gather(
-        store.append("s", 0, first), store.append("s", 0, first), store.append("s", 0, rival),
+        store.append("s", 0, first),
+        store.append("s", 0, first),
+        store.append("s", 0, rival),
         return_exceptions=True,
     )
     assert results[0] == 2 and results[1] == 2
@@ -371,7 +432,8 @@ async def test_same_session_same_expected_version_exactly_one_wins(db_url: str) 
         await stores[0].append("contested", 0, batch("contested", 0, 1))
         attempts = [batch("contested", 1, 2) for _ in range(9)]
         results = await asyncio.gather(
-            *(stores[i % 3].append("contested", 1, evs) for i, evs in enumerate(attempts)), return_exceptions=True
+            *(stores[i % 3].append("contested", 1, evs) for i, evs in enumerate(attempts)),
+            return_exceptions=True,
         )
         winners = [i for i, r in enumerate(results) if not isinstance(r, BaseException)]
         losers = [r for r in results if isinstance(r, BaseException)]
@@ -401,11 +463,15 @@ async def test_lifecycle_followers_cancelled_callers_and_close(store: EventStore
     with pytest.raises(asyncio.CancelledError):
         await task
     # close commits what is queued, then refuses new appends
-    pending = [asyncio.ensure_future(store.append(f"c{i}", 0, batch(f"c{i}", 0, 1))) for i in range(5)]
+    pending = [
+        asyncio.ensure_future(store.append(f"c{i}", 0, batch(f"c{i}", 0, 1))) for i in range(5)
+    ]
     await asyncio.sleep(0)
     await store.close()
     assert [await p for p in pending] == [1] * 5
-    assert [e.event_id for e in await store.read_stream("cancelled-caller")] == [e.event_id for e in kept]
+    assert [e.event_id for e in await store.read_stream("cancelled-caller")] == [
+        e.event_id for e in kept
+    ]
     assert await row_count(store) == 1 + 2 + 5
     with pytest.raises(StoreError, match="closed"):
         await store.append("late", 0, batch("late", 0, 1))
@@ -445,7 +511,9 @@ async def test_reopened_ledger_folds_the_same_sessions(sqlite_url: str) -> None:
     from sessions import events as ev
 
     async with Ledger.open(sqlite_url) as ledger:
-        handle = await ledger.create_session("persist", uid="u", session_index=0, group_size=1, partition="val")
+        handle = await ledger.create_session(
+            "persist", uid="u", session_index=0, group_size=1, partition="val"
+        )
         await handle.record_trajectory(prompt_ids=[1, 2], response_ids=[3], num_turns=1)
         await handle.post_reward(1.0, acc=1.0)
         await handle.complete()
@@ -469,20 +537,33 @@ async def test_a_failed_insert_reports_the_driver_error_without_the_rows(store: 
     assert await store.append("s", 0, batch("s", 0, 1)) == 1  # the store still works
 
 
-async def test_sqlite_file_appends_run_on_the_writer_thread_and_memory_ones_on_the_loops_connection(tmp_path: Any) -> None:
+async def test_sqlite_file_appends_run_on_the_writer_thread_and_memory_ones_on_the_loops_connection(
+    tmp_path: Any,
+) -> None:
     """A SQLite file's group commits run on a thread of their own (store.sqlite_writer); an
     in-memory database has one connection only, so its appends stay on the engine's."""
     from sqlalchemy import event
 
-    for url, on_thread in ((f"sqlite+aiosqlite:///{tmp_path / 'file.db'}", True), ("sqlite+aiosqlite://", False)):
+    for url, on_thread in (
+        (f"sqlite+aiosqlite:///{tmp_path / 'file.db'}", True),
+        ("sqlite+aiosqlite://", False),
+    ):
         opened = await open_store(url)
         try:
             threads: list[str] = []
-            event.listen(opened.append_engine, "before_cursor_execute",
-                         lambda *_args: threads.append(threading.current_thread().name))
+            event.listen(
+                opened.append_engine,
+                "before_cursor_execute",
+                lambda *_args: threads.append(threading.current_thread().name),
+            )
             assert (opened.append_engine is not opened.engine.sync_engine) is on_thread
-            await asyncio.gather(*(opened.append(f"t{i}", 0, batch(f"t{i}", 0, 2)) for i in range(20)))
+            await asyncio.gather(
+                *(opened.append(f"t{i}", 0, batch(f"t{i}", 0, 2)) for i in range(20))
+            )
             assert await row_count(opened) == 40 and threads
-            assert all(name.startswith("rollout-ledger-sqlite-append") for name in threads) is on_thread
+            assert (
+                all(name.startswith("rollout-ledger-sqlite-append") for name in threads)
+                is on_thread
+            )
         finally:
             await shut(opened)

@@ -40,7 +40,9 @@ def loop_threads() -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t.name == "rollout-ledger-loop"]
 
 
-def settled_threads(baseline: set[threading.Thread], seconds: float = 10.0) -> set[threading.Thread]:
+def settled_threads(
+    baseline: set[threading.Thread], seconds: float = 10.0
+) -> set[threading.Thread]:
     """Threads beyond `baseline` still alive after up to `seconds` (drivers' own threads end on dispose)."""
     deadline = time.monotonic() + seconds
     while True:
@@ -50,16 +52,29 @@ def settled_threads(baseline: set[threading.Thread], seconds: float = 10.0) -> s
         time.sleep(0.05)
 
 
-def identity(uid: str, index: int, size: int, step: int | None = 0, partition: str = "train", **more: Any) -> dict[str, Any]:
-    return {"uid": uid, "session_index": index, "group_size": size, "partition": partition, "global_step": step, **more}
+def identity(
+    uid: str, index: int, size: int, step: int | None = 0, partition: str = "train", **more: Any
+) -> dict[str, Any]:
+    return {
+        "uid": uid,
+        "session_index": index,
+        "group_size": size,
+        "partition": partition,
+        "global_step": step,
+        **more,
+    }
 
 
 def trajectory(index: int = 0) -> dict[str, Any]:
     return {"prompt_ids": [1, 2, 3], "response_ids": [4, 5 + index % 7]}
 
 
-def scalar_metrics(ledger: SyncLedger, partition: str, step: int | None, run: str | None = None) -> dict[str, float]:
-    return {m.metric: m.value for m in ledger.metrics(partition, step, run=run) if m.data_source is None}
+def scalar_metrics(
+    ledger: SyncLedger, partition: str, step: int | None, run: str | None = None
+) -> dict[str, float]:
+    return {
+        m.metric: m.value for m in ledger.metrics(partition, step, run=run) if m.data_source is None
+    }
 
 
 def run_in_threads(targets: list[Callable[[], None]], timeout: float = JOIN) -> None:
@@ -74,6 +89,7 @@ def run_in_threads(targets: list[Callable[[], None]], timeout: float = JOIN) -> 
                 target()
             except BaseException as error:  # noqa: BLE001 - handed to the test below
                 errors.append(error)
+
         return body
 
     threads = [threading.Thread(target=wrap(t), daemon=True) for t in targets]
@@ -102,7 +118,9 @@ OUTCOMES = ("ok", "ok_half", "error", "timeout", "sandbox", "cancel")
 REWARD = {"ok": 1.0, "ok_half": 0.5}
 
 
-def record_blocking(ledger: SyncLedger, session_id: str, outcome: str, run: str | None = None, **ident: Any) -> str:
+def record_blocking(
+    ledger: SyncLedger, session_id: str, outcome: str, run: str | None = None, **ident: Any
+) -> str:
     """Record one session through the blocking context manager; the state it ended in."""
     handle: SyncSession | None = None
     try:
@@ -135,7 +153,11 @@ def expected_counts(outcomes: list[str]) -> dict[str, float]:
         "rows/total": count["ok"] + count["ok_half"] + failed,
         "reward/sum": count["ok"] * 1.0 + count["ok_half"] * 0.5,
     }
-    for reason, name in (("runner_error", "error"), ("timeout", "timeout"), ("sandbox_error", "sandbox")):
+    for reason, name in (
+        ("runner_error", "error"),
+        ("timeout", "timeout"),
+        ("sandbox_error", "sandbox"),
+    ):
         if count[name]:
             expected[f"failed/{reason}"] = count[name]
     return expected
@@ -159,9 +181,19 @@ def test_a_plain_synchronous_training_loop_records_and_reads_two_steps(ledger: S
             for index, outcome in enumerate(plan):
                 sid = f"{uid}-{index}"
                 states[sid] = record_blocking(ledger, sid, outcome, **identity(uid, index, 4, step))
-        expected_state = {"ok": "succeeded", "ok_half": "succeeded", "error": "failed", "timeout": "failed",
-                          "sandbox": "failed", "cancel": "cancelled"}
-        assert states == {f"s{step}g{g}-{i}": expected_state[o] for g, p in enumerate(STEP_PLAN) for i, o in enumerate(p)}
+        expected_state = {
+            "ok": "succeeded",
+            "ok_half": "succeeded",
+            "error": "failed",
+            "timeout": "failed",
+            "sandbox": "failed",
+            "cancel": "cancelled",
+        }
+        assert states == {
+            f"s{step}g{g}-{i}": expected_state[o]
+            for g, p in enumerate(STEP_PLAN)
+            for i, o in enumerate(p)
+        }
         assert ledger.load_session(f"s{step}g1-2").view.failure_reason == "timeout"
         assert ledger.load_session(f"s{step}g1-1").view.failure_reason == "runner_error"
 
@@ -172,17 +204,24 @@ def test_a_plain_synchronous_training_loop_records_and_reads_two_steps(ledger: S
         assert batch.batch_size[0] == len([o for o in flat if o != "cancel"])
         rewards = dict(zip(non_tensor(batch, "session_id"), batch["rm_scores"].sum(-1).tolist()))
         assert rewards == {
-            f"s{step}g{g}-{i}": REWARD.get(o, 0.0) for g, p in enumerate(STEP_PLAN) for i, o in enumerate(p) if o != "cancel"
+            f"s{step}g{g}-{i}": REWARD.get(o, 0.0)
+            for g, p in enumerate(STEP_PLAN)
+            for i, o in enumerate(p)
+            if o != "cancel"
         }
         assert int(batch["is_placeholder"].sum()) == flat.count("error") + flat.count("timeout")
         metrics = scalar_metrics(ledger, "train", step)
         for name, value in expected_counts(flat).items():
             assert metrics[name] == pytest.approx(value), name
-        assert metrics["reward/mean"] == pytest.approx(sum(REWARD.get(o, 0.0) for o in flat) / batch.batch_size[0])
+        assert metrics["reward/mean"] == pytest.approx(
+            sum(REWARD.get(o, 0.0) for o in flat) / batch.batch_size[0]
+        )
     assert ledger.project() == 0  # everything projected already
 
 
-def test_run_session_blocking_takes_an_async_runner_that_runs_in_the_calling_thread(ledger: SyncLedger) -> None:
+def test_run_session_blocking_takes_an_async_runner_that_runs_in_the_calling_thread(
+    ledger: SyncLedger,
+) -> None:
     seen: dict[str, Any] = {}
 
     async def runner(session: SessionProxy) -> None:
@@ -203,9 +242,22 @@ def test_run_session_blocking_takes_an_async_runner_that_runs_in_the_calling_thr
     sync_fn = ledger.run_session(lambda s: None, "r-sync", **identity("r4", 0, 1, 5))  # type: ignore[arg-type, return-value]
     assert seen["thread"] == threading.get_ident()
     assert (ok.state, ok.failure_reason) == ("succeeded", None)
-    assert (late.state, late.failure_reason, type(late.error)) == ("failed", "timeout", TimeoutError)
-    assert (bad.state, bad.failure_reason, type(bad.error), str(bad.error)) == ("failed", "runner_error", ValueError, "bad tool output")
-    assert sync_fn.state == "failed" and isinstance(sync_fn.error, TypeError) and "async runner" in str(sync_fn.error)
+    assert (late.state, late.failure_reason, type(late.error)) == (
+        "failed",
+        "timeout",
+        TimeoutError,
+    )
+    assert (bad.state, bad.failure_reason, type(bad.error), str(bad.error)) == (
+        "failed",
+        "runner_error",
+        ValueError,
+        "bad tool output",
+    )
+    assert (
+        sync_fn.state == "failed"
+        and isinstance(sync_fn.error, TypeError)
+        and "async runner" in str(sync_fn.error)
+    )
     assert scalar_metrics(ledger, "train", 5)["reward/sum"] == pytest.approx(0.25)
 
 
@@ -218,11 +270,18 @@ def test_eight_worker_threads_record_into_shared_groups_concurrently(ledger: Syn
         def work() -> None:
             for g in range(groups):
                 outcome = ("ok", "error", "cancel", "ok_half")[(index + g) % 4]
-                record_blocking(ledger, f"w{g}-{index}", outcome, **identity(f"wg{g}", index, threads, 3))
+                record_blocking(
+                    ledger, f"w{g}-{index}", outcome, **identity(f"wg{g}", index, threads, 3)
+                )
+
         return work
 
     run_in_threads([worker(i) for i in range(threads)])
-    flat = [("ok", "error", "cancel", "ok_half")[(i + g) % 4] for i in range(threads) for g in range(groups)]
+    flat = [
+        ("ok", "error", "cancel", "ok_half")[(i + g) % 4]
+        for i in range(threads)
+        for g in range(groups)
+    ]
     metrics = scalar_metrics(ledger, "train", 3)
     for name, value in expected_counts(flat).items():
         assert metrics[name] == pytest.approx(value), name
@@ -237,15 +296,28 @@ def shared_ledger(module_db_url: str) -> Iterator[SyncLedger]:
 
 
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(plan=st.lists(st.lists(st.sampled_from(OUTCOMES), min_size=1, max_size=4), min_size=2, max_size=6))
-def test_generated_interleavings_per_thread_count_exactly_what_happened(shared_ledger: SyncLedger, plan: list[list[str]]) -> None:
+@given(
+    plan=st.lists(
+        st.lists(st.sampled_from(OUTCOMES), min_size=1, max_size=4), min_size=2, max_size=6
+    )
+)
+def test_generated_interleavings_per_thread_count_exactly_what_happened(
+    shared_ledger: SyncLedger, plan: list[list[str]]
+) -> None:
     """Threads (one outcome list each) record at once; the metrics equal the outcomes, whatever the interleaving."""
     run = f"h{uuid.uuid4().hex[:10]}"
 
     def worker(t: int, outcomes: list[str]) -> Callable[[], None]:
         def work() -> None:
             for i, outcome in enumerate(outcomes):
-                record_blocking(shared_ledger, f"{run}-{t}-{i}", outcome, run=run, **identity(f"{run}u{t}x{i}", 0, 1, 0))
+                record_blocking(
+                    shared_ledger,
+                    f"{run}-{t}-{i}",
+                    outcome,
+                    run=run,
+                    **identity(f"{run}u{t}x{i}", 0, 1, 0),
+                )
+
         return work
 
     run_in_threads([worker(t, outcomes) for t, outcomes in enumerate(plan)])
@@ -255,7 +327,9 @@ def test_generated_interleavings_per_thread_count_exactly_what_happened(shared_l
 
 
 # -------------------------------------------------------------------- other event loops
-def test_async_runners_on_other_loops_in_other_threads_record_through_it(ledger: SyncLedger) -> None:
+def test_async_runners_on_other_loops_in_other_threads_record_through_it(
+    ledger: SyncLedger,
+) -> None:
     loops, per_loop = 4, 3
     where: dict[str, int] = {}
 
@@ -274,21 +348,32 @@ def test_async_runners_on_other_loops_in_other_threads_record_through_it(ledger:
             await asyncio.sleep(30)
 
         async def main() -> None:
-            outcomes = await asyncio.gather(*(
-                # only the hanging runner may time out: 0.5 s for it, a loaded host's worth for the others
-                ledger.arun_session(runner, f"a{t}-{name}-{i}", timeout=0.5 if name == "hang" else 30.0,
-                                    **identity(f"a{t}{name}{i}", 0, 1, 7))
-                for i in range(per_loop) for name, runner in (("ok", ok), ("crash", crash), ("hang", hang))
-            ))
+            outcomes = await asyncio.gather(
+                *(
+                    # only the hanging runner may time out: 0.5 s for it, a loaded host's worth for the others
+                    ledger.arun_session(
+                        runner,
+                        f"a{t}-{name}-{i}",
+                        timeout=0.5 if name == "hang" else 30.0,
+                        **identity(f"a{t}{name}{i}", 0, 1, 7),
+                    )
+                    for i in range(per_loop)
+                    for name, runner in (("ok", ok), ("crash", crash), ("hang", hang))
+                )
+            )
             assert Counter((o.state, o.failure_reason) for o in outcomes) == {
-                ("succeeded", None): per_loop, ("failed", "runner_error"): per_loop, ("failed", "timeout"): per_loop,
+                ("succeeded", None): per_loop,
+                ("failed", "runner_error"): per_loop,
+                ("failed", "timeout"): per_loop,
             }
             async with ledger.asession(f"a{t}-ctx", **identity(f"a{t}ctx", 0, 1, 7)) as session:
                 await session.record_trajectory(**trajectory())
                 await session.post_reward(0.5)
             assert session.state == "succeeded"
             with pytest.raises(ZeroDivisionError):
-                async with ledger.asession(f"a{t}-ctxfail", **identity(f"a{t}ctxfail", 0, 1, 7)) as failing:
+                async with ledger.asession(
+                    f"a{t}-ctxfail", **identity(f"a{t}ctxfail", 0, 1, 7)
+                ) as failing:
                     1 / 0
             assert (failing.state, failing.view.failure_reason) == ("failed", "runner_error")
             stuck = asyncio.ensure_future(stuck_session(f"a{t}-stuck"))
@@ -307,7 +392,9 @@ def test_async_runners_on_other_loops_in_other_threads_record_through_it(ledger:
     run_in_threads([on_its_own_loop(t) for t in range(loops)])
     assert ledger.load_session("a0-stuck").state == "cancelled"
     assert len(set(where.values())) == loops and threading.get_ident() not in where.values()
-    assert not {t.ident for t in loop_threads()} & set(where.values())  # runners never ran on the ledger's loop
+    assert not {t.ident for t in loop_threads()} & set(
+        where.values()
+    )  # runners never ran on the ledger's loop
     metrics = scalar_metrics(ledger, "train", 7)
     assert metrics["sessions/succeeded"] == loops * (per_loop + 1)
     assert metrics["sessions/failed"] == loops * (2 * per_loop + 1)
@@ -315,7 +402,9 @@ def test_async_runners_on_other_loops_in_other_threads_record_through_it(ledger:
     assert metrics["failed/timeout"] == loops * per_loop
 
 
-def test_the_ledger_outlives_separate_asyncio_run_calls_in_the_main_thread(ledger: SyncLedger) -> None:
+def test_the_ledger_outlives_separate_asyncio_run_calls_in_the_main_thread(
+    ledger: SyncLedger,
+) -> None:
     async def first() -> str:
         async with ledger.asession("loop1", **identity("l1", 0, 2, 9)) as session:
             await session.record_trajectory(**trajectory())
@@ -326,27 +415,36 @@ def test_the_ledger_outlives_separate_asyncio_run_calls_in_the_main_thread(ledge
         async def runner(session: SessionProxy) -> None:
             await session.record_trajectory(**trajectory())
             await session.post_reward(0.0)
+
         outcome = await ledger.arun_session(runner, "loop2", **identity("l1", 1, 2, 9))
         return outcome, await ledger.abatch("train", 9, timeout=30)
 
     async def third() -> dict[str, float]:
         assert await ledger.aproject() == 0
-        return {m.metric: m.value for m in await ledger.ametrics("train", 9) if m.data_source is None}
+        return {
+            m.metric: m.value for m in await ledger.ametrics("train", 9) if m.data_source is None
+        }
 
     assert asyncio.run(first()) == "succeeded"
     outcome, batch = asyncio.run(second())
     assert outcome.succeeded and batch.batch_size[0] == 2
-    assert scalar_metrics(ledger, "train", 9)["reward/mean@2"] == pytest.approx(0.5)  # blocking, between the runs
+    assert scalar_metrics(ledger, "train", 9)["reward/mean@2"] == pytest.approx(
+        0.5
+    )  # blocking, between the runs
     assert asyncio.run(third())["reward/mean@2"] == pytest.approx(0.5)
 
 
 # ------------------------------------------------------------------------------ errors
-def test_errors_from_the_ledgers_loop_keep_their_type_message_and_attributes(ledger: SyncLedger) -> None:
+def test_errors_from_the_ledgers_loop_keep_their_type_message_and_attributes(
+    ledger: SyncLedger,
+) -> None:
     session = ledger.create_session("e1", **identity("e1", 0, 1, 11))
     with pytest.raises(InvalidInput, match="response_mask") as bad:
         session.record_trajectory(prompt_ids=[1], response_ids=[2, 3], response_mask=[1, 7])
     assert (bad.value.session_id, bad.value.field) == ("e1", "response_mask")
-    assert session.complete() == "failed"  # no trajectory: failed / empty_output, as SessionHandle.complete
+    assert (
+        session.complete() == "failed"
+    )  # no trajectory: failed / empty_output, as SessionHandle.complete
     with pytest.raises(InvalidTransition) as late:
         session.post_reward(1.0)
     assert (late.value.state, late.value.session_id) == ("failed", "e1")
@@ -377,15 +475,22 @@ async def _noop(session: SessionProxy) -> None:
     return None
 
 
-def test_blocking_calls_on_the_ledgers_own_loop_thread_are_refused_not_deadlocked(ledger: SyncLedger) -> None:
+def test_blocking_calls_on_the_ledgers_own_loop_thread_are_refused_not_deadlocked(
+    ledger: SyncLedger,
+) -> None:
     import concurrent.futures
 
     answer: concurrent.futures.Future[list[str]] = concurrent.futures.Future()
 
     def on_the_loop() -> None:
         refused = []
-        for call in (ledger.project, ledger.metrics, lambda: ledger.batch("train", 0), ledger.close,
-                     lambda: ledger.create_session("x", **identity("x", 0, 1))):
+        for call in (
+            ledger.project,
+            ledger.metrics,
+            lambda: ledger.batch("train", 0),
+            ledger.close,
+            lambda: ledger.create_session("x", **identity("x", 0, 1)),
+        ):
             try:
                 call()
             except LedgerError as error:
@@ -394,7 +499,9 @@ def test_blocking_calls_on_the_ledgers_own_loop_thread_are_refused_not_deadlocke
 
     ledger.loop.call_soon_threadsafe(on_the_loop)
     refused = answer.result(timeout=10)
-    assert len(refused) == 5 and all("own" in message and "thread" in message for message in refused), refused
+    assert len(refused) == 5 and all(
+        "own" in message and "thread" in message for message in refused
+    ), refused
     assert not ledger.closed and ledger.project() == 0  # and the ledger still serves
 
 
@@ -411,7 +518,9 @@ def test_close_is_idempotent_joins_its_thread_and_any_later_call_fails_fast(db_u
     for _ in range(3):  # open / close cycles leave nothing behind
         with SyncLedger.open(db_url, call_timeout=CALL_TIMEOUT) as ledger:
             assert len(set(loop_threads()) - baseline) == 1
-            kept = ledger.create_session(f"c{uuid.uuid4().hex[:6]}", **identity(uuid.uuid4().hex[:6], 0, 1, 0))
+            kept = ledger.create_session(
+                f"c{uuid.uuid4().hex[:6]}", **identity(uuid.uuid4().hex[:6], 0, 1, 0)
+            )
             kept.record_trajectory(**trajectory())
         ledger.close()
         ledger.close()
@@ -423,8 +532,12 @@ def test_close_is_idempotent_joins_its_thread_and_any_later_call_fails_fast(db_u
             pass
 
     calls: list[Callable[[], Any]] = [
-        ledger.project, ledger.metrics, lambda: ledger.batch("train", 0), lambda: kept.complete(),
-        lambda: ledger.create_session("late", **identity("late", 0, 1, 0)), lambda: ledger.load_session("x"),
+        ledger.project,
+        ledger.metrics,
+        lambda: ledger.batch("train", 0),
+        lambda: kept.complete(),
+        lambda: ledger.create_session("late", **identity("late", 0, 1, 0)),
+        lambda: ledger.load_session("x"),
         lambda: ledger.session("late", **identity("late", 0, 1, 0)).__enter__(),
         lambda: ledger.run_session(_noop, "late", **identity("late", 0, 1, 0)),
         lambda: asyncio.run(a_proxy_call()),
@@ -460,13 +573,15 @@ def test_close_cancels_calls_under_way_and_records_their_cancellation(db_url: st
     ledger.close()
     caller.join(JOIN)
     assert not caller.is_alive() and time.monotonic() - began < 15
-    assert len(raised) == 1 and isinstance(raised[0], LedgerError) and "closed while" in str(raised[0])
+    assert (
+        len(raised) == 1 and isinstance(raised[0], LedgerError) and "closed while" in str(raised[0])
+    )
     with SyncLedger.open(db_url, call_timeout=CALL_TIMEOUT) as again:
         assert again.load_session("closing").state == "cancelled"
 
 
 # ------------------------------------------------------------------------ interruption
-INTERRUPTED = r'''
+INTERRUPTED = r"""
 import asyncio, signal, sys, threading, time
 from sessions.sync import SyncLedger
 
@@ -498,18 +613,29 @@ with SyncLedger.open(sys.argv[1], call_timeout=60) as ledger:
     except KeyboardInterrupt:
         print("run_session interrupted, state", ledger.load_session("run-one").state)
 print("threads", sorted(t.name for t in threading.enumerate() if t.name == "rollout-ledger-loop"))
-'''
+"""
 
 
 def test_ctrl_c_in_a_blocking_call_cancels_it_and_leaves_the_ledger_serving(db_url: str) -> None:
     done = subprocess.run(
-        [sys.executable, "-c", INTERRUPTED, db_url], cwd=REPO, capture_output=True, text=True, timeout=90,
-        env={**os.environ, "PYTHONPATH": str(REPO)}, preexec_fn=default_sigint,
+        [sys.executable, "-c", INTERRUPTED, db_url],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=90,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        preexec_fn=default_sigint,
     )
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
-    assert lines[0].startswith("batch interrupted after") and float(lines[0].split()[-1][:-1]) < 5, lines
-    assert lines[1:] == ["batch rows 1", "run_session interrupted, state cancelled", "threads []"], lines
+    assert (
+        lines[0].startswith("batch interrupted after") and float(lines[0].split()[-1][:-1]) < 5
+    ), lines
+    assert lines[1:] == [
+        "batch rows 1",
+        "run_session interrupted, state cancelled",
+        "threads []",
+    ], lines
 
 
 def test_ctrl_c_inside_a_session_block_cancels_the_session(ledger: SyncLedger) -> None:
@@ -524,7 +650,12 @@ def test_ctrl_c_inside_a_session_block_cancels_the_session(ledger: SyncLedger) -
 # ------------------------------------------------------------------------ metrics_dict
 def test_metrics_dict_is_the_async_ledgers_own_through_every_face(ledger: SyncLedger) -> None:
     for index, outcome in enumerate(["ok", "error", "ok_half", "cancel"]):
-        record_blocking(ledger, f"md{index}", outcome, **identity("md", index, 4, 14, partition="val", data_source="toy"))
+        record_blocking(
+            ledger,
+            f"md{index}",
+            outcome,
+            **identity("md", index, 4, 14, partition="val", data_source="toy"),
+        )
 
     async def straight() -> dict[str, float]:
         return await ledger.ledger.metrics_dict("val", 14)
@@ -532,7 +663,9 @@ def test_metrics_dict_is_the_async_ledgers_own_through_every_face(ledger: SyncLe
     blocking = ledger.metrics_dict("val", 14, timeout=30)
     # verl's headline for a uid that lost a session: mean@3 over its rows, the failure as a zero
     assert blocking["val-core/toy/reward/mean@3"] == pytest.approx((1.0 + 0.0 + 0.5) / 3)
-    assert blocking["ledger/val/toy/reward/mean@3"] == pytest.approx(blocking["val-core/toy/reward/mean@3"])
+    assert blocking["ledger/val/toy/reward/mean@3"] == pytest.approx(
+        blocking["val-core/toy/reward/mean@3"]
+    )
     assert blocking == ledger._call(straight(), "metrics_dict")
     assert asyncio.run(ledger.ametrics_dict("val", 14)) == blocking
     with pytest.raises(TimeoutError, match="no sessions"):

@@ -64,10 +64,29 @@ from store import read_models as rm  # noqa: E402
 PARTITIONS = ("train", "val")
 DEMO = DemoConfig(steps=1, prompts=4, group_size=2, fail_rate=0.3, cancel_rate=0.0, seed=5)
 COMPARED = (
-    "prompts", "responses", "input_ids", "attention_mask", "position_ids", "response_mask", "rm_scores",
-    "rollout_log_probs", "prompt_length", "response_length", "is_placeholder", "num_turns",
+    "prompts",
+    "responses",
+    "input_ids",
+    "attention_mask",
+    "position_ids",
+    "response_mask",
+    "rm_scores",
+    "rollout_log_probs",
+    "prompt_length",
+    "response_length",
+    "is_placeholder",
+    "num_turns",
 )
-ROW_TAGS = ("status", "global_steps", "prompt_len", "response_len", "seq_len", "uid", "materialization_reason", "is_placeholder")
+ROW_TAGS = (
+    "status",
+    "global_steps",
+    "prompt_len",
+    "response_len",
+    "seq_len",
+    "uid",
+    "materialization_reason",
+    "is_placeholder",
+)
 
 
 def test_our_tests_package_is_the_one_imported() -> None:
@@ -78,7 +97,9 @@ def test_our_tests_package_is_the_one_imported() -> None:
     assert Path(tests.__file__).resolve() == (Path(__file__).parent / "__init__.py").resolve()
 
 
-def test_start_refuses_more_storage_units_than_cpus_before_starting(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_start_refuses_more_storage_units_than_cpus_before_starting(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     import ray
 
     monkeypatch.setattr(ray, "is_initialized", lambda: False)
@@ -112,7 +133,9 @@ def _our_ray_processes() -> list[str]:
 def tq() -> Iterator[TransferQueueHandle]:
     started = time.monotonic()
     handle = start_transferqueue(timeout_s=150)
-    print(f"\nTransferQueue up in {time.monotonic() - started:.1f}s ({handle.ray_cpus} Ray CPUs, {handle.storage_units} storage unit)")
+    print(
+        f"\nTransferQueue up in {time.monotonic() - started:.1f}s ({handle.ray_cpus} Ray CPUs, {handle.storage_units} storage unit)"
+    )
     try:
         yield handle
     finally:
@@ -147,13 +170,17 @@ class CallLog:
     def __getattr__(self, name: str) -> Any:
         return getattr(self.real, name)
 
-    async def async_kv_batch_put(self, *, keys: list[str], partition_id: str, fields: Any = None, tags: Any = None) -> Any:
+    async def async_kv_batch_put(
+        self, *, keys: list[str], partition_id: str, fields: Any = None, tags: Any = None
+    ) -> Any:
         if self.fail_with is not None:
             raise self.fail_with
         if self.stall_s is not None:
             await asyncio.sleep(self.stall_s)
         self.calls.append((partition_id, list(keys), fields is not None))
-        return await self.real.async_kv_batch_put(keys=keys, partition_id=partition_id, fields=fields, tags=tags)
+        return await self.real.async_kv_batch_put(
+            keys=keys, partition_id=partition_id, fields=fields, tags=tags
+        )
 
 
 @dataclasses.dataclass
@@ -170,7 +197,11 @@ class Projected:
 
 
 def _uids(prefix: str, partition: str, config: DemoConfig) -> list[str]:
-    return [f"{prefix}-{partition}{step}-p{p}" for step in range(config.steps) for p in range(config.prompts)]
+    return [
+        f"{prefix}-{partition}{step}-p{p}"
+        for step in range(config.steps)
+        for p in range(config.prompts)
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -182,8 +213,17 @@ def projected(tq: TransferQueueHandle, tmp_path_factory: pytest.TempPathFactory)
     for partition in PARTITIONS:  # the trainer registers prompts before rollouts start
         uids = _uids(run, partition, DEMO)
         tqm.kv_batch_put(
-            keys=uids, partition_id=partition,
-            tags=[{"is_prompt": True, "status": "pending", "global_steps": 0, "registered_by": "trainer"} for _ in uids],
+            keys=uids,
+            partition_id=partition,
+            tags=[
+                {
+                    "is_prompt": True,
+                    "status": "pending",
+                    "global_steps": 0,
+                    "registered_by": "trainer",
+                }
+                for _ in uids
+            ],
         )
     sink = TransferQueueSink(timeout_s=30)
     calls = CallLog(sink._tq)
@@ -195,13 +235,17 @@ def projected(tq: TransferQueueHandle, tmp_path_factory: pytest.TempPathFactory)
         async with Ledger.open(url, run=run, sinks=[recording]) as ledger:
             await run_demo(ledger, DEMO)
             await ledger.project()
-            batches = {partition: await ledger.batch(partition, 0, timeout=30) for partition in PARTITIONS}
+            batches = {
+                partition: await ledger.batch(partition, 0, timeout=30) for partition in PARTITIONS
+            }
             async with ledger.engine.connect() as conn:
                 queued = [q for p in PARTITIONS for q in await rm.queue_rows_for(conn, run, p, 0)]
             return batches, {q["key"]: q["num_turns"] for q in queued}
 
     batches, num_turns = asyncio.run(main())
-    return Projected(url, run, run, sink, calls, recording.items, batches, num_turns, threads_before)
+    return Projected(
+        url, run, run, sink, calls, recording.items, batches, num_turns, threads_before
+    )
 
 
 def _our_listing(partition: str, prefix: str) -> dict[str, dict[str, Any]]:
@@ -230,8 +274,18 @@ def test_rows_read_back_equal_the_durable_batch(projected: Projected, partition:
         assert torch.equal(actual, expected), name
     assert got.get("loss_mask").dtype == torch.int64
     assert torch.equal(got.get("loss_mask"), batch.get("response_mask"))
-    for name in ("session_id", "session_index", "data_source", "run", "partition", "global_step",
-                 "failure_reason", "materialization_reason", "__num_turns__", "multi_modal_inputs"):
+    for name in (
+        "session_id",
+        "session_index",
+        "data_source",
+        "run",
+        "partition",
+        "global_step",
+        "failure_reason",
+        "materialization_reason",
+        "__num_turns__",
+        "multi_modal_inputs",
+    ):
         assert non_tensor(got, name) == non_tensor(batch, name), name
     assert non_tensor(got, "global_steps") == [0] * len(keys)
     # uid: the prompt's in group_uid; in uid too, but a train placeholder's own ({uid}-ph{index}),
@@ -240,10 +294,13 @@ def test_rows_read_back_equal_the_durable_batch(projected: Projected, partition:
     assert non_tensor(got, "group_uid") == uids
     isolate = partition == "train"
     assert non_tensor(got, "uid") == [
-        f"{u}-ph{i}" if isolate and p else u for u, i, p in zip(uids, non_tensor(batch, "session_index"), placeholders)
+        f"{u}-ph{i}" if isolate and p else u
+        for u, i, p in zip(uids, non_tensor(batch, "session_index"), placeholders)
     ]
     if isolate:
-        assert any(placeholders), "the demo projected no train placeholder: the isolation check checked nothing"
+        assert any(placeholders), (
+            "the demo projected no train placeholder: the isolation check checked nothing"
+        )
 
 
 async def test_async_read_in_any_key_order(projected: Projected) -> None:
@@ -280,7 +337,10 @@ def test_failed_sessions_arrive_as_placeholders(projected: Projected) -> None:
             assert non_tensor(got, "materialization_reason")[i] == "session_failed"
             assert non_tensor(got, "failure_reason")[i] is not None
             tags = listing[key]
-            assert tags["is_placeholder"] is True and tags["materialization_reason"] == "session_failed"
+            assert (
+                tags["is_placeholder"] is True
+                and tags["materialization_reason"] == "session_failed"
+            )
             assert (tags["prompt_len"], tags["response_len"], tags["seq_len"]) == (1, 1, 2)
     assert seen > 0, "the demo seed produced no failed session; pick another seed"
 
@@ -291,16 +351,33 @@ def test_row_tags_and_raw_row_layout(projected: Projected) -> None:
         keys = non_tensor(batch, "key")
         listing = _our_listing(partition, projected.uid_prefix)
         raw = import_transfer_queue().kv_batch_get(keys=keys, partition_id=partition)
-        for name in ("prompts", "responses", "input_ids", "attention_mask", "position_ids", "response_mask", "loss_mask"):
+        for name in (
+            "prompts",
+            "responses",
+            "input_ids",
+            "attention_mask",
+            "position_ids",
+            "response_mask",
+            "loss_mask",
+        ):
             value = raw.get(name)
-            assert value.is_nested and value.layout == torch.jagged and value.dtype == torch.int64, name
+            assert (
+                value.is_nested and value.layout == torch.jagged and value.dtype == torch.int64
+            ), name
         for name in ("rm_scores", "rollout_log_probs"):
             assert raw.get(name).dtype == torch.float32, name
-        assert raw.get("num_turns").shape == (len(keys),) and raw.get("num_turns").dtype == torch.int64
-        assert "__num_turns__" not in raw.keys() and "multi_modal_inputs" not in raw.keys()  # read_rows adds them
+        assert (
+            raw.get("num_turns").shape == (len(keys),) and raw.get("num_turns").dtype == torch.int64
+        )
+        assert (
+            "__num_turns__" not in raw.keys() and "multi_modal_inputs" not in raw.keys()
+        )  # read_rows adds them
         for i, key in enumerate(keys):
             uid, session_index, index = key.rsplit("_", 2)
-            assert non_tensor(batch, "uid")[i] == uid and int(session_index) == non_tensor(batch, "session_index")[i]
+            assert (
+                non_tensor(batch, "uid")[i] == uid
+                and int(session_index) == non_tensor(batch, "session_index")[i]
+            )
             tags = listing[key]
             assert set(ROW_TAGS) <= set(tags), tags
             p, r = int(batch.get("prompt_length")[i]), int(batch.get("response_length")[i])
@@ -319,13 +396,19 @@ def test_row_tags_and_raw_row_layout(projected: Projected) -> None:
 def test_group_tags_merge_into_the_registered_prompt_keys(projected: Projected) -> None:
     for partition in PARTITIONS:
         batch = projected.batches[partition]
-        real = {uid for uid, ph in zip(non_tensor(batch, "uid"), batch.get("is_placeholder").tolist()) if not ph}
+        real = {
+            uid
+            for uid, ph in zip(non_tensor(batch, "uid"), batch.get("is_placeholder").tolist())
+            if not ph
+        }
         listing = _our_listing(partition, projected.uid_prefix)
         for uid in _uids(projected.run, partition, DEMO):
             tags = listing[uid]
             assert tags["status"] == ("finished" if uid in real else "failure"), (uid, tags)
             assert tags["is_prompt"] is True and tags["global_steps"] == 0
-            assert tags["registered_by"] == "trainer", "TransferQueue must merge tags, not replace them"
+            assert tags["registered_by"] == "trainer", (
+                "TransferQueue must merge tags, not replace them"
+            )
 
 
 def test_each_group_tag_is_put_after_its_rows(projected: Projected) -> None:
@@ -360,7 +443,10 @@ async def test_re_put_replaces_and_never_duplicates(projected: Projected) -> Non
     changed = dataclasses.replace(item, row=dataclasses.replace(item.row, reward=0.25))
     await projected.sink.put([changed])
     try:
-        assert _our_listing(item.partition, projected.uid_prefix).keys() == before[item.partition].keys()
+        assert (
+            _our_listing(item.partition, projected.uid_prefix).keys()
+            == before[item.partition].keys()
+        )
         got = read_rows(item.partition, [item.key])
         r = int(got.get("response_length")[0])
         assert got.get("rm_scores")[0, r - 1].item() == 0.25
@@ -386,7 +472,9 @@ async def test_a_failing_put_keeps_the_checkpoint_and_a_retry_succeeds(
     else:
         calls.stall_s = 5.0
     config = DemoConfig(steps=1, prompts=2, group_size=2, fail_rate=0.0, cancel_rate=0.0, seed=3)
-    async with Ledger.open(f"sqlite+aiosqlite:///{tmp_path / 'ledger.db'}", run=run, sinks=[sink]) as ledger:
+    async with Ledger.open(
+        f"sqlite+aiosqlite:///{tmp_path / 'ledger.db'}", run=run, sinks=[sink]
+    ) as ledger:
         await run_demo(ledger, config)
         async with ledger.engine.connect() as conn:
             checkpoint = await rm.get_checkpoint(conn)
@@ -420,4 +508,6 @@ def test_start_refuses_a_second_transferqueue_in_the_same_cluster(projected: Pro
     with pytest.raises(TransferQueueStartError, match="already runs"):
         start_transferqueue()
     keys = non_tensor(projected.batches["val"], "key")
-    assert read_rows("val", keys).batch_size[0] == len(keys), "the running TransferQueue is untouched"
+    assert read_rows("val", keys).batch_size[0] == len(keys), (
+        "the running TransferQueue is untouched"
+    )

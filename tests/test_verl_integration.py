@@ -29,7 +29,9 @@ from tests.verl_scenarios import ledger_figure, new_run, plans, recorded_batches
 pytestmark = pytest.mark.verl_env
 
 EXAMPLES = settings(
-    max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
+    max_examples=12,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
 
 
@@ -42,8 +44,13 @@ def signatures(dp: Any) -> dict[str, tuple[Any, ...]]:
     out: dict[str, tuple[Any, ...]] = {}
     for i, key in enumerate(nt["key"].tolist()):
         out[key] = (
-            nt["uid"][i], nt["session_id"][i], float(b["rm_scores"][i].sum()), int(b["response_mask"][i].sum()),
-            int(checksum[i]), bool(b["is_placeholder"][i]), float(b["response_length"][i]),
+            nt["uid"][i],
+            nt["session_id"][i],
+            float(b["rm_scores"][i].sum()),
+            int(b["response_mask"][i].sum()),
+            int(checksum[i]),
+            bool(b["is_placeholder"][i]),
+            float(b["response_length"][i]),
         )
     return out
 
@@ -75,13 +82,17 @@ def last_row_reference(batch: Any) -> torch.Tensor:
     session = [key.rsplit("_", 1)[0] for key in keys]
     final: dict[str, int] = {}
     for i, key in enumerate(keys):
-        if session[i] not in final or int(key.rsplit("_", 1)[1]) > int(keys[final[session[i]]].rsplit("_", 1)[1]):
+        if session[i] not in final or int(key.rsplit("_", 1)[1]) > int(
+            keys[final[session[i]]].rsplit("_", 1)[1]
+        ):
             final[session[i]] = i
     rows = sorted(final.values())
     sub = batch[torch.tensor(rows)]
     advantage = grpo_outcome_advantage(sub, exclude_placeholders=True, min_valid=1)
     mask = sub["response_mask"].sum(-1)
-    scalar = torch.where(mask > 0, advantage.sum(-1) / mask.clamp(min=1), torch.zeros_like(mask, dtype=torch.float32))
+    scalar = torch.where(
+        mask > 0, advantage.sum(-1) / mask.clamp(min=1), torch.zeros_like(mask, dtype=torch.float32)
+    )
     by_session = {session[row]: scalar[j] for j, row in enumerate(rows)}
     per_row = torch.stack([by_session[s] for s in session])
     return per_row.unsqueeze(-1) * batch["response_mask"]
@@ -109,7 +120,9 @@ def test_imports_without_verl_and_names_the_extra() -> None:
         "batch = build_padded([BatchRow(one, one, one.astype(np.uint8), None, 1.0, False, {'uid': 'u'})])\n"
         "try:\n    v.to_data_proto(batch)\nexcept ImportError as e:\n    print('ERR', e)\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+    )
     assert "ERR" in out.stdout and "[verl]" in out.stdout, out.stdout + out.stderr
 
 
@@ -122,7 +135,9 @@ def test_conversion_grpo_and_metrics_match_verl(
     from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage
     from verl.trainer.ppo.metric_utils import compute_data_metrics
 
-    (train, val), (train_metrics, val_metrics) = recorded(("train", 0, plan_train), ("val", 0, plan_val))
+    (train, val), (train_metrics, val_metrics) = recorded(
+        ("train", 0, plan_train), ("val", 0, plan_val)
+    )
     for batch, metrics, partition in ((train, train_metrics, "train"), (val, val_metrics, "val")):
         size = batch.batch_size[0]
         stock = DataProto.from_tensordict(batch)  # the one-liner: no glue at all
@@ -132,13 +147,19 @@ def test_conversion_grpo_and_metrics_match_verl(
         assert dp.meta_info == {} and stock.meta_info == {}
         assert set(dp.batch.keys()) == set(stock.batch.keys()) | {IS_PADDING}
         for key in stock.batch.keys():
-            assert dp.batch[key].dtype == stock.batch[key].dtype and torch.equal(dp.batch[key], stock.batch[key])
+            assert dp.batch[key].dtype == stock.batch[key].dtype and torch.equal(
+                dp.batch[key], stock.batch[key]
+            )
         assert not dp.batch[IS_PADDING].any()
         assert set(dp.non_tensor_batch) == set(stock.non_tensor_batch) | {GROUP_UID}
         for key, values in dp.non_tensor_batch.items():
             assert values.dtype == object and values.shape == (size,), key
             if key not in ("uid", GROUP_UID):
-                assert values.tolist() == stock.non_tensor_batch[key].tolist() == non_tensor(batch, key)
+                assert (
+                    values.tolist()
+                    == stock.non_tensor_batch[key].tolist()
+                    == non_tensor(batch, key)
+                )
         uids = non_tensor(batch, "uid")
         assert dp.non_tensor_batch[GROUP_UID].tolist() == uids
         isolated = dp.non_tensor_batch["uid"]
@@ -146,7 +167,11 @@ def test_conversion_grpo_and_metrics_match_verl(
             assert isolated.tolist() == uids
         else:
             for i in range(size):
-                expected = f"{uids[i]}-ph{non_tensor(batch, 'session_index')[i]}" if placeholder[i] else uids[i]
+                expected = (
+                    f"{uids[i]}-ph{non_tensor(batch, 'session_index')[i]}"
+                    if placeholder[i]
+                    else uids[i]
+                )
                 assert isolated[i] == expected and "_" not in isolated[i]
             isolated_groups = set(isolated[placeholder].tolist())
             assert len(isolated_groups) == placeholder.sum() and not isolated_groups & set(uids)
@@ -155,27 +180,39 @@ def test_conversion_grpo_and_metrics_match_verl(
         train_dp = to_data_proto(batch, isolate_placeholders=True)
         for proto, exclude in ((train_dp, True), (stock, False)):
             advantage, _ = compute_grpo_outcome_advantage(
-                proto.batch["rm_scores"], proto.batch["response_mask"], proto.non_tensor_batch["uid"]
+                proto.batch["rm_scores"],
+                proto.batch["response_mask"],
+                proto.non_tensor_batch["uid"],
             )
-            reference = grpo_outcome_advantage(batch, exclude_placeholders=exclude, min_valid=1)  # verl: a lone row keeps its score
+            reference = grpo_outcome_advantage(
+                batch, exclude_placeholders=exclude, min_valid=1
+            )  # verl: a lone row keeps its score
             torch.testing.assert_close(advantage, reference, rtol=1e-5, atol=2e-5)
             assert not advantage[torch.from_numpy(placeholder)].any()  # exactly 0
 
         # V1 GRPO, each session's last row (trainer_base._compute_advantage), keys as the ledger writes them
         v1_input = to_data_proto(batch, isolate_placeholders=True)
-        v1_input.batch["token_level_rewards"] = v1_input.batch["rm_scores"]  # as trainer_base does first
+        v1_input.batch["token_level_rewards"] = v1_input.batch[
+            "rm_scores"
+        ]  # as trainer_base does first
         v1 = verl_v1_utils().compute_advantage_for_multi_trajectories(
             v1_input,
             batch_keys=list(train_dp.non_tensor_batch["key"]),
             adv_estimator="grpo",
         )
-        torch.testing.assert_close(v1.batch["advantages"], last_row_reference(batch), rtol=1e-5, atol=2e-5)
+        torch.testing.assert_close(
+            v1.batch["advantages"], last_row_reference(batch), rtol=1e-5, atol=2e-5
+        )
 
         # compute_data_metrics on the batch as exported, after GRPO: critic/score/mean is the ledger's reward/mean
         for proto in (stock, dp):
             figures = compute_data_metrics(with_grpo(proto), use_critic=False)
-            assert figures["critic/score/mean"] == pytest.approx(ledger_figure(metrics, "reward/mean"), abs=1e-6)
-            assert figures["response/aborted_ratio"] == 0.0  # a placeholder has one attended response token
+            assert figures["critic/score/mean"] == pytest.approx(
+                ledger_figure(metrics, "reward/mean"), abs=1e-6
+            )
+            assert (
+                figures["response/aborted_ratio"] == 0.0
+            )  # a placeholder has one attended response token
 
 
 @EXAMPLES
@@ -196,7 +233,9 @@ def test_dataproto_operations_and_balance_batch_keep_rows_aligned(
     for part in chunks + dp.split(3) + [dp[::2], dp[np.arange(len(dp))[::-1].copy()]]:
         assert_aligned(part, reference)
     assert_aligned(DataProto.concat(chunks), reference)
-    assert list(DataProto.concat(chunks).non_tensor_batch["key"]) == list(dp.non_tensor_batch["key"])
+    assert list(DataProto.concat(chunks).non_tensor_batch["key"]) == list(
+        dp.non_tensor_batch["key"]
+    )
 
     extra = DataProto.from_dict(tensors={"values": torch.arange(len(dp), dtype=torch.float32)})
     joined = dp.union(extra)
@@ -235,14 +274,19 @@ def test_fixed_widths_let_two_steps_concatenate(
     from sessions.batches import BatchTooLongError
 
     (first, second), _ = recorded(("train", 0, plan_0), ("train", 1, plan_1))
-    widths = {"prompt_width": 12, "response_width": 16}  # the scenarios' rows are at most 8 + 11 tokens
+    widths = {
+        "prompt_width": 12,
+        "response_width": 16,
+    }  # the scenarios' rows are at most 8 + 11 tokens
     steps = [to_data_proto(b, pad_to_multiple=multiple, **widths) for b in (first, second)]
     for dp in steps:
         assert dp.batch["prompts"].shape[1] == 12 and dp.batch["responses"].shape[1] == 16
         assert dp.batch["input_ids"].shape[1] == 28
     both = DataProto.concat(steps)
     assert_aligned(both, signatures(steps[0]) | signatures(steps[1]))
-    assert not set(steps[0].non_tensor_batch["uid"].tolist()) & set(steps[1].non_tensor_batch["uid"].tolist())
+    assert not set(steps[0].non_tensor_batch["uid"].tolist()) & set(
+        steps[1].non_tensor_batch["uid"].tolist()
+    )
     together = with_grpo(both).batch["advantages"]
     alone = torch.cat([with_grpo(dp).batch["advantages"] for dp in steps])
     torch.testing.assert_close(together, alone, rtol=0, atol=0)
@@ -256,7 +300,9 @@ def test_fixed_widths_let_two_steps_concatenate(
 
 @EXAMPLES
 @given(plan_train=plans())
-def test_columns_a_verl_step_reads_are_there(verl_installed: None, recorded: Any, plan_train: list[Any]) -> None:
+def test_columns_a_verl_step_reads_are_there(
+    verl_installed: None, recorded: Any, plan_train: list[Any]
+) -> None:
     """num_turns (V1), __num_turns__ (compute_data_metrics' num_turns/*) and multi_modal_inputs
     (RayPPOTrainer.fit reads it unconditionally) reach the DataProto, filler rows included."""
     from verl.trainer.ppo.metric_utils import compute_data_metrics
@@ -278,4 +324,6 @@ def test_columns_a_verl_step_reads_are_there(verl_installed: None, recorded: Any
     figures = compute_data_metrics(with_grpo(without_padding(dp)), use_critic=False)
     real_turns = turns[:size].double()
     assert figures["num_turns/mean"] == pytest.approx(float(real_turns.mean()))
-    assert figures["num_turns/max"] == int(real_turns.max()) and figures["num_turns/min"] == int(real_turns.min())
+    assert figures["num_turns/max"] == int(real_turns.max()) and figures["num_turns/min"] == int(
+        real_turns.min()
+    )

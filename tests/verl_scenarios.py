@@ -63,22 +63,34 @@ async def _succeed(handle: Any, session_id: str, rows: int, reward: float) -> No
 
 
 async def _one(ledger: Ledger, k: int, outcome: Outcome, identity: dict[str, Any]) -> None:
-    session_id = f"{identity['run']}-{identity['partition']}{identity['global_step']}-{identity['uid']}-s{k}"
+    session_id = (
+        f"{identity['run']}-{identity['partition']}{identity['global_step']}-{identity['uid']}-s{k}"
+    )
     kind = outcome[0]
     if kind == "ok" and k % 2 == 0:
-        result = await ledger.run_session(lambda h: _succeed(h, session_id, outcome[1], outcome[2]), session_id, **identity)
+        result = await ledger.run_session(
+            lambda h: _succeed(h, session_id, outcome[1], outcome[2]), session_id, **identity
+        )
         assert result.succeeded, result
     elif kind == "timeout":
-        result = await ledger.run_session(lambda h: asyncio.sleep(5), session_id, timeout=0.02, **identity)
+        result = await ledger.run_session(
+            lambda h: asyncio.sleep(5), session_id, timeout=0.02, **identity
+        )
         assert result.failure_reason == "timeout", result
     else:
-        raised: dict[str, type[BaseException]] = {"error": RuntimeError, "sandbox": SandboxError, "cancel": asyncio.CancelledError}
+        raised: dict[str, type[BaseException]] = {
+            "error": RuntimeError,
+            "sandbox": SandboxError,
+            "cancel": asyncio.CancelledError,
+        }
         try:
             async with ledger.session(session_id, **identity) as handle:
                 if kind == "ok":
                     await _succeed(handle, session_id, outcome[1], outcome[2])
                     return
-                await handle.record_trajectory(**_tokens(session_id, 0))  # partial work, then the failure
+                await handle.record_trajectory(
+                    **_tokens(session_id, 0)
+                )  # partial work, then the failure
                 raise raised[kind](f"injected {kind}")
         except (RuntimeError, SandboxError, asyncio.CancelledError) as error:
             if not isinstance(error, raised.get(kind, ())):
@@ -92,14 +104,21 @@ async def record_step(ledger: Ledger, run: str, partition: str, step: int, plan:
         uid = f"{run}-{partition}{step}-g{g}"
         for k, outcome in enumerate(group):
             identity = {
-                "run": run, "uid": uid, "session_index": k, "group_size": len(group), "partition": partition,
-                "global_step": step, "data_source": DATA_SOURCES[g % 2],
+                "run": run,
+                "uid": uid,
+                "session_index": k,
+                "group_size": len(group),
+                "partition": partition,
+                "global_step": step,
+                "data_source": DATA_SOURCES[g % 2],
             }
             jobs.append(_one(ledger, k, outcome, identity))
     await asyncio.gather(*jobs)
 
 
-async def recorded_batches(url: str, run: str, plans: Sequence[tuple[str, int, Plan]]) -> tuple[list[Any], list[Any]]:
+async def recorded_batches(
+    url: str, run: str, plans: Sequence[tuple[str, int, Plan]]
+) -> tuple[list[Any], list[Any]]:
     """Record each (partition, step, plan); return their batches and their ledger metrics."""
     async with Ledger.open(url, run=run, placeholder_policy=POLICY) as ledger:
         for partition, step, plan in plans:
@@ -126,13 +145,20 @@ OUTCOMES = st.one_of(
 @st.composite
 def plans(draw: st.DrawFn, max_groups: int = 4) -> Plan:
     """1..max_groups groups of 1..4 sessions; at least one session succeeds with one row."""
-    groups = draw(st.lists(st.lists(OUTCOMES, min_size=1, max_size=4), min_size=1, max_size=max_groups))
+    groups = draw(
+        st.lists(st.lists(OUTCOMES, min_size=1, max_size=4), min_size=1, max_size=max_groups)
+    )
     groups[0][0] = ("ok", 1, draw(st.sampled_from([0.0, 1.0])))
     return groups
 
 
 def demo_like_plan(
-    groups: int, group_size: int, *, cancelled: int, seed: int, failure_kinds: Sequence[str] = ("error", "timeout"),
+    groups: int,
+    group_size: int,
+    *,
+    cancelled: int,
+    seed: int,
+    failure_kinds: Sequence[str] = ("error", "timeout"),
     max_rows: int = 1,
 ) -> Plan:
     """A demo-like step: ~20 % failures of ``failure_kinds``, then ``cancelled`` of the succeeding
@@ -180,7 +206,9 @@ def verl_v1_utils() -> Any:
     saved = {name: sys.modules.get(name) for name in stubs}
     sys.modules.update(stubs)
     try:
-        spec = importlib.util.spec_from_file_location("verl_v1_utils_for_tests", folder / "utils.py")
+        spec = importlib.util.spec_from_file_location(
+            "verl_v1_utils_for_tests", folder / "utils.py"
+        )
         assert spec is not None and spec.loader is not None
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)

@@ -21,8 +21,8 @@ import importlib
 import sqlalchemy as sa
 from alembic import op
 
-revision = '0003'
-down_revision = '0002'
+revision = "0003"
+down_revision = "0002"
 branch_labels = None
 depends_on = None
 
@@ -33,16 +33,24 @@ _COLUMNS = "run, partition, global_step, data_source, metric, value"
 
 def _columns(with_id: bool) -> list[sa.Column]:
     columns = [
-        sa.Column('run', sa.String(length=128), nullable=False),
-        sa.Column('partition', sa.String(length=8), nullable=False),
-        sa.Column('global_step', sa.BigInteger(), nullable=True),
-        sa.Column('data_source', sa.String(length=128), nullable=True),
-        sa.Column('metric', sa.String(length=128), nullable=False),
-        sa.Column('value', sa.Float(), nullable=False),
+        sa.Column("run", sa.String(length=128), nullable=False),
+        sa.Column("partition", sa.String(length=8), nullable=False),
+        sa.Column("global_step", sa.BigInteger(), nullable=True),
+        sa.Column("data_source", sa.String(length=128), nullable=True),
+        sa.Column("metric", sa.String(length=128), nullable=False),
+        sa.Column("value", sa.Float(), nullable=False),
     ]
     if with_id:
-        columns.insert(0, sa.Column('id', sa.BigInteger().with_variant(sa.Integer(), 'sqlite'), autoincrement=True, nullable=False))
-        columns.append(sa.PrimaryKeyConstraint('id', name='pk_metric_counts'))
+        columns.insert(
+            0,
+            sa.Column(
+                "id",
+                sa.BigInteger().with_variant(sa.Integer(), "sqlite"),
+                autoincrement=True,
+                nullable=False,
+            ),
+        )
+        columns.append(sa.PrimaryKeyConstraint("id", name="pk_metric_counts"))
     return columns
 
 
@@ -58,17 +66,26 @@ def _create_views() -> None:
 
 def upgrade() -> None:
     _drop_views()
-    op.create_table('metric_counts_new', *_columns(with_id=False))
+    op.create_table("metric_counts_new", *_columns(with_id=False))
     op.execute(
         f"INSERT INTO metric_counts_new ({_COLUMNS}) SELECT {_COLUMNS} FROM metric_counts "
         f"WHERE id IN (SELECT max(id) FROM metric_counts GROUP BY {_KEY})"
     )
-    op.drop_index('ix_metric_counts_run_partition_global_step_data_source_metric', table_name='metric_counts')
-    op.drop_table('metric_counts')
-    op.rename_table('metric_counts_new', 'metric_counts')
+    op.drop_index(
+        "ix_metric_counts_run_partition_global_step_data_source_metric", table_name="metric_counts"
+    )
+    op.drop_table("metric_counts")
+    op.rename_table("metric_counts_new", "metric_counts")
     op.create_index(
-        'uq_metric_counts_scope', 'metric_counts',
-        ['run', 'partition', sa.text('coalesce(global_step, -1)'), sa.text("coalesce(data_source, '')"), 'metric'],
+        "uq_metric_counts_scope",
+        "metric_counts",
+        [
+            "run",
+            "partition",
+            sa.text("coalesce(global_step, -1)"),
+            sa.text("coalesce(data_source, '')"),
+            "metric",
+        ],
         unique=True,
     )
     _create_views()
@@ -76,13 +93,17 @@ def upgrade() -> None:
 
 def downgrade() -> None:
     _drop_views()
-    op.create_table('metric_counts_old', *_columns(with_id=True))
-    op.execute(f"INSERT INTO metric_counts_old ({_COLUMNS}) SELECT {_COLUMNS} FROM metric_counts ORDER BY {_KEY}")
-    op.drop_index('uq_metric_counts_scope', table_name='metric_counts')
-    op.drop_table('metric_counts')
-    op.rename_table('metric_counts_old', 'metric_counts')
+    op.create_table("metric_counts_old", *_columns(with_id=True))
+    op.execute(
+        f"INSERT INTO metric_counts_old ({_COLUMNS}) SELECT {_COLUMNS} FROM metric_counts ORDER BY {_KEY}"
+    )
+    op.drop_index("uq_metric_counts_scope", table_name="metric_counts")
+    op.drop_table("metric_counts")
+    op.rename_table("metric_counts_old", "metric_counts")
     op.create_index(
-        'ix_metric_counts_run_partition_global_step_data_source_metric', 'metric_counts',
-        ['run', 'partition', 'global_step', 'data_source', 'metric'], unique=False,
+        "ix_metric_counts_run_partition_global_step_data_source_metric",
+        "metric_counts",
+        ["run", "partition", "global_step", "data_source", "metric"],
+        unique=False,
     )
     _create_views()

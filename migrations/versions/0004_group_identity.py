@@ -29,8 +29,8 @@ import importlib
 import sqlalchemy as sa
 from alembic import op
 
-revision = '0004'
-down_revision = '0003'
+revision = "0004"
+down_revision = "0003"
 branch_labels = None
 depends_on = None
 
@@ -49,7 +49,7 @@ _GROUP_COLUMNS = (
 
 
 def _json() -> sa.types.TypeEngine:
-    return sa.JSON().with_variant(sa.dialects.postgresql.JSONB(), 'postgresql')
+    return sa.JSON().with_variant(sa.dialects.postgresql.JSONB(), "postgresql")
 
 
 def _postgres() -> bool:
@@ -66,8 +66,8 @@ def _views(create: bool) -> None:
 
 
 def _events() -> None:
-    op.add_column('events', sa.Column('session_index', sa.Integer(), nullable=True))
-    op.add_column('events', sa.Column('group_size', sa.Integer(), nullable=True))
+    op.add_column("events", sa.Column("session_index", sa.Integer(), nullable=True))
+    op.add_column("events", sa.Column("group_size", sa.Integer(), nullable=True))
     if _postgres():
         op.execute(
             "UPDATE events SET session_index = (data->>'session_index')::integer, "
@@ -83,9 +83,12 @@ def _events() -> None:
         f"(SELECT min(position) FROM events WHERE type = 'SessionCreated' GROUP BY run, partition, {_STEP}, uid, session_index)"
     )
     op.create_index(
-        'uq_events_group_slot', 'events',
-        ['run', 'partition', sa.text(_STEP), 'uid', 'session_index'], unique=True,
-        sqlite_where=_CREATION, postgresql_where=_CREATION,
+        "uq_events_group_slot",
+        "events",
+        ["run", "partition", sa.text(_STEP), "uid", "session_index"],
+        unique=True,
+        sqlite_where=_CREATION,
+        postgresql_where=_CREATION,
     )
 
 
@@ -104,106 +107,131 @@ def _members_sql() -> str:
 
 def _group_columns(members: bool) -> list[sa.Column]:
     columns = [
-        sa.Column('run', sa.String(length=128), nullable=False),
-        sa.Column('uid', sa.String(length=128), nullable=False),
-        sa.Column('partition', sa.String(length=8), nullable=False),
-        sa.Column('global_step', sa.BigInteger(), nullable=True),
-        sa.Column('data_source', sa.String(length=128), nullable=True),
-        sa.Column('group_size', sa.Integer(), nullable=False),
-        sa.Column('sessions_seen', sa.Integer(), nullable=False),
-        sa.Column('terminal', sa.Integer(), nullable=False),
-        sa.Column('succeeded', sa.Integer(), nullable=False),
-        sa.Column('failed', sa.Integer(), nullable=False),
-        sa.Column('cancelled', sa.Integer(), nullable=False),
-        sa.Column('reward_sum', sa.Float(), nullable=False),
-        sa.Column('reward_count', sa.Integer(), nullable=False),
-        sa.Column('status', sa.String(length=16), nullable=False),
-        sa.Column('settled_position', sa.BigInteger(), nullable=True),
+        sa.Column("run", sa.String(length=128), nullable=False),
+        sa.Column("uid", sa.String(length=128), nullable=False),
+        sa.Column("partition", sa.String(length=8), nullable=False),
+        sa.Column("global_step", sa.BigInteger(), nullable=True),
+        sa.Column("data_source", sa.String(length=128), nullable=True),
+        sa.Column("group_size", sa.Integer(), nullable=False),
+        sa.Column("sessions_seen", sa.Integer(), nullable=False),
+        sa.Column("terminal", sa.Integer(), nullable=False),
+        sa.Column("succeeded", sa.Integer(), nullable=False),
+        sa.Column("failed", sa.Integer(), nullable=False),
+        sa.Column("cancelled", sa.Integer(), nullable=False),
+        sa.Column("reward_sum", sa.Float(), nullable=False),
+        sa.Column("reward_count", sa.Integer(), nullable=False),
+        sa.Column("status", sa.String(length=16), nullable=False),
+        sa.Column("settled_position", sa.BigInteger(), nullable=True),
     ]
     if members:
-        columns.append(sa.Column('members', _json(), nullable=False))
+        columns.append(sa.Column("members", _json(), nullable=False))
     else:
-        columns.append(sa.PrimaryKeyConstraint('run', 'uid', name='pk_groups'))
+        columns.append(sa.PrimaryKeyConstraint("run", "uid", name="pk_groups"))
     return columns
 
 
 def _rebuild_groups_sqlite(members: bool) -> None:
-    op.create_table('groups_new', *_group_columns(members))
+    op.create_table("groups_new", *_group_columns(members))
     select = f"{_GROUP_COLUMNS}, {_members_sql()}" if members else _GROUP_COLUMNS
-    op.execute(f"INSERT INTO groups_new ({_GROUP_COLUMNS}{', members' if members else ''}) SELECT {select} FROM groups g")
-    op.drop_index('ix_groups_run_partition_global_step', table_name='groups')
-    op.drop_table('groups')
-    op.rename_table('groups_new', 'groups')
-    op.create_index('ix_groups_run_partition_global_step', 'groups', ['run', 'partition', 'global_step'], unique=False)
+    op.execute(
+        f"INSERT INTO groups_new ({_GROUP_COLUMNS}{', members' if members else ''}) SELECT {select} FROM groups g"
+    )
+    op.drop_index("ix_groups_run_partition_global_step", table_name="groups")
+    op.drop_table("groups")
+    op.rename_table("groups_new", "groups")
+    op.create_index(
+        "ix_groups_run_partition_global_step",
+        "groups",
+        ["run", "partition", "global_step"],
+        unique=False,
+    )
 
 
 def _groups() -> None:
     if _postgres():
-        op.drop_constraint('pk_groups', 'groups', type_='primary')
-        op.add_column('groups', sa.Column('members', _json(), nullable=True))
+        op.drop_constraint("pk_groups", "groups", type_="primary")
+        op.add_column("groups", sa.Column("members", _json(), nullable=True))
         op.execute(f"UPDATE groups g SET members = {_members_sql()}")
-        op.alter_column('groups', 'members', nullable=False)
+        op.alter_column("groups", "members", nullable=False)
     else:
         _rebuild_groups_sqlite(members=True)
-    op.create_index('uq_groups_key', 'groups', ['run', 'partition', sa.text(_STEP), 'uid'], unique=True)
+    op.create_index(
+        "uq_groups_key", "groups", ["run", "partition", sa.text(_STEP), "uid"], unique=True
+    )
 
 
 def _rebuild_queue_rows_sqlite(old_unique: bool) -> None:
     """Rebuild `queue_rows` with (old_unique) or without the (run, partition, key) constraint,
     keeping its rows, ids and claims."""
     op.execute("CREATE TABLE queue_claims_saved AS SELECT * FROM queue_claims")
-    op.drop_table('queue_claims')
-    constraints = [sa.PrimaryKeyConstraint('id', name='pk_queue_rows')]
+    op.drop_table("queue_claims")
+    constraints = [sa.PrimaryKeyConstraint("id", name="pk_queue_rows")]
     if old_unique:
-        constraints.append(sa.UniqueConstraint('run', 'partition', 'key', name='uq_queue_rows_run_partition_key'))
+        constraints.append(
+            sa.UniqueConstraint("run", "partition", "key", name="uq_queue_rows_run_partition_key")
+        )
     op.create_table(
-        'queue_rows_new',
-        sa.Column('id', sa.Integer(), autoincrement=True, nullable=False),
-        sa.Column('run', sa.String(length=128), nullable=False),
-        sa.Column('partition', sa.String(length=8), nullable=False),
-        sa.Column('global_step', sa.BigInteger(), nullable=True),
-        sa.Column('key', sa.String(length=160), nullable=False),
-        sa.Column('kind', sa.String(length=8), nullable=False),
-        sa.Column('uid', sa.String(length=128), nullable=False),
-        sa.Column('session_id', sa.String(length=128), nullable=True),
-        sa.Column('session_index', sa.Integer(), nullable=True),
-        sa.Column('data_source', sa.String(length=128), nullable=True),
-        sa.Column('source_position', sa.BigInteger(), nullable=True),
-        sa.Column('reward', sa.Float(), nullable=True),
-        sa.Column('is_placeholder', sa.Boolean(), nullable=False),
-        sa.Column('failure_reason', sa.String(length=32), nullable=True),
-        sa.Column('materialization_reason', sa.String(length=64), nullable=True),
-        sa.Column('num_turns', sa.Integer(), nullable=True),
-        sa.Column('prompt_len', sa.Integer(), nullable=True),
-        sa.Column('response_len', sa.Integer(), nullable=True),
-        sa.Column('tags', sa.JSON(), nullable=False),
-        sa.Column('produced_position', sa.BigInteger(), nullable=False),
+        "queue_rows_new",
+        sa.Column("id", sa.Integer(), autoincrement=True, nullable=False),
+        sa.Column("run", sa.String(length=128), nullable=False),
+        sa.Column("partition", sa.String(length=8), nullable=False),
+        sa.Column("global_step", sa.BigInteger(), nullable=True),
+        sa.Column("key", sa.String(length=160), nullable=False),
+        sa.Column("kind", sa.String(length=8), nullable=False),
+        sa.Column("uid", sa.String(length=128), nullable=False),
+        sa.Column("session_id", sa.String(length=128), nullable=True),
+        sa.Column("session_index", sa.Integer(), nullable=True),
+        sa.Column("data_source", sa.String(length=128), nullable=True),
+        sa.Column("source_position", sa.BigInteger(), nullable=True),
+        sa.Column("reward", sa.Float(), nullable=True),
+        sa.Column("is_placeholder", sa.Boolean(), nullable=False),
+        sa.Column("failure_reason", sa.String(length=32), nullable=True),
+        sa.Column("materialization_reason", sa.String(length=64), nullable=True),
+        sa.Column("num_turns", sa.Integer(), nullable=True),
+        sa.Column("prompt_len", sa.Integer(), nullable=True),
+        sa.Column("response_len", sa.Integer(), nullable=True),
+        sa.Column("tags", sa.JSON(), nullable=False),
+        sa.Column("produced_position", sa.BigInteger(), nullable=False),
         *constraints,
     )
-    op.execute(f"INSERT INTO queue_rows_new ({_QUEUE_COLUMNS}) SELECT {_QUEUE_COLUMNS} FROM queue_rows")
-    op.drop_index('ix_queue_rows_run_partition_global_step', table_name='queue_rows')
-    op.drop_table('queue_rows')
-    op.rename_table('queue_rows_new', 'queue_rows')
-    op.create_index('ix_queue_rows_run_partition_global_step', 'queue_rows', ['run', 'partition', 'global_step'], unique=False)
+    op.execute(
+        f"INSERT INTO queue_rows_new ({_QUEUE_COLUMNS}) SELECT {_QUEUE_COLUMNS} FROM queue_rows"
+    )
+    op.drop_index("ix_queue_rows_run_partition_global_step", table_name="queue_rows")
+    op.drop_table("queue_rows")
+    op.rename_table("queue_rows_new", "queue_rows")
+    op.create_index(
+        "ix_queue_rows_run_partition_global_step",
+        "queue_rows",
+        ["run", "partition", "global_step"],
+        unique=False,
+    )
     op.create_table(
-        'queue_claims',
-        sa.Column('queue_row_id', sa.Integer(), nullable=False),
-        sa.Column('consumer', sa.String(length=128), nullable=False),
-        sa.Column('claimed_at', sa.DateTime(timezone=True), nullable=False),
-        sa.Column('acked_at', sa.DateTime(timezone=True), nullable=True),
-        sa.ForeignKeyConstraint(['queue_row_id'], ['queue_rows.id'], name='fk_queue_claims_queue_row_id_queue_rows', ondelete='CASCADE'),
-        sa.PrimaryKeyConstraint('queue_row_id', name='pk_queue_claims'),
+        "queue_claims",
+        sa.Column("queue_row_id", sa.Integer(), nullable=False),
+        sa.Column("consumer", sa.String(length=128), nullable=False),
+        sa.Column("claimed_at", sa.DateTime(timezone=True), nullable=False),
+        sa.Column("acked_at", sa.DateTime(timezone=True), nullable=True),
+        sa.ForeignKeyConstraint(
+            ["queue_row_id"],
+            ["queue_rows.id"],
+            name="fk_queue_claims_queue_row_id_queue_rows",
+            ondelete="CASCADE",
+        ),
+        sa.PrimaryKeyConstraint("queue_row_id", name="pk_queue_claims"),
     )
     op.execute("INSERT INTO queue_claims SELECT * FROM queue_claims_saved")
-    op.drop_table('queue_claims_saved')
+    op.drop_table("queue_claims_saved")
 
 
 def _queue_rows() -> None:
     if _postgres():
-        op.drop_constraint('uq_queue_rows_run_partition_key', 'queue_rows', type_='unique')
+        op.drop_constraint("uq_queue_rows_run_partition_key", "queue_rows", type_="unique")
     else:
         _rebuild_queue_rows_sqlite(old_unique=False)
-    op.create_index('uq_queue_rows_key', 'queue_rows', ['run', 'partition', sa.text(_STEP), 'key'], unique=True)
+    op.create_index(
+        "uq_queue_rows_key", "queue_rows", ["run", "partition", sa.text(_STEP), "key"], unique=True
+    )
 
 
 def upgrade() -> None:
@@ -212,14 +240,14 @@ def upgrade() -> None:
     _groups()
     _queue_rows()
     op.create_table(
-        'projection_errors',
-        sa.Column('position', sa.BigInteger(), autoincrement=False, nullable=False),
-        sa.Column('session_id', sa.String(length=128), nullable=False),
-        sa.Column('type', sa.String(length=64), nullable=False),
-        sa.Column('field', sa.String(length=128), nullable=True),
-        sa.Column('reason', sa.String(length=512), nullable=False),
-        sa.Column('outcome', sa.String(length=32), nullable=False),
-        sa.PrimaryKeyConstraint('position', name='pk_projection_errors'),
+        "projection_errors",
+        sa.Column("position", sa.BigInteger(), autoincrement=False, nullable=False),
+        sa.Column("session_id", sa.String(length=128), nullable=False),
+        sa.Column("type", sa.String(length=64), nullable=False),
+        sa.Column("field", sa.String(length=128), nullable=True),
+        sa.Column("reason", sa.String(length=512), nullable=False),
+        sa.Column("outcome", sa.String(length=32), nullable=False),
+        sa.PrimaryKeyConstraint("position", name="pk_projection_errors"),
     )
     _views(create=True)
 
@@ -228,17 +256,19 @@ def downgrade() -> None:
     """Back to (run, uid) groups and (run, partition, key) queue keys: fails, naming the
     constraint, if a uid was reused across steps (its groups and keys cannot be told apart)."""
     _views(create=False)
-    op.drop_table('projection_errors')
-    op.drop_index('uq_queue_rows_key', table_name='queue_rows')
-    op.drop_index('uq_groups_key', table_name='groups')
+    op.drop_table("projection_errors")
+    op.drop_index("uq_queue_rows_key", table_name="queue_rows")
+    op.drop_index("uq_groups_key", table_name="groups")
     if _postgres():
-        op.create_unique_constraint('uq_queue_rows_run_partition_key', 'queue_rows', ['run', 'partition', 'key'])
-        op.drop_column('groups', 'members')
-        op.create_primary_key('pk_groups', 'groups', ['run', 'uid'])
+        op.create_unique_constraint(
+            "uq_queue_rows_run_partition_key", "queue_rows", ["run", "partition", "key"]
+        )
+        op.drop_column("groups", "members")
+        op.create_primary_key("pk_groups", "groups", ["run", "uid"])
     else:
         _rebuild_queue_rows_sqlite(old_unique=True)
         _rebuild_groups_sqlite(members=False)
-    op.drop_index('uq_events_group_slot', table_name='events')
-    op.drop_column('events', 'group_size')
-    op.drop_column('events', 'session_index')
+    op.drop_index("uq_events_group_slot", table_name="events")
+    op.drop_column("events", "group_size")
+    op.drop_column("events", "session_index")
     _views(create=True)

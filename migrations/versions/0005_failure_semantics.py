@@ -26,8 +26,8 @@ import importlib
 import sqlalchemy as sa
 from alembic import op
 
-revision = '0005'
-down_revision = '0004'
+revision = "0005"
+down_revision = "0004"
 branch_labels = None
 depends_on = None
 
@@ -67,7 +67,7 @@ SELECT
         WHEN 'SessionCancelled' THEN 'cancelled'
         ELSE 'running'
     END AS outcome,
-    CASE WHEN en.type IN ('AttemptFailed', 'SessionFailed') THEN {_json_text('en.data', 'reason')} END AS reason,
+    CASE WHEN en.type IN ('AttemptFailed', 'SessionFailed') THEN {_json_text("en.data", "reason")} END AS reason,
     CASE WHEN en.type = 'AttemptFailed' THEN 1 ELSE 0 END AS superseded,
     st.position AS started_position,
     st.recorded_at AS started_at,
@@ -97,13 +97,13 @@ WHERE {where} GROUP BY run, partition, global_step{extra}
 
 
 def upgrade() -> None:
-    op.add_column('sessions', sa.Column('attempts', sa.Integer(), nullable=True))
-    op.add_column('sessions', sa.Column('failure_origin', sa.String(length=8), nullable=True))
-    op.add_column('sessions', sa.Column('metric_policy', sa.String(length=8), nullable=True))
-    op.add_column('sessions', sa.Column('partial', sa.Boolean(), nullable=True))
-    op.add_column('groups', sa.Column('valid_rows', sa.Integer(), nullable=True))
-    op.add_column('groups', sa.Column('min_valid', sa.Integer(), nullable=True))
-    op.add_column('queue_rows', sa.Column('is_partial', sa.Boolean(), nullable=True))
+    op.add_column("sessions", sa.Column("attempts", sa.Integer(), nullable=True))
+    op.add_column("sessions", sa.Column("failure_origin", sa.String(length=8), nullable=True))
+    op.add_column("sessions", sa.Column("metric_policy", sa.String(length=8), nullable=True))
+    op.add_column("sessions", sa.Column("partial", sa.Boolean(), nullable=True))
+    op.add_column("groups", sa.Column("valid_rows", sa.Integer(), nullable=True))
+    op.add_column("groups", sa.Column("min_valid", sa.Integer(), nullable=True))
+    op.add_column("queue_rows", sa.Column("is_partial", sa.Boolean(), nullable=True))
 
     infra = ", ".join(f"'{reason}'" for reason in _INFRA_REASONS)
     op.execute(
@@ -128,7 +128,14 @@ def upgrade() -> None:
         "'reward/mean_default_rule') OR metric LIKE 'failed!_origin/%' ESCAPE '!'"
     )
     op.execute(_metric_from_sessions("'attempts/total'", "SUM(attempts)", "attempts > 0"))
-    op.execute(_metric_from_sessions("'failed_origin/' || failure_origin", "COUNT(*)", "state = 'failed'", by="failure_origin"))
+    op.execute(
+        _metric_from_sessions(
+            "'failed_origin/' || failure_origin",
+            "COUNT(*)",
+            "state = 'failed'",
+            by="failure_origin",
+        )
+    )
     op.execute(
         "INSERT INTO metric_counts (run, partition, global_step, data_source, metric, value) "
         "SELECT run, partition, global_step, data_source, 'groups/below_min_valid', COUNT(*) FROM groups "
@@ -154,7 +161,13 @@ def downgrade() -> None:
     op.execute("DROP VIEW IF EXISTS session_timeline")
     op.execute(_TIMELINE_0002)
     # Plain DROP COLUMN (SQLite >= 3.35 has it): a batch rebuild would lose the expression indexes.
-    for table, column in (("queue_rows", "is_partial"), ("groups", "min_valid"), ("groups", "valid_rows"),
-                          ("sessions", "partial"), ("sessions", "metric_policy"), ("sessions", "failure_origin"),
-                          ("sessions", "attempts")):
+    for table, column in (
+        ("queue_rows", "is_partial"),
+        ("groups", "min_valid"),
+        ("groups", "valid_rows"),
+        ("sessions", "partial"),
+        ("sessions", "metric_policy"),
+        ("sessions", "failure_origin"),
+        ("sessions", "attempts"),
+    ):
         op.drop_column(table, column)

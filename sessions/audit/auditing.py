@@ -49,7 +49,9 @@ class AuditReport:
         return not self.divergences
 
 
-async def audit(engine: AsyncEngine, *, on_progress: Callable[[str, int], None] | None = None) -> AuditReport:
+async def audit(
+    engine: AsyncEngine, *, on_progress: Callable[[str, int], None] | None = None
+) -> AuditReport:
     """Check the log, rebuild it in memory up to the stored checkpoint, compare.
 
     Every event is checked, also those appended after the stored checkpoint: the log check, and
@@ -67,7 +69,9 @@ async def audit(engine: AsyncEngine, *, on_progress: Callable[[str, int], None] 
         return await _audit(engine, on_progress)
 
 
-async def _audit(engine: AsyncEngine, on_progress: Callable[[str, int], None] | None) -> AuditReport:
+async def _audit(
+    engine: AsyncEngine, on_progress: Callable[[str, int], None] | None
+) -> AuditReport:
     started = time.perf_counter()
     report = AuditReport()
     async with engine.connect() as conn:
@@ -83,7 +87,7 @@ async def _audit(engine: AsyncEngine, on_progress: Callable[[str, int], None] | 
             upto = [row for row in rows if row[0] <= through]
             rebuilt.feed(upto)
             at_checkpoint.append(rebuilt.snapshot())
-            rebuilt.feed(rows[len(upto):])
+            rebuilt.feed(rows[len(upto) :])
         else:
             rebuilt.feed(rows)
         if on_progress is not None:
@@ -95,11 +99,20 @@ async def _audit(engine: AsyncEngine, on_progress: Callable[[str, int], None] | 
     whole = rebuilt.result()
     report.quarantined = whole.errors
     for error in whole.errors:
-        found = error["reason"] if error["field"] is None else f"{error['field']}: {error['reason']}"
-        report.divergences.append(Divergence(
-            "events", f"position {error['position']}", error["type"], "an event the projector can project",
-            f"{found} (quarantined: {error['outcome']})", error["session_id"], error["position"],
-        ))
+        found = (
+            error["reason"] if error["field"] is None else f"{error['field']}: {error['reason']}"
+        )
+        report.divergences.append(
+            Divergence(
+                "events",
+                f"position {error['position']}",
+                error["type"],
+                "an event the projector can project",
+                f"{found} (quarantined: {error['outcome']})",
+                error["session_id"],
+                error["position"],
+            )
+        )
     report.divergences.extend(await _compare(engine, at_checkpoint[0] if at_checkpoint else whole))
     report.seconds = time.perf_counter() - started
     return report
@@ -108,7 +121,12 @@ async def _audit(engine: AsyncEngine, on_progress: Callable[[str, int], None] | 
 async def _compare(engine: AsyncEngine, models: ReadModels) -> list[Divergence]:
     """Compare the stored read models with the rebuilt ones, held in memory as SQLite rows."""
     rows = prepare(models, engine, bulk.sqlite_shape())
-    expected = {"sessions": rows.sessions, "groups": rows.groups, "metric_counts": rows.metrics, "queue_rows": rows.queue,
-                "projection_errors": rows.errors}
+    expected = {
+        "sessions": rows.sessions,
+        "groups": rows.groups,
+        "metric_counts": rows.metrics,
+        "queue_rows": rows.queue,
+        "projection_errors": rows.errors,
+    }
     # No log beside the rebuilt rows: queue-row content is resolved in the audited one.
     return await compare_rows(expected, engine, sources=engine)

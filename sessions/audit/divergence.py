@@ -21,6 +21,10 @@ class Divergence:
     position: int | None = None
 
     def __str__(self) -> str:
-        where = f"session {self.session_id!r} " if self.session_id and self.session_id not in self.key else ""
+        where = (
+            f"session {self.session_id!r} "
+            if self.session_id and self.session_id not in self.key
+            else ""
+        )
         at = f"at event position {self.position} " if self.position is not None else ""
         return f"{self.table} {self.key}: {where}{at}field {self.field!r}: expected {self.expected!r}, found {self.found!r}"

@@ -19,17 +19,28 @@ def describe(event: ev.Event) -> str:
     """The key fields of one event, in a line."""
     if isinstance(event, ev.SessionCreated):
         step = "-" if event.global_step is None else event.global_step
-        return (f"run={event.run} uid={event.uid} index={event.session_index}/{event.group_size} "
-                f"{event.partition} step={step} source={event.data_source or '-'}")
+        return (
+            f"run={event.run} uid={event.uid} index={event.session_index}/{event.group_size} "
+            f"{event.partition} step={step} source={event.data_source or '-'}"
+        )
     if isinstance(event, ev.SessionStarted):
-        return f"attempt={event.attempt or 1} timeout=" + ("-" if event.timeout_s is None else f"{event.timeout_s}s")
+        return f"attempt={event.attempt or 1} timeout=" + (
+            "-" if event.timeout_s is None else f"{event.timeout_s}s"
+        )
     if isinstance(event, ev.TrajectoryRecorded):
-        trainable = "?" if event.trainable_tokens is None else event.trainable_tokens  # from the data: no decode
-        return (f"#{event.index} prompt {event.prompt_len} + response {event.response_len} tokens "
-                f"({trainable} trainable), {event.num_turns} turns" + (", logprobs" if event.has_logprobs else ""))
+        trainable = (
+            "?" if event.trainable_tokens is None else event.trainable_tokens
+        )  # from the data: no decode
+        return (
+            f"#{event.index} prompt {event.prompt_len} + response {event.response_len} tokens "
+            f"({trainable} trainable), {event.num_turns} turns"
+            + (", logprobs" if event.has_logprobs else "")
+        )
     if isinstance(event, ev.RewardPosted):
         info = ", ".join(f"{k}={v}" for k, v in sorted(event.info.items()))
-        return f"reward={'absent' if event.reward is None else event.reward}" + (f" ({info})" if info else "")
+        return f"reward={'absent' if event.reward is None else event.reward}" + (
+            f" ({info})" if info else ""
+        )
     if isinstance(event, ev.SessionSucceeded):
         return f"score={event.score} ({event.score_source}), rows {event.selected} [{event.trajectory_selection}]"
     if isinstance(event, ev.SessionFailed):
@@ -41,11 +52,15 @@ def describe(event: ev.Event) -> str:
     return ""
 
 
-async def session_history(store: EventStore, session_id: str, *, at_position: int | None = None) -> tuple[list[dict[str, Any]], agg.SessionView]:
+async def session_history(
+    store: EventStore, session_id: str, *, at_position: int | None = None
+) -> tuple[list[dict[str, Any]], agg.SessionView]:
     stored = await store.read_stream(session_id, at_position=at_position)
     if not stored:
         if at_position is not None and await store.stream_version(session_id):
-            raise InvalidInput(session_id, "--at", f"the session has no events at or before position {at_position}")
+            raise InvalidInput(
+                session_id, "--at", f"the session has no events at or before position {at_position}"
+            )
         raise InvalidInput(session_id, "session_id", "no such session in this database")
     decoded = [ev.decode(s) for s in stored]
     view = agg.fold(session_id, (r.event for r in decoded))

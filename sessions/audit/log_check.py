@@ -79,7 +79,16 @@ async def check_log(
 
 
 # ---------------------------------------------------------------------------------- content
-_CONTENT_COLUMNS = ("position", "session_id", "version", "type", "schema_version", "data", "payload", "recorded_at")
+_CONTENT_COLUMNS = (
+    "position",
+    "session_id",
+    "version",
+    "type",
+    "schema_version",
+    "data",
+    "payload",
+    "recorded_at",
+)
 #: Texts up to this long whose event checks clean are remembered per (type, schema version):
 #: SessionStarted, most RewardPosted and SessionSucceeded data repeat across a log.
 _REMEMBERED_TEXT = CACHED_TEXT
@@ -87,7 +96,9 @@ _REMEMBERED = 4096
 
 
 async def _check_content(
-    read: driver.Reader, findings: list[Finding], on_progress: Callable[[str, int], None] | None,
+    read: driver.Reader,
+    findings: list[Finding],
+    on_progress: Callable[[str, int], None] | None,
     on_page: Callable[[list[tuple[Any, ...]]], None] | None,
 ) -> int:
     count, reported = 0, 0
@@ -101,11 +112,34 @@ async def _check_content(
             if data is None:
                 data, problems = inspect_event(position, sid, version, type_, schema, raw, payload)
                 for field_, expected, found in problems:
-                    findings.append((position, _CONTENT, Divergence("events", f"session {sid}", field_, expected, found, sid, position)))
-                if not problems and remembered is not None and type_ != "TrajectoryRecorded" and len(clean) < _REMEMBERED:
+                    findings.append(
+                        (
+                            position,
+                            _CONTENT,
+                            Divergence(
+                                "events", f"session {sid}", field_, expected, found, sid, position
+                            ),
+                        )
+                    )
+                if (
+                    not problems
+                    and remembered is not None
+                    and type_ != "TrajectoryRecorded"
+                    and len(clean) < _REMEMBERED
+                ):
                     clean[remembered] = data
             # A short text goes to the fold as text: its decoder decodes each distinct one once.
-            folded.append((position, sid, version, type_, schema, raw if short or data is None else data, recorded_at))
+            folded.append(
+                (
+                    position,
+                    sid,
+                    version,
+                    type_,
+                    schema,
+                    raw if short or data is None else data,
+                    recorded_at,
+                )
+            )
         if on_page is not None:
             on_page(folded)
         count += len(rows)
@@ -130,11 +164,32 @@ def inspect_event(
     except UnknownEventError as error:
         return data, [("type", "a known event type and schema version", str(error))]
     if not isinstance(decoded, dict):
-        return data, [("data", f"a JSON object of {type_} fields",
-                       f"event at position {position} ({type_} v{schema}) has malformed data: a JSON {type(decoded).__name__}")]
+        return data, [
+            (
+                "data",
+                f"a JSON object of {type_} fields",
+                f"event at position {position} ({type_} v{schema}) has malformed data: a JSON {type(decoded).__name__}",
+            )
+        ]
     if not REQUIRED[type_] <= decoded.keys():
         try:
-            ev.decode(StoredEvent(position, "", sid, version, type_, schema, "", "", "", None, decoded, payload, None))  # type: ignore[arg-type]
+            ev.decode(
+                StoredEvent(
+                    position,
+                    "",
+                    sid,
+                    version,
+                    type_,
+                    schema,
+                    "",
+                    "",
+                    "",
+                    None,
+                    decoded,
+                    payload,
+                    None,
+                )
+            )  # type: ignore[arg-type]
         except UnknownEventError as error:
             return data, [("data", f"the fields of {type_}", str(error))]
         return data, []  # pragma: no cover - decode refuses what lacks a required field
@@ -143,7 +198,9 @@ def inspect_event(
     return data, []
 
 
-def _payload_problems(decoded: dict[str, Any], payload: bytes | None) -> Iterable[tuple[str, Any, Any]]:
+def _payload_problems(
+    decoded: dict[str, Any], payload: bytes | None
+) -> Iterable[tuple[str, Any, Any]]:
     """The payload has the size the lengths state; the stated trainable count matches the mask.
 
     Counted with `bytes.count` over the mask (its trailing `response_len` bytes): the same as
@@ -153,8 +210,14 @@ def _payload_problems(decoded: dict[str, Any], payload: bytes | None) -> Iterabl
     try:
         prompt_len, response_len = int(decoded["prompt_len"]), int(decoded["response_len"])
         has_logprobs = bool(decoded["has_logprobs"])
-        if len(payload) != tokens.payload_size(prompt_len, response_len, has_logprobs) or prompt_len < 0 or response_len < 0:
-            tokens.decode(payload, prompt_len, response_len, has_logprobs)  # raises, naming the sizes
+        if (
+            len(payload) != tokens.payload_size(prompt_len, response_len, has_logprobs)
+            or prompt_len < 0
+            or response_len < 0
+        ):
+            tokens.decode(
+                payload, prompt_len, response_len, has_logprobs
+            )  # raises, naming the sizes
     except (ValueError, KeyError, TypeError) as error:
         yield ("payload", "decodable token arrays", str(error))
         return
@@ -176,8 +239,10 @@ class _Entry:
 async def _check_structure(read: driver.Reader, findings: list[Finding]) -> int:
     data = "data::text" if read.postgres else "data"
     mark = (lambda i: f"${i}") if read.postgres else (lambda _i: "?")
-    select = (f"SELECT session_id, version, position, type, CASE WHEN type = 'SessionFailed' THEN {data} END, schema_version "
-              "FROM events")
+    select = (
+        f"SELECT session_id, version, position, type, CASE WHEN type = 'SessionFailed' THEN {data} END, schema_version "
+        "FROM events"
+    )
     order = f" ORDER BY session_id, version LIMIT {mark(3)}"
     sessions, after = 0, None
     sid: str | None = None
@@ -186,7 +251,10 @@ async def _check_structure(read: driver.Reader, findings: list[Finding]) -> int:
         if after is None:
             rows = await read.fetch(select + order.replace(mark(3), mark(1)), (STRUCTURE_PAGE,))
         else:
-            rows = await read.fetch(select + f" WHERE (session_id, version) > ({mark(1)}, {mark(2)})" + order, (*after, STRUCTURE_PAGE))
+            rows = await read.fetch(
+                select + f" WHERE (session_id, version) > ({mark(1)}, {mark(2)})" + order,
+                (*after, STRUCTURE_PAGE),
+            )
         if not rows:
             break
         for row_sid, version, position, type_, failed_data, schema in rows:
@@ -219,7 +287,11 @@ def _check_stream(sid: str, stream: list[_Entry]) -> Iterable[Finding]:
     stream.sort(key=lambda e: e.position)
 
     def div(position: int, rank: int, field_: str, expected: Any, found_: Any) -> Finding:
-        return (position, rank, Divergence("events", f"session {sid}", field_, expected, found_, sid, position))
+        return (
+            position,
+            rank,
+            Divergence("events", f"session {sid}", field_, expected, found_, sid, position),
+        )
 
     # In position order a session's versions are exactly 1, 2, …, n: a missing one is a gap, one
     # that appears elsewhere in the stream is out of order (e.g. two events' versions swapped).
@@ -232,7 +304,9 @@ def _check_stream(sid: str, stream: list[_Entry]) -> Iterable[Finding]:
     if sid.startswith(ev.RUN_STREAM_PREFIX):  # a run's configuration stream holds nothing else
         for item in stream:
             if item.type != "RunConfigured":
-                yield div(item.position, _SHAPE, "type", "RunConfigured (a run's stream)", item.type)
+                yield div(
+                    item.position, _SHAPE, "type", "RunConfigured (a run's stream)", item.type
+                )
         return
     if stream[0].type != "SessionCreated":
         yield div(stream[0].position, _SHAPE, "type", "SessionCreated", stream[0].type)
@@ -243,6 +317,14 @@ def _check_stream(sid: str, stream: list[_Entry]) -> Iterable[Finding]:
         if item.type == "SessionFailed" and item.placeholder == "emit":
             following = stream[index + 1].type if index + 1 < len(stream) else None
             if following != "PlaceholderEmitted":
-                yield div(item.position, _SEQUENCE, "placeholder", "PlaceholderEmitted after SessionFailed", following)
+                yield div(
+                    item.position,
+                    _SEQUENCE,
+                    "placeholder",
+                    "PlaceholderEmitted after SessionFailed",
+                    following,
+                )
         if terminal and item.position > terminal[0].position and item.type != "PlaceholderEmitted":
-            yield div(item.position, _SEQUENCE, "type", "nothing after the terminal event", item.type)
+            yield div(
+                item.position, _SEQUENCE, "type", "nothing after the terminal event", item.type
+            )

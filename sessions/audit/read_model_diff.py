@@ -38,14 +38,18 @@ CHUNK = 5000
 _DIGEST_CHUNK = 500
 
 
-async def compare(expected_engine: Any, found_engine: Any, *, sources: Any | None = None) -> list[Divergence]:
+async def compare(
+    expected_engine: Any, found_engine: Any, *, sources: Any | None = None
+) -> list[Divergence]:
     """Divergences of `found_engine`'s read models from `expected_engine`'s, table by table, then
     queue-row content. `sources`: the database whose events resolve queue-row content for both
     sides (one side's database may hold no log); None resolves each side in its own."""
     return await _compare(expected_engine, None, found_engine, sources)
 
 
-async def compare_rows(expected: Mapping[str, Sequence[Sequence[Any]]], found_engine: Any, *, sources: Any) -> list[Divergence]:
+async def compare_rows(
+    expected: Mapping[str, Sequence[Sequence[Any]]], found_engine: Any, *, sources: Any
+) -> list[Divergence]:
     """`compare` with the expected read models in memory: per table, rows in its column order as
     SQLite's driver returns them (`store.bulk_read_models.prepare` for a SQLite target makes
     them), in any order. `sources` resolves queue-row content for both sides."""
@@ -53,13 +57,20 @@ async def compare_rows(expected: Mapping[str, Sequence[Sequence[Any]]], found_en
 
 
 async def _compare(
-    expected_engine: Any, expected_rows: Mapping[str, Sequence[Sequence[Any]]] | None, found_engine: Any, sources: Any | None,
+    expected_engine: Any,
+    expected_rows: Mapping[str, Sequence[Sequence[Any]]] | None,
+    found_engine: Any,
+    sources: Any | None,
 ) -> list[Divergence]:
     out: list[Divergence] = []
     pointers: list[tuple[str, int | None, int | None]] = []
     for table, keys in READ_MODEL_KEYS:
         rows = None if expected_rows is None else expected_rows.get(table, ())
-        out.extend(await _diff_table(expected_engine, found_engine, table, keys, pointers, sources is None, rows))
+        out.extend(
+            await _diff_table(
+                expected_engine, found_engine, table, keys, pointers, sources is None, rows
+            )
+        )
     out.extend(await _content(expected_engine, found_engine, sources, pointers))
     return out
 
@@ -106,7 +117,7 @@ class _Chunks:
 async def _in_chunks(rows: Sequence[Sequence[Any]]) -> AsyncIterator[list[Sequence[Any]]]:
     """Rows in memory as a stream of chunks, as `driver.Reader.stream` hands a table's."""
     for start in range(0, len(rows), CHUNK):
-        yield list(rows[start:start + CHUNK])
+        yield list(rows[start : start + CHUNK])
 
 
 def _sorted(rows: Sequence[Sequence[Any]], key_at: tuple[int, ...]) -> list[Sequence[Any]]:
@@ -119,7 +130,10 @@ def _sorted(rows: Sequence[Sequence[Any]], key_at: tuple[int, ...]) -> list[Sequ
 
 
 async def _merged(
-    want: _Chunks, have: _Chunks, key_at: tuple[int, ...], same: Callable[[Sequence[Any], Sequence[Any]], bool],
+    want: _Chunks,
+    have: _Chunks,
+    key_at: tuple[int, ...],
+    same: Callable[[Sequence[Any], Sequence[Any]], bool],
     on_equal: Callable[[Sequence[Sequence[Any]], Sequence[Sequence[Any]]], None],
 ) -> AsyncIterator[tuple[Sequence[Any] | None, Sequence[Any] | None]]:
     """Pairs of rows with equal keys that differ, and (row, None) or (None, row) where one side
@@ -131,7 +145,7 @@ async def _merged(
             return
         if has_want and has_have:
             n = min(len(want.rows) - want.at, len(have.rows) - have.at)
-            left, right = want.rows[want.at:want.at + n], have.rows[have.at:have.at + n]
+            left, right = want.rows[want.at : want.at + n], have.rows[have.at : have.at + n]
             if same(left, right):
                 on_equal(left, right)
                 want.at += n
@@ -176,8 +190,12 @@ def _normal(value: Any) -> Any:
 
 
 async def _diff_table(
-    expected_engine: Any, found_engine: Any, table: str, keys: tuple[str, ...],
-    pointers: list[tuple[str, int | None, int | None]], all_pointers: bool,
+    expected_engine: Any,
+    found_engine: Any,
+    table: str,
+    keys: tuple[str, ...],
+    pointers: list[tuple[str, int | None, int | None]],
+    all_pointers: bool,
     expected_rows: Sequence[Sequence[Any]] | None = None,
 ) -> list[Divergence]:
     expected_side: TableScan = scan(expected_engine, table, keys)
@@ -195,25 +213,56 @@ async def _diff_table(
     def on_equal(left: Sequence[Sequence[Any]], right: Sequence[Sequence[Any]]) -> None:
         if is_queue:  # rows resolved in one log matter only where they point at different events
             pointers.extend(
-                (_label(w, key_at), w[source_at], h[source_at]) for w, h in zip(left, right)
+                (_label(w, key_at), w[source_at], h[source_at])
+                for w, h in zip(left, right)
                 if w[kind_at] == "row" and (all_pointers or w[source_at] != h[source_at])
             )
 
     given = None if expected_rows is None else _sorted(expected_rows, key_at)
-    async with _Chunks(expected_engine, expected_side.sql, given) as want_rows, _Chunks(found_engine, found_side.sql) as have_rows:
+    async with (
+        _Chunks(expected_engine, expected_side.sql, given) as want_rows,
+        _Chunks(found_engine, found_side.sql) as have_rows,
+    ):
         async for want, have in _merged(want_rows, have_rows, key_at, same, on_equal):
             row = want if want is not None else have
             assert row is not None
             label = _label(row, key_at)
             if want is None or have is None:
-                sid = row[expected_side.columns.index("session_id")] if "session_id" in expected_side.columns else None
-                out.append(Divergence(table, label, "(row)", "present" if want else "absent", "present" if have else "absent", sid))
+                sid = (
+                    row[expected_side.columns.index("session_id")]
+                    if "session_id" in expected_side.columns
+                    else None
+                )
+                out.append(
+                    Divergence(
+                        table,
+                        label,
+                        "(row)",
+                        "present" if want else "absent",
+                        "present" if have else "absent",
+                        sid,
+                    )
+                )
                 continue
             typed_want, typed_have = expected_side.typed(want), found_side.typed(have)
             for column, value in typed_want.items():
                 if _normal(value) != _normal(typed_have[column]):
-                    position = typed_want.get("terminal_position") or typed_want.get("produced_position") or typed_want.get("settled_position")
-                    out.append(Divergence(table, label, column, value, typed_have[column], typed_want.get("session_id"), position))
+                    position = (
+                        typed_want.get("terminal_position")
+                        or typed_want.get("produced_position")
+                        or typed_want.get("settled_position")
+                    )
+                    out.append(
+                        Divergence(
+                            table,
+                            label,
+                            column,
+                            value,
+                            typed_have[column],
+                            typed_want.get("session_id"),
+                            position,
+                        )
+                    )
     return out
 
 
@@ -222,7 +271,9 @@ def _label(row: Sequence[Any], key_at: tuple[int, ...]) -> str:
 
 
 async def _content(
-    expected_engine: Any, found_engine: Any, sources: Any | None,
+    expected_engine: Any,
+    found_engine: Any,
+    sources: Any | None,
     pointers: list[tuple[str, int | None, int | None]],
 ) -> list[Divergence]:
     """Hash each compared queue row's token arrays as its side's log resolves them."""
@@ -230,7 +281,9 @@ async def _content(
         pointers = [p for p in pointers if p[1] != p[2]]  # one log: equal positions, equal content
         if not pointers:
             return []
-        want_hashes = have_hashes = await _digests(sources, [p for _l, a, b in pointers for p in (a, b)])
+        want_hashes = have_hashes = await _digests(
+            sources, [p for _l, a, b in pointers for p in (a, b)]
+        )
     else:
         want_hashes = await _digests(expected_engine, [a for _l, a, _b in pointers])
         have_hashes = await _digests(found_engine, [b for _l, _a, b in pointers])
@@ -247,7 +300,7 @@ async def _digests(engine: Any, positions: list[int | None]) -> dict[int | None,
     wanted = sorted({p for p in positions if p is not None})
     out: dict[int | None, str] = {None: hashlib.sha256().hexdigest()}
     for start in range(0, len(wanted), _DIGEST_CHUNK):
-        chunk = wanted[start:start + _DIGEST_CHUNK]
+        chunk = wanted[start : start + _DIGEST_CHUNK]
         sources = await rm.read_source_events(engine, chunk)
         for position in chunk:
             digest = hashlib.sha256()
@@ -255,6 +308,8 @@ async def _digests(engine: Any, positions: list[int | None]) -> dict[int | None,
             if source is not None:
                 type_, _schema, data, payload = source
                 digest.update(type_.encode())
-                digest.update(payload if payload is not None else repr(data.get("token_id")).encode())
+                digest.update(
+                    payload if payload is not None else repr(data.get("token_id")).encode()
+                )
             out[position] = digest.hexdigest()
     return out

@@ -75,7 +75,9 @@ async def copy_events(
     """
     if await bulk.has_events(target):
         raise ValueError("the target database already has events; replay needs an empty one")
-    return await bulk_copy.copy_events(source, target, up_to=up_to, page_size=page_size, on_page=on_page)
+    return await bulk_copy.copy_events(
+        source, target, up_to=up_to, page_size=page_size, on_page=on_page
+    )
 
 
 async def rebuild(
@@ -97,7 +99,11 @@ async def rebuild(
 
 
 async def rebuild_log(
-    source: Any, *, up_to: int | None = None, page_size: int = PAGE, on_events: Callable[[int], None] | None = None
+    source: Any,
+    *,
+    up_to: int | None = None,
+    page_size: int = PAGE,
+    on_events: Callable[[int], None] | None = None,
 ) -> ReadModels:
     """The read models of `source`'s log (positions <= `up_to`, or all), rebuilt in memory."""
     rebuilt = Rebuild()
@@ -110,10 +116,21 @@ async def rebuild_log(
 
 def prepare(models: ReadModels, source: Any, target: Any, *, queue_from: int = 0) -> bulk.Prepared:
     """The rebuilt rows in the target driver's form (queue rows from `queue_from` on)."""
-    tables = {"sessions": models.sessions, "groups": models.groups, "metrics": models.metrics, "queue": models.queue,
-              "errors": models.errors}
-    return bulk.prepare(tables, last_position=models.last_position, events=models.events, source=source, target=target,
-                        queue_from=queue_from)
+    tables = {
+        "sessions": models.sessions,
+        "groups": models.groups,
+        "metrics": models.metrics,
+        "queue": models.queue,
+        "errors": models.errors,
+    }
+    return bulk.prepare(
+        tables,
+        last_position=models.last_position,
+        events=models.events,
+        source=source,
+        target=target,
+        queue_from=queue_from,
+    )
 
 
 async def replay(
@@ -139,7 +156,12 @@ async def replay(
 
 
 async def _replay(
-    source: Any, target: Any, *, on_events: Callable[[int], None] | None, page_size: int, up_to: int | None,
+    source: Any,
+    target: Any,
+    *,
+    on_events: Callable[[int], None] | None,
+    page_size: int,
+    up_to: int | None,
 ) -> ReplayReport:
     if await bulk.has_events(target):
         raise ValueError("the target database already has events; replay needs an empty one")
@@ -165,22 +187,39 @@ async def _replay(
         written = await _queue_meanwhile(writer, target, rebuilt.state.queue, folding, paged)
         models = await folding
         marks["written from"] = time.perf_counter()
-        await bulk.write_read_models(writer, prepare(models, source, target, queue_from=written), target, claimed=written > 0)
+        await bulk.write_read_models(
+            writer, prepare(models, source, target, queue_from=written), target, claimed=written > 0
+        )
 
     try:
-        count = await bulk_copy.copy_events(source, target, up_to=up_to, page_size=page_size,
-                                            on_end=end.set_result, before_commit=write)
+        count = await bulk_copy.copy_events(
+            source,
+            target,
+            up_to=up_to,
+            page_size=page_size,
+            on_end=end.set_result,
+            before_commit=write,
+        )
     finally:
         if not folding.done():  # the copy failed: the fold's rows have nowhere to go
             folding.cancel()
         await asyncio.gather(folding, return_exceptions=True)
     done = time.perf_counter()
-    return ReplayReport(count, done - started, marks["copied"] - started, marks["folded"] - started,
-                        done - marks["written from"])
+    return ReplayReport(
+        count,
+        done - started,
+        marks["copied"] - started,
+        marks["folded"] - started,
+        done - marks["written from"],
+    )
 
 
 async def _queue_meanwhile(
-    writer: Any, target: Any, queue: list[dict[str, Any]], folding: asyncio.Future[Any], paged: asyncio.Event,
+    writer: Any,
+    target: Any,
+    queue: list[dict[str, Any]],
+    folding: asyncio.Future[Any],
+    paged: asyncio.Event,
 ) -> int:
     """Write the queue rows the fold has made, while it goes on; returns how many.
 

@@ -12,7 +12,13 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from sessions.batches.columns import MAX_EXACT_LENGTH, META_COLUMNS, META_DEFAULTS, NUMPY_DTYPES, UNKNOWN_TURNS
+from sessions.batches.columns import (
+    MAX_EXACT_LENGTH,
+    META_COLUMNS,
+    META_DEFAULTS,
+    NUMPY_DTYPES,
+    UNKNOWN_TURNS,
+)
 from sessions.batches.non_tensor_stacks import SCALAR_TYPES
 from sessions.errors import LedgerError
 
@@ -37,7 +43,9 @@ class BatchRow:
 class BatchTooLongError(LedgerError, ValueError):
     """A row exceeds a length limit (``max_*_length`` or a fixed ``*_width``), truncation not asked."""
 
-    def __init__(self, key: Any, side: str, length: int, limit: int, option: str | None = None) -> None:
+    def __init__(
+        self, key: Any, side: str, length: int, limit: int, option: str | None = None
+    ) -> None:
         option = option or f"max_{side}_length"
         self.key, self.side, self.length, self.limit, self.option = key, side, length, limit, option
         super().__init__(
@@ -126,7 +134,10 @@ def _collect(rows: Sequence[BatchRow]) -> tuple[_Rows, list[Any]]:
         logprobs.append(lp)
         metas.append(row.meta or _NO_META)
     n = len(rows)
-    non_tensor = {name: _plain_column([m.get(name, META_DEFAULTS.get(name)) for m in metas]) for name in META_COLUMNS}
+    non_tensor = {
+        name: _plain_column([m.get(name, META_DEFAULTS.get(name)) for m in metas])
+        for name in META_COLUMNS
+    }
     is_placeholder = np.fromiter(
         (bool(r.is_placeholder) for r in rows), NUMPY_DTYPES["is_placeholder"], count=n
     )
@@ -180,7 +191,9 @@ class Limits:
 
 def _check_count(value: int | None, option: str, least: int) -> None:
     try:
-        bad = value is not None and (isinstance(value, bool) or int(value) != value or value < least)
+        bad = value is not None and (
+            isinstance(value, bool) or int(value) != value or value < least
+        )
     except (TypeError, ValueError):
         bad = True
     if bad:

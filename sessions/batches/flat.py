@@ -150,7 +150,9 @@ def _row_columns(
     }
 
 
-def _non_tensor_columns(non_tensor: dict[str, list[Any]], num_turns: np.ndarray) -> dict[str, list[Any]]:
+def _non_tensor_columns(
+    non_tensor: dict[str, list[Any]], num_turns: np.ndarray
+) -> dict[str, list[Any]]:
     """The non-tensor columns a written batch gets: the given ones plus the two verl reads.
 
     ``__num_turns__`` is always ``num_turns`` again (so the two cannot disagree);
@@ -182,7 +184,9 @@ def lengths_as_index(lengths: torch.Tensor, name: str) -> torch.Tensor:
     if lengths.dtype.is_floating_point:
         whole = torch.isfinite(lengths) & (lengths >= 0) & (lengths == lengths.round())
         if not bool(torch.all(whole)):
-            raise ValueError(f"column {name!r} holds negative, fractional or infinite lengths; not a batch's")
+            raise ValueError(
+                f"column {name!r} holds negative, fractional or infinite lengths; not a batch's"
+            )
     elif lengths.numel() and int(lengths.min()) < 0:
         raise ValueError(f"column {name!r} holds negative lengths; not a batch's")
     return lengths.to(torch.int64)

@@ -155,7 +155,9 @@ def concat_batches(batches: Sequence[TensorDictBase]) -> TensorDict:
     widths or columns: ``concat_padded`` (re-pads) or ``pad_to_widths`` first.
     """
     if not batches:
-        raise ValueError("concat_batches needs at least one batch (build_padded([]) makes an empty one)")
+        raise ValueError(
+            "concat_batches needs at least one batch (build_padded([]) makes an empty one)"
+        )
     split = [_columns(b) for b in batches]
     tensors0, lists0 = split[0]
     for i, (tensors, lists) in enumerate(split[1:], start=1):

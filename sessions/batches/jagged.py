@@ -161,7 +161,9 @@ def _flat_from_jagged(batch: TensorDictBase) -> _Flat:
         rm_scores=parts["rm_scores"][0].to(COLUMN_DTYPES["rm_scores"]),
         rollout_log_probs=lp[0].to(COLUMN_DTYPES["rollout_log_probs"]) if lp is not None else None,
         is_placeholder=is_placeholder,
-        num_turns=_default_turns(is_placeholder) if turns is None else turns.to(COLUMN_DTYPES["num_turns"]),
+        num_turns=_default_turns(is_placeholder)
+        if turns is None
+        else turns.to(COLUMN_DTYPES["num_turns"]),
         non_tensor=non_tensors,
     )
 

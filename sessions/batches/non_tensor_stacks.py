@@ -176,7 +176,12 @@ def _plain_values(stack: NonTensorStack) -> list[Any] | None:
         if type(member) is not NonTensorData:
             return None
         inner = member._tensordict
-        if type(inner) is not TensorDict or inner._batch_size or inner._is_shared or inner._is_memmap:
+        if (
+            type(inner) is not TensorDict
+            or inner._batch_size
+            or inner._is_shared
+            or inner._is_memmap
+        ):
             return None
         state = member._non_tensordict
         if "data" not in state:

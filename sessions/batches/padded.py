@@ -120,7 +120,10 @@ def _scores(rows: _Rows, r_len: list[int], R: int) -> torch.Tensor:
 
 
 def _padded_from_rows(
-    rows: _Rows, pad_token_id: int, prompt_width: int | None = None, response_width: int | None = None
+    rows: _Rows,
+    pad_token_id: int,
+    prompt_width: int | None = None,
+    response_width: int | None = None,
 ) -> TensorDict:
     """Section 6 padded columns, as wide as the longest prompt and response or the given widths.
 
@@ -166,7 +169,9 @@ def _flat_from_padded(batch: TensorDictBase) -> _Flat:
         rm_scores=tensors["rm_scores"][in_response],
         rollout_log_probs=lp[in_response] if lp is not None else None,
         is_placeholder=is_placeholder,
-        num_turns=_default_turns(is_placeholder) if turns is None else turns.to(COLUMN_DTYPES["num_turns"]),
+        num_turns=_default_turns(is_placeholder)
+        if turns is None
+        else turns.to(COLUMN_DTYPES["num_turns"]),
         non_tensor=non_tensors,
     )
 

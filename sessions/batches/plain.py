@@ -34,7 +34,10 @@ def _loadable(value: Any) -> bool:
     if isinstance(value, _PLAIN_SCALARS):
         return True
     if isinstance(value, dict):
-        return all(type(k) is str and (_loadable(v) or isinstance(v, torch.Tensor)) for k, v in value.items())
+        return all(
+            type(k) is str and (_loadable(v) or isinstance(v, torch.Tensor))
+            for k, v in value.items()
+        )
     if isinstance(value, (list, tuple)):
         return all(_loadable(v) or isinstance(v, torch.Tensor) for v in value)
     return False

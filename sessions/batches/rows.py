@@ -21,12 +21,24 @@ from sessions.gc_pause import gc_paused
 from store import read_models as rm
 
 META_COLUMNS = (
-    "run", "uid", "session_id", "session_index", "key", "partition", "global_step", "data_source",
-    "failure_reason", "materialization_reason", "num_turns", "is_partial",
+    "run",
+    "uid",
+    "session_id",
+    "session_index",
+    "key",
+    "partition",
+    "global_step",
+    "data_source",
+    "failure_reason",
+    "materialization_reason",
+    "num_turns",
+    "is_partial",
 )
 
 
-def placeholder_arrays(token_id: int, prompt_len: int = 1, response_len: int = 1) -> tokens.TokenArrays:
+def placeholder_arrays(
+    token_id: int, prompt_len: int = 1, response_len: int = 1
+) -> tokens.TokenArrays:
     """The placeholder's tokens: `prompt_len` + `response_len` copies of its token (default 1 + 1,
     as the policy recorded them), every one attended, the response's mask all 0."""
     prompt = np.full(prompt_len, token_id, dtype="<i4")
@@ -57,7 +69,9 @@ def materialise(
         return _materialise(queue_rows, sources)
 
 
-def _materialise(queue_rows: Sequence[Mapping[str, Any]], sources: Mapping[int, rm.SourceEvent]) -> list[BatchRow]:
+def _materialise(
+    queue_rows: Sequence[Mapping[str, Any]], sources: Mapping[int, rm.SourceEvent]
+) -> list[BatchRow]:
     out: list[BatchRow] = []
     append = out.append
     for row in queue_rows:
@@ -70,8 +84,17 @@ def _materialise(queue_rows: Sequence[Mapping[str, Any]], sources: Mapping[int, 
                 "the database was altered outside rollout-ledger — run `rollout-ledger audit`"
             )
         arrays = _arrays(row, source)
-        append(BatchRow(arrays.prompt_ids, arrays.response_ids, arrays.response_mask, arrays.logprobs,
-                        float(row["reward"] or 0.0), bool(row["is_placeholder"]), _meta(row)))
+        append(
+            BatchRow(
+                arrays.prompt_ids,
+                arrays.response_ids,
+                arrays.response_mask,
+                arrays.logprobs,
+                float(row["reward"] or 0.0),
+                bool(row["is_placeholder"]),
+                _meta(row),
+            )
+        )
     return out
 
 
@@ -96,8 +119,15 @@ def _arrays(row: Mapping[str, Any], source: rm.SourceEvent) -> tokens.TokenArray
     type_, schema_version, data, payload = source
     if row["is_placeholder"]:
         return placeholder_arrays(
-            placeholder_token(type_, data), int(row.get("prompt_len") or 1), int(row.get("response_len") or 1)
+            placeholder_token(type_, data),
+            int(row.get("prompt_len") or 1),
+            int(row.get("response_len") or 1),
         )
     if schema_version != _TRAJECTORY_SCHEMA or type_ != "TrajectoryRecorded":
         data = ev.upcast(type_, schema_version, data)
-    return tokens.decode(payload or b"", int(data["prompt_len"]), int(data["response_len"]), bool(data["has_logprobs"]))
+    return tokens.decode(
+        payload or b"",
+        int(data["prompt_len"]),
+        int(data["response_len"]),
+        bool(data["has_logprobs"]),
+    )

@@ -78,6 +78,7 @@ def _quiet_torch_fx_notice() -> None:
 
     try:
         from torch.fx import _symbolic_trace
+
         notice = _symbolic_trace.is_fx_tracing_warning
     except (ImportError, AttributeError):
         return
@@ -99,7 +100,9 @@ def set_stack(batch: TensorDictBase, name: str, stack: NonTensorStack) -> None:
     """``batch.set(name, stack)``, also for an empty stack on a tensordict that refuses one."""
     if EMPTY_STACK_SET_FAILS and not stack.tensordicts and isinstance(batch, TensorDict):
         if tuple(stack.batch_size) != tuple(batch.batch_size):
-            raise ValueError(f"column {name!r}: {stack.batch_size} rows for a batch of {batch.batch_size}")
+            raise ValueError(
+                f"column {name!r}: {stack.batch_size} rows for a batch of {batch.batch_size}"
+            )
         batch._set_str(name, stack, validated=True, inplace=False, non_blocking=False)
         return
     batch.set(name, stack)

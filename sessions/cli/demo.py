@@ -55,10 +55,14 @@ class DemoConfig:
     def __post_init__(self) -> None:
         for name in ("steps", "prompts", "group_size", "concurrency", "max_attempts"):
             if getattr(self, name) < 1:
-                raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+                raise ValueError(
+                    f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}"
+                )
         for name in ("fail_rate", "cancel_rate"):
             if not 0.0 <= getattr(self, name) <= 1.0:
-                raise ValueError(f"--{name.replace('_', '-')} must be in [0, 1], got {getattr(self, name)}")
+                raise ValueError(
+                    f"--{name.replace('_', '-')} must be in [0, 1], got {getattr(self, name)}"
+                )
         if self.fail_rate + self.cancel_rate > 1.0:
             raise ValueError("--fail-rate plus --cancel-rate must not exceed 1")
 
@@ -101,7 +105,9 @@ def policies(config: DemoConfig) -> dict[str, object]:
     # as the ledger opens, so a rerun of `--run NAME` with other flags is refused, not mixed in
     options: dict[str, object] = {"config": {"demo": dataclasses.asdict(config)}}
     if config.max_attempts > 1:
-        options["retry_policy"] = RetryPolicy(max_attempts=config.max_attempts, on=("infra",), backoff_s=RETRY_BACKOFF_S)
+        options["retry_policy"] = RetryPolicy(
+            max_attempts=config.max_attempts, on=("infra",), backoff_s=RETRY_BACKOFF_S
+        )
     if config.exclude_infra:
         options["metric_policy"] = MetricPolicy(rules={"*": {"infra": "exclude"}})
     if config.keep_partial:
@@ -113,7 +119,9 @@ async def agent(handle: SessionHandle, plan: Plan) -> None:
     """One simulated agent episode; failures are raised the way real runners raise them."""
     rng = np.random.default_rng(plan.seed + 7919 * (handle.attempt - 1))
     if plan.outcome == "sandbox_error" and handle.attempt > 1 and rng.random() >= SANDBOX_REFAIL:
-        plan = Plan("ok", plan.turns, plan.prompt_len, plan.difficulty, plan.seed)  # the retry found a healthy host
+        plan = Plan(
+            "ok", plan.turns, plan.prompt_len, plan.difficulty, plan.seed
+        )  # the retry found a healthy host
     prompt = rng.integers(0, VOCAB, plan.prompt_len)
     pieces, masks = [], []
     for turn in range(plan.turns):
@@ -139,21 +147,32 @@ async def agent(handle: SessionHandle, plan: Plan) -> None:
 
 
 async def _record(
-    handle: SessionHandle, rng: np.random.Generator, prompt: np.ndarray, pieces: list[np.ndarray],
-    masks: list[np.ndarray], turns: int, difficulty: float,
+    handle: SessionHandle,
+    rng: np.random.Generator,
+    prompt: np.ndarray,
+    pieces: list[np.ndarray],
+    masks: list[np.ndarray],
+    turns: int,
+    difficulty: float,
 ) -> None:
     """Record the episode so far as a trajectory and post its verified reward."""
     response = np.concatenate(pieces)[:1024]
     mask = np.concatenate(masks)[:1024]
     logprobs = -rng.exponential(0.7, response.shape[0]).astype(np.float32)
     await handle.record_trajectory(
-        prompt_ids=prompt, response_ids=response, response_mask=mask, response_logprobs=logprobs, num_turns=turns
+        prompt_ids=prompt,
+        response_ids=response,
+        response_mask=mask,
+        response_logprobs=logprobs,
+        num_turns=turns,
     )
     correct = float(rng.random() < difficulty)
     await handle.post_reward(correct, acc=correct, turns=turns)
 
 
-async def run_demo(ledger: Ledger, config: DemoConfig, *, on_session: Callable[[], None] | None = None) -> dict[str, float]:
+async def run_demo(
+    ledger: Ledger, config: DemoConfig, *, on_session: Callable[[], None] | None = None
+) -> dict[str, float]:
     """Run all steps; returns timing figures (seconds, events, events per second)."""
     rng = random.Random(config.seed)
     limit = asyncio.Semaphore(config.concurrency)
@@ -164,7 +183,9 @@ async def run_demo(ledger: Ledger, config: DemoConfig, *, on_session: Callable[[
     async def one(session_id: str, plan: Plan, **identity: object) -> None:
         async with limit:
             task = asyncio.ensure_future(
-                ledger.run_session(lambda h: agent(h, plan), session_id, timeout=TIMEOUT_S, **identity)
+                ledger.run_session(
+                    lambda h: agent(h, plan), session_id, timeout=TIMEOUT_S, **identity
+                )
             )
             if plan.outcome == "cancel":
                 await asyncio.sleep(0.01)
@@ -182,19 +203,34 @@ async def run_demo(ledger: Ledger, config: DemoConfig, *, on_session: Callable[[
         jobs = []
         for partition in ("train", "val"):
             for p in range(config.prompts):
-                uid = f"{run_tag}-p{p}" if config.reuse_uids else f"{run_tag}-{partition}{step}-p{p}"
+                uid = (
+                    f"{run_tag}-p{p}" if config.reuse_uids else f"{run_tag}-{partition}{step}-p{p}"
+                )
                 difficulty = rng.betavariate(2, 2)
                 source = DATA_SOURCES[p % len(DATA_SOURCES)]
                 for k in range(config.group_size):
                     plan = plan_session(rng, config, difficulty)
-                    jobs.append(one(
-                        f"{run_tag}-{partition}{step}-p{p}-s{k}", plan, uid=uid, session_index=k, group_size=config.group_size,
-                        partition=partition, global_step=step, data_source=source, runner="demo-agent",
-                    ))
+                    jobs.append(
+                        one(
+                            f"{run_tag}-{partition}{step}-p{p}-s{k}",
+                            plan,
+                            uid=uid,
+                            session_index=k,
+                            group_size=config.group_size,
+                            partition=partition,
+                            global_step=step,
+                            data_source=source,
+                            runner="demo-agent",
+                        )
+                    )
         await asyncio.gather(*jobs)
     elapsed = time.perf_counter() - started
     appended = ledger.store.events_committed - events_before
-    return {"seconds": elapsed, "events": appended, "events_per_second": appended / elapsed if elapsed else 0.0}
+    return {
+        "seconds": elapsed,
+        "events": appended,
+        "events_per_second": appended / elapsed if elapsed else 0.0,
+    }
 
 
 def example_session(run: str, config: DemoConfig) -> str:

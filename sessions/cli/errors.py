@@ -43,7 +43,9 @@ OPTIONAL_MODULES = {
 _PLAIN = (ValueError, LookupError)
 
 
-def guarded(verb: Callable[[], int], *, debug: bool = False, databases: Sequence[str | None] = ()) -> int:
+def guarded(
+    verb: Callable[[], int], *, debug: bool = False, databases: Sequence[str | None] = ()
+) -> int:
     """Run `verb` and return its exit status; on failure print one line and return non-zero.
 
     `databases` are the URLs the verb opens (`--db`, and `--into` for replay), so that a database
@@ -76,7 +78,11 @@ async def drained(verb: Awaitable[int], *, patience: float = 1.0) -> int:
         return await verb
     except BaseException:
         deadline = time.monotonic() + patience
-        started = [t for t in threading.enumerate() if t not in before and not t.name.startswith("asyncio_")]
+        started = [
+            t
+            for t in threading.enumerate()
+            if t not in before and not t.name.startswith("asyncio_")
+        ]
         while any(t.is_alive() for t in started) and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
         raise
@@ -137,18 +143,42 @@ def _missing_module(error: ModuleNotFoundError) -> str:
 
 #: SQLite message fragment → what it means and what to do ({where} names the database).
 _SQLITE_HINTS = (
-    ("unable to open database file", "cannot open {where} ({message}): --db must name a SQLite file, not a "
-                                     "directory, in a folder this process may read and write"),
-    ("file is not a database", "{where} is not a database (file is not a database): point --db at a "
-                               "rollout-ledger database, or restore the file from a backup"),
-    ("malformed", "{where} is damaged ({message}): restore it from a backup (`sqlite3 FILE .recover` may salvage rows)"),
-    ("locked", "{where} is locked by another process ({message}): wait for it to finish, or raise the busy timeout"),
-    ("readonly", "cannot write to {where} ({message}): check the permissions of the file and its folder"),
-    ("disk is full", "no space left for {where} ({message}): free some disk space and run the command again"),
-    ("no such table", "{where}: {message}; the database lacks a table its schema revision promises, so it was "
-                      "altered outside rollout-ledger — restore it from a backup"),
-    ("no such column", "{where}: {message}; the database lacks a column its schema revision promises, so it was "
-                       "altered outside rollout-ledger — restore it from a backup"),
+    (
+        "unable to open database file",
+        "cannot open {where} ({message}): --db must name a SQLite file, not a "
+        "directory, in a folder this process may read and write",
+    ),
+    (
+        "file is not a database",
+        "{where} is not a database (file is not a database): point --db at a "
+        "rollout-ledger database, or restore the file from a backup",
+    ),
+    (
+        "malformed",
+        "{where} is damaged ({message}): restore it from a backup (`sqlite3 FILE .recover` may salvage rows)",
+    ),
+    (
+        "locked",
+        "{where} is locked by another process ({message}): wait for it to finish, or raise the busy timeout",
+    ),
+    (
+        "readonly",
+        "cannot write to {where} ({message}): check the permissions of the file and its folder",
+    ),
+    (
+        "disk is full",
+        "no space left for {where} ({message}): free some disk space and run the command again",
+    ),
+    (
+        "no such table",
+        "{where}: {message}; the database lacks a table its schema revision promises, so it was "
+        "altered outside rollout-ledger — restore it from a backup",
+    ),
+    (
+        "no such column",
+        "{where}: {message}; the database lacks a column its schema revision promises, so it was "
+        "altered outside rollout-ledger — restore it from a backup",
+    ),
     ("disk i/o error", "input/output error on {where} ({message}): check the disk and the file"),
 )
 
@@ -170,7 +200,11 @@ def _database_error(error: BaseException, databases: Sequence[str | None]) -> st
     where = _where(databases)
     message = _first_line(error)
     lowered = message.lower()
-    if "unable to open database file" in lowered or "disk i/o error" in lowered or "readonly" in lowered:
+    if (
+        "unable to open database file" in lowered
+        or "disk i/o error" in lowered
+        or "readonly" in lowered
+    ):
         problem = _sqlite_file_problem(databases, message)
         if problem:
             return problem
@@ -195,21 +229,27 @@ def _sqlite_file_problem(databases: Sequence[str | None], message: str) -> str |
         if os.path.isdir(path):
             return f"{path} is a directory, not a SQLite file: pass a file path such as {os.path.join(path, 'rollouts.db')}"
         if "readonly" in message.lower() and _opened_read_only(url):
-            return (f"the --db URL opens SQLite file {path} read-only ({message}), and this command writes to it "
-                    "(it projects the log's new events into the read models): drop mode=ro / immutable=1 from the URL")
+            return (
+                f"the --db URL opens SQLite file {path} read-only ({message}), and this command writes to it "
+                "(it projects the log's new events into the read models): drop mode=ro / immutable=1 from the URL"
+            )
         folder = os.path.dirname(os.path.abspath(path))
         try:
             disk = os.statvfs(folder)
         except OSError:
             continue
         if disk.f_flag & os.ST_RDONLY:
-            return (f"SQLite file {path} is on a read-only file system ({message}); a ledger (a WAL database) "
-                    "writes beside its file even to be read: copy it somewhere writable, or remount the file system read-write")
+            return (
+                f"SQLite file {path} is on a read-only file system ({message}); a ledger (a WAL database) "
+                "writes beside its file even to be read: copy it somewhere writable, or remount the file system read-write"
+            )
         if disk.f_bavail == 0 and "disk i/o error" in message.lower():
             return f"no space left on the device holding SQLite file {path} ({message}): free some disk space and run the command again"
         if os.path.exists(path) and os.access(path, os.R_OK) and not os.access(path, os.W_OK):
-            return (f"SQLite file {path} is read-only for this process ({message}), and this command writes to it: "
-                    "check its owner, mode and attributes (chmod u+w, lsattr), or copy it somewhere writable")
+            return (
+                f"SQLite file {path} is read-only for this process ({message}), and this command writes to it: "
+                "check its owner, mode and attributes (chmod u+w, lsattr), or copy it somewhere writable"
+            )
         if os.path.exists(path) and not os.access(path, os.R_OK | os.W_OK):
             return f"permission denied: this process may not read and write the SQLite file {path}; check its owner and mode"
     return None
@@ -220,7 +260,9 @@ def _opened_read_only(url: str | None) -> bool:
         query = make_url(normalize_url(url)).query
     except (ValueError, SQLAlchemyError):
         return False
-    return "ro" in str(query.get("mode", "")).lower() or str(query.get("immutable", "")).lower() in ("1", "true")
+    return "ro" in str(query.get("mode", "")).lower() or str(
+        query.get("immutable", "")
+    ).lower() in ("1", "true")
 
 
 def _os_error(error: OSError, databases: Sequence[str | None]) -> str:
@@ -231,7 +273,9 @@ def _os_error(error: OSError, databases: Sequence[str | None]) -> str:
     if isinstance(error, ConnectionRefusedError):
         return f"cannot connect to {where} ({error}): is the server running, and do the host and port in the URL point at it?"
     if isinstance(error, ConnectionError):
-        return f"lost the connection to {where} ({error}): check the server and run the command again"
+        return (
+            f"lost the connection to {where} ({error}): check the server and run the command again"
+        )
     if isinstance(error, TimeoutError) and not error.filename:
         return f"timed out talking to {where}: check the server and the network, then run the command again"
     name = f" {error.filename}" if error.filename else ""
@@ -273,7 +317,9 @@ def _sqlite_path(url: str | None) -> str | None:
         return None
     database = parsed.database
     if database.startswith("file:") and str(parsed.query.get("uri", "")).lower() in ("true", "1"):
-        database = database[len("file:"):].split("?", 1)[0]  # a `file:` URI names its path before the query
+        database = database[len("file:") :].split("?", 1)[
+            0
+        ]  # a `file:` URI names its path before the query
     return database
 
 
@@ -284,7 +330,13 @@ def _is_asyncpg(error: BaseException) -> bool:
 
 def _first_line(error: BaseException | None) -> str:
     text = _without_background(str(error)).strip() if error is not None else ""
-    return text.splitlines()[0] if text else type(error).__name__ if error is not None else "no details"
+    return (
+        text.splitlines()[0]
+        if text
+        else type(error).__name__
+        if error is not None
+        else "no details"
+    )
 
 
 def _without_background(text: str) -> str:

@@ -16,26 +16,59 @@ def register(verbs: argparse._SubParsersAction, common: argparse.ArgumentParser)
     from sessions.placeholder import PARTITIONS
 
     parser = verbs.add_parser(
-        "export-dataset", parents=[common], help="a run's terminal sessions as a Parquet or JSONL dataset",
+        "export-dataset",
+        parents=[common],
+        help="a run's terminal sessions as a Parquet or JSONL dataset",
         description="Write a run's terminal sessions (as of the projector's checkpoint) to a Parquet or JSONL "
-                    "file, failures included unless --successes-only. Columns: docs/export.md.",
+        "file, failures included unless --successes-only. Columns: docs/export.md.",
     )
-    parser.add_argument("--format", choices=("parquet", "jsonl"), default=None,
-                        help="default: jsonl for an --out ending in .jsonl, else parquet")
-    parser.add_argument("--out", required=True, metavar="PATH", help="the file to write (replaced atomically if it exists)")
+    parser.add_argument(
+        "--format",
+        choices=("parquet", "jsonl"),
+        default=None,
+        help="default: jsonl for an --out ending in .jsonl, else parquet",
+    )
+    parser.add_argument(
+        "--out",
+        required=True,
+        metavar="PATH",
+        help="the file to write (replaced atomically if it exists)",
+    )
     parser.add_argument("--run", default=None, help="default: the most recent run")
     parser.add_argument("--partition", choices=PARTITIONS, default=None, help="default: both")
-    parser.add_argument("--steps", default=None, metavar="A:B",
-                        help="global steps A to B, both included (also A:, :B or N); sessions without a step are then left out")
+    parser.add_argument(
+        "--steps",
+        default=None,
+        metavar="A:B",
+        help="global steps A to B, both included (also A:, :B or N); sessions without a step are then left out",
+    )
     failures = parser.add_mutually_exclusive_group()
-    failures.add_argument("--include-failed", dest="include_failed", action="store_true", default=True,
-                          help="failed and cancelled sessions are rows too (the default)")
-    failures.add_argument("--successes-only", dest="include_failed", action="store_false",
-                          help="succeeded sessions only")
-    parser.add_argument("--per", choices=("session", "trajectory"), default="session",
-                        help="one row per session (default) or per recorded trajectory")
-    parser.add_argument("--row-group-size", type=int, default=1000, metavar="N",
-                        help="sessions read and rows written per Parquet row group (default 1000)")
+    failures.add_argument(
+        "--include-failed",
+        dest="include_failed",
+        action="store_true",
+        default=True,
+        help="failed and cancelled sessions are rows too (the default)",
+    )
+    failures.add_argument(
+        "--successes-only",
+        dest="include_failed",
+        action="store_false",
+        help="succeeded sessions only",
+    )
+    parser.add_argument(
+        "--per",
+        choices=("session", "trajectory"),
+        default="session",
+        help="one row per session (default) or per recorded trajectory",
+    )
+    parser.add_argument(
+        "--row-group-size",
+        type=int,
+        default=1000,
+        metavar="N",
+        help="sessions read and rows written per Parquet row group (default 1000)",
+    )
 
 
 def _format(args: argparse.Namespace) -> str:
@@ -55,7 +88,9 @@ def check(args: argparse.Namespace) -> None:
     suffix = Path(args.out).suffix.lower()
     chosen = _format(args)
     if (suffix == ".jsonl" and chosen == "parquet") or (suffix == ".parquet" and chosen == "jsonl"):
-        raise ValueError(f"--format {chosen} contradicts --out {args.out}: name the file .{chosen}, or drop --format")
+        raise ValueError(
+            f"--format {chosen} contradicts --out {args.out}: name the file .{chosen}, or drop --format"
+        )
     try:
         check_destination(Path(args.out))
     except ExportError as error:
@@ -77,16 +112,29 @@ async def run(args: argparse.Namespace) -> int:
     steps = getattr(args, "steps_range", None) or args.steps
     async with Ledger.open(args.db, migrate=False) as ledger:
         run_name = await _resolve_run(ledger, args.run)
-        with Progress(TextColumn("[bold]exporting"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                      console=Console(stderr=True), transient=True) as progress:
+        with Progress(
+            TextColumn("[bold]exporting"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=Console(stderr=True),
+            transient=True,
+        ) as progress:
             task = progress.add_task("sessions", total=None)
 
             def advance(done: int, total: int) -> None:
                 progress.update(task, completed=done, total=total)
 
             summary = await export_dataset(
-                ledger, args.out, format=_format(args), run=run_name, partition=args.partition, steps=steps,
-                include_failed=args.include_failed, per=args.per, row_group_size=args.row_group_size,
+                ledger,
+                args.out,
+                format=_format(args),
+                run=run_name,
+                partition=args.partition,
+                steps=steps,
+                include_failed=args.include_failed,
+                per=args.per,
+                row_group_size=args.row_group_size,
                 on_progress=advance,
             )
     chosen = "" if args.run else " (the most recent run; --run NAME for another)"

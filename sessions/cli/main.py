@@ -41,12 +41,20 @@ def build_parser() -> argparse.ArgumentParser:
     flags = argparse.ArgumentParser(add_help=False)
     flags.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=_DEBUG_HELP)
     common = argparse.ArgumentParser(add_help=False, parents=[flags])
-    common.add_argument("--db", default=None, help="database URL or SQLite file path (default: $ROLLOUT_LEDGER_DB, else rollouts.db in the working directory)")
-    parser = argparse.ArgumentParser(prog="rollout-ledger", description="Event-sourced rollout sessions for agentic RL.")
+    common.add_argument(
+        "--db",
+        default=None,
+        help="database URL or SQLite file path (default: $ROLLOUT_LEDGER_DB, else rollouts.db in the working directory)",
+    )
+    parser = argparse.ArgumentParser(
+        prog="rollout-ledger", description="Event-sourced rollout sessions for agentic RL."
+    )
     parser.add_argument("--debug", action="store_true", default=False, help=_DEBUG_HELP)
     verbs = parser.add_subparsers(dest="verb", required=True, metavar="VERB")
 
-    demo = verbs.add_parser("demo", parents=[common], help="simulated agent rollouts, recorded and projected")
+    demo = verbs.add_parser(
+        "demo", parents=[common], help="simulated agent rollouts, recorded and projected"
+    )
     demo.add_argument("--steps", type=int, default=2)
     demo.add_argument("--prompts", type=int, default=16)
     demo.add_argument("--group-size", type=int, default=4)
@@ -54,58 +62,126 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--cancel-rate", type=_rate, default=0.05)
     demo.add_argument("--seed", type=int, default=0)
     demo.add_argument("--run", default=None, help="run name (default: a new unique name)")
-    demo.add_argument("--reuse-uids", action="store_true",
-                      help="the same uids at every step (dataset prompt ids as uids); each step's groups stay their own")
-    demo.add_argument("--max-attempts", type=int, default=1, metavar="N",
-                      help="attempts per session: infrastructure failures are retried up to N attempts in all (default 1)")
-    demo.add_argument("--exclude-infra", action="store_true",
-                      help="metric policy: leave infrastructure failures out of reward/mean (reward/mean_default_rule keeps them)")
-    demo.add_argument("--keep-partial", action="store_true",
-                      help="placeholder policy: a timed-out session's verified partial trajectory goes to the batch")
+    demo.add_argument(
+        "--reuse-uids",
+        action="store_true",
+        help="the same uids at every step (dataset prompt ids as uids); each step's groups stay their own",
+    )
+    demo.add_argument(
+        "--max-attempts",
+        type=int,
+        default=1,
+        metavar="N",
+        help="attempts per session: infrastructure failures are retried up to N attempts in all (default 1)",
+    )
+    demo.add_argument(
+        "--exclude-infra",
+        action="store_true",
+        help="metric policy: leave infrastructure failures out of reward/mean (reward/mean_default_rule keeps them)",
+    )
+    demo.add_argument(
+        "--keep-partial",
+        action="store_true",
+        help="placeholder policy: a timed-out session's verified partial trajectory goes to the batch",
+    )
 
-    project = verbs.add_parser("project", parents=[common], help="run the projector to the end of the log")
-    project.add_argument("--follow", action="store_true", help="keep tailing the log until interrupted")
-    project.add_argument("--poll", type=float, default=0.5, help="seconds between polls when following")
-    project.add_argument("--backoff", type=float, default=0.5, help="first wait after a failed page when following (doubles)")
-    project.add_argument("--max-backoff", type=float, default=30.0, help="longest wait between retries of a failed page")
+    project = verbs.add_parser(
+        "project", parents=[common], help="run the projector to the end of the log"
+    )
+    project.add_argument(
+        "--follow", action="store_true", help="keep tailing the log until interrupted"
+    )
+    project.add_argument(
+        "--poll", type=float, default=0.5, help="seconds between polls when following"
+    )
+    project.add_argument(
+        "--backoff",
+        type=float,
+        default=0.5,
+        help="first wait after a failed page when following (doubles)",
+    )
+    project.add_argument(
+        "--max-backoff",
+        type=float,
+        default=30.0,
+        help="longest wait between retries of a failed page",
+    )
 
     metrics = verbs.add_parser("metrics", parents=[common], help="metric counts")
     metrics.add_argument("--run", default=None, help="default: the most recent run")
     metrics.add_argument("--partition", choices=PARTITIONS)
-    metrics.add_argument("--step", type=_step, default=..., help="one step; 'none' for sessions without a step (default: all)")
+    metrics.add_argument(
+        "--step",
+        type=_step,
+        default=...,
+        help="one step; 'none' for sessions without a step (default: all)",
+    )
     metrics.add_argument("--json", action="store_true")
 
-    export = verbs.add_parser("export", parents=[common], help="write one projected batch with torch.save")
+    export = verbs.add_parser(
+        "export", parents=[common], help="write one projected batch with torch.save"
+    )
     export.add_argument("--run", default=None)
     export.add_argument("--partition", choices=PARTITIONS, required=True)
     export.add_argument("--step", type=_step, required=True)
     export.add_argument("--out", required=True)
     export.add_argument("--jagged", action="store_true")
-    export.add_argument("--timeout", type=float, default=0.0, help="seconds to wait for unsettled groups (default: none)")
+    export.add_argument(
+        "--timeout",
+        type=float,
+        default=0.0,
+        help="seconds to wait for unsettled groups (default: none)",
+    )
 
     history = verbs.add_parser("history", parents=[common], help="a session's events and state")
     history.add_argument("session_id")
     history.add_argument("--at", type=int, default=None, metavar="POSITION")
 
-    replay = verbs.add_parser("replay", parents=[common], help="rebuild every read model from events into another database")
-    replay.add_argument("--into", required=True, metavar="URL", help="an empty database (created and migrated if needed)")
+    replay = verbs.add_parser(
+        "replay",
+        parents=[common],
+        help="rebuild every read model from events into another database",
+    )
+    replay.add_argument(
+        "--into",
+        required=True,
+        metavar="URL",
+        help="an empty database (created and migrated if needed)",
+    )
 
-    verbs.add_parser("audit", parents=[common], help="replay in isolation and compare with what is stored")
+    verbs.add_parser(
+        "audit", parents=[common], help="replay in isolation and compare with what is stored"
+    )
 
-    sql = verbs.add_parser("sql", parents=[common], help="run a read-only SQL query and print a table")
+    sql = verbs.add_parser(
+        "sql", parents=[common], help="run a read-only SQL query and print a table"
+    )
     sql.add_argument("query")
     sql.add_argument("--limit", type=int, default=None, help="print at most this many rows")
     sql.add_argument("--json", action="store_true", help="print rows as JSON objects")
-    sql.add_argument("--timeout", type=float, default=30.0, metavar="SECONDS",
-                     help="stop the statement after this long (default: 30; 0 for no limit)")
+    sql.add_argument(
+        "--timeout",
+        type=float,
+        default=30.0,
+        metavar="SECONDS",
+        help="stop the statement after this long (default: 30; 0 for no limit)",
+    )
 
-    recover = verbs.add_parser("recover", parents=[common], help="fail sessions left open by a dead process (reason orphaned)")
-    recover.add_argument("--older-than", required=True, metavar="DURATION", help="idle time, e.g. 30m, 2h")
+    recover = verbs.add_parser(
+        "recover",
+        parents=[common],
+        help="fail sessions left open by a dead process (reason orphaned)",
+    )
+    recover.add_argument(
+        "--older-than", required=True, metavar="DURATION", help="idle time, e.g. 30m, 2h"
+    )
     recover.add_argument("--run", default=None, help="only this run (default: all runs)")
 
     verbs.add_parser("migrate", parents=[common], help="upgrade the schema to head")
 
-    diagram = verbs.add_parser("diagram", parents=[flags], help="the state machine, drawn from the machine itself")
+    diagram = verbs.add_parser(
+        "diagram", parents=[flags], help="the state machine, drawn from the machine itself"
+    )
     diagram.add_argument("--format", choices=("mermaid",), default="mermaid")
     for module in VERB_MODULES.values():
         importlib.import_module(module).register(verbs, common)
@@ -124,8 +200,12 @@ VERB_MODULES = {
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse, run the verb, and report any failure as one line (see `sessions.cli.errors`)."""
     args = build_parser().parse_args(argv)
-    databases = [args.db, args.into] if args.verb == "replay" else [args.db] if hasattr(args, "db") else []
-    return guarded(lambda: asyncio.run(drained(_dispatch(args))), debug=args.debug, databases=databases)
+    databases = (
+        [args.db, args.into] if args.verb == "replay" else [args.db] if hasattr(args, "db") else []
+    )
+    return guarded(
+        lambda: asyncio.run(drained(_dispatch(args))), debug=args.debug, databases=databases
+    )
 
 
 #: The verbs that may create or migrate the `--db` database (docs/design.md §11); `replay` creates only
@@ -151,8 +231,10 @@ async def _dispatch(args: argparse.Namespace) -> int:
 def _check_arguments(args: argparse.Namespace) -> None:
     """Refuse bad arguments before any database is opened: they are the first thing to fix."""
     if args.verb == "project" and args.follow and not 0 < args.backoff <= args.max_backoff:
-        raise ValueError(f"need 0 < --backoff <= --max-backoff, got --backoff {args.backoff} "
-                         f"--max-backoff {args.max_backoff}")
+        raise ValueError(
+            f"need 0 < --backoff <= --max-backoff, got --backoff {args.backoff} "
+            f"--max-backoff {args.max_backoff}"
+        )
     if args.verb == "recover":
         from sessions.recovery import parse_duration
 
@@ -185,7 +267,9 @@ async def _resolve_run(ledger: Any, requested: str | None) -> str:
     async with ledger.engine.connect() as conn:
         latest = await rm.latest_run(conn)
     if latest is None:
-        raise LookupError("the database has no events yet; record sessions (or run `rollout-ledger demo`) first")
+        raise LookupError(
+            "the database has no events yet; record sessions (or run `rollout-ledger demo`) first"
+        )
     return latest
 
 
@@ -199,9 +283,18 @@ async def _cmd_demo(args: argparse.Namespace) -> int:
     from sessions.cli.demo import example_session, next_commands
     from rich.text import Text
 
-    config = DemoConfig(args.steps, args.prompts, args.group_size, args.fail_rate, args.cancel_rate, args.seed,
-                        reuse_uids=args.reuse_uids, max_attempts=args.max_attempts, exclude_infra=args.exclude_infra,
-                        keep_partial=args.keep_partial)
+    config = DemoConfig(
+        args.steps,
+        args.prompts,
+        args.group_size,
+        args.fail_rate,
+        args.cancel_rate,
+        args.seed,
+        reuse_uids=args.reuse_uids,
+        max_attempts=args.max_attempts,
+        exclude_infra=args.exclude_infra,
+        keep_partial=args.keep_partial,
+    )
     run = args.run or new_run_name()
     console = make_console()
     total = config.steps * 2 * config.prompts * config.group_size
@@ -209,23 +302,32 @@ async def _cmd_demo(args: argparse.Namespace) -> int:
 
     async with Ledger.open(args.db, run=run, **policies(config)) as ledger:
         with Progress(
-            TextColumn("[bold]rollouts"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console, transient=False
+            TextColumn("[bold]rollouts"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=console,
+            transient=False,
         ) as progress:
             task = progress.add_task("sessions", total=total)
             figures = await run_demo(ledger, config, on_session=lambda: progress.advance(task))
         projected = await ledger.project()
         rows = await ledger.metrics()
     console.print(summary_table(rows, f"run {run} — db {_display(args.db)}"))
-    console.print(Text(
-        f"\nrecorded {int(figures['events'])} events from {total} sessions in {figures['seconds']:.1f}s "
-        f"(mostly the simulated agents' waits and hangs); projected {projected} events"
-    ))
-    console.print(Text(
-        "reward/mean counts failed sessions as zeros (placeholders); reward/mean_success_only is the "
-        "survivors-only figure other frameworks report. reward/mean@N is verl's val-core headline: the uids "
-        "with N rows only (those that lost a session are counted under 'uids not @N'); reward/mean_per_uid "
-        "averages every uid."
-    ))
+    console.print(
+        Text(
+            f"\nrecorded {int(figures['events'])} events from {total} sessions in {figures['seconds']:.1f}s "
+            f"(mostly the simulated agents' waits and hangs); projected {projected} events"
+        )
+    )
+    console.print(
+        Text(
+            "reward/mean counts failed sessions as zeros (placeholders); reward/mean_success_only is the "
+            "survivors-only figure other frameworks report. reward/mean@N is verl's val-core headline: the uids "
+            "with N rows only (those that lost a session are counted under 'uids not @N'); reward/mean_per_uid "
+            "averages every uid."
+        )
+    )
     console.print(Text("\nnext, try:"))
     for command in next_commands(run, args.db, example_session(run, config)):
         console.print(Text(f"  {command}"), soft_wrap=True)
@@ -249,17 +351,29 @@ async def _cmd_project(args: argparse.Namespace) -> int:
             print(f"projected {count} events")
             await _report_quarantined(ledger, after=before)
             return 0
-        ledger.projector.hold_batches = False  # nobody asks this process for batches: hold no payloads
+        ledger.projector.hold_batches = (
+            False  # nobody asks this process for batches: hold no payloads
+        )
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(signum, stop.set)  # finish the page in hand, then exit 0
+
         def page(r: Any) -> None:
-            quarantined = f", {r.quarantined} quarantined (see projection_errors)" if r.quarantined else ""
-            print(f"projected {r.events} events up to position {r.last_position}{quarantined}", flush=True)
+            quarantined = (
+                f", {r.quarantined} quarantined (see projection_errors)" if r.quarantined else ""
+            )
+            print(
+                f"projected {r.events} events up to position {r.last_position}{quarantined}",
+                flush=True,
+            )
 
         total = await ledger.projector.follow(
-            stop, poll_interval=args.poll, backoff=args.backoff, max_backoff=args.max_backoff, on_page=page,
+            stop,
+            poll_interval=args.poll,
+            backoff=args.backoff,
+            max_backoff=args.max_backoff,
+            on_page=page,
         )
         print(f"projected {total} events")
     return 0
@@ -271,12 +385,16 @@ async def _report_quarantined(ledger: Any, *, after: int) -> None:
         errors = await rm.projection_error_rows(conn, after=after)
     if not errors:
         return
-    print(f"{len(errors)} event(s) could not be projected and were quarantined (table projection_errors; "
-          "`rollout-ledger audit` reports them too):")
+    print(
+        f"{len(errors)} event(s) could not be projected and were quarantined (table projection_errors; "
+        "`rollout-ledger audit` reports them too):"
+    )
     for error in errors:
         where = f" field {error['field']}:" if error["field"] else ""
-        print(f"  position {error['position']} {error['type']} of session {error['session_id']!r}:{where} "
-              f"{error['reason']} -> {error['outcome']}")
+        print(
+            f"  position {error['position']} {error['type']} of session {error['session_id']!r}:{where} "
+            f"{error['reason']} -> {error['outcome']}"
+        )
 
 
 async def _cmd_metrics(args: argparse.Namespace) -> int:
@@ -303,11 +421,15 @@ async def _cmd_export(args: argparse.Namespace) -> int:
 
     async with Ledger.open(args.db, migrate=False) as ledger:
         run = await _resolve_run(ledger, args.run)
-        batch = await ledger.batch(args.partition, args.step, run=run, timeout=args.timeout, jagged=args.jagged)
+        batch = await ledger.batch(
+            args.partition, args.step, run=run, timeout=args.timeout, jagged=args.jagged
+        )
     with open(args.out, "wb") as out:  # open() names the file in its OSError; torch.save would not
         torch.save(to_plain_dict(batch), out)
     placeholders = int(batch["is_placeholder"].sum())
-    print(f"wrote {batch.batch_size[0]} rows ({placeholders} placeholders) of run {run!r} {args.partition} step {args.step} to {args.out}")
+    print(
+        f"wrote {batch.batch_size[0]} rows ({placeholders} placeholders) of run {run!r} {args.partition} step {args.step} to {args.out}"
+    )
     return 0
 
 
@@ -317,10 +439,14 @@ def _check_out(out: str) -> None:
 
     folder = os.path.dirname(os.path.abspath(out))
     if os.path.isdir(out):
-        raise ValueError(f"--out {out} is a directory: pass a file path such as {os.path.join(out, 'batch.pt')}")
+        raise ValueError(
+            f"--out {out} is a directory: pass a file path such as {os.path.join(out, 'batch.pt')}"
+        )
     if not os.path.isdir(folder):
-        raise ValueError(f"--out {out}: folder {os.path.dirname(out) or folder} does not exist; create it first "
-                         "(mkdir -p) or pass another path")
+        raise ValueError(
+            f"--out {out}: folder {os.path.dirname(out) or folder} does not exist; create it first "
+            "(mkdir -p) or pass another path"
+        )
 
 
 async def _cmd_history(args: argparse.Namespace) -> int:
@@ -333,7 +459,9 @@ async def _cmd_history(args: argparse.Namespace) -> int:
     print_table(history_table(args.session_id, rows))
     where = "now" if args.at is None else f"as of position {args.at}"
     reason = f" ({view.failure_reason})" if view.failure_reason else ""
-    print(f"state {where}: {view.state}{reason}; version {view.version}; trajectories {len(view.trajectories)}; reward {view.reward}")
+    print(
+        f"state {where}: {view.state}{reason}; version {view.version}; trajectories {len(view.trajectories)}; reward {view.reward}"
+    )
     return 0
 
 
@@ -353,7 +481,9 @@ async def _cmd_replay(args: argparse.Namespace) -> int:
     finally:
         await source.dispose()
         await target.dispose()
-    print(f"replayed {report.events} events into {_display(args.into)} in {report.seconds:.2f}s ({report.events_per_second:,.0f} events/s)")
+    print(
+        f"replayed {report.events} events into {_display(args.into)} in {report.seconds:.2f}s ({report.events_per_second:,.0f} events/s)"
+    )
     return 0
 
 
@@ -373,9 +503,14 @@ async def _cmd_audit(args: argparse.Namespace) -> int:
         await engine.dispose()
     print(f"audited {report.sessions} sessions, {report.events} events in {report.seconds:.2f}s")
     if report.ok:
-        print("audit passed: the stored read models, metrics and queue rows equal a replay of the log")
+        print(
+            "audit passed: the stored read models, metrics and queue rows equal a replay of the log"
+        )
         return 0
-    print(f"audit FAILED: {len(report.divergences)} divergence(s); first: {report.divergences[0]}", file=sys.stderr)
+    print(
+        f"audit FAILED: {len(report.divergences)} divergence(s); first: {report.divergences[0]}",
+        file=sys.stderr,
+    )
     return EXIT_ERROR
 
 
@@ -386,7 +521,9 @@ async def _cmd_sql(args: argparse.Namespace) -> int:
     engine = create_engine(args.db)
     try:
         await check_schema(engine)
-        columns, rows = await console.run_query(engine, args.query, limit=args.limit, timeout=args.timeout)
+        columns, rows = await console.run_query(
+            engine, args.query, limit=args.limit, timeout=args.timeout
+        )
         behind = await console.projector_lag(engine)
     finally:
         await engine.dispose()
@@ -395,8 +532,11 @@ async def _cmd_sql(args: argparse.Namespace) -> int:
     else:
         show(rows_table(columns, rows), f"{len(rows)} row(s)")
     if behind:  # `sql` only reads, so it reports the lag rather than projecting (docs/sql.md)
-        print(f"note: the read models are {behind} event(s) behind the log; run `rollout-ledger project` "
-              "to bring them up to date", file=sys.stderr)
+        print(
+            f"note: the read models are {behind} event(s) behind the log; run `rollout-ledger project` "
+            "to bring them up to date",
+            file=sys.stderr,
+        )
     return 0
 
 
@@ -408,7 +548,10 @@ async def _cmd_recover(args: argparse.Namespace) -> int:
     async with Ledger.open(args.db, migrate=False) as ledger:
         failed = await recover(ledger, older_than, run=args.run)
         await ledger.project()
-    print(f"failed {len(failed)} orphaned session(s)" + (": " + ", ".join(failed[:20]) + (" …" if len(failed) > 20 else "") if failed else ""))
+    print(
+        f"failed {len(failed)} orphaned session(s)"
+        + (": " + ", ".join(failed[:20]) + (" …" if len(failed) > 20 else "") if failed else "")
+    )
     return 0
 
 

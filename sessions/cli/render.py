@@ -40,7 +40,13 @@ def visible(text: str) -> str:
             out.append(ch)
         else:
             code = ord(ch)
-            out.append(f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}")
+            out.append(
+                f"\\x{code:02x}"
+                if code < 0x100
+                else f"\\u{code:04x}"
+                if code < 0x10000
+                else f"\\U{code:08x}"
+            )
     return "".join(out)
 
 
@@ -88,7 +94,9 @@ def _fmt(value: float | None) -> str:
 
 def _compact(title: str) -> Table:
     """A table without outer edges, so more of an 80-column terminal is left for values."""
-    return Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
+    return Table(
+        title=title, title_justify="left", box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False
+    )
 
 
 def _number(table: Table, header: str) -> None:
@@ -115,8 +123,10 @@ def summary_table(rows: Sequence[m.MetricRow], title: str = "") -> RenderableTyp
     """
     from rich.console import Group
 
-    scopes = sorted(((k, v) for k, v in m.summarise(r for r in rows if r.data_source is None).items()),
-                    key=lambda kv: _scope_key(kv[0]))
+    scopes = sorted(
+        ((k, v) for k, v in m.summarise(r for r in rows if r.data_source is None).items()),
+        key=lambda kv: _scope_key(kv[0]),
+    )
     sessions = _compact("sessions and groups")
     failures = _compact("failed sessions by reason")
     rewards = _compact("rewards (failed sessions count as 0.0)")
@@ -128,21 +138,45 @@ def summary_table(rows: Sequence[m.MetricRow], title: str = "") -> RenderableTyp
     _number(failures, "placeholders")
     for reason in reasons:
         _number(failures, reason.split("/", 1)[1])
-    for header in ("reward/mean", "reward/mean\nsuccess_only", "reward/\nmean@N", "uids\nnot @N", "reward/mean\nper_uid"):
+    for header in (
+        "reward/mean",
+        "reward/mean\nsuccess_only",
+        "reward/\nmean@N",
+        "uids\nnot @N",
+        "reward/mean\nper_uid",
+    ):
         _number(rewards, header)
     for (_run, partition, step, _source), values in scopes:
         where = _where(partition, step)
-        sessions.add_row(where, *(_fmt(values.get(name)) for name in (
-            m.SESSIONS_TOTAL, m.SESSIONS_SUCCEEDED, m.SESSIONS_FAILED, m.SESSIONS_CANCELLED, m.GROUPS_TOTAL, m.GROUPS_UNSETTLED)))
-        failures.add_row(where, _fmt(values.get(m.PLACEHOLDERS)), *(_fmt(values.get(r, 0.0)) for r in reasons))
+        sessions.add_row(
+            where,
+            *(
+                _fmt(values.get(name))
+                for name in (
+                    m.SESSIONS_TOTAL,
+                    m.SESSIONS_SUCCEEDED,
+                    m.SESSIONS_FAILED,
+                    m.SESSIONS_CANCELLED,
+                    m.GROUPS_TOTAL,
+                    m.GROUPS_UNSETTLED,
+                )
+            ),
+        )
+        failures.add_row(
+            where, _fmt(values.get(m.PLACEHOLDERS)), *(_fmt(values.get(r, 0.0)) for r in reasons)
+        )
         headline = _headline(values)
         rewards.add_row(
-            where, _fmt(values.get(m.REWARD_MEAN_DEFAULT_RULE, values.get(m.REWARD_MEAN))),
+            where,
+            _fmt(values.get(m.REWARD_MEAN_DEFAULT_RULE, values.get(m.REWARD_MEAN))),
             _fmt(values.get(m.REWARD_MEAN_SUCCESS)),
             "-" if headline is None else f"@{headline[0]} {_fmt(headline[1])}",
-            _fmt(values.get(m.UIDS_EXCLUDED)), _fmt(values.get(m.REWARD_MEAN_PER_UID)),
+            _fmt(values.get(m.UIDS_EXCLUDED)),
+            _fmt(values.get(m.REWARD_MEAN_PER_UID)),
         )
-    parts: list[RenderableType] = [Text(visible(title))] if title else []  # wrapped, never cut: it names the database
+    parts: list[RenderableType] = (
+        [Text(visible(title))] if title else []
+    )  # wrapped, never cut: it names the database
     tables: list[RenderableType] = [sessions, Text(""), failures, Text(""), rewards]
     if any(values.get(name) for _, values in scopes for name in _POLICY_FIGURES):
         tables += [Text(""), _policy_table(scopes)]
@@ -156,14 +190,24 @@ _POLICY_FIGURES = (m.SESSIONS_RETRIED, m.SESSIONS_EXCLUDED, m.ROWS_PARTIAL)
 def _policy_table(scopes: list[tuple[m.Scope, dict[str, float]]]) -> Table:
     table = _compact("attempts and failure policies")
     table.add_column("partition\nstep", no_wrap=True)
-    for header in ("attempts", "retried\nsessions", "excluded\nfailures", "partial\nrows", "reward/mean\npolicy",
-                   "reward/mean\ndefault"):
+    for header in (
+        "attempts",
+        "retried\nsessions",
+        "excluded\nfailures",
+        "partial\nrows",
+        "reward/mean\npolicy",
+        "reward/mean\ndefault",
+    ):
         _number(table, header)
     for (_run, partition, step, _source), values in scopes:
         table.add_row(
-            _where(partition, step), _fmt(values.get(m.ATTEMPTS, 0.0)), _fmt(values.get(m.SESSIONS_RETRIED, 0.0)),
-            _fmt(values.get(m.SESSIONS_EXCLUDED, 0.0)), _fmt(values.get(m.ROWS_PARTIAL, 0.0)),
-            _fmt(values.get(m.REWARD_MEAN)), _fmt(values.get(m.REWARD_MEAN_DEFAULT_RULE, values.get(m.REWARD_MEAN))),
+            _where(partition, step),
+            _fmt(values.get(m.ATTEMPTS, 0.0)),
+            _fmt(values.get(m.SESSIONS_RETRIED, 0.0)),
+            _fmt(values.get(m.SESSIONS_EXCLUDED, 0.0)),
+            _fmt(values.get(m.ROWS_PARTIAL, 0.0)),
+            _fmt(values.get(m.REWARD_MEAN)),
+            _fmt(values.get(m.REWARD_MEAN_DEFAULT_RULE, values.get(m.REWARD_MEAN))),
         )
     return table
 
@@ -180,7 +224,10 @@ def metrics_tables(rows: Sequence[m.MetricRow]) -> list[Table]:
     A single wide table (a column per scope) cut every name and figure in an 80-column terminal.
     """
     scopes = m.summarise(rows)
-    steps = sorted({(s[0], s[1], s[2]) for s in scopes}, key=lambda s: (s[0], s[1], -1 if s[2] is None else s[2]))
+    steps = sorted(
+        {(s[0], s[1], s[2]) for s in scopes},
+        key=lambda s: (s[0], s[1], -1 if s[2] is None else s[2]),
+    )
     tables = []
     for run, partition, step in steps:
         sources = sorted((s for s in scopes if s[:3] == (run, partition, step)), key=_scope_key)
@@ -207,13 +254,27 @@ def metrics_table(rows: Sequence[m.MetricRow]) -> RenderableType:
 
 
 def history_table(session_id: str, rows: Sequence[dict[str, Any]]) -> Table:
-    table = Table(title=label(f"session {session_id}"), title_justify="left", box=box.SIMPLE_HEAD, show_edge=False,
-                  pad_edge=False)
+    table = Table(
+        title=label(f"session {session_id}"),
+        title_justify="left",
+        box=box.SIMPLE_HEAD,
+        show_edge=False,
+        pad_edge=False,
+    )
     for header in ("pos", "ver", "recorded_at (UTC)", "type", "details"):
-        table.add_column(header, justify="right" if header in ("pos", "ver") else "left",
-                         overflow="fold", no_wrap=header != "details")
+        table.add_column(
+            header,
+            justify="right" if header in ("pos", "ver") else "left",
+            overflow="fold",
+            no_wrap=header != "details",
+        )
     for row in rows:
-        table.add_row(*(cell(row[k], limit=1000) for k in ("position", "version", "recorded_at", "type", "details")))
+        table.add_row(
+            *(
+                cell(row[k], limit=1000)
+                for k in ("position", "version", "recorded_at", "type", "details")
+            )
+        )
     return table
 
 

@@ -21,18 +21,40 @@ def _positive(text: str) -> int:
 
 def register(verbs: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
     """Add the `report` parser (the `report` extra, matplotlib, is needed only to run it)."""
-    report = verbs.add_parser("report", parents=[common],
-                              help="write a static HTML report with figures (needs the report extra)")
-    report.add_argument("--out", required=True, metavar="DIR",
-                        help="folder for index.html and its PNG figures (created if missing; files of the same name are replaced)")
+    report = verbs.add_parser(
+        "report",
+        parents=[common],
+        help="write a static HTML report with figures (needs the report extra)",
+    )
+    report.add_argument(
+        "--out",
+        required=True,
+        metavar="DIR",
+        help="folder for index.html and its PNG figures (created if missing; files of the same name are replaced)",
+    )
     report.add_argument("--run", default=None, help="default: the most recent run")
-    report.add_argument("--max-points", type=_positive, default=None, metavar="N",
-                        help="at most N points per line; longer runs are bucketed (default: 200)")
-    report.add_argument("--failures", type=_positive, default=None, metavar="N",
-                        help="failed sessions listed, newest first (default: 50)")
-    report.add_argument("--dpi", type=_positive, default=None, help="resolution of the PNGs (default: 100)")
-    report.add_argument("--no-project", action="store_true",
-                        help="only read: do not project the log first (the page says how far it is projected)")
+    report.add_argument(
+        "--max-points",
+        type=_positive,
+        default=None,
+        metavar="N",
+        help="at most N points per line; longer runs are bucketed (default: 200)",
+    )
+    report.add_argument(
+        "--failures",
+        type=_positive,
+        default=None,
+        metavar="N",
+        help="failed sessions listed, newest first (default: 50)",
+    )
+    report.add_argument(
+        "--dpi", type=_positive, default=None, help="resolution of the PNGs (default: 100)"
+    )
+    report.add_argument(
+        "--no-project",
+        action="store_true",
+        help="only read: do not project the log first (the page says how far it is projected)",
+    )
 
 
 def check(args: argparse.Namespace) -> None:
@@ -56,11 +78,18 @@ async def run(args: argparse.Namespace) -> int:
             await ledger.project()
         run_name = await resolve_run(ledger.engine, args.run)
         data = await gather(ledger.engine, run_name, failures=failures)
-    files = write_report(data, Path(args.out), dpi=args.dpi or DEFAULT_DPI, max_points=args.max_points or MAX_POINTS,
-                         failure_limit=failures)
+    files = write_report(
+        data,
+        Path(args.out),
+        dpi=args.dpi or DEFAULT_DPI,
+        max_points=args.max_points or MAX_POINTS,
+        failure_limit=failures,
+    )
     p = data.positions
     lag = f" ({data.behind:,} event(s) not projected)" if data.behind else ""
     what = "nothing projected yet" if data.empty else f"{len(files.figures)} figures"
-    print(f"wrote {files.index} ({what}) for run {run_name!r} in {files.seconds:.1f}s; "
-          f"projected up to position {p['projected']:,} of {p['log_end']:,}{lag}")
+    print(
+        f"wrote {files.index} ({what}) for run {run_name!r} in {files.seconds:.1f}s; "
+        f"projected up to position {p['projected']:,} of {p['log_end']:,}{lag}"
+    )
     return 0

@@ -12,4 +12,11 @@ QueryTimeout = console.QueryTimeout
 DEFAULT_TIMEOUT_S = console.DEFAULT_TIMEOUT_S
 run_query = console.run_query
 
-__all__ = ["DEFAULT_TIMEOUT_S", "QueryError", "QueryTimeout", "WriteRefused", "has_separator", "run_query"]
+__all__ = [
+    "DEFAULT_TIMEOUT_S",
+    "QueryError",
+    "QueryTimeout",
+    "WriteRefused",
+    "has_separator",
+    "run_query",
+]

@@ -25,7 +25,14 @@ from sessions import events as ev
 from sessions import tokens
 from sessions.errors import UnknownEventError
 from sessions.export.schema import Column, columns_for
-from sessions.export.writers import FORMATS, ExportError, Page, check_destination, import_pyarrow, open_writer
+from sessions.export.writers import (
+    FORMATS,
+    ExportError,
+    Page,
+    check_destination,
+    import_pyarrow,
+    open_writer,
+)
 from sessions.placeholder import PARTITIONS
 from store import AsyncEngine, check_schema, create_engine, export_reads, load_json, normalize_url
 from store import read_models as rm
@@ -81,23 +88,33 @@ class ExportSummary:
         states = ", ".join(f"{n} {s}" for s, n in self.states.items() if n) or "no sessions"
         unit = "session" if self.per == "session" else "trajectory"
         size = f"{self.bytes / 1e6:.1f} MB" if self.bytes >= 100_000 else f"{self.bytes:,} bytes"
-        out = [f"wrote {self.rows} row(s), one per {unit} ({states}), of run {self.run!r} to {self.path} "
-               f"({self.format}, {size}, {self.seconds:.2f}s)"]
+        out = [
+            f"wrote {self.rows} row(s), one per {unit} ({states}), of run {self.run!r} to {self.path} "
+            f"({self.format}, {size}, {self.seconds:.2f}s)"
+        ]
         if self.rows == 0:
             holds = "the columns and no rows" if self.format == "parquet" else "no lines"
             out.append(f"the export is empty (no terminal session matches): the file holds {holds}")
         if self.behind:
-            out.append(f"note: exported as of the projector's checkpoint (position {self.checkpoint}); the log goes on to "
-                       f"{self.log_end} ({self.behind} event(s) not projected yet): run `rollout-ledger project` and export "
-                       "again to include them")
+            out.append(
+                f"note: exported as of the projector's checkpoint (position {self.checkpoint}); the log goes on to "
+                f"{self.log_end} ({self.behind} event(s) not projected yet): run `rollout-ledger project` and export "
+                "again to include them"
+            )
         if self.open_sessions:
-            out.append(f"note: left out {self.open_sessions} session(s) not terminal as of that checkpoint (still running, "
-                       "or ended in events not projected yet)")
+            out.append(
+                f"note: left out {self.open_sessions} session(s) not terminal as of that checkpoint (still running, "
+                "or ended in events not projected yet)"
+            )
         if self.excluded_failures:
-            out.append(f"note: left out {self.excluded_failures} failed or cancelled session(s) (successes only)")
+            out.append(
+                f"note: left out {self.excluded_failures} failed or cancelled session(s) (successes only)"
+            )
         if self.undecodable:
-            out.append(f"warning: {self.undecodable} trajectory(ies) could not be decoded (damaged data or payload); "
-                       "their token columns are null — run `rollout-ledger audit`")
+            out.append(
+                f"warning: {self.undecodable} trajectory(ies) could not be decoded (damaged data or payload); "
+                "their token columns are null — run `rollout-ledger audit`"
+            )
         return out
 
 
@@ -118,16 +135,22 @@ def parse_steps(steps: Any) -> tuple[int | None, int | None]:
             low = int(first) if first.strip() else None
             high = (int(last) if last.strip() else None) if colon else low
         except ValueError:
-            raise ValueError(f"--steps {steps!r}: expected A:B (both included), A:, :B or N with integer steps, e.g. 0:9") from None
+            raise ValueError(
+                f"--steps {steps!r}: expected A:B (both included), A:, :B or N with integer steps, e.g. 0:9"
+            ) from None
     elif isinstance(steps, tuple) and len(steps) == 2:
         low, high = steps
     else:
         raise ValueError(f"steps must be N, (A, B) or 'A:B', got {steps!r}")
     for value in (low, high):
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+        if value is not None and (
+            isinstance(value, bool) or not isinstance(value, int) or value < 0
+        ):
             raise ValueError(f"steps {steps!r}: a step is an integer >= 0")
     if low is not None and high is not None and low > high:
-        raise ValueError(f"steps {steps!r}: the first step {low} is after the last {high} (A:B includes both ends)")
+        raise ValueError(
+            f"steps {steps!r}: the first step {low} is after the last {high} (A:B includes both ends)"
+        )
     return low, high
 
 
@@ -135,10 +158,18 @@ def _check_options(format: str, per: str, partition: str | None, row_group_size:
     if format not in FORMATS:
         raise ExportError(f"format must be one of {', '.join(FORMATS)}, got {format!r}")
     if per not in PER:
-        raise ExportError(f"per must be 'session' (one row per session) or 'trajectory' (one per trajectory), got {per!r}")
+        raise ExportError(
+            f"per must be 'session' (one row per session) or 'trajectory' (one per trajectory), got {per!r}"
+        )
     if partition is not None and partition not in PARTITIONS:
-        raise ExportError(f"partition must be one of {', '.join(PARTITIONS)} or None (both), got {partition!r}")
-    if isinstance(row_group_size, bool) or not isinstance(row_group_size, int) or row_group_size < 1:
+        raise ExportError(
+            f"partition must be one of {', '.join(PARTITIONS)} or None (both), got {partition!r}"
+        )
+    if (
+        isinstance(row_group_size, bool)
+        or not isinstance(row_group_size, int)
+        or row_group_size < 1
+    ):
         raise ExportError(f"row_group_size must be an integer >= 1, got {row_group_size!r}")
 
 
@@ -153,9 +184,13 @@ async def _engine_of(source: Any) -> AsyncIterator[tuple[AsyncEngine, str | None
         finally:
             await engine.dispose()
         return
-    engine = source if isinstance(source, AsyncEngine) else getattr(source, "engine", None)  # an AsyncEngine has a sync .engine
+    engine = (
+        source if isinstance(source, AsyncEngine) else getattr(source, "engine", None)
+    )  # an AsyncEngine has a sync .engine
     if not isinstance(engine, AsyncEngine):
-        raise ExportError(f"export_dataset reads a Ledger, an AsyncEngine or a database URL, got {type(source).__name__}")
+        raise ExportError(
+            f"export_dataset reads a Ledger, an AsyncEngine or a database URL, got {type(source).__name__}"
+        )
     yield engine, None if source is engine else getattr(source, "run", None)
 
 
@@ -193,11 +228,15 @@ async def export_dataset(
         checkpoint, end = await export_reads.snapshot(conn)
         run = run or default_run or await rm.latest_run(conn)
         if run is None:
-            raise ExportError("the database has no events yet; record sessions (or run `rollout-ledger demo`) first")
+            raise ExportError(
+                "the database has no events yet; record sessions (or run `rollout-ledger demo`) first"
+            )
         if not await export_reads.run_has_events(conn, run):
             runs = await rm.recent_runs(conn, limit=10)
             named = f" (runs here: {', '.join(repr(r) for r in runs)})" if runs else ""
-            raise ExportError(f"run {run!r} has no sessions in this database{named}; pass another run")
+            raise ExportError(
+                f"run {run!r} has no sessions in this database{named}; pass another run"
+            )
         which = export_reads.SessionFilter(run, partition, step_min, step_max)
         counts = await export_reads.count_sessions(conn, which, checkpoint)
         states = TERMINAL if include_failed else ("succeeded",)
@@ -216,12 +255,20 @@ async def export_dataset(
         try:
             while True:
                 page = await export_reads.session_page(
-                    conn, which, states=states, up_to=checkpoint, after=after, limit=row_group_size, columns=wanted,
+                    conn,
+                    which,
+                    states=states,
+                    up_to=checkpoint,
+                    after=after,
+                    limit=row_group_size,
+                    columns=wanted,
                 )
                 if not page:
                     break
                 after = (page[-1]["uid"], page[-1]["session_id"])
-                built, bad = await _build_page(conn, page, columns, checkpoint, per=per, tokenizer=tokenizer)
+                built, bad = await _build_page(
+                    conn, page, columns, checkpoint, per=per, tokenizer=tokenizer
+                )
                 n = len(built[columns[0].name])
                 if writing is not None:
                     await writing
@@ -240,17 +287,31 @@ async def export_dataset(
                 writing = None
             size = writer.commit()
         except BaseException:
-            if writing is not None:  # let the worker thread finish with the file before it is removed
+            if (
+                writing is not None
+            ):  # let the worker thread finish with the file before it is removed
                 await asyncio.wait({writing})
                 if not writing.cancelled():
                     writing.exception()  # retrieved: the error being raised is the one to report
             writer.abort()
             raise
     return ExportSummary(
-        path=path, format=format, per=per, run=run, rows=rows, states=exported, open_sessions=counts.get("open", 0),
-        excluded_failures=0 if include_failed else counts.get("failed", 0) + counts.get("cancelled", 0),
-        checkpoint=checkpoint, log_end=end, undecodable=undecodable, bytes=size,
-        seconds=time.perf_counter() - started, columns=tuple(c.name for c in columns),
+        path=path,
+        format=format,
+        per=per,
+        run=run,
+        rows=rows,
+        states=exported,
+        open_sessions=counts.get("open", 0),
+        excluded_failures=0
+        if include_failed
+        else counts.get("failed", 0) + counts.get("cancelled", 0),
+        checkpoint=checkpoint,
+        log_end=end,
+        undecodable=undecodable,
+        bytes=size,
+        seconds=time.perf_counter() - started,
+        columns=tuple(c.name for c in columns),
     )
 
 
@@ -276,7 +337,9 @@ def _parse(type_: str, schema_version: int, raw: Any) -> dict[str, Any] | None:
         return None
 
 
-def _choose(state: str, recorded: list[_Trajectory], selected: Sequence[int] | None, per: str) -> list[tuple[_Trajectory | None, bool | None]]:
+def _choose(
+    state: str, recorded: list[_Trajectory], selected: Sequence[int] | None, per: str
+) -> list[tuple[_Trajectory | None, bool | None]]:
     """The trajectories a session's rows carry, each with whether it entered a batch.
 
     Per session: a succeeded session's last selected trajectory; any other session's last
@@ -302,26 +365,44 @@ def _arrays(trajectory: _Trajectory, payload: bytes | None) -> tokens.TokenArray
     if data is None or payload is None:
         return None
     try:
-        return tokens.decode(payload, int(data["prompt_len"]), int(data["response_len"]), bool(data["has_logprobs"]))
+        return tokens.decode(
+            payload, int(data["prompt_len"]), int(data["response_len"]), bool(data["has_logprobs"])
+        )
     except (KeyError, TypeError, ValueError):
         return None
 
 
 async def _build_page(
-    conn: Any, page: list[dict[str, Any]], columns: Sequence[Column], up_to: int, *, per: str, tokenizer: Any,
+    conn: Any,
+    page: list[dict[str, Any]],
+    columns: Sequence[Column],
+    up_to: int,
+    *,
+    per: str,
+    tokenizer: Any,
 ) -> tuple[Page, int]:
     """The file's columns for one page of sessions, and how many trajectories did not decode."""
     recorded: dict[str, list[_Trajectory]] = {}
     selected: dict[str, Sequence[int]] = {}
     ids = [row["session_id"] for row in page]
-    for position, sid, type_, schema_version, raw in await export_reads.trajectory_events(conn, ids, up_to):
+    for position, sid, type_, schema_version, raw in await export_reads.trajectory_events(
+        conn, ids, up_to
+    ):
         data = _parse(type_, schema_version, raw)
         if type_ == "SessionSucceeded":
             picked = None if data is None else data.get("selected")
-            selected[sid] = [i for i in picked if isinstance(i, int)] if isinstance(picked, list) else []
+            selected[sid] = (
+                [i for i in picked if isinstance(i, int)] if isinstance(picked, list) else []
+            )
         else:
             recorded.setdefault(sid, []).append(_Trajectory(int(position), data))
-    plan = [(row, t, sel) for row in page for t, sel in _choose(row["state"], recorded.get(row["session_id"], []), selected.get(row["session_id"]), per)]
+    plan = [
+        (row, t, sel)
+        for row in page
+        for t, sel in _choose(
+            row["state"], recorded.get(row["session_id"], []), selected.get(row["session_id"]), per
+        )
+    ]
     blobs = await export_reads.payloads(conn, [t.position for _, t, _ in plan if t is not None])
     out: Page = {c.name: [] for c in columns}
     bad = 0
@@ -338,8 +419,12 @@ async def _build_page(
 
 
 def _row_values(
-    row: dict[str, Any], trajectory: _Trajectory | None, data: dict[str, Any], arrays: tokens.TokenArrays | None,
-    in_batch: bool | None, tokenizer: Any,
+    row: dict[str, Any],
+    trajectory: _Trajectory | None,
+    data: dict[str, Any],
+    arrays: tokens.TokenArrays | None,
+    in_batch: bool | None,
+    tokenizer: Any,
 ) -> dict[str, Any]:
     trainable = data.get("trainable_tokens")
     if trainable is None and arrays is not None:
@@ -359,6 +444,10 @@ def _row_values(
         "response_logprobs": None if arrays is None else arrays.logprobs,
     }
     if tokenizer is not None:
-        values["prompt_text"] = None if arrays is None else tokenizer.decode(arrays.prompt_ids.tolist())
-        values["response_text"] = None if arrays is None else tokenizer.decode(arrays.response_ids.tolist())
+        values["prompt_text"] = (
+            None if arrays is None else tokenizer.decode(arrays.prompt_ids.tolist())
+        )
+        values["response_text"] = (
+            None if arrays is None else tokenizer.decode(arrays.response_ids.tolist())
+        )
     return values

@@ -65,7 +65,10 @@ OPTIONAL_SESSION_COLUMNS: tuple[Column, ...] = (
 )
 
 #: Added when a tokenizer is given.
-TEXT_COLUMNS: tuple[Column, ...] = (Column("prompt_text", "string"), Column("response_text", "string"))
+TEXT_COLUMNS: tuple[Column, ...] = (
+    Column("prompt_text", "string"),
+    Column("response_text", "string"),
+)
 
 #: Where the optional session columns go: after the failure columns they qualify.
 _AFTER = "message"
@@ -87,8 +90,13 @@ def columns_for(table_columns: Sequence[str], *, text: bool) -> tuple[Column, ..
 
 def _arrow_type(pa: Any, name: str) -> Any:
     scalar = {
-        "string": pa.string(), "int64": pa.int64(), "int32": pa.int32(), "uint8": pa.uint8(),
-        "float32": pa.float32(), "float64": pa.float64(), "bool": pa.bool_(),
+        "string": pa.string(),
+        "int64": pa.int64(),
+        "int32": pa.int32(),
+        "uint8": pa.uint8(),
+        "float32": pa.float32(),
+        "float64": pa.float64(),
+        "bool": pa.bool_(),
         "timestamp": pa.timestamp("us", tz="UTC"),
     }
     if name.startswith("list<"):
@@ -97,4 +105,6 @@ def _arrow_type(pa: Any, name: str) -> Any:
 
 
 def arrow_schema(pa: Any, columns: Sequence[Column]) -> Any:
-    return pa.schema([pa.field(c.name, _arrow_type(pa, c.type), nullable=c.nullable) for c in columns])
+    return pa.schema(
+        [pa.field(c.name, _arrow_type(pa, c.type), nullable=c.nullable) for c in columns]
+    )

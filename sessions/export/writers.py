@@ -23,7 +23,16 @@ import numpy as np
 from sessions.export.schema import Column, arrow_schema
 from sessions.errors import LedgerError
 
-__all__ = ["ExportError", "FORMATS", "JsonlWriter", "ParquetWriter", "Page", "check_destination", "import_pyarrow", "open_writer"]
+__all__ = [
+    "ExportError",
+    "FORMATS",
+    "JsonlWriter",
+    "ParquetWriter",
+    "Page",
+    "check_destination",
+    "import_pyarrow",
+    "open_writer",
+]
 
 FORMATS = ("parquet", "jsonl")
 #: One page of rows: column name -> one value per row (token columns hold numpy arrays or None).
@@ -50,10 +59,14 @@ def import_pyarrow() -> Any:
 def check_destination(path: Path) -> None:
     """Refuse, before anything is read, a path that cannot become the export file."""
     if path.is_dir():
-        raise ExportError(f"cannot write the export to {path}: it is a directory; pass a file path such as {path / 'rollouts.parquet'}")
+        raise ExportError(
+            f"cannot write the export to {path}: it is a directory; pass a file path such as {path / 'rollouts.parquet'}"
+        )
     folder = path.parent
     if not folder.is_dir():
-        raise ExportError(f"cannot write the export to {path}: folder {folder} does not exist; create it first (mkdir -p) or pass another path")
+        raise ExportError(
+            f"cannot write the export to {path}: folder {folder} does not exist; create it first (mkdir -p) or pass another path"
+        )
 
 
 class _Atomic:
@@ -78,11 +91,15 @@ class _Atomic:
         self.file.close()
         umask = os.umask(0)
         os.umask(umask)
-        os.chmod(self.temp, 0o666 & ~umask)  # mkstemp makes it private; the export is an ordinary file
+        os.chmod(
+            self.temp, 0o666 & ~umask
+        )  # mkstemp makes it private; the export is an ordinary file
         try:
             os.replace(self.temp, self.path)
         except OSError as error:
-            raise ExportError(f"cannot write the export to {self.path}: {error.strerror or error}; nothing was written there") from None
+            raise ExportError(
+                f"cannot write the export to {self.path}: {error.strerror or error}; nothing was written there"
+            ) from None
         return self.path.stat().st_size
 
     def abort(self) -> None:
@@ -95,7 +112,9 @@ class _Atomic:
 
 
 def _wrap_os_error(path: Path, error: OSError) -> ExportError:
-    return ExportError(f"cannot write the export to {path}: {error.strerror or error}; nothing was written there (free space? permissions?)")
+    return ExportError(
+        f"cannot write the export to {path}: {error.strerror or error}; nothing was written there (free space? permissions?)"
+    )
 
 
 class ParquetWriter:
@@ -108,13 +127,18 @@ class ParquetWriter:
         self.row_group_size = row_group_size
         self.target = _Atomic(path)
         try:
-            self.writer = self.pa.parquet.ParquetWriter(self.target.file, self.schema, compression="zstd")
+            self.writer = self.pa.parquet.ParquetWriter(
+                self.target.file, self.schema, compression="zstd"
+            )
         except BaseException:
             self.target.abort()
             raise
 
     def write(self, page: Page, rows: int) -> None:
-        arrays = [_arrow_column(self.pa, c, field.type, page[c.name], rows) for c, field in zip(self.columns, self.schema)]
+        arrays = [
+            _arrow_column(self.pa, c, field.type, page[c.name], rows)
+            for c, field in zip(self.columns, self.schema)
+        ]
         batch = self.pa.RecordBatch.from_arrays(arrays, schema=self.schema)
         try:
             self.writer.write_batch(batch, row_group_size=self.row_group_size)
@@ -139,16 +163,24 @@ class ParquetWriter:
 def _arrow_column(pa: Any, column: Column, arrow_type: Any, values: list[Any], rows: int) -> Any:
     if not column.type.startswith("list<"):
         return pa.array(values, type=arrow_type)
-    dtype = {"list<int32>": np.int32, "list<uint8>": np.uint8, "list<float32>": np.float32}[column.type]
+    dtype = {"list<int32>": np.int32, "list<uint8>": np.uint8, "list<float32>": np.float32}[
+        column.type
+    ]
     lengths = np.fromiter((0 if v is None else len(v) for v in values), dtype=np.int64, count=rows)
     offsets = np.zeros(rows + 1, dtype=np.int64)
     np.cumsum(lengths, out=offsets[1:])
     present = [v for v in values if v is not None]
-    flat = np.concatenate(present).astype(dtype, copy=False) if present else np.empty(0, dtype=dtype)
+    flat = (
+        np.concatenate(present).astype(dtype, copy=False) if present else np.empty(0, dtype=dtype)
+    )
     if offsets[-1] >= 2**31:
-        raise ExportError(f"one row group would hold {offsets[-1]} {column.name} values (over 2^31): pass a smaller row_group_size")
+        raise ExportError(
+            f"one row group would hold {offsets[-1]} {column.name} values (over 2^31): pass a smaller row_group_size"
+        )
     mask = pa.array(np.fromiter((v is None for v in values), dtype=bool, count=rows))
-    return pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), pa.array(flat), type=arrow_type, mask=mask)
+    return pa.ListArray.from_arrays(
+        pa.array(offsets.astype(np.int32)), pa.array(flat), type=arrow_type, mask=mask
+    )
 
 
 class JsonlWriter:
@@ -164,7 +196,13 @@ class JsonlWriter:
         lists = [page[name] for name in names]
         lines = []
         for i in range(rows):
-            lines.append(json.dumps({name: _json_value(values[i]) for name, values in zip(names, lists)}, ensure_ascii=False, allow_nan=False))
+            lines.append(
+                json.dumps(
+                    {name: _json_value(values[i]) for name, values in zip(names, lists)},
+                    ensure_ascii=False,
+                    allow_nan=False,
+                )
+            )
         try:
             self.target.file.write(("\n".join(lines) + "\n").encode("utf-8") if lines else b"")
         except OSError as error:
@@ -190,7 +228,9 @@ def _json_value(value: Any) -> Any:
     return value
 
 
-def open_writer(format: str, path: Path, columns: Sequence[Column], *, row_group_size: int) -> ParquetWriter | JsonlWriter:
+def open_writer(
+    format: str, path: Path, columns: Sequence[Column], *, row_group_size: int
+) -> ParquetWriter | JsonlWriter:
     if format == "parquet":
         return ParquetWriter(path, columns, row_group_size=row_group_size)
     if format == "jsonl":

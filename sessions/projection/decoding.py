@@ -30,7 +30,15 @@ __all__ = [
 ]
 
 #: The columns of `events` a decoder reads, in this order.
-EVENT_COLUMNS = ("position", "session_id", "version", "type", "schema_version", "data", "recorded_at")
+EVENT_COLUMNS = (
+    "position",
+    "session_id",
+    "version",
+    "type",
+    "schema_version",
+    "data",
+    "recorded_at",
+)
 
 #: Data texts up to this long are decoded once per distinct text (at most CACHED_ENTRIES per type):
 #: a SessionStarted's, most RewardPosted's and SessionSucceeded's repeat across a log (a type
@@ -43,7 +51,8 @@ def _required(cls: type[ev.Event]) -> frozenset[str]:
     """Fields `from_data` cannot fill with a default: their absence is malformed data."""
     missing = (dataclasses.MISSING,)
     return frozenset(
-        f.name for f in dataclasses.fields(cls)
+        f.name
+        for f in dataclasses.fields(cls)
         if f.default in missing and f.default_factory in missing and f.name != "payload"  # type: ignore[misc]
     )
 
@@ -66,7 +75,9 @@ class Decoder:
     be stored (`sessions.storable`), comes out with its problem, for the rules to quarantine."""
 
     def __init__(self) -> None:
-        self._cache: dict[str, dict[str, tuple[dict[str, Any] | None, Problem]]] = {name: {} for name in CURRENT}
+        self._cache: dict[str, dict[str, tuple[dict[str, Any] | None, Problem]]] = {
+            name: {} for name in CURRENT
+        }
 
     def events(self, rows: Sequence[Sequence[Any]]) -> list[LogEvent]:
         out: list[LogEvent] = []
@@ -79,14 +90,20 @@ class Decoder:
             out.append((position, sid, version, type_, data, recorded_at, problem))
         return out
 
-    def _decode(self, row: Sequence[Any], cache: dict[str, tuple[dict[str, Any] | None, Problem]] | None) -> tuple[dict[str, Any] | None, Problem]:
+    def _decode(
+        self, row: Sequence[Any], cache: dict[str, tuple[dict[str, Any] | None, Problem]] | None
+    ) -> tuple[dict[str, Any] | None, Problem]:
         position, _sid, _version, type_, schema, raw, _at = row
         try:
             data = raw if type(raw) is dict else parse_json(raw)
             if CURRENT.get(type_) != schema:
-                data = ev.upcast(type_, schema, data, None)  # raises on unknown types and newer schemas
+                data = ev.upcast(
+                    type_, schema, data, None
+                )  # raises on unknown types and newer schemas
             if type(data) is not dict:
-                raise UnknownEventError(f"event at position {position} ({type_} v{schema}) has malformed data: not a JSON object")
+                raise UnknownEventError(
+                    f"event at position {position} ({type_} v{schema}) has malformed data: not a JSON object"
+                )
             if not REQUIRED[type_] <= data.keys():
                 _raise_decode_error(row, data)
         except DECODE_ERRORS as error:
@@ -96,7 +113,12 @@ class Decoder:
         except DECODE_ERRORS as error:  # a value of a shape no check foresaw
             return None, (None, f"{type(error).__name__}: {error}")
         result = (data, found[0] if found else None)
-        if cache is not None and type(raw) is str and len(raw) <= CACHED_TEXT and len(cache) < CACHED_ENTRIES:
+        if (
+            cache is not None
+            and type(raw) is str
+            and len(raw) <= CACHED_TEXT
+            and len(cache) < CACHED_ENTRIES
+        ):
             cache[raw] = result
         return result
 
@@ -125,6 +147,10 @@ def parse_json(raw: str | bytes) -> Any:
 def _raise_decode_error(row: Sequence[Any], data: dict[str, Any]) -> None:
     """Raise the error `ev.decode` raises for this event (one message for every reader of the log)."""
     position, sid, version, type_, schema, _raw, recorded_at = row
-    stored = StoredEvent(position, "", sid, version, type_, schema, "", "", "", None, data, None, recorded_at)
+    stored = StoredEvent(
+        position, "", sid, version, type_, schema, "", "", "", None, data, None, recorded_at
+    )
     ev.decode(stored)
-    raise UnknownEventError(f"event at position {position} ({type_} v{schema}) has malformed data")  # pragma: no cover
+    raise UnknownEventError(
+        f"event at position {position} ({type_} v{schema}) has malformed data"
+    )  # pragma: no cover

@@ -16,7 +16,16 @@ from sessions.projection.decoding import CURRENT
 from sessions.projection.rules import TERMINAL_STATES, GroupKey, LogEvent, Row, WorkingSet
 from store import read_models as rm
 
-__all__ = ["Held", "HeldStep", "MAX_HELD_BYTES", "MAX_HELD_SESSIONS", "MAX_HELD_STEPS", "StepKey", "hold", "page_sources"]
+__all__ = [
+    "Held",
+    "HeldStep",
+    "MAX_HELD_BYTES",
+    "MAX_HELD_SESSIONS",
+    "MAX_HELD_STEPS",
+    "StepKey",
+    "hold",
+    "page_sources",
+]
 
 
 #: Open sessions a projector holds between pages at most; past it, the next page reads them again.
@@ -63,19 +72,27 @@ class Held:
     next_queue_id: int | None = None
 
 
-def hold(state: WorkingSet, position: int, stamp: Any, held: Held, page: dict[int, rm.SourceEvent]) -> Held | None:
+def hold(
+    state: WorkingSet, position: int, stamp: Any, held: Held, page: dict[int, rm.SourceEvent]
+) -> Held | None:
     """What to keep of a committed page's rows: open sessions (their trajectories and sources where
     complete), pending groups, the metric scopes it wrote (marked clean), the held steps' batch
     rows. None past `MAX_HELD_SESSIONS`."""
     complete = held.complete | state.new_sessions
-    sessions = {sid: row for sid, row in state.sessions.items() if row["state"] not in TERMINAL_STATES}
+    sessions = {
+        sid: row for sid, row in state.sessions.items() if row["state"] not in TERMINAL_STATES
+    }
     if len(sessions) > MAX_HELD_SESSIONS:
         return None
     _hold_rows(held.steps, state.queue, held.sources, page)
     complete &= sessions.keys()
     trajectories = {sid: known for sid, known in state.trajectories.items() if sid in complete}
-    sources = {pos: src for known in trajectories.values() for pos, _data in known.values()
-               if (src := held.sources.get(pos) or page.get(pos)) is not None}
+    sources = {
+        pos: src
+        for known in trajectories.values()
+        for pos, _data in known.values()
+        if (src := held.sources.get(pos) or page.get(pos)) is not None
+    }
     if sum(len(src[3] or b"") for src in sources.values()) > MAX_HELD_BYTES:
         complete, trajectories, sources = set(), {}, {}  # read back when the sessions end
         held.steps.clear()
@@ -83,10 +100,23 @@ def hold(state: WorkingSet, position: int, stamp: Any, held: Held, page: dict[in
     metrics = {scope: table for scope, table in state.metrics.items() if table.dirty}
     for table in metrics.values():
         table.dirty = False
-    return Held(position, stamp, sessions, groups, metrics, trajectories, complete, sources, held.steps, state.next_queue_id)
+    return Held(
+        position,
+        stamp,
+        sessions,
+        groups,
+        metrics,
+        trajectories,
+        complete,
+        sources,
+        held.steps,
+        state.next_queue_id,
+    )
 
 
-def _hold_rows(steps: dict[StepKey, HeldStep], queue: list[Row], *sources: dict[int, rm.SourceEvent]) -> None:
+def _hold_rows(
+    steps: dict[StepKey, HeldStep], queue: list[Row], *sources: dict[int, rm.SourceEvent]
+) -> None:
     """Add a page's batch rows to their held steps; a step with a row whose source (a trajectory's
     payload above all) is not held is let go, as are the oldest past the limits."""
     for row in queue:
@@ -108,6 +138,8 @@ def _hold_rows(steps: dict[StepKey, HeldStep], queue: list[Row], *sources: dict[
 
 def page_sources(page: list[LogEvent], payloads: dict[int, bytes]) -> dict[int, rm.SourceEvent]:
     """The page's events as `store.read_models.source_events` gives them: data upcast already."""
-    return {position: (type_, CURRENT.get(type_, 0), data, payloads.get(position))
-            for position, _sid, _v, type_, data, _at, problem in page
-            if problem is None}  # a quarantined event's raw data may differ from what decoded
+    return {
+        position: (type_, CURRENT.get(type_, 0), data, payloads.get(position))
+        for position, _sid, _v, type_, data, _at, problem in page
+        if problem is None
+    }  # a quarantined event's raw data may differ from what decoded

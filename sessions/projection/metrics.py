@@ -143,12 +143,21 @@ COVERAGE = "coverage"
 
 #: Counts every scope reports, zero included (docs/design.md §7 lists them per scope).
 ZERO_FILLED = (
-    SESSIONS_TOTAL, SESSIONS_SUCCEEDED, SESSIONS_FAILED, SESSIONS_CANCELLED, PLACEHOLDERS,
-    GROUPS_TOTAL, GROUPS_FINISHED, GROUPS_FAILURE, REWARD_ABSENT,
+    SESSIONS_TOTAL,
+    SESSIONS_SUCCEEDED,
+    SESSIONS_FAILED,
+    SESSIONS_CANCELLED,
+    PLACEHOLDERS,
+    GROUPS_TOTAL,
+    GROUPS_FINISHED,
+    GROUPS_FAILURE,
+    REWARD_ABSENT,
 )
 
 
-def scopes(run: str, partition: str, global_step: int | None, data_source: str | None) -> list[Scope]:
+def scopes(
+    run: str, partition: str, global_step: int | None, data_source: str | None
+) -> list[Scope]:
     """The per-data-source scope and the all-data-sources scope (data_source None)."""
     if data_source is None:
         return [(run, partition, global_step, None)]
@@ -179,21 +188,38 @@ class MetricTable:
         v = self.values
         for name in ZERO_FILLED:  # a count that is zero is reported as 0, not left out
             v.setdefault(name, 0.0)
-        v[GROUPS_UNSETTLED] = self.get(GROUPS_TOTAL) - self.get(GROUPS_FINISHED) - self.get(GROUPS_FAILURE)
-        v[SESSIONS_OPEN] = (
-            self.get(SESSIONS_TOTAL) - self.get(SESSIONS_SUCCEEDED) - self.get(SESSIONS_FAILED) - self.get(SESSIONS_CANCELLED)
+        v[GROUPS_UNSETTLED] = (
+            self.get(GROUPS_TOTAL) - self.get(GROUPS_FINISHED) - self.get(GROUPS_FAILURE)
         )
-        _ratio(v, REWARD_MEAN, self.get(REWARD_SUM) - self.get(REWARD_SUM_EXCLUDED), self.get(ROWS) - self.get(ROWS_EXCLUDED))
+        v[SESSIONS_OPEN] = (
+            self.get(SESSIONS_TOTAL)
+            - self.get(SESSIONS_SUCCEEDED)
+            - self.get(SESSIONS_FAILED)
+            - self.get(SESSIONS_CANCELLED)
+        )
+        _ratio(
+            v,
+            REWARD_MEAN,
+            self.get(REWARD_SUM) - self.get(REWARD_SUM_EXCLUDED),
+            self.get(ROWS) - self.get(ROWS_EXCLUDED),
+        )
         _ratio(v, REWARD_MEAN_DEFAULT_RULE, self.get(REWARD_SUM), self.get(ROWS))
         _ratio(v, REWARD_MEAN_SUCCESS, self.get(REWARD_SUM_SUCCESS), self.get(ROWS_SUCCEEDED))
         _ratio(v, RESPONSE_LENGTH_MEAN, self.get(RESPONSE_LENGTH_SUM), self.get(ROWS_SUCCEEDED))
-        _ratio(v, COVERAGE, self.get(SESSIONS_SUCCEEDED), self.get(SESSIONS_SUCCEEDED) + self.get(SESSIONS_FAILED))
+        _ratio(
+            v,
+            COVERAGE,
+            self.get(SESSIONS_SUCCEEDED),
+            self.get(SESSIONS_SUCCEEDED) + self.get(SESSIONS_FAILED),
+        )
         _ratio(v, REWARD_MEAN_PER_UID, self.get(UID_MEAN_SUM_ALL), self.get(UIDS_ALL))
         top = 0
         for name in [k for k in v if k.startswith(_UIDS_AT)]:
-            n = name[len(_UIDS_AT):]
+            n = name[len(_UIDS_AT) :]
             top = max(top, int(n))
-            _ratio(v, REWARD_MEAN_AT.format(n=n), self.get(UID_MEAN_SUM.format(n=n)), self.get(name))
+            _ratio(
+                v, REWARD_MEAN_AT.format(n=n), self.get(UID_MEAN_SUM.format(n=n)), self.get(name)
+            )
         # The name is fixed (no "@N"): N grows as groups settle, and a stored row is never deleted.
         settled = self.get(GROUPS_FINISHED) + self.get(GROUPS_FAILURE)
         v[UIDS_EXCLUDED] = settled - (self.get(UIDS.format(n=top)) if top else 0.0)
@@ -241,5 +267,7 @@ class MetricRow:
 def summarise(rows: Iterable[MetricRow]) -> dict[Scope, dict[str, float]]:
     out: dict[Scope, dict[str, float]] = {}
     for row in rows:
-        out.setdefault((row.run, row.partition, row.global_step, row.data_source), {})[row.metric] = row.value
+        out.setdefault((row.run, row.partition, row.global_step, row.data_source), {})[
+            row.metric
+        ] = row.value
     return out

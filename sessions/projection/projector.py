@@ -129,9 +129,14 @@ class Projector:
         async with projection_page(self.engine) as conn:
             checkpoint = await rm.get_checkpoint(conn)
             payloads: dict[int, bytes] | None = {} if self.hold_batches else None
-            page = Decoder().events(await rm.events_after(conn, checkpoint, self.page_size, payloads=payloads))
+            page = Decoder().events(
+                await rm.events_after(conn, checkpoint, self.page_size, payloads=payloads)
+            )
             held = self._held
-            if held is not None and (held.position, held.stamp) != (checkpoint, await rm.checkpoint_stamp(conn)):
+            if held is not None and (held.position, held.stamp) != (
+                checkpoint,
+                await rm.checkpoint_stamp(conn),
+            ):
                 held = self._held = None  # another projector moved on: what we hold is stale
             if not page:
                 return PageResult(0, 0, 0, checkpoint)
@@ -159,11 +164,16 @@ class Projector:
         checkpoint read in `conn` is the one it wrote): another process may have projected the
         step's last events after this one's last page."""
         held = self._held
-        if held is None or (held.position, held.stamp) != (await rm.get_checkpoint(conn), await rm.checkpoint_stamp(conn)):
+        if held is None or (held.position, held.stamp) != (
+            await rm.get_checkpoint(conn),
+            await rm.checkpoint_stamp(conn),
+        ):
             return None
         return self.held_step(run, partition, global_step)
 
-    def held_step(self, run: str, partition: str, global_step: int | None) -> tuple[list[Row], dict[int, rm.SourceEvent]] | None:
+    def held_step(
+        self, run: str, partition: str, global_step: int | None
+    ) -> tuple[list[Row], dict[int, rm.SourceEvent]] | None:
         """A step's queue rows (kind `row`, queue order) and their source events as this projector
         wrote them, or None if it does not hold the whole step: what `ledger.batch` reads back
         otherwise (`store.read_models.queue_rows_for`, `source_events`). Current as of this
@@ -228,7 +238,9 @@ class Projector:
         going rather than dying. Returns the number of events projected.
         """
         if backoff <= 0 or max_backoff < backoff:
-            raise ValueError(f"need 0 < backoff <= max_backoff, got backoff={backoff}, max_backoff={max_backoff}")
+            raise ValueError(
+                f"need 0 < backoff <= max_backoff, got backoff={backoff}, max_backoff={max_backoff}"
+            )
         async with follower_leadership(self.engine, stop, poll_interval) as leading:
             if not leading:
                 return 0
@@ -270,7 +282,10 @@ class Projector:
                     delay = min(max_backoff, backoff * 2 ** min(self.failures - 1, 62))
                     log.warning(
                         "projector: page failed (attempt %d): %s: %s; checkpoint unchanged, retrying in %.2fs",
-                        self.failures, type(error).__name__, error, delay,
+                        self.failures,
+                        type(error).__name__,
+                        error,
+                        delay,
                     )
                     if on_error is not None:
                         on_error(error, self.failures, delay)
@@ -280,14 +295,18 @@ class Projector:
                 if self.failures:
                     log.warning("projector: recovered after %d failed attempt(s)", self.failures)
                     self.failures = 0
-                await asyncio.wait(waiters, timeout=poll_interval, return_when=asyncio.FIRST_COMPLETED)
+                await asyncio.wait(
+                    waiters, timeout=poll_interval, return_when=asyncio.FIRST_COMPLETED
+                )
             finally:
                 for task in waiters:
                     task.cancel()
         return total
 
 
-async def load_working_set(conn: Any, page: list[LogEvent], checkpoint: int, held: Held | None = None) -> WorkingSet:
+async def load_working_set(
+    conn: Any, page: list[LogEvent], checkpoint: int, held: Held | None = None
+) -> WorkingSet:
     """The read-model rows a page's events touch, as stored before the page: those `held` (the
     rows as of `checkpoint`) has, the others read — with copies of them as stored.
 
@@ -295,44 +314,83 @@ async def load_working_set(conn: Any, page: list[LogEvent], checkpoint: int, hel
     does not create but that is missing stays missing, and the rules refuse its event.
     """
     held = held or Held(checkpoint, None)
-    state = WorkingSet(sessions=held.sessions, groups=held.groups, metrics=held.metrics, trajectories=held.trajectories)
+    state = WorkingSet(
+        sessions=held.sessions,
+        groups=held.groups,
+        metrics=held.metrics,
+        trajectories=held.trajectories,
+    )
     touched = {event[1] for event in page}
-    missing = sorted(touched - state.sessions.keys())  # created ones too: a repeated creation is refused
+    missing = sorted(
+        touched - state.sessions.keys()
+    )  # created ones too: a repeated creation is refused
     if missing:
         state.sessions.update(await rm.load_sessions(conn, missing))
     rows = [state.sessions[sid] for sid in touched if sid in state.sessions]
-    rows += [data for _p, _sid, _v, type_, data, _at, _problem in page
-             if type_ == "SessionCreated" and data is not None and _has_identity(data)]
+    rows += [
+        data
+        for _p, _sid, _v, type_, data, _at, _problem in page
+        if type_ == "SessionCreated" and data is not None and _has_identity(data)
+    ]
     keys = {group_key(row) for row in rows}
     if keys - state.groups.keys():
-        state.groups.update(await rm.load_groups(conn, sorted(keys - state.groups.keys(), key=repr)))
+        state.groups.update(
+            await rm.load_groups(conn, sorted(keys - state.groups.keys(), key=repr))
+        )
     scopes: set[m.Scope] = set()
     for row in (*rows, *(state.groups[key] for key in keys if key in state.groups)):
-        scopes.update(m.scopes(row["run"], row["partition"], row["global_step"], row.get("data_source")))
+        scopes.update(
+            m.scopes(row["run"], row["partition"], row["global_step"], row.get("data_source"))
+        )
     if scopes - state.metrics.keys():
         loaded = await rm.load_metrics(conn, sorted(scopes - state.metrics.keys(), key=repr))
         state.metrics.update({scope: m.MetricTable(values) for scope, values in loaded.items()})
         # a step none of whose sessions was projected yet: all its rows will be made while held
-        held.steps.update({scope[:3]: HeldStep() for scope, values in loaded.items() if scope[3] is None and not values})
-    state.stored_sessions = {sid: dict(state.sessions[sid]) for sid in touched if sid in state.sessions}
+        held.steps.update(
+            {
+                scope[:3]: HeldStep()
+                for scope, values in loaded.items()
+                if scope[3] is None and not values
+            }
+        )
+    state.stored_sessions = {
+        sid: dict(state.sessions[sid]) for sid in touched if sid in state.sessions
+    }
     state.stored_groups = {key: dict(state.groups[key]) for key in keys if key in state.groups}
     await _load_trajectories(conn, page, checkpoint, state, held.complete)
     state.next_queue_id = held.next_queue_id or await rm.next_queue_id(conn)
     return state
 
 
-async def _load_trajectories(conn: Any, page: list[LogEvent], checkpoint: int, state: WorkingSet, complete: set[str]) -> None:
+async def _load_trajectories(
+    conn: Any, page: list[LogEvent], checkpoint: int, state: WorkingSet, complete: set[str]
+) -> None:
     """The trajectories a session's end in this page may select (a success's, or a keep_partial
     failure's), recorded before the page, for the sessions whose `complete` does not name them:
     their current attempt's only, as the rules keep them."""
-    ending = sorted({event[1] for event in page if event[1] in state.sessions and event[1] not in complete and (
-        event[3] == "SessionSucceeded" or (event[3] == "SessionFailed" and (event[4] or {}).get("placeholder") == "keep_partial"))})
+    ending = sorted(
+        {
+            event[1]
+            for event in page
+            if event[1] in state.sessions
+            and event[1] not in complete
+            and (
+                event[3] == "SessionSucceeded"
+                or (
+                    event[3] == "SessionFailed"
+                    and (event[4] or {}).get("placeholder") == "keep_partial"
+                )
+            )
+        }
+    )
     if not ending:
         return
     for sid in ending:
         state.trajectories.pop(sid, None)  # a partial view from pages that did not hold it
     decoder = Decoder()
-    for position, sid, _version, type_, data, _at, problem in decoder.events(await rm.trajectory_events(conn, ending, checkpoint)):
+    for position, sid, _version, type_, data, _at, problem in decoder.events(
+        await rm.trajectory_events(conn, ending, checkpoint)
+    ):
         if type_ == "AttemptFailed":
             state.trajectories.pop(sid, None)  # superseded, as `Rules._attempt_failed` forgets them
         elif problem is None and data is not None:
@@ -341,13 +399,27 @@ async def _load_trajectories(conn: Any, page: list[LogEvent], checkpoint: int, s
 
 async def save_working_set(conn: Any, state: WorkingSet) -> None:
     """Write back what the rules changed: new rows inserted, touched ones updated, queue rows added."""
-    sessions_new = [state.sessions[sid] for sid in state.touched_sessions if sid in state.new_sessions]
-    sessions_old = sorted((state.sessions[sid] for sid in state.touched_sessions if sid not in state.new_sessions), key=_by_session)
-    await rm.save_sessions(conn, sorted(sessions_new, key=_by_session), sessions_old,
-                           [state.stored_sessions.get(row["session_id"]) for row in sessions_old])
+    sessions_new = [
+        state.sessions[sid] for sid in state.touched_sessions if sid in state.new_sessions
+    ]
+    sessions_old = sorted(
+        (state.sessions[sid] for sid in state.touched_sessions if sid not in state.new_sessions),
+        key=_by_session,
+    )
+    await rm.save_sessions(
+        conn,
+        sorted(sessions_new, key=_by_session),
+        sessions_old,
+        [state.stored_sessions.get(row["session_id"]) for row in sessions_old],
+    )
     groups_new = [state.groups[key] for key in state.touched_groups if key in state.new_groups]
     groups_old = [state.groups[key] for key in state.touched_groups if key not in state.new_groups]
-    await rm.save_groups(conn, groups_new, groups_old, [state.stored_groups.get(group_key(row)) for row in groups_old])
+    await rm.save_groups(
+        conn,
+        groups_new,
+        groups_old,
+        [state.stored_groups.get(group_key(row)) for row in groups_old],
+    )
     await rm.save_metrics(conn, state.changed_metrics())
     await rm.insert_queue_rows(conn, state.queue)
     await rm.insert_projection_errors(conn, state.errors)
@@ -364,13 +436,22 @@ def _by_session(row: dict[str, Any]) -> str:
 
 async def queue_items(conn: Any, queue: list[dict[str, Any]]) -> list[QueueItem]:
     """A page's queue rows with their token arrays, for external sinks."""
-    from sessions.batches import rows as row_builder  # torch: imported only when a sink needs arrays
+    from sessions.batches import (
+        rows as row_builder,
+    )  # torch: imported only when a sink needs arrays
 
     positions = [q["source_position"] for q in queue if q["kind"] == "row"]
     sources = await rm.source_events(conn, positions)
     built = iter(row_builder.materialise(queue, sources))
     return [
-        QueueItem(q["run"], q["partition"], q["global_step"], q["key"], q["uid"], dict(q["tags"]),
-                  next(built) if q["kind"] == "row" else None)
+        QueueItem(
+            q["run"],
+            q["partition"],
+            q["global_step"],
+            q["key"],
+            q["uid"],
+            dict(q["tags"]),
+            next(built) if q["kind"] == "row" else None,
+        )
         for q in queue
     ]

@@ -54,7 +54,9 @@ class Rebuild:
 
     def feed(self, rows: Sequence[Sequence[Any]]) -> None:
         if self._finished:
-            raise RuntimeError("Rebuild.feed() after result(): a rebuild's rules are released with its result")
+            raise RuntimeError(
+                "Rebuild.feed() after result(): a rebuild's rules are released with its result"
+            )
         if not rows:
             return
         with gc_paused():  # the rebuild only allocates rows it keeps (sessions.gc_pause says why)
@@ -78,7 +80,14 @@ class Rebuild:
         self.rules.finish()
         state = self.state
         metrics = [
-            {"run": run, "partition": partition, "global_step": step, "data_source": source, "metric": name, "value": value}
+            {
+                "run": run,
+                "partition": partition,
+                "global_step": step,
+                "data_source": source,
+                "metric": name,
+                "value": value,
+            }
             for (run, partition, step, source), table in state.metrics.items()
             for name, value in table.values.items()
         ]

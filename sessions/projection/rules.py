@@ -113,7 +113,14 @@ class Rules:
             return
         session = self._sessions.get(sid)
         if session is None:
-            self._error(position, sid, type_, None, "its session has no projected SessionCreated before it", IGNORED)
+            self._error(
+                position,
+                sid,
+                type_,
+                None,
+                "its session has no projected SessionCreated before it",
+                IGNORED,
+            )
             return
         session["version"] = version
         self._touched.add(sid)
@@ -122,8 +129,12 @@ class Rules:
         if problem is not None:
             self._quarantine(session, position, type_, problem, recorded_at)
             return
-        if session["state"] in TERMINAL_STATES and not (type_ == "PlaceholderEmitted" and session["state"] == "failed"):
-            self._error(position, sid, type_, None, f"the session is already {session['state']}", IGNORED)
+        if session["state"] in TERMINAL_STATES and not (
+            type_ == "PlaceholderEmitted" and session["state"] == "failed"
+        ):
+            self._error(
+                position, sid, type_, None, f"the session is already {session['state']}", IGNORED
+            )
             return
         _HANDLERS[type_](self, session, position, data, recorded_at)  # type: ignore[arg-type]
 
@@ -138,7 +149,9 @@ class Rules:
                 table.derive()
 
     # ------------------------------------------------------------ scopes
-    def _scoped(self, run: str, partition: str, step: int | None, source: str | None) -> list[m.MetricTable]:
+    def _scoped(
+        self, run: str, partition: str, step: int | None, source: str | None
+    ) -> list[m.MetricTable]:
         """The metric tables a session or group counts in: its data source's and all sources'."""
         key = (run, partition, step, source)
         tables = self._tables.get(key)
@@ -165,45 +178,97 @@ class Rules:
 
     # ---------------------------------------------------------- handlers
     def _created(
-        self, sid: str, position: int, version: int, e: dict[str, Any] | None, recorded_at: Any,
+        self,
+        sid: str,
+        position: int,
+        version: int,
+        e: dict[str, Any] | None,
+        recorded_at: Any,
         problem: tuple[str | None, str] | None,
     ) -> None:
         state = self.state
         if sid in state.sessions:
-            self._error(position, sid, "SessionCreated", "session_id", "the session was already created", IGNORED)
+            self._error(
+                position,
+                sid,
+                "SessionCreated",
+                "session_id",
+                "the session was already created",
+                IGNORED,
+            )
             return
         if problem is not None and (e is None or problem[0] is None or problem[0] in IDENTITY):
-            self._error(position, sid, "SessionCreated", problem[0], problem[1], IGNORED)  # no valid identity: no session
+            self._error(
+                position, sid, "SessionCreated", problem[0], problem[1], IGNORED
+            )  # no valid identity: no session
             return
         assert e is not None
         run, uid, partition, step = e["run"], e["uid"], e["partition"], e["global_step"]
         key = (run, partition, step, uid)
         group = state.groups.get(key)
         conflict = _group_conflict(group, e) if group is not None else None
-        source = None if problem is not None and problem[0] == "data_source" else e.get("data_source")
+        source = (
+            None if problem is not None and problem[0] == "data_source" else e.get("data_source")
+        )
         runner = None if problem is not None and problem[0] == "runner" else e.get("runner")
         session = state.sessions[sid] = {
-            "session_id": sid, "run": run, "uid": uid, "session_index": e["session_index"],
-            "group_size": e["group_size"], "partition": partition, "global_step": step,
-            "data_source": source, "runner": runner, "state": "created", "version": version,
-            "num_trajectories": 0, "selected_rows": 0, "reward": None, "score_source": None, "reward_info": {},
-            "failure_reason": None, "error_type": None, "message": None, "placeholder": False,
-            "attempts": 0, "failure_origin": None, "metric_policy": None, "partial": False,
-            "created_position": position, "terminal_position": None, "created_at": recorded_at, "terminal_at": None,
+            "session_id": sid,
+            "run": run,
+            "uid": uid,
+            "session_index": e["session_index"],
+            "group_size": e["group_size"],
+            "partition": partition,
+            "global_step": step,
+            "data_source": source,
+            "runner": runner,
+            "state": "created",
+            "version": version,
+            "num_trajectories": 0,
+            "selected_rows": 0,
+            "reward": None,
+            "score_source": None,
+            "reward_info": {},
+            "failure_reason": None,
+            "error_type": None,
+            "message": None,
+            "placeholder": False,
+            "attempts": 0,
+            "failure_origin": None,
+            "metric_policy": None,
+            "partial": False,
+            "created_position": position,
+            "terminal_position": None,
+            "created_at": recorded_at,
+            "terminal_at": None,
         }
         state.new_sessions.add(sid)
         state.touched_sessions.add(sid)
         _add(self._of_session(session), m.SESSIONS_TOTAL)
-        if conflict is not None:  # it cannot join its group: failed on its own, no row, no group count
+        if (
+            conflict is not None
+        ):  # it cannot join its group: failed on its own, no row, no group count
             self._fail(session, position, recorded_at, conflict[1])
             self._error(position, sid, "SessionCreated", conflict[0], conflict[1], FAILED)
             return
         if group is None:
             group = state.groups[key] = {
-                "run": run, "uid": uid, "partition": partition, "global_step": step,
-                "data_source": source, "group_size": e["group_size"], "sessions_seen": 0, "terminal": 0,
-                "succeeded": 0, "failed": 0, "cancelled": 0, "reward_sum": 0.0, "reward_count": 0,
-                "status": "pending", "settled_position": None, "members": [], "valid_rows": 0,
+                "run": run,
+                "uid": uid,
+                "partition": partition,
+                "global_step": step,
+                "data_source": source,
+                "group_size": e["group_size"],
+                "sessions_seen": 0,
+                "terminal": 0,
+                "succeeded": 0,
+                "failed": 0,
+                "cancelled": 0,
+                "reward_sum": 0.0,
+                "reward_count": 0,
+                "status": "pending",
+                "settled_position": None,
+                "members": [],
+                "valid_rows": 0,
                 "min_valid": _min_valid(e),
             }
             state.new_groups.add(key)
@@ -243,7 +308,9 @@ class Rules:
         s["reward"] = reward
         s["reward_info"] = {**s["reward_info"], **e.get("info", {}), "reward": reward}
 
-    def _terminal(self, s: Row, state: str, position: int, recorded_at: Any) -> dict[int, tuple[int, dict[str, Any]]]:
+    def _terminal(
+        self, s: Row, state: str, position: int, recorded_at: Any
+    ) -> dict[int, tuple[int, dict[str, Any]]]:
         """Mark the session terminal; returns (and forgets) its recorded trajectories: a terminal
         session's trajectories are never selected again."""
         s["state"], s["terminal_position"], s["terminal_at"] = state, position, recorded_at
@@ -253,13 +320,25 @@ class Rules:
         known = self.state.trajectories.get(s["session_id"]) or {}
         missing = [index for index in e["selected"] if index not in known]
         if missing:
-            self._quarantine(s, position, "SessionSucceeded", (
-                "selected", f"selects trajectory {missing[0]}, which has no TrajectoryRecorded before it"), recorded_at)
+            self._quarantine(
+                s,
+                position,
+                "SessionSucceeded",
+                (
+                    "selected",
+                    f"selects trajectory {missing[0]}, which has no TrajectoryRecorded before it",
+                ),
+                recorded_at,
+            )
             return
         self._terminal(s, "succeeded", position, recorded_at)
         score, selected = e["score"], e["selected"]
         reward = 0.0 if score is None else float(score)
-        s["reward"], s["score_source"], s["selected_rows"] = None if score is None else reward, e["score_source"], len(selected)
+        s["reward"], s["score_source"], s["selected_rows"] = (
+            None if score is None else reward,
+            e["score_source"],
+            len(selected),
+        )
         tables = self._of_session(s)
         _add(tables, m.SESSIONS_SUCCEEDED)
         if score is None:
@@ -275,7 +354,11 @@ class Rules:
         selected = e.get("selected") or []
         missing = [index for index in selected if index not in known]
         if decision == "keep_partial" and (missing or not selected):
-            detail = f"keeps trajectory {missing[0]}, which has no TrajectoryRecorded in its attempt" if missing else "keeps no trajectory"
+            detail = (
+                f"keeps trajectory {missing[0]}, which has no TrajectoryRecorded in its attempt"
+                if missing
+                else "keeps no trajectory"
+            )
             self._quarantine(s, position, "SessionFailed", ("selected", detail), recorded_at)
             return
         self._terminal(s, "failed", position, recorded_at)
@@ -295,7 +378,16 @@ class Rules:
             s["reward"], s["partial"], s["selected_rows"] = reward, True, len(selected)
             for index in selected:
                 source_position, data = known[index]
-                self._row(s, position, index, source_position, reward, data=data, failure_reason=reason, partial=True)
+                self._row(
+                    s,
+                    position,
+                    index,
+                    source_position,
+                    reward,
+                    data=data,
+                    failure_reason=reason,
+                    partial=True,
+                )
             self._settle(s, position)
         elif decision == "drop":
             self._settle(s, position)
@@ -303,21 +395,47 @@ class Rules:
 
     def _placeholder(self, s: Row, position: int, e: dict[str, Any], recorded_at: Any) -> None:
         if s["placeholder"]:
-            self._error(position, s["session_id"], "PlaceholderEmitted", None, "the session's placeholder was already emitted", IGNORED)
+            self._error(
+                position,
+                s["session_id"],
+                "PlaceholderEmitted",
+                None,
+                "the session's placeholder was already emitted",
+                IGNORED,
+            )
             return
         reward = float(e.get("reward", 0.0))
         self._emit_placeholder(
-            s, position, reward, e["reason"], e.get("materialization_reason", "session_failed"),
+            s,
+            position,
+            reward,
+            e["reason"],
+            e.get("materialization_reason", "session_failed"),
             lengths=(int(e.get("prompt_len", 1)), int(e.get("response_len", 1))),
         )
 
     def _emit_placeholder(
-        self, s: Row, position: int, reward: float, reason: str, materialization: str, lengths: tuple[int, int] = (1, 1)
+        self,
+        s: Row,
+        position: int,
+        reward: float,
+        reason: str,
+        materialization: str,
+        lengths: tuple[int, int] = (1, 1),
     ) -> None:
         s["placeholder"] = True
         s["selected_rows"] = 1
-        self._row(s, position, 0, position, reward, data=None, failure_reason=reason, materialization_reason=materialization,
-                  placeholder_lengths=lengths)
+        self._row(
+            s,
+            position,
+            0,
+            position,
+            reward,
+            data=None,
+            failure_reason=reason,
+            materialization_reason=materialization,
+            placeholder_lengths=lengths,
+        )
         _add(self._of_session(s), m.PLACEHOLDERS)
         self._settle(s, position)
 
@@ -328,11 +446,19 @@ class Rules:
         self._settle(s, position)
 
     # -------------------------------------------------------- quarantine
-    def _error(self, position: int, sid: str, type_: str, field_: str | None, reason: str, outcome: str) -> None:
-        self.state.errors.append({
-            "position": position, "session_id": clean_text(sid, 128), "type": clean_text(type_, 64),
-            "field": None if field_ is None else clean_text(field_, 128), "reason": clean_text(reason, 512), "outcome": outcome,
-        })
+    def _error(
+        self, position: int, sid: str, type_: str, field_: str | None, reason: str, outcome: str
+    ) -> None:
+        self.state.errors.append(
+            {
+                "position": position,
+                "session_id": clean_text(sid, 128),
+                "type": clean_text(type_, 64),
+                "field": None if field_ is None else clean_text(field_, 128),
+                "reason": clean_text(reason, 512),
+                "outcome": outcome,
+            }
+        )
 
     def _fail(self, s: Row, position: int, recorded_at: Any, reason: str) -> None:
         """Fail a session as unprojectable and count it (its row and group are the caller's).
@@ -340,19 +466,28 @@ class Rules:
         rebuild reads `recorded_at` only of creations and terminal events)."""
         self._terminal(s, "failed", position, None)
         s["failure_reason"], s["error_type"] = UNPROJECTABLE, None
-        s["failure_origin"], s["metric_policy"] = "infra", "zero"  # the ledger's own failure, never the model's
-        s["message"] = clean_text(f"event at position {position} could not be projected: {reason}", 512)
+        s["failure_origin"], s["metric_policy"] = (
+            "infra",
+            "zero",
+        )  # the ledger's own failure, never the model's
+        s["message"] = clean_text(
+            f"event at position {position} could not be projected: {reason}", 512
+        )
         tables = self._of_session(s)
         _add(tables, m.SESSIONS_FAILED)
         _add(tables, m.FAILED_BY_REASON.format(reason=UNPROJECTABLE))
         _add(tables, m.FAILED_BY_ORIGIN.format(origin="infra"))
 
-    def _quarantine(self, s: Row, position: int, type_: str, problem: tuple[str | None, str], recorded_at: Any) -> None:
+    def _quarantine(
+        self, s: Row, position: int, type_: str, problem: tuple[str | None, str], recorded_at: Any
+    ) -> None:
         """An event of session `s` cannot be projected: list it; fail the session (placeholder
         included, so its group settles) unless it is over already."""
         field_, reason = problem
         if s["state"] == "failed" and not s["placeholder"] and type_ == "PlaceholderEmitted":
-            self._emit_placeholder(s, position, 0.0, s["failure_reason"] or UNPROJECTABLE, "session_failed")
+            self._emit_placeholder(
+                s, position, 0.0, s["failure_reason"] or UNPROJECTABLE, "session_failed"
+            )
             self._error(position, s["session_id"], type_, field_, reason, "placeholder_emitted")
             return
         if s["state"] in TERMINAL_STATES:
@@ -370,9 +505,18 @@ class Rules:
         state.queue.append(row)
 
     def _row(
-        self, s: Row, position: int, key_index: int, source_position: int, reward: float, *,
-        data: dict[str, Any] | None, failure_reason: str | None = None, materialization_reason: str | None = None,
-        partial: bool = False, placeholder_lengths: tuple[int, int] = (1, 1),
+        self,
+        s: Row,
+        position: int,
+        key_index: int,
+        source_position: int,
+        reward: float,
+        *,
+        data: dict[str, Any] | None,
+        failure_reason: str | None = None,
+        materialization_reason: str | None = None,
+        partial: bool = False,
+        placeholder_lengths: tuple[int, int] = (1, 1),
     ) -> None:
         """One batch row (a selected trajectory, or the placeholder when `data` is None) and its
         counts. A `partial` row is a failed session's trajectory sent with its reward (keep_partial):
@@ -381,24 +525,44 @@ class Rules:
         placeholder = data is None
         prompt_len = placeholder_lengths[0] if placeholder else int(data["prompt_len"])  # type: ignore[index]
         response_len = placeholder_lengths[1] if placeholder else int(data["response_len"])  # type: ignore[index]
-        materialization = materialization_reason if placeholder else data.get("materialization_reason")  # type: ignore[union-attr]
+        materialization = (
+            materialization_reason if placeholder else data.get("materialization_reason")
+        )  # type: ignore[union-attr]
         uid, step = s["uid"], s["global_step"]
-        self._queue({
-            "run": s["run"], "partition": s["partition"], "global_step": step,
-            "key": f"{uid}_{s['session_index']}_{key_index}", "kind": "row", "uid": uid,
-            "session_id": s["session_id"], "session_index": s["session_index"], "data_source": s["data_source"],
-            "source_position": source_position, "reward": reward, "is_placeholder": placeholder,
-            "is_partial": partial, "failure_reason": failure_reason, "materialization_reason": materialization,
-            "num_turns": 0 if placeholder else int(data["num_turns"]),  # type: ignore[index]
-            "prompt_len": prompt_len, "response_len": response_len,
-            "tags": {
-                "status": "finished", "global_steps": step, "prompt_len": prompt_len,
-                "response_len": response_len, "seq_len": prompt_len + response_len, "uid": uid,
-                "materialization_reason": materialization, "is_placeholder": placeholder,
-                **({"is_partial": True} if partial else {}),
-            },
-            "produced_position": position,
-        })
+        self._queue(
+            {
+                "run": s["run"],
+                "partition": s["partition"],
+                "global_step": step,
+                "key": f"{uid}_{s['session_index']}_{key_index}",
+                "kind": "row",
+                "uid": uid,
+                "session_id": s["session_id"],
+                "session_index": s["session_index"],
+                "data_source": s["data_source"],
+                "source_position": source_position,
+                "reward": reward,
+                "is_placeholder": placeholder,
+                "is_partial": partial,
+                "failure_reason": failure_reason,
+                "materialization_reason": materialization,
+                "num_turns": 0 if placeholder else int(data["num_turns"]),  # type: ignore[index]
+                "prompt_len": prompt_len,
+                "response_len": response_len,
+                "tags": {
+                    "status": "finished",
+                    "global_steps": step,
+                    "prompt_len": prompt_len,
+                    "response_len": response_len,
+                    "seq_len": prompt_len + response_len,
+                    "uid": uid,
+                    "materialization_reason": materialization,
+                    "is_placeholder": placeholder,
+                    **({"is_partial": True} if partial else {}),
+                },
+                "produced_position": position,
+            }
+        )
         group = self.state.groups[group_key(s)]
         excluded = s.get("metric_policy") == "exclude"
         if not excluded:  # its rows' sum, for `reward/mean@k`
@@ -406,7 +570,9 @@ class Rules:
             group["reward_count"] += 1
         if not placeholder:
             group["valid_rows"] += 1
-        for table in self._of_session(s):  # `MetricTable.add` inlined: this runs once per row and scope
+        for table in self._of_session(
+            s
+        ):  # `MetricTable.add` inlined: this runs once per row and scope
             values = table.values
             table.dirty = True
             values[_ROWS] = values.get(_ROWS, 0.0) + 1.0
@@ -441,18 +607,41 @@ class Rules:
             rows = group["reward_count"]
             if rows:
                 mean = m.group_mean(group["reward_sum"], rows)
-                for name, amount in ((m.UID_MEAN_SUM.format(n=rows), mean), (m.UIDS.format(n=rows), 1.0),
-                                     (_UID_MEAN_SUM_ALL, mean), (_UIDS_ALL, 1.0)):
+                for name, amount in (
+                    (m.UID_MEAN_SUM.format(n=rows), mean),
+                    (m.UIDS.format(n=rows), 1.0),
+                    (_UID_MEAN_SUM_ALL, mean),
+                    (_UIDS_ALL, 1.0),
+                ):
                     _add(tables, name, amount)
-            self._queue({
-                "run": group["run"], "partition": group["partition"], "global_step": group["global_step"],
-                "key": group["uid"], "kind": "tag", "uid": group["uid"], "session_id": None, "session_index": None,
-                "data_source": group["data_source"], "source_position": None, "reward": None, "is_placeholder": False,
-                "is_partial": False, "failure_reason": None, "materialization_reason": None, "num_turns": None, "prompt_len": None,
-                "response_len": None,
-                "tags": {"is_prompt": True, "status": group["status"], "global_steps": group["global_step"]},
-                "produced_position": position,
-            })
+            self._queue(
+                {
+                    "run": group["run"],
+                    "partition": group["partition"],
+                    "global_step": group["global_step"],
+                    "key": group["uid"],
+                    "kind": "tag",
+                    "uid": group["uid"],
+                    "session_id": None,
+                    "session_index": None,
+                    "data_source": group["data_source"],
+                    "source_position": None,
+                    "reward": None,
+                    "is_placeholder": False,
+                    "is_partial": False,
+                    "failure_reason": None,
+                    "materialization_reason": None,
+                    "num_turns": None,
+                    "prompt_len": None,
+                    "response_len": None,
+                    "tags": {
+                        "is_prompt": True,
+                        "status": group["status"],
+                        "global_steps": group["global_step"],
+                    },
+                    "produced_position": position,
+                }
+            )
 
 
 #: A session in one of these states is over: later events of its stream are not projected.
@@ -475,7 +664,10 @@ _HANDLERS: dict[str, Callable[[Rules, Row, int, dict[str, Any], Any], None]] = {
 def _group_conflict(group: Row, e: dict[str, Any]) -> tuple[str, str] | None:
     """Why a new session cannot join an existing group: another size, or a taken index."""
     if e["group_size"] != group["group_size"]:
-        return ("group_size", f"group_size {e['group_size']} differs from its group's {group['group_size']}")
+        return (
+            "group_size",
+            f"group_size {e['group_size']} differs from its group's {group['group_size']}",
+        )
     if e["session_index"] in group["members"]:
         return ("session_index", f"session_index {e['session_index']} is taken in its group")
     return None
@@ -488,8 +680,16 @@ def _min_valid(created: dict[str, Any]) -> int:
 
 
 _ROWS, _REWARD_SUM, _ROWS_SUCCEEDED = m.ROWS, m.REWARD_SUM, m.ROWS_SUCCEEDED
-_ROWS_EXCLUDED, _REWARD_SUM_EXCLUDED, _ROWS_PARTIAL = m.ROWS_EXCLUDED, m.REWARD_SUM_EXCLUDED, m.ROWS_PARTIAL
-_REWARD_SUM_SUCCESS, _LENGTH_SUM, _LENGTH_MAX = m.REWARD_SUM_SUCCESS, m.RESPONSE_LENGTH_SUM, m.RESPONSE_LENGTH_MAX
+_ROWS_EXCLUDED, _REWARD_SUM_EXCLUDED, _ROWS_PARTIAL = (
+    m.ROWS_EXCLUDED,
+    m.REWARD_SUM_EXCLUDED,
+    m.ROWS_PARTIAL,
+)
+_REWARD_SUM_SUCCESS, _LENGTH_SUM, _LENGTH_MAX = (
+    m.REWARD_SUM_SUCCESS,
+    m.RESPONSE_LENGTH_SUM,
+    m.RESPONSE_LENGTH_MAX,
+)
 _UID_MEAN_SUM_ALL, _UIDS_ALL = m.UID_MEAN_SUM_ALL, m.UIDS_ALL
 _MINUS_INF = float("-inf")
 

@@ -39,9 +39,15 @@ class QueueConsumer:
         partition: str,
         lease_seconds: float = 300.0,
     ) -> None:
-        engine = ledger_or_engine if isinstance(ledger_or_engine, AsyncEngine) else getattr(ledger_or_engine, "engine", None)
+        engine = (
+            ledger_or_engine
+            if isinstance(ledger_or_engine, AsyncEngine)
+            else getattr(ledger_or_engine, "engine", None)
+        )
         if not isinstance(engine, AsyncEngine):
-            raise ValueError(f"QueueConsumer needs a Ledger or an AsyncEngine, got {type(ledger_or_engine).__name__}")
+            raise ValueError(
+                f"QueueConsumer needs a Ledger or an AsyncEngine, got {type(ledger_or_engine).__name__}"
+            )
         if partition not in PARTITIONS:
             raise ValueError(f"unknown partition {partition!r}: use one of {', '.join(PARTITIONS)}")
         qc.check_consumer(name)
@@ -55,11 +61,18 @@ class QueueConsumer:
     def __repr__(self) -> str:
         return f"QueueConsumer({self.name!r}, run={self.run!r}, partition={self.partition!r})"
 
-    async def claim_rows(self, limit: int, global_step: int | None | EllipsisType = ...) -> list[dict[str, Any]]:
+    async def claim_rows(
+        self, limit: int, global_step: int | None | EllipsisType = ...
+    ) -> list[dict[str, Any]]:
         """Claim up to `limit` queue rows (dicts, `id` order); empty when none are available."""
         return await qc.claim(
-            self.engine, self.name, run=self.run, partition=self.partition, limit=limit,
-            global_step=global_step, lease_seconds=self.lease_seconds,
+            self.engine,
+            self.name,
+            run=self.run,
+            partition=self.partition,
+            limit=limit,
+            global_step=global_step,
+            lease_seconds=self.lease_seconds,
         )
 
     async def claim_batch(

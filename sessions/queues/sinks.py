@@ -62,12 +62,21 @@ class InProcessQueue:
             entries = self._entries.setdefault((item.run, item.partition), OrderedDict())
             previous = entries.get(item.key)
             if previous is not None and item.is_tag:
-                item = QueueItem(item.run, item.partition, item.global_step, item.key, item.uid, {**previous.tags, **item.tags})
+                item = QueueItem(
+                    item.run,
+                    item.partition,
+                    item.global_step,
+                    item.key,
+                    item.uid,
+                    {**previous.tags, **item.tags},
+                )
             entries[item.key] = item
         async with self._changed:
             self._changed.notify_all()
 
-    def items(self, run: str, partition: str, global_step: int | None = None, *, tags: bool = False) -> list[QueueItem]:
+    def items(
+        self, run: str, partition: str, global_step: int | None = None, *, tags: bool = False
+    ) -> list[QueueItem]:
         entries = self._entries.get((run, partition), OrderedDict())
         return [
             item
@@ -76,7 +85,9 @@ class InProcessQueue:
         ]
 
     def rows(self, run: str, partition: str, global_step: int | None = None) -> list[BatchRow]:
-        return [item.row for item in self.items(run, partition, global_step) if item.row is not None]
+        return [
+            item.row for item in self.items(run, partition, global_step) if item.row is not None
+        ]
 
     def tag(self, run: str, partition: str, uid: str) -> dict[str, Any] | None:
         item = self._entries.get((run, partition), OrderedDict()).get(uid)
@@ -87,7 +98,11 @@ class InProcessQueue:
         entries = self._entries.get((run, partition))
         if not entries:
             return 0
-        doomed = [k for k, item in entries.items() if global_step is None or item.global_step == global_step]
+        doomed = [
+            k
+            for k, item in entries.items()
+            if global_step is None or item.global_step == global_step
+        ]
         for key in doomed:
             del entries[key]
         return len(doomed)

@@ -44,7 +44,9 @@ class StepTable:
 
     def names(self, prefix: str) -> list[str]:
         """The metrics named `prefix<something>`, sorted: reasons are open-ended, never a fixed list."""
-        return sorted(name for name in self.values if name.startswith(prefix) and len(name) > len(prefix))
+        return sorted(
+            name for name in self.values if name.startswith(prefix) and len(name) > len(prefix)
+        )
 
     def last(self, metric: str) -> float:
         """The metric at the latest step that has it (NaN if none)."""
@@ -57,8 +59,12 @@ class StepTable:
 @dataclass
 class ReportData:
     run: str
-    tables: dict[str, StepTable]  # partition -> its steps, in PARTITIONS order, only those with rows
-    stepless: dict[str, dict[str, float]]  # partition -> metrics of sessions recorded without a step
+    tables: dict[
+        str, StepTable
+    ]  # partition -> its steps, in PARTITIONS order, only those with rows
+    stepless: dict[
+        str, dict[str, float]
+    ]  # partition -> metrics of sessions recorded without a step
     failures: list[dict[str, Any]]
     positions: dict[str, int]  # projected, log_end, run_events, run_last (store.report_positions)
     generated_at: datetime = field(default_factory=lambda: datetime.now(timezone.utc))
@@ -74,7 +80,9 @@ class ReportData:
         return max(0, self.positions["log_end"] - self.positions["projected"])
 
 
-def step_tables(rows: Iterable[tuple[str, int | None, str, float]]) -> tuple[dict[str, StepTable], dict[str, dict[str, float]]]:
+def step_tables(
+    rows: Iterable[tuple[str, int | None, str, float]],
+) -> tuple[dict[str, StepTable], dict[str, dict[str, float]]]:
     """(partition, step, metric, value) rows → a `StepTable` per partition, plus the step-less rows."""
     by_partition: dict[str, dict[int, dict[str, float]]] = {}
     stepless: dict[str, dict[str, float]] = {}
@@ -83,7 +91,9 @@ def step_tables(rows: Iterable[tuple[str, int | None, str, float]]) -> tuple[dic
             stepless.setdefault(partition, {})[metric] = value
         else:
             by_partition.setdefault(partition, {}).setdefault(int(step), {})[metric] = value
-    order = [p for p in PARTITIONS if p in by_partition] + sorted(set(by_partition) - set(PARTITIONS))
+    order = [p for p in PARTITIONS if p in by_partition] + sorted(
+        set(by_partition) - set(PARTITIONS)
+    )
     tables = {}
     for partition in order:
         per_step = by_partition[partition]
@@ -100,13 +110,21 @@ async def resolve_run(engine: AsyncEngine, requested: str | None) -> str:
         if requested is None:
             latest = await rm.latest_run(conn)
             if latest is None:
-                raise LookupError("the database has no events yet, so there is nothing to report; record sessions "
-                                  "(or run `rollout-ledger demo`) first")
+                raise LookupError(
+                    "the database has no events yet, so there is nothing to report; record sessions "
+                    "(or run `rollout-ledger demo`) first"
+                )
             return latest
         if (await report_positions(conn, requested))["run_events"] == 0:
             known = await rm.recent_runs(conn)
-            named = ", ".join(repr(r) for r in known) if known else "none: the database has no events yet"
-            raise LookupError(f"run {requested!r} has no events in this database; its runs (most recent first): {named}")
+            named = (
+                ", ".join(repr(r) for r in known)
+                if known
+                else "none: the database has no events yet"
+            )
+            raise LookupError(
+                f"run {requested!r} has no events in this database; its runs (most recent first): {named}"
+            )
     return requested
 
 

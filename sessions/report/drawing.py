@@ -63,8 +63,18 @@ def draw(spec: FigureSpec, path: Path, *, dpi: int = 100) -> Path:
 
 def _colors(spec: FigureSpec) -> dict[str, str]:
     """One color per series label across the figure, so a reason is the same color in every panel."""
-    palette = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
-               "#bcbd22", "#17becf"]
+    palette = [
+        "#1f77b4",
+        "#ff7f0e",
+        "#2ca02c",
+        "#d62728",
+        "#9467bd",
+        "#8c564b",
+        "#e377c2",
+        "#7f7f7f",
+        "#bcbd22",
+        "#17becf",
+    ]
     colors = {"reward/mean": HONEST, "reward/mean_success_only": SUCCESS_ONLY}
     for row in spec.rows:
         for panel in row:
@@ -78,10 +88,20 @@ def _panel(axes: Any, panel: Panel, colors: dict[str, str]) -> None:
     from matplotlib.ticker import MaxNLocator
 
     axes.set_title(panel.title, fontsize=10)
-    blank = all(math.isnan(v) for s in panel.series for v in s.y)  # e.g. a mean that never had a denominator
+    blank = all(
+        math.isnan(v) for s in panel.series for v in s.y
+    )  # e.g. a mean that never had a denominator
     if panel.note is not None or blank:
-        axes.text(0.5, 0.5, panel.note or "nothing recorded", ha="center", va="center", fontsize=12,
-                  color="#666666", transform=axes.transAxes)
+        axes.text(
+            0.5,
+            0.5,
+            panel.note or "nothing recorded",
+            ha="center",
+            va="center",
+            fontsize=12,
+            color="#666666",
+            transform=axes.transAxes,
+        )
         axes.set_xticks([])
         axes.set_yticks([])
         return
@@ -98,17 +118,37 @@ def _panel(axes: Any, panel: Panel, colors: dict[str, str]) -> None:
                 axes.bar(s.x, h, width=width, bottom=bottom, label=s.label, color=colors[s.label])
                 bottom = [a + b for a, b in zip(bottom, h)]
         else:
-            axes.stackplot(x, *heights, labels=[s.label for s in stacks], colors=[colors[s.label] for s in stacks])
+            axes.stackplot(
+                x,
+                *heights,
+                labels=[s.label for s in stacks],
+                colors=[colors[s.label] for s in stacks],
+            )
     if panel.gap is not None:
         low, high = panel.get(panel.gap[0]), panel.get(panel.gap[1])
         if low is not None and high is not None:
-            axes.fill_between(low.x, low.y, high.y, color=GAP, alpha=0.55, linewidth=0,
-                              label="inflation (success-only − honest)")
+            axes.fill_between(
+                low.x,
+                low.y,
+                high.y,
+                color=GAP,
+                alpha=0.55,
+                linewidth=0,
+                label="inflation (success-only − honest)",
+            )
     for s in panel.series:
         if s.style == "stack":
             continue
-        axes.plot(s.x, s.y, label=s.label, color=colors.get(s.label), linestyle="--" if s.style == "dashed" else "-",
-                  marker=marker, markersize=3, linewidth=1.6)
+        axes.plot(
+            s.x,
+            s.y,
+            label=s.label,
+            color=colors.get(s.label),
+            linestyle="--" if s.style == "dashed" else "-",
+            marker=marker,
+            markersize=3,
+            linewidth=1.6,
+        )
     if panel.ylim is not None:
         axes.set_ylim(*panel.ylim)
     axes.set_xlabel("global step", fontsize=8)

@@ -87,15 +87,22 @@ def _differs(table: StepTable, metric: str, other: str) -> bool:
     """Whether `metric` is there and departs from `other` at some step (else drawing it adds nothing)."""
     if not table.has(metric):
         return False
-    return any(not math.isclose(a, b, rel_tol=1e-12, abs_tol=1e-12)
-               for a, b in zip(table.series(metric), table.series(other)) if not (math.isnan(a) and math.isnan(b)))
+    return any(
+        not math.isclose(a, b, rel_tol=1e-12, abs_tol=1e-12)
+        for a, b in zip(table.series(metric), table.series(other))
+        if not (math.isnan(a) and math.isnan(b))
+    )
 
 
 def _reward(c: _Columns) -> Panel:
     series = [c.series("reward/mean"), c.series("reward/mean_success_only")]
-    if _differs(c.table, "reward/mean_default_rule", "reward/mean"):  # equal unless failures were excluded
+    if _differs(
+        c.table, "reward/mean_default_rule", "reward/mean"
+    ):  # equal unless failures were excluded
         series.append(c.series("reward/mean_default_rule", "dashed"))
-    return Panel(c.title(), series, "reward per step", gap=("reward/mean", "reward/mean_success_only"))
+    return Panel(
+        c.title(), series, "reward per step", gap=("reward/mean", "reward/mean_success_only")
+    )
 
 
 def _outcomes(c: _Columns) -> Panel:
@@ -119,16 +126,22 @@ def _stack(prefix: str, empty: str, extra: tuple[str, ...] = ()) -> Callable[[_C
 
 
 def _coverage(c: _Columns) -> Panel:
-    return Panel(c.title(), [c.series("coverage")], "succeeded / (succeeded + failed)", ylim=(0.0, 1.05))
+    return Panel(
+        c.title(), [c.series("coverage")], "succeeded / (succeeded + failed)", ylim=(0.0, 1.05)
+    )
 
 
 def _attempts(c: _Columns) -> Panel:
-    series = [c.series(n, counter=True) for n in ("attempts/total", "sessions/total") if c.table.has(n)]
+    series = [
+        c.series(n, counter=True) for n in ("attempts/total", "sessions/total") if c.table.has(n)
+    ]
     return Panel(c.title(), series, "per step")
 
 
 def _groups(c: _Columns) -> Panel:
-    names = ["groups/finished", "groups/failure"] + [n for n in ("groups/unsettled",) if _nonzero(c, n)]
+    names = ["groups/finished", "groups/failure"] + [
+        n for n in ("groups/unsettled",) if _nonzero(c, n)
+    ]
     series = [c.series(n, "stack", counter=True) for n in names]
     if c.table.has("groups/below_min_valid"):
         series.append(c.series("groups/below_min_valid", "dashed", counter=True))
@@ -136,7 +149,9 @@ def _groups(c: _Columns) -> Panel:
 
 
 def _lengths(c: _Columns) -> Panel:
-    series = [c.series(n) for n in ("response_length/mean", "response_length/max") if c.table.has(n)]
+    series = [
+        c.series(n) for n in ("response_length/mean", "response_length/max") if c.table.has(n)
+    ]
     return Panel(c.title(), series, "tokens", note=None if series else "no response recorded")
 
 
@@ -151,50 +166,102 @@ def plan_figures(tables: dict[str, StepTable], *, max_points: int = MAX_POINTS) 
         return []
     size = max(c.buckets.size for c in columns)
 
-    def figure(name: str, title: str, caption: str, *rows: Callable[[_Columns], Panel]) -> FigureSpec:
-        return FigureSpec(name, title, caption, [[build(c) for c in columns] for build in rows], size)
+    def figure(
+        name: str, title: str, caption: str, *rows: Callable[[_Columns], Panel]
+    ) -> FigureSpec:
+        return FigureSpec(
+            name, title, caption, [[build(c) for c in columns] for build in rows], size
+        )
 
     out = [
-        figure("reward", "Reward: honest vs. success-only",
-               "reward/mean counts every failed session as a reward-0 placeholder row; reward/mean_success_only "
-               "averages the succeeded rows only, which is what dropping failures reports. The shaded band between "
-               "them is the inflation. reward/mean_default_rule (every row, failures as zeros) is drawn dashed "
-               "only where a metric policy excluded failures, which is the only case where it differs from reward/mean.",
-               _reward),
-        figure("sessions", "Sessions by outcome",
-               "Sessions created per step, stacked by how they ended (open: not ended when the report was read).",
-               _outcomes),
+        figure(
+            "reward",
+            "Reward: honest vs. success-only",
+            "reward/mean counts every failed session as a reward-0 placeholder row; reward/mean_success_only "
+            "averages the succeeded rows only, which is what dropping failures reports. The shaded band between "
+            "them is the inflation. reward/mean_default_rule (every row, failures as zeros) is drawn dashed "
+            "only where a metric policy excluded failures, which is the only case where it differs from reward/mean.",
+            _reward,
+        ),
+        figure(
+            "sessions",
+            "Sessions by outcome",
+            "Sessions created per step, stacked by how they ended (open: not ended when the report was read).",
+            _outcomes,
+        ),
     ]
     failure_rows = [_stack("failed/", "no failures recorded")]
     if _any(columns, lambda t: bool(t.names("failed_origin/"))):
         failure_rows.append(_stack("failed_origin/", "no failure origin recorded"))
-    out.append(figure("failures", "Failures by reason",
-                      "Failed sessions per step, stacked by failure reason (the failed/<reason> counters)"
-                      + ("; below, by origin (failed_origin/<origin>)." if len(failure_rows) > 1 else "."),
-                      *failure_rows))
+    out.append(
+        figure(
+            "failures",
+            "Failures by reason",
+            "Failed sessions per step, stacked by failure reason (the failed/<reason> counters)"
+            + ("; below, by origin (failed_origin/<origin>)." if len(failure_rows) > 1 else "."),
+            *failure_rows,
+        )
+    )
     if _any(columns, lambda t: bool(t.names("excluded/")) or t.has("sessions/excluded")):
-        out.append(figure("exclusions", "Exclusions by reason",
-                          "Sessions excluded per step, stacked by reason (excluded/<reason>); "
-                          "sessions/excluded as a line.", _stack("excluded/", "no exclusions recorded",
-                                                                    ("sessions/excluded",))))
-    out.append(figure("coverage", "Coverage",
-                      "The share of ended sessions (succeeded or failed) that the success-only mean covers; "
-                      "1.0 means no failures.", _coverage))
-    retried = any(_nonzero(c, n) for c in columns for n in ["sessions/retried", *c.table.names("retries/")])
+        out.append(
+            figure(
+                "exclusions",
+                "Exclusions by reason",
+                "Sessions excluded per step, stacked by reason (excluded/<reason>); "
+                "sessions/excluded as a line.",
+                _stack("excluded/", "no exclusions recorded", ("sessions/excluded",)),
+            )
+        )
+    out.append(
+        figure(
+            "coverage",
+            "Coverage",
+            "The share of ended sessions (succeeded or failed) that the success-only mean covers; "
+            "1.0 means no failures.",
+            _coverage,
+        )
+    )
+    retried = any(
+        _nonzero(c, n) for c in columns for n in ["sessions/retried", *c.table.names("retries/")]
+    )
     if retried:
-        out.append(figure("retries", "Attempts and retries",
-                          "Above: attempts per step beside sessions per step. Below: retries per step, stacked by "
-                          "reason (retries/<reason>), and sessions that were retried (sessions/retried).",
-                          _attempts, _stack("retries/", "no retries recorded", ("sessions/retried",))))
+        out.append(
+            figure(
+                "retries",
+                "Attempts and retries",
+                "Above: attempts per step beside sessions per step. Below: retries per step, stacked by "
+                "reason (retries/<reason>), and sessions that were retried (sessions/retried).",
+                _attempts,
+                _stack("retries/", "no retries recorded", ("sessions/retried",)),
+            )
+        )
     else:
         empty = Panel("all partitions", note="no retries recorded")
-        out.append(FigureSpec("retries", "Attempts and retries",
-                              "No session of this run was retried: no retries/<reason> or sessions/retried count "
-                              "above 0 at any step.",
-                              [[empty]], size))
-    out.append(figure("groups", "Group outcomes",
-                      "Settled groups per step: finished (at least one session succeeded) or failure (none did); "
-                      "unsettled groups are still waiting for sessions.", _groups))
-    out.append(figure("response_length", "Response lengths",
-                      "Response tokens of succeeded rows per step: mean and maximum.", _lengths))
+        out.append(
+            FigureSpec(
+                "retries",
+                "Attempts and retries",
+                "No session of this run was retried: no retries/<reason> or sessions/retried count "
+                "above 0 at any step.",
+                [[empty]],
+                size,
+            )
+        )
+    out.append(
+        figure(
+            "groups",
+            "Group outcomes",
+            "Settled groups per step: finished (at least one session succeeded) or failure (none did); "
+            "unsettled groups are still waiting for sessions.",
+            _groups,
+        )
+    )
+    out.append(
+        figure(
+            "response_length",
+            "Response lengths",
+            "Response tokens of succeeded rows per step: mean and maximum.",
+            _lengths,
+        )
+    )
     return out

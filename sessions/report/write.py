@@ -33,20 +33,32 @@ class ReportFiles:
 def check_out(out: Path) -> None:
     """Refuse, in one line, an --out that is a file or cannot be created or written."""
     if out.exists() and not out.is_dir():
-        raise ValueError(f"--out {out} is a file, not a folder: pass a folder for index.html and its figures "
-                         "(it is created if missing)")
+        raise ValueError(
+            f"--out {out} is a file, not a folder: pass a folder for index.html and its figures "
+            "(it is created if missing)"
+        )
     existing = out
     while not existing.exists():  # the nearest folder that exists is the one we must write into
         existing = existing.parent
     if not existing.is_dir():
-        raise ValueError(f"--out {out}: {existing} is a file, so the folder cannot be created there; pass another path")
+        raise ValueError(
+            f"--out {out}: {existing} is a file, so the folder cannot be created there; pass another path"
+        )
     if not os.access(existing, os.W_OK | os.X_OK):
-        raise ValueError(f"--out {out}: folder {existing} is not writable by this process; pass a folder you may "
-                         "write, or fix its permissions")
+        raise ValueError(
+            f"--out {out}: folder {existing} is not writable by this process; pass a folder you may "
+            "write, or fix its permissions"
+        )
 
 
-def write_report(data: ReportData, out: Path, *, dpi: int = DEFAULT_DPI, max_points: int = MAX_POINTS,
-                 failure_limit: int = FAILURE_ROWS) -> ReportFiles:
+def write_report(
+    data: ReportData,
+    out: Path,
+    *,
+    dpi: int = DEFAULT_DPI,
+    max_points: int = MAX_POINTS,
+    failure_limit: int = FAILURE_ROWS,
+) -> ReportFiles:
     """Draw every figure into `out` (created if missing), then write `index.html` last, so a page
     on disk never names a figure that is not there yet."""
     started = time.perf_counter()
@@ -58,8 +70,12 @@ def write_report(data: ReportData, out: Path, *, dpi: int = DEFAULT_DPI, max_poi
     files = ReportFiles(out / "index.html")
     for spec in specs:
         files.figures.append((spec, draw(spec, out / f"{spec.name}.png", dpi=dpi)))
-    page = render_page(data, [(spec, path.name) for spec, path in files.figures], max_points=max_points,
-                       failure_limit=failure_limit)
+    page = render_page(
+        data,
+        [(spec, path.name) for spec, path in files.figures],
+        max_points=max_points,
+        failure_limit=failure_limit,
+    )
     partial = out / ".index.html.tmp"
     partial.write_text(page, encoding="utf-8")
     os.replace(partial, files.index)

@@ -9,9 +9,21 @@ Each tracker logs a step at most once. The packages (`tensorboard`, `wandb`: the
 extra) are imported only when a tracker is made. See docs/trackers.md.
 """
 
-from sessions.trackers.content import FAILED_COLUMNS, FailedSession, StepContent, collect_step, failed_table_key
+from sessions.trackers.content import (
+    FAILED_COLUMNS,
+    FailedSession,
+    StepContent,
+    collect_step,
+    failed_table_key,
+)
 from sessions.trackers.step_log import (
-    ALREADY_LOGGED, LOGGED, LoggedStep, MissingTrackerPackage, Tracker, log_step, log_step_sync,
+    ALREADY_LOGGED,
+    LOGGED,
+    LoggedStep,
+    MissingTrackerPackage,
+    Tracker,
+    log_step,
+    log_step_sync,
 )
 from sessions.trackers.tensorboard_tracker import TensorBoardTracker
 from sessions.trackers.wandb_tracker import WandbTracker

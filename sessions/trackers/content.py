@@ -33,8 +33,16 @@ StepKey = tuple[str, str, "int | None"]
 
 #: The failed-sessions table's columns, in order (`FailedSession.row()` gives one row).
 FAILED_COLUMNS = (
-    "session_id", "uid", "data_source", "reason", "error_type", "message",
-    "trajectories", "prompt_len", "response_len", "seconds",
+    "session_id",
+    "uid",
+    "data_source",
+    "reason",
+    "error_type",
+    "message",
+    "trajectories",
+    "prompt_len",
+    "response_len",
+    "seconds",
 )
 
 
@@ -68,8 +76,12 @@ class FailedSession:
         last = trajectories[-1] if trajectories else {}
         created, ended = row["created_at"], row["terminal_at"]
         return cls(
-            session_id=row["session_id"], uid=row["uid"], data_source=row["data_source"],
-            reason=row["failure_reason"] or "", error_type=row["error_type"], message=row["message"],
+            session_id=row["session_id"],
+            uid=row["uid"],
+            data_source=row["data_source"],
+            reason=row["failure_reason"] or "",
+            error_type=row["error_type"],
+            message=row["message"],
             trajectories=len(trajectories),
             prompt_len=None if last is None else int(last.get("prompt_len", 0)),
             response_len=None if last is None else int(last.get("response_len", 0)),
@@ -114,12 +126,18 @@ async def collect_step(
 ) -> StepContent:
     """The step's content once the step is settled (waiting and projecting as `Ledger.batch`)."""
     scalars = await ledger.metrics_dict(
-        partition, global_step, run=run, timeout=timeout,
-        max_prompt_length=max_prompt_length, max_response_length=max_response_length,
+        partition,
+        global_step,
+        run=run,
+        timeout=timeout,
+        max_prompt_length=max_prompt_length,
+        max_response_length=max_response_length,
     )
     run = ledger.run if run is None else run
     async with ledger.engine.connect() as conn:
-        rows = await failed_session_samples(conn, run, partition, global_step, per_reason=per_reason, limit=max_failed)
+        rows = await failed_session_samples(
+            conn, run, partition, global_step, per_reason=per_reason, limit=max_failed
+        )
     total = scalars.get(f"ledger/{partition}/all/sessions/failed", 0.0)
     failed = tuple(FailedSession.from_store(r) for r in rows)
     return StepContent(run, partition, global_step, scalars, failed, int(total), per_reason)
@@ -162,6 +180,14 @@ def failed_sessions_markdown(content: StepContent) -> str:
         f"{content.failed_total} failed session(s) in {content.partition} step {content.global_step} "
         f"(run {_cell(content.run)}); {len(content.failed)} shown (the first {content.per_reason} of each reason)"
     )
-    lines = [head, "", "| " + " | ".join(FAILED_COLUMNS) + " |", "|" + " --- |" * len(FAILED_COLUMNS)]
-    lines += ["| " + " | ".join(_cell(value) for value in failed.row()) + " |" for failed in content.failed]
+    lines = [
+        head,
+        "",
+        "| " + " | ".join(FAILED_COLUMNS) + " |",
+        "|" + " --- |" * len(FAILED_COLUMNS),
+    ]
+    lines += [
+        "| " + " | ".join(_cell(value) for value in failed.row()) + " |"
+        for failed in content.failed
+    ]
     return "\n".join(lines)

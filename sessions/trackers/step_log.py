@@ -74,7 +74,9 @@ class Tracker(Protocol):
     def has_logged(self, key: StepKey) -> bool:
         """Whether this tracker already holds the step (then `log_step` leaves it alone)."""
 
-    def write(self, content: StepContent, *, scalars: bool = True, failed_sessions: bool = True) -> str:
+    def write(
+        self, content: StepContent, *, scalars: bool = True, failed_sessions: bool = True
+    ) -> str:
         """Log the step: its scalars at `global_step`, and its failed-sessions table."""
 
 
@@ -96,8 +98,15 @@ class LoggedStep:
         return [name for name, status in self.trackers.items() if status == LOGGED]
 
     def __str__(self) -> str:
-        where = "; ".join(f"{name}: {status}" for name, status in self.trackers.items()) or "no trackers"
-        what = f"{len(self.scalars)} scalars and {len(self.failed)} failed-session samples" if self.logged else "nothing new"
+        where = (
+            "; ".join(f"{name}: {status}" for name, status in self.trackers.items())
+            or "no trackers"
+        )
+        what = (
+            f"{len(self.scalars)} scalars and {len(self.failed)} failed-session samples"
+            if self.logged
+            else "nothing new"
+        )
         return f"{self.partition} step {self.global_step} of run {self.run!r}: {what} ({where})"
 
 
@@ -124,13 +133,25 @@ async def log_step(
     (`max_failed` in all). A tracker that already has the step is skipped; the ledger is not even
     read when every tracker has it. `max_*_length`: verl's clip widths for the `train` figures.
     """
-    key, pending, statuses = _pending(ledger.run if run is None else run, partition, global_step, trackers,
-                                      scalars or failed_sessions)
+    key, pending, statuses = _pending(
+        ledger.run if run is None else run,
+        partition,
+        global_step,
+        trackers,
+        scalars or failed_sessions,
+    )
     if not pending:
         return _report(key, None, statuses)
     content = await collect_step(
-        ledger, partition, global_step, run=run, timeout=timeout, per_reason=per_reason, max_failed=max_failed,
-        max_prompt_length=max_prompt_length, max_response_length=max_response_length,
+        ledger,
+        partition,
+        global_step,
+        run=run,
+        timeout=timeout,
+        per_reason=per_reason,
+        max_failed=max_failed,
+        max_prompt_length=max_prompt_length,
+        max_response_length=max_response_length,
     )
     return _write(content, pending, statuses, scalars=scalars, failed_sessions=failed_sessions)
 
@@ -154,9 +175,16 @@ def log_step_sync(
     the step is read on the ledger's loop, the trackers are written in the calling thread, so
     their file and network I/O never stalls the ledger's recording. Options as `log_step`."""
     if ledger.closed:
-        raise LedgerError("log_step_sync: the SyncLedger is closed; log each step before closing it")
-    key, pending, statuses = _pending(ledger.run if run is None else run, partition, global_step, trackers,
-                                      scalars or failed_sessions)
+        raise LedgerError(
+            "log_step_sync: the SyncLedger is closed; log each step before closing it"
+        )
+    key, pending, statuses = _pending(
+        ledger.run if run is None else run,
+        partition,
+        global_step,
+        trackers,
+        scalars or failed_sessions,
+    )
     if not pending:
         return _report(key, None, statuses)
     try:
@@ -169,8 +197,15 @@ def log_step_sync(
             "there await log_step(sync_ledger.ledger, ...) on the ledger's own loop, or call log_step_sync from a thread"
         )
     coro = collect_step(
-        ledger.ledger, partition, global_step, run=run, timeout=timeout, per_reason=per_reason, max_failed=max_failed,
-        max_prompt_length=max_prompt_length, max_response_length=max_response_length,
+        ledger.ledger,
+        partition,
+        global_step,
+        run=run,
+        timeout=timeout,
+        per_reason=per_reason,
+        max_failed=max_failed,
+        max_prompt_length=max_prompt_length,
+        max_response_length=max_response_length,
     )
     reading = asyncio.run_coroutine_threadsafe(coro, ledger.loop)
     try:
@@ -182,22 +217,34 @@ def log_step_sync(
 
 
 def _pending(
-    run: str, partition: str, global_step: int | None, trackers: Sequence[Tracker], anything: bool,
+    run: str,
+    partition: str,
+    global_step: int | None,
+    trackers: Sequence[Tracker],
+    anything: bool,
 ) -> tuple[StepKey, list[Tracker], dict[str, str]]:
     """The step's key, the trackers that lack it, and a status per tracker in the order given."""
     if not anything:
-        raise ValueError("log_step: scalars=False and failed_sessions=False would log nothing; keep one of them")
+        raise ValueError(
+            "log_step: scalars=False and failed_sessions=False would log nothing; keep one of them"
+        )
     if not trackers:
-        raise ValueError("log_step: no trackers given; pass trackers=[TensorBoardTracker(logdir), WandbTracker(...)]")
+        raise ValueError(
+            "log_step: no trackers given; pass trackers=[TensorBoardTracker(logdir), WandbTracker(...)]"
+        )
     if global_step is None:
-        raise ValueError("log_step: a tracker plots each figure against a step, and global_step is None; "
-                         "record the sessions with global_step=... to log them")
+        raise ValueError(
+            "log_step: a tracker plots each figure against a step, and global_step is None; "
+            "record the sessions with global_step=... to log them"
+        )
     key: StepKey = (run, partition, global_step)
     statuses: dict[str, str] = {}
     pending = []
     for tracker in trackers:
         if not isinstance(tracker, Tracker):
-            raise TypeError(f"log_step: {tracker!r} is not a tracker (it needs name, has_logged and write)")
+            raise TypeError(
+                f"log_step: {tracker!r} is not a tracker (it needs name, has_logged and write)"
+            )
         if tracker.has_logged(key):
             statuses[tracker.name] = ALREADY_LOGGED
         else:
@@ -206,7 +253,14 @@ def _pending(
     return key, pending, statuses
 
 
-def _write(content: StepContent, pending: list[Tracker], statuses: dict[str, str], *, scalars: bool, failed_sessions: bool) -> LoggedStep:
+def _write(
+    content: StepContent,
+    pending: list[Tracker],
+    statuses: dict[str, str],
+    *,
+    scalars: bool,
+    failed_sessions: bool,
+) -> LoggedStep:
     """Write into each pending tracker that still lacks the step: asked again under the lock, since
     another call for the same step (a task, a thread) may have written it while this one read."""
     with _WRITING:
@@ -214,16 +268,31 @@ def _write(content: StepContent, pending: list[Tracker], statuses: dict[str, str
             if tracker.has_logged(content.key):
                 statuses[tracker.name] = ALREADY_LOGGED
             else:
-                statuses[tracker.name] = tracker.write(content, scalars=scalars, failed_sessions=failed_sessions)
-    return _report(content.key, content if scalars or failed_sessions else None, statuses, scalars=scalars,
-                   failed_sessions=failed_sessions)
+                statuses[tracker.name] = tracker.write(
+                    content, scalars=scalars, failed_sessions=failed_sessions
+                )
+    return _report(
+        content.key,
+        content if scalars or failed_sessions else None,
+        statuses,
+        scalars=scalars,
+        failed_sessions=failed_sessions,
+    )
 
 
-def _report(key: StepKey, content: StepContent | None, statuses: dict[str, str], *, scalars: bool = True,
-            failed_sessions: bool = True) -> LoggedStep:
+def _report(
+    key: StepKey,
+    content: StepContent | None,
+    statuses: dict[str, str],
+    *,
+    scalars: bool = True,
+    failed_sessions: bool = True,
+) -> LoggedStep:
     run, partition, global_step = key
     done = LoggedStep(
-        run, partition, global_step,
+        run,
+        partition,
+        global_step,
         scalars=dict(content.scalars) if content is not None and scalars else {},
         failed=tuple(content.failed) if content is not None and failed_sessions else (),
         trackers=dict(statuses),

@@ -14,7 +14,12 @@ import os
 from pathlib import Path
 from typing import Any
 
-from sessions.trackers.content import StepContent, StepKey, failed_sessions_markdown, failed_table_key
+from sessions.trackers.content import (
+    StepContent,
+    StepKey,
+    failed_sessions_markdown,
+    failed_table_key,
+)
 from sessions.trackers.step_log import LOGGED, require
 
 __all__ = ["MANIFEST", "TensorBoardTracker"]
@@ -29,7 +34,9 @@ class TensorBoardTracker:
 
     def __init__(self, logdir: str | os.PathLike[str] | None = None, *, writer: Any = None) -> None:
         if (logdir is None) == (writer is None):
-            raise ValueError("TensorBoardTracker: give a log directory or an open SummaryWriter (writer=...), one of them")
+            raise ValueError(
+                "TensorBoardTracker: give a log directory or an open SummaryWriter (writer=...), one of them"
+            )
         self._owned = writer is None
         if writer is None:
             tensorboard = require("torch.utils.tensorboard", "TensorBoardTracker")
@@ -45,17 +52,25 @@ class TensorBoardTracker:
     def has_logged(self, key: StepKey) -> bool:
         return key in self._logged
 
-    def write(self, content: StepContent, *, scalars: bool = True, failed_sessions: bool = True) -> str:
+    def write(
+        self, content: StepContent, *, scalars: bool = True, failed_sessions: bool = True
+    ) -> str:
         step = content.global_step
         if scalars:
             for tag in sorted(content.scalars):
                 self.writer.add_scalar(tag, float(content.scalars[tag]), global_step=step)
         if failed_sessions:
-            self.writer.add_text(failed_table_key(content.partition), failed_sessions_markdown(content), global_step=step)
+            self.writer.add_text(
+                failed_table_key(content.partition),
+                failed_sessions_markdown(content),
+                global_step=step,
+            )
         self.writer.flush()  # on disk before the step is marked logged: at worst a crash logs it twice
         run, partition, global_step = content.key
         with open(self.logdir / MANIFEST, "a", encoding="utf-8") as manifest:
-            manifest.write(json.dumps({"run": run, "partition": partition, "global_step": global_step}) + "\n")
+            manifest.write(
+                json.dumps({"run": run, "partition": partition, "global_step": global_step}) + "\n"
+            )
         self._logged.add(content.key)
         return LOGGED
 

@@ -27,7 +27,9 @@ class WandbTracker:
     def __init__(self, run: Any = None, **init: Any) -> None:
         self._wandb = require("wandb", "WandbTracker")
         if run is not None and init:
-            raise ValueError(f"WandbTracker: given an open run, it starts none; drop {sorted(init)}")
+            raise ValueError(
+                f"WandbTracker: given an open run, it starts none; drop {sorted(init)}"
+            )
         self._owned = run is None
         self.run = self._wandb.init(**init) if run is None else run
         self._logged: set[StepKey] = set()
@@ -39,19 +41,27 @@ class WandbTracker:
     def has_logged(self, key: StepKey) -> bool:
         return key in self._logged
 
-    def write(self, content: StepContent, *, scalars: bool = True, failed_sessions: bool = True) -> str:
+    def write(
+        self, content: StepContent, *, scalars: bool = True, failed_sessions: bool = True
+    ) -> str:
         step = content.global_step
         assert step is not None  # log_step refuses step-less content
         current = self.run.step
         if step < current:
-            status = (f"skipped: the W&B run is at step {current} and W&B drops a log for an earlier step; "
-                      "log each step's partitions before the next step's")
-            log.warning("rollout-ledger %s %s step %s: %s", self.name, content.partition, step, status)
+            status = (
+                f"skipped: the W&B run is at step {current} and W&B drops a log for an earlier step; "
+                "log each step's partitions before the next step's"
+            )
+            log.warning(
+                "rollout-ledger %s %s step %s: %s", self.name, content.partition, step, status
+            )
             return status
         data: dict[str, Any] = dict(content.scalars) if scalars else {}
         if failed_sessions:
             rows = [failed.row() for failed in content.failed]
-            data[failed_table_key(content.partition)] = self._wandb.Table(columns=list(FAILED_COLUMNS), data=rows)
+            data[failed_table_key(content.partition)] = self._wandb.Table(
+                columns=list(FAILED_COLUMNS), data=rows
+            )
         self.run.log(data, step=step)
         self._logged.add(content.key)
         return LOGGED

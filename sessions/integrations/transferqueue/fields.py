@@ -23,7 +23,10 @@ __all__ = ["rows_to_tensordict"]
 
 
 def rows_to_tensordict(
-    items: Sequence[QueueItem], *, write_log_probs: bool = True, isolate_placeholders: bool | None = None
+    items: Sequence[QueueItem],
+    *,
+    write_log_probs: bool = True,
+    isolate_placeholders: bool | None = None,
 ) -> TensorDict:
     """Row items -> the unpadded TensorDict one ``kv_batch_put`` stores (first dim = sample).
 
@@ -43,7 +46,9 @@ def rows_to_tensordict(
 
     rows = [item.row for item in items]
     if any(row is None for row in rows):
-        raise ValueError("rows_to_tensordict takes row items only (QueueItem.row set), not group tags")
+        raise ValueError(
+            "rows_to_tensordict takes row items only (QueueItem.row set), not group tags"
+        )
     td = build_jagged(rows).exclude(*VERL_NON_TENSOR_COLUMNS)  # type: ignore[arg-type]
     responses = td.get("responses")
     if write_log_probs and "rollout_log_probs" not in td.keys():
@@ -53,9 +58,16 @@ def rows_to_tensordict(
         del td["rollout_log_probs"]
     mask = td.get("response_mask")
     td.set("loss_mask", jagged_from_parts(mask.values().clone(), mask.offsets()))
-    td.set("global_steps", NonTensorStack.from_list([item.tags.get("global_steps", item.global_step) for item in items]))
+    td.set(
+        "global_steps",
+        NonTensorStack.from_list(
+            [item.tags.get("global_steps", item.global_step) for item in items]
+        ),
+    )
     td.set(GROUP_UID, NonTensorStack.from_list([item.uid for item in items]))
-    td.set("uid", NonTensorStack.from_list([_field_uid(item, isolate_placeholders) for item in items]))
+    td.set(
+        "uid", NonTensorStack.from_list([_field_uid(item, isolate_placeholders) for item in items])
+    )
     return td
 
 

@@ -31,7 +31,9 @@ def read_rows(partition_id: str, keys: Sequence[str], *, pad_token_id: int = 0) 
     return to_padded(raw, pad_token_id=pad_token_id, keys=keys)
 
 
-async def aread_rows(partition_id: str, keys: Sequence[str], *, pad_token_id: int = 0) -> TensorDict:
+async def aread_rows(
+    partition_id: str, keys: Sequence[str], *, pad_token_id: int = 0
+) -> TensorDict:
     """``async_kv_batch_get`` counterpart of ``read_rows``."""
     keys = list(keys)
     if not keys:
@@ -46,7 +48,9 @@ def _empty_batch(pad_token_id: int) -> TensorDict:
     return build_padded([], pad_token_id=pad_token_id)
 
 
-def to_padded(raw: TensorDictBase, *, pad_token_id: int = 0, keys: Sequence[str] | None = None) -> TensorDict:
+def to_padded(
+    raw: TensorDictBase, *, pad_token_id: int = 0, keys: Sequence[str] | None = None
+) -> TensorDict:
     """What ``kv_batch_get`` returns (jagged nested tensors) -> a padded batch with the original dtypes.
 
     Section 6 columns go through ``sessions.batches.densify`` (prompts left-padded, responses
@@ -82,10 +86,17 @@ def to_padded(raw: TensorDictBase, *, pad_token_id: int = 0, keys: Sequence[str]
     placeholder_dtype = COLUMN_DTYPES["is_placeholder"]
     core.setdefault("is_placeholder", torch.zeros(batch_size, dtype=placeholder_dtype))
     core["is_placeholder"] = core["is_placeholder"].to(placeholder_dtype)
-    for name in ("response_mask", "rm_scores"):  # rows from writers without them: all-ones mask, no reward
+    for name in (
+        "response_mask",
+        "rm_scores",
+    ):  # rows from writers without them: all-ones mask, no reward
         if name not in core:
             values = core["responses"].values()
-            fill = torch.ones_like(values) if name == "response_mask" else torch.zeros(values.shape[0], dtype=COLUMN_DTYPES[name])
+            fill = (
+                torch.ones_like(values)
+                if name == "response_mask"
+                else torch.zeros(values.shape[0], dtype=COLUMN_DTYPES[name])
+            )
             core[name] = jagged_from_parts(fill, core["responses"].offsets())
     jagged = TensorDict(core, batch_size=[batch_size])
     for name, values in lists.items():
@@ -127,7 +138,10 @@ def _pad_extra(value: Any, lengths: tuple[Any, ...], widths: tuple[int, int]) ->
     elif torch.equal(row_lengths, p_len):  # prompt side: left-padded
         width, shift = P, P - p_len
     else:  # aligned with neither: right-padded to its own longest row
-        width, shift = (int(row_lengths.max()) if row_lengths.numel() else 0), torch.zeros_like(row_lengths)
+        width, shift = (
+            (int(row_lengths.max()) if row_lengths.numel() else 0),
+            torch.zeros_like(row_lengths),
+        )
     rows, positions = row_ids_and_positions(row_lengths)
     out = values.new_zeros((row_lengths.numel(), width, *values.shape[1:]))
     out[rows, shift[rows] + positions] = values

@@ -189,7 +189,11 @@ def start_transferqueue(
                 + "; tq.init would block forever. Use fewer storage units or more num_cpus."
             )
         if not ray.is_initialized():
-            kwargs: dict[str, Any] = {"address": "local", "num_cpus": ray_cpus, "include_dashboard": False}
+            kwargs: dict[str, Any] = {
+                "address": "local",
+                "num_cpus": ray_cpus,
+                "include_dashboard": False,
+            }
             kwargs.update(ray_init_kwargs or {})
             ray.init(**kwargs)
             started_ray = True
@@ -198,7 +202,9 @@ def start_transferqueue(
         if config:
             from omegaconf import OmegaConf
 
-            conf = OmegaConf.to_container(OmegaConf.merge(OmegaConf.create(conf), OmegaConf.create(dict(config))))  # type: ignore[assignment]
+            conf = OmegaConf.to_container(
+                OmegaConf.merge(OmegaConf.create(conf), OmegaConf.create(dict(config)))
+            )  # type: ignore[assignment]
         final = _init_with_timeout(tq, conf, timeout_s, ray_cpus, units)
     except BaseException:
         try:
@@ -211,12 +217,18 @@ def start_transferqueue(
             _restore_env(env_before)
         raise
     return TransferQueueHandle(
-        config=final, ray_cpus=ray_cpus, storage_units=units, started_ray=started_ray,
-        startup_s=time.monotonic() - started, _env_before=env_before,
+        config=final,
+        ray_cpus=ray_cpus,
+        storage_units=units,
+        started_ray=started_ray,
+        startup_s=time.monotonic() - started,
+        _env_before=env_before,
     )
 
 
-def _init_with_timeout(tq: ModuleType, conf: Mapping[str, Any], timeout_s: float, ray_cpus: int, units: int) -> Any:
+def _init_with_timeout(
+    tq: ModuleType, conf: Mapping[str, Any], timeout_s: float, ray_cpus: int, units: int
+) -> Any:
     """``tq.init(conf)`` in a daemon thread, so a blocked start-up becomes an error, not a hang."""
     outcome: dict[str, Any] = {}
 
@@ -236,5 +248,7 @@ def _init_with_timeout(tq: ModuleType, conf: Mapping[str, Any], timeout_s: float
             "each) — another job may hold Ray's CPUs — or when an actor fails to start; see the Ray logs."
         )
     if "error" in outcome:
-        raise TransferQueueStartError(f"transfer_queue.init failed: {outcome['error']}") from outcome["error"]
+        raise TransferQueueStartError(
+            f"transfer_queue.init failed: {outcome['error']}"
+        ) from outcome["error"]
     return outcome.get("config")

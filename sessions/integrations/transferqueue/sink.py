@@ -135,18 +135,25 @@ class TransferQueueSink:
                     keys=[item.key for item in chunk],
                     partition_id=partition_id,
                     fields=rows_to_tensordict(
-                        chunk, write_log_probs=self.write_log_probs, isolate_placeholders=self.isolate_placeholders
+                        chunk,
+                        write_log_probs=self.write_log_probs,
+                        isolate_placeholders=self.isolate_placeholders,
                     ),
                     tags=[_row_tags(item) for item in chunk],
                 )
         for partition_id, w in work.items():
             if w.tags:
-                await tq.async_kv_batch_put(keys=list(w.tags), partition_id=partition_id, tags=list(w.tags.values()))
+                await tq.async_kv_batch_put(
+                    keys=list(w.tags), partition_id=partition_id, tags=list(w.tags.values())
+                )
 
     # convenience: read back through the same connection
-    def read_rows(self, partition: str, keys: Sequence[str], *, pad_token_id: int = 0) -> TensorDict:
+    def read_rows(
+        self, partition: str, keys: Sequence[str], *, pad_token_id: int = 0
+    ) -> TensorDict:
         return read_rows(self.partition_id(partition), keys, pad_token_id=pad_token_id)
 
-    async def aread_rows(self, partition: str, keys: Sequence[str], *, pad_token_id: int = 0) -> TensorDict:
+    async def aread_rows(
+        self, partition: str, keys: Sequence[str], *, pad_token_id: int = 0
+    ) -> TensorDict:
         return await aread_rows(self.partition_id(partition), keys, pad_token_id=pad_token_id)
-

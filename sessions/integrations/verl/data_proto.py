@@ -37,8 +37,13 @@ from sessions.placeholder import GROUP_UID, isolated_uid
 if TYPE_CHECKING:
     from verl.protocol import DataProto
 
-__all__ = ["GROUP_UID", "batch_columns", "import_data_proto", "isolate_placeholder_uids", "to_data_proto"]
-
+__all__ = [
+    "GROUP_UID",
+    "batch_columns",
+    "import_data_proto",
+    "isolate_placeholder_uids",
+    "to_data_proto",
+]
 
 
 def import_data_proto() -> type:
@@ -65,9 +70,13 @@ def batch_columns(batch: TensorDictBase) -> tuple[dict[str, torch.Tensor], dict[
     (``DataProto.from_tensordict`` would move such a column into ``meta_info``).
     """
     if not isinstance(batch, TensorDictBase):
-        raise TypeError(f"expected a ledger batch (a TensorDict from Ledger.batch), got {type(batch).__name__}")
+        raise TypeError(
+            f"expected a ledger batch (a TensorDict from Ledger.batch), got {type(batch).__name__}"
+        )
     if len(batch.batch_size) != 1:
-        raise ValueError(f"a ledger batch has one batch dimension, got batch_size={list(batch.batch_size)}")
+        raise ValueError(
+            f"a ledger batch has one batch dimension, got batch_size={list(batch.batch_size)}"
+        )
     tensors: dict[str, torch.Tensor] = {}
     non_tensors: dict[str, np.ndarray] = {}
     for key in batch.keys():
@@ -82,7 +91,9 @@ def batch_columns(batch: TensorDictBase) -> tuple[dict[str, torch.Tensor], dict[
                 )
             tensors[key] = value
         else:
-            raise TypeError(f"column {key!r} is a {type(value).__name__}; a ledger batch holds tensors and non-tensor stacks")
+            raise TypeError(
+                f"column {key!r} is a {type(value).__name__}; a ledger batch holds tensors and non-tensor stacks"
+            )
     return tensors, non_tensors
 
 
@@ -96,7 +107,9 @@ def isolate_placeholder_uids(
     """
     for name in ("uid", "session_index"):
         if name not in non_tensors:
-            raise ValueError(f"placeholder uid isolation needs the {name!r} column; the batch has {sorted(non_tensors)}")
+            raise ValueError(
+                f"placeholder uid isolation needs the {name!r} column; the batch has {sorted(non_tensors)}"
+            )
     uids = non_tensors["uid"].copy()
     taken = set(uids.tolist())
     for i in np.flatnonzero(is_placeholder.cpu().numpy()):
@@ -156,10 +169,16 @@ def to_data_proto(
     tensors, non_tensors = batch_columns(batch)
     size = int(batch.batch_size[0])
     if "is_placeholder" not in tensors:
-        raise ValueError("the batch has no 'is_placeholder' column; is it a ledger batch (Ledger.batch)?")
+        raise ValueError(
+            "the batch has no 'is_placeholder' column; is it a ledger batch (Ledger.batch)?"
+        )
     if "uid" in non_tensors:
         non_tensors[GROUP_UID] = non_tensors["uid"].copy()
-        isolate = _isolate_by_default(non_tensors) if isolate_placeholders is None else isolate_placeholders
+        isolate = (
+            _isolate_by_default(non_tensors)
+            if isolate_placeholders is None
+            else isolate_placeholders
+        )
         if isolate:
             non_tensors["uid"] = isolate_placeholder_uids(non_tensors, tensors["is_placeholder"])
     elif isolate_placeholders:

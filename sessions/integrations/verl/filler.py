@@ -46,7 +46,9 @@ def filler_uid(step: Any, index: int) -> str:
     return f"pad-{step}-{index}"
 
 
-def _filler_tensor(name: str, like: torch.Tensor, count: int, prompt_width: int, pad_token_id: int) -> torch.Tensor:
+def _filler_tensor(
+    name: str, like: torch.Tensor, count: int, prompt_width: int, pad_token_id: int
+) -> torch.Tensor:
     """``count`` filler values for one tensor column: a 1 + 1-token row in the padded layout."""
     out = torch.zeros((count, *like.shape[1:]), dtype=like.dtype, device=like.device)
     if name in _TOKEN_COLUMNS:

@@ -58,12 +58,16 @@ def rollout_corr_metrics(dp: DataProto, rollout_corr_config: Any) -> dict[str, f
 
     Needs ``old_log_probs``, ``rollout_log_probs`` and ``response_mask`` (as verl's own call).
     """
-    rows = trainable_rows(dp).select(batch_keys=["old_log_probs", "rollout_log_probs", "response_mask"], deepcopy=True)
+    rows = trainable_rows(dp).select(
+        batch_keys=["old_log_probs", "rollout_log_probs", "response_mask"], deepcopy=True
+    )
     _, metrics = _verl_original()(rows, rollout_corr_config)
     return metrics
 
 
-def _add_to_batch_with_trainable_metrics(batch: DataProto, rollout_corr_config: Any) -> tuple[DataProto, dict]:
+def _add_to_batch_with_trainable_metrics(
+    batch: DataProto, rollout_corr_config: Any
+) -> tuple[DataProto, dict]:
     """verl's ``compute_rollout_correction_and_add_to_batch``, metrics over trainable rows only."""
     metrics = rollout_corr_metrics(batch, rollout_corr_config)
     corrected, _ = _verl_original()(batch, rollout_corr_config)

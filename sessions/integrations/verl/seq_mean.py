@@ -50,13 +50,17 @@ def seq_mean_weights(
     if loss_agg_mode in TOKEN_MODES:
         return torch.ones(response_mask.shape[0], dtype=torch.float32)
     if loss_agg_mode not in SEQ_MEAN_MODES:
-        raise ValueError(f"unknown loss_agg_mode {loss_agg_mode!r}; verl's are {TOKEN_MODES + SEQ_MEAN_MODES}")
+        raise ValueError(
+            f"unknown loss_agg_mode {loss_agg_mode!r}; verl's are {TOKEN_MODES + SEQ_MEAN_MODES}"
+        )
     rows = int(response_mask.shape[0])
     for name, value in (("mini_batch_size", mini_batch_size), ("dp_size", dp_size)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
     if mini_batch_size % dp_size:
-        raise ValueError(f"mini_batch_size {mini_batch_size} must be a multiple of dp_size {dp_size}, as verl's worker asserts")
+        raise ValueError(
+            f"mini_batch_size {mini_batch_size} must be a multiple of dp_size {dp_size}, as verl's worker asserts"
+        )
     if rows % mini_batch_size:
         raise ValueError(
             f"{rows} rows do not split into mini-batches of {mini_batch_size}, and verl's worker would refuse them "
@@ -64,7 +68,9 @@ def seq_mean_weights(
         )
     shard, per_rank = rows // dp_size, mini_batch_size // dp_size
     position = torch.arange(rows)
-    mini_batch = (position % shard) // per_rank  # row i is on rank i // shard, at local index i % shard
+    mini_batch = (
+        position % shard
+    ) // per_rank  # row i is on rank i // shard, at local index i % shard
     trainable = (response_mask.sum(-1) > 0).to(torch.float64).cpu()
     count = torch.zeros(shard // per_rank, dtype=torch.float64).index_add_(0, mini_batch, trainable)
     weights = trainable * mini_batch_size / count[mini_batch].clamp(min=1)
@@ -90,9 +96,14 @@ def unbiased_seq_mean(
     Yields the weights.
     """
     if "advantages" not in dp.batch.keys():
-        raise ValueError("the DataProto has no 'advantages' yet; compute them (e.g. GRPO) before the actor update")
+        raise ValueError(
+            "the DataProto has no 'advantages' yet; compute them (e.g. GRPO) before the actor update"
+        )
     weights = seq_mean_weights(
-        dp.batch["response_mask"], loss_agg_mode=loss_agg_mode, mini_batch_size=mini_batch_size, dp_size=dp_size
+        dp.batch["response_mask"],
+        loss_agg_mode=loss_agg_mode,
+        mini_batch_size=mini_batch_size,
+        dp_size=dp_size,
     )
     original = dp.batch["advantages"]
     dp.batch["advantages"] = original * weights.to(original.device, original.dtype).unsqueeze(-1)

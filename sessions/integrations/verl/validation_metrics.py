@@ -68,7 +68,12 @@ def validation_metrics(
     dropped sessions have none). `num_turns` adds `val-aux/num_turns/min|max|mean` (verl reads
     them from `__num_turns__`). A data source is spelt as verl spells it, `f"{data_source}"`.
     """
-    _same_length(data_sources=data_sources, uids=uids, scores=scores, **({} if num_turns is None else {"num_turns": num_turns}))
+    _same_length(
+        data_sources=data_sources,
+        uids=uids,
+        scores=scores,
+        **({} if num_turns is None else {"num_turns": num_turns}),
+    )
     values = _scores(scores, as_float32)
     out: dict[str, float] = {}
     by_source: dict[Any, dict[Any, list[float]]] = {}
@@ -78,8 +83,12 @@ def validation_metrics(
         per_metric = _per_uid_metrics(list(by_uid.values()), seed, n_bootstrap)
         n_max = max(int(name.split("@")[-1].split("/")[0]) for name in per_metric)
         for name, uid_values in per_metric.items():
-            core = name.startswith(("mean", "maj", "best")) and f"@{n_max}" in name  # verl's test, verbatim in effect
-            out[f"{'val-core' if core else 'val-aux'}/{source}/reward/{name}"] = float(np.mean(uid_values))
+            core = (
+                name.startswith(("mean", "maj", "best")) and f"@{n_max}" in name
+            )  # verl's test, verbatim in effect
+            out[f"{'val-core' if core else 'val-aux'}/{source}/reward/{name}"] = float(
+                np.mean(uid_values)
+            )
     if num_turns is not None and len(num_turns):
         turns = np.asarray(num_turns)
         out["val-aux/num_turns/min"] = float(turns.min())
@@ -105,8 +114,12 @@ def data_metrics(
     clip ratios compare with; by default the longest row, as a batch padded to its own rows has.
     `critic/rewards/*`, advantages, returns and values depend on the trainer, not on the rows.
     """
-    _same_length(scores=scores, prompt_lengths=prompt_lengths, response_lengths=response_lengths,
-                 **({} if num_turns is None else {"num_turns": num_turns}))
+    _same_length(
+        scores=scores,
+        prompt_lengths=prompt_lengths,
+        response_lengths=response_lengths,
+        **({} if num_turns is None else {"num_turns": num_turns}),
+    )
     if not len(scores):
         return {}
     score = _scores(scores, True)
@@ -121,17 +134,25 @@ def data_metrics(
     out.update(_stats("response_length", response))
     out["response_length/clip_ratio"] = _f32(np.mean(response == r_width))
     out.update(_stats("response_length_non_aborted", response[kept]))
-    out["response_length_non_aborted/clip_ratio"] = _f32(np.mean(response[kept] == r_width)) if kept.any() else float("nan")
+    out["response_length_non_aborted/clip_ratio"] = (
+        _f32(np.mean(response[kept] == r_width)) if kept.any() else float("nan")
+    )
     out["response/aborted_ratio"] = _f32(np.mean(aborted))
     out.update(_stats("prompt_length", prompt))
     out["prompt_length/clip_ratio"] = _f32(np.mean(prompt == p_width))
     if num_turns is not None:
         turns = np.asarray(num_turns)
-        out["num_turns/min"], out["num_turns/max"], out["num_turns/mean"] = float(turns.min()), float(turns.max()), float(turns.mean())
+        out["num_turns/min"], out["num_turns/max"], out["num_turns/mean"] = (
+            float(turns.min()),
+            float(turns.max()),
+            float(turns.mean()),
+        )
     return out
 
 
-def ledger_metrics(rows: Iterable[Any], *, prefix: str = LEDGER_PREFIX, all_sources: str = ALL_SOURCES) -> dict[str, float]:
+def ledger_metrics(
+    rows: Iterable[Any], *, prefix: str = LEDGER_PREFIX, all_sources: str = ALL_SOURCES
+) -> dict[str, float]:
     """The ledger's metric rows (`sessions.projection.metrics.MetricRow`, as `Ledger.metrics`
     returns them) of one step as `{prefix}/{partition}/{data_source or all_sources}/{metric}`.
 
@@ -142,19 +163,27 @@ def ledger_metrics(rows: Iterable[Any], *, prefix: str = LEDGER_PREFIX, all_sour
     for row in rows:
         steps.add((row.run, row.global_step))
         if row.data_source == all_sources:
-            raise ValueError(f"a data source is named {all_sources!r}, which spells the all-sources figures; "
-                             "pass another all_sources= label")
+            raise ValueError(
+                f"a data source is named {all_sources!r}, which spells the all-sources figures; "
+                "pass another all_sources= label"
+            )
         source = all_sources if row.data_source is None else row.data_source
         out[f"{prefix}/{row.partition}/{source}/{row.metric}"] = float(row.value)
     if len(steps) > 1:
-        raise ValueError(f"metric rows of {len(steps)} (run, global_step) pairs {sorted(steps, key=repr)}: "
-                         "pass the rows of one step (Ledger.metrics(partition, step, run=...))")
+        raise ValueError(
+            f"metric rows of {len(steps)} (run, global_step) pairs {sorted(steps, key=repr)}: "
+            "pass the rows of one step (Ledger.metrics(partition, step, run=...))"
+        )
     return out
 
 
 def metrics_dict(
-    partition: str, queue_rows: Iterable[Mapping[str, Any]], metric_rows: Iterable[Any], *,
-    max_prompt_length: int | None = None, max_response_length: int | None = None,
+    partition: str,
+    queue_rows: Iterable[Mapping[str, Any]],
+    metric_rows: Iterable[Any],
+    *,
+    max_prompt_length: int | None = None,
+    max_response_length: int | None = None,
 ) -> dict[str, float]:
     """One tracker dict for a step: verl's figures from its queue rows (`val`: validation metrics,
     `train`: `data_metrics`, the widths passed on) and the ledger's own under `ledger/`. Queue rows
@@ -162,19 +191,30 @@ def metrics_dict(
     rows."""
     rows = [q for q in queue_rows if q.get("kind", "row") == "row"]
     if partition == "val":
-        verl = validation_metrics([q["data_source"] for q in rows], [q["uid"] for q in rows],
-                                  [q["reward"] for q in rows], [q["num_turns"] for q in rows])
+        verl = validation_metrics(
+            [q["data_source"] for q in rows],
+            [q["uid"] for q in rows],
+            [q["reward"] for q in rows],
+            [q["num_turns"] for q in rows],
+        )
     elif partition == "train":
-        verl = data_metrics([q["reward"] for q in rows], [q["prompt_len"] for q in rows],
-                            [q["response_len"] for q in rows], [q["num_turns"] for q in rows],
-                            max_prompt_length=max_prompt_length, max_response_length=max_response_length)
+        verl = data_metrics(
+            [q["reward"] for q in rows],
+            [q["prompt_len"] for q in rows],
+            [q["response_len"] for q in rows],
+            [q["num_turns"] for q in rows],
+            max_prompt_length=max_prompt_length,
+            max_response_length=max_response_length,
+        )
     else:
         raise ValueError(f"partition {partition!r} is neither 'train' nor 'val'")
     return {**verl, **ledger_metrics(metric_rows)}
 
 
 # ------------------------------------------------------------------ validation internals
-def _per_uid_metrics(groups: list[list[float]], seed: int, n_bootstrap: int) -> dict[str, list[float]]:
+def _per_uid_metrics(
+    groups: list[list[float]], seed: int, n_bootstrap: int
+) -> dict[str, list[float]]:
     """metric name -> its value for each uid that has it, uids in order of first appearance
     (verl's order, so its averages sum in the same order)."""
     per_uid: list[dict[str, float]] = [{} for _ in groups]
@@ -221,11 +261,15 @@ def _indices(k: int, n: int, seed: int, n_bootstrap: int) -> np.ndarray:
     if cached is None:
         if len(_INDEX_CACHE) > 256:
             _INDEX_CACHE.clear()
-        cached = _INDEX_CACHE[key] = np.random.RandomState(seed).choice(k, size=(n_bootstrap, n), replace=True)
+        cached = _INDEX_CACHE[key] = np.random.RandomState(seed).choice(
+            k, size=(n_bootstrap, n), replace=True
+        )
     return cached
 
 
-def _bootstrap(block: np.ndarray, n: int, seed: int, n_bootstrap: int) -> tuple[list[tuple[float, float]], list[tuple[float, float]]]:
+def _bootstrap(
+    block: np.ndarray, n: int, seed: int, n_bootstrap: int
+) -> tuple[list[tuple[float, float]], list[tuple[float, float]]]:
     """(mean, std) of the best and of the worst of n resampled scores, per uid of the block; every
     uid of a block has the same k, so all share verl's one resample of indices."""
     idx = _indices(block.shape[1], n, seed, n_bootstrap)
@@ -233,7 +277,7 @@ def _bootstrap(block: np.ndarray, n: int, seed: int, n_bootstrap: int) -> tuple[
     best: list[tuple[float, float]] = []
     worst: list[tuple[float, float]] = []
     for start in range(0, block.shape[0], step):
-        sample = block[start:start + step][:, idx]  # [uids, n_bootstrap, n]
+        sample = block[start : start + step][:, idx]  # [uids, n_bootstrap, n]
         top, bottom = sample.max(axis=2), sample.min(axis=2)
         # mean and std row by row: numpy's std along an axis of a 2-D array rounds differently
         # from its std of a 1-D array (verl's), by a few ulps
@@ -253,8 +297,16 @@ def _scores(scores: Sequence[float], as_float32: bool) -> np.ndarray:
 
 def _stats(prefix: str, values: np.ndarray) -> dict[str, float]:
     if not values.size:
-        return {f"{prefix}/mean": float("nan"), f"{prefix}/max": float("nan"), f"{prefix}/min": float("nan")}
-    return {f"{prefix}/mean": _f32(values.mean()), f"{prefix}/max": float(values.max()), f"{prefix}/min": float(values.min())}
+        return {
+            f"{prefix}/mean": float("nan"),
+            f"{prefix}/max": float("nan"),
+            f"{prefix}/min": float("nan"),
+        }
+    return {
+        f"{prefix}/mean": _f32(values.mean()),
+        f"{prefix}/max": float(values.max()),
+        f"{prefix}/min": float(values.min()),
+    }
 
 
 def _f32(value: Any) -> float:
