@@ -119,8 +119,7 @@ def main(argv: list[str] | None = None) -> int:
         print(line)
     print(flush=True)
 
-    from benchmarks import append, overhead, pg, projection, replay_audit
-    from benchmarks import batch_ready, export
+    from benchmarks import append, batch_ready, export, overhead, pg, projection, replay_audit
 
     modules = {
         "append": append,

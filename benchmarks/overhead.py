@@ -23,8 +23,8 @@ import gc
 import json
 import time
 from collections.abc import Awaitable
-from typing import TypeVar
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 

@@ -23,8 +23,8 @@ from typing import Any
 import numpy as np
 
 from benchmarks.common import (
-    MiB,
     Config,
+    MiB,
     Report,
     RssProbe,
     add_memory,

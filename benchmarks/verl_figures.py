@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-from collections import defaultdict
 from typing import Any
 
 import torch

@@ -20,13 +20,13 @@ from pathlib import Path
 
 import torch
 from torch import nn
-
-from sessions import SyncLedger, to_data_proto
 from verl.trainer.ppo.core_algos import agg_loss, compute_grpo_outcome_advantage, get_policy_loss_fn
 from verl.trainer.ppo.metric_utils import compute_data_metrics
 from verl.trainer.ppo.reward import extract_reward
 from verl.utils.torch_functional import entropy_from_logits, logprobs_from_logits
 from verl.workers.config import ActorConfig
+
+from sessions import SyncLedger, to_data_proto
 
 VOCAB, EOS = 32, 1
 PROMPTS, GROUP, MAX_NEW_TOKENS = 4, 4, 8

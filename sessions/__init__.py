@@ -19,6 +19,7 @@ from sessions.errors import (
     InvalidInput,
     InvalidTransition,
     LedgerError,
+    ProjectionError,
     RolloutFailure,
     SandboxError,
     SchemaError,
@@ -28,9 +29,8 @@ from sessions.errors import (
 from sessions.failure_policy import MetricPolicy, RetryPolicy
 from sessions.fingerprint import RunConfigMismatch
 from sessions.ledger import DEFAULT_RUN, Ledger
-from sessions.projection.metrics import MetricRow
 from sessions.placeholder import PlaceholderPolicy
-from sessions.errors import ProjectionError
+from sessions.projection.metrics import MetricRow
 from sessions.projection.projector import Projector
 from sessions.queues.sinks import InProcessQueue, QueueItem, QueueSink
 from sessions.recorder import SessionHandle, SessionOutcome

@@ -8,15 +8,13 @@ from contextlib import asynccontextmanager
 from types import EllipsisType
 from typing import Any
 
-
 from sessions import aggregate as agg
 from sessions import events as ev
-from sessions import validation
+from sessions import fingerprint, validation
 from sessions.errors import ConcurrencyError, InvalidInput, LedgerError
-from sessions import fingerprint
 from sessions.failure_policy import MetricPolicy, RetryPolicy
-from sessions.projection.metrics import MetricRow
 from sessions.placeholder import PARTITIONS, PlaceholderPolicy
+from sessions.projection.metrics import MetricRow
 from sessions.projection.projector import Projector
 from sessions.queues.sinks import QueueSink
 from sessions.recorder import (
@@ -27,9 +25,9 @@ from sessions.recorder import (
     SessionHandle,
     SessionOutcome,
     append_then_apply,
-    storable_envelopes,
     failure_origin,
     failure_reason,
+    storable_envelopes,
     stored_bytes,
 )
 from store import (

@@ -12,7 +12,6 @@ from typing import Literal
 
 from sessions.failure_policy import check_rules, match
 
-
 __all__ = [
     "ANY",
     "DECISIONS",

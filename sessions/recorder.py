@@ -12,9 +12,8 @@ import numpy as np
 
 from sessions import aggregate as agg
 from sessions import events as ev
-from sessions import tokens, validation
+from sessions import storable, tokens, validation
 from sessions.errors import InvalidInput, LedgerError, RolloutFailure
-from sessions import storable
 from sessions.failure_policy import MetricPolicy
 from sessions.placeholder import PlaceholderPolicy
 from store import EventStore, encode_data

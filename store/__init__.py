@@ -10,10 +10,17 @@ Everything that differs between SQLite and PostgreSQL lives in `store.dialects`.
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from store import (
+    bulk_copy,
+    bulk_read_models,
+    console,
+    driver,
+    export_reads,
+    queue_claims,
+    read_models,
+)
 from store.append_sql import GroupConflict
 from store.columns import ColumnSpec, column_spec
-from store import bulk_copy, bulk_read_models, console, driver, queue_claims, read_models
-from store import export_reads
 from store.engine import (
     StoredJSONError,
     create_engine,
@@ -24,13 +31,13 @@ from store.engine import (
 )
 from store.errors import ConcurrencyError, LedgerError, SchemaError, StoreError
 from store.event_store import EventStore
-from store.retry import is_transient, retry_transient
+from store.futures import DeferredCancelFuture, deferred_cancel
 from store.migrate import check_schema, current_revision, head_revision, upgrade
 from store.projection_locks import follower_leadership, projection_page
 from store.read_model_scan import READ_MODEL_KEYS, TableScan, scan
-from store.report_reads import report_failures, report_positions, report_step_metrics
 from store.records import NewEvent, StoredEvent, encode_data
-from store.futures import DeferredCancelFuture, deferred_cancel
+from store.report_reads import report_failures, report_positions, report_step_metrics
+from store.retry import is_transient, retry_transient
 from store.tracker_reads import failed_session_samples
 
 __all__ = [

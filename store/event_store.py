@@ -34,8 +34,8 @@ from store.engine import WRITE_LOCK, sqlite_writer_engine
 from store.errors import ConcurrencyError, StoreError
 from store.futures import DeferredCancelFuture
 from store.records import NewEvent, StoredEvent
-from store.sqlite_writer import ImmediateConnection, SqliteWriter, run_now
 from store.retry import RETRY_ATTEMPTS, RETRY_BASE_DELAY, is_transient, retry_transient
+from store.sqlite_writer import ImmediateConnection, SqliteWriter, run_now
 from store.tables import events
 
 log = logging.getLogger(__name__)

@@ -365,8 +365,8 @@ def zygote(conn: Any) -> None:
 
     import sessions  # noqa: F401
     import sessions.audit.auditing  # noqa: F401
-    import sessions.projection.projector  # noqa: F401
     import sessions.batches.rows  # noqa: F401  (torch, for the sink's rows)
+    import sessions.projection.projector  # noqa: F401
     import store  # noqa: F401
 
     try:

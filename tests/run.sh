@@ -31,6 +31,10 @@ verl_log="$(mktemp -t rollout-ledger-verl-XXXXXX.log)"
 ) >"$verl_log" 2>&1 &
 verl_pid=$!
 
+echo "== ruff: format and lint (settings in pyproject.toml)"
+lint_status=0
+.venv/bin/ruff format --check --quiet . && .venv/bin/ruff check --quiet . || lint_status=1
+
 echo "== newest releases (.venv): the whole suite"
 .venv/bin/python -m pytest -q -n 2 --dist loadfile
 main_status=$?
@@ -40,6 +44,7 @@ verl_status=$?
 echo "== verl 0.9.1 pins (.venv-verl): the verl_env tests"
 cat "$verl_log"
 rm -f "$verl_log"
-echo "== exit: newest releases $main_status, verl pins $verl_status"
+echo "== exit: ruff $lint_status, newest releases $main_status, verl pins $verl_status"
 [ "$main_status" -ne 0 ] && exit "$main_status"
+[ "$lint_status" -ne 0 ] && exit "$lint_status"
 exit "$verl_status"

@@ -11,8 +11,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sessions.batches.advantage import grpo_outcome_advantage
 from sessions.batches import BatchRow, build_jagged, build_padded, non_tensor
+from sessions.batches.advantage import grpo_outcome_advantage
 
 FAST = settings(max_examples=50, deadline=None)
 EPS = 1e-6

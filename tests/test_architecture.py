@@ -163,7 +163,7 @@ def test_sessions_imports_from_store_only_what_store_exports() -> None:
     violations = sessions_violations(exported)
     assert not violations, (
         "sessions/ reaches into store/ past store.__all__ (import only `store` or `from store import X`, "
-        f"X in store.__all__):\n" + "\n".join(violations)
+        "X in store.__all__):\n" + "\n".join(violations)
     )
 
 

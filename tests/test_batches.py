@@ -12,8 +12,6 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sessions.batches import flat as flat_module
-from sessions.batches import padded as padded_module
 from sessions.batches import (
     NON_TENSOR_COLUMNS,
     UNKNOWN_TURNS,
@@ -29,6 +27,8 @@ from sessions.batches import (
     select_rows,
     to_plain_dict,
 )
+from sessions.batches import flat as flat_module
+from sessions.batches import padded as padded_module
 from sessions.batches.tensordict_compat import NATIVE_JAGGED_ROW_OPS
 
 pytestmark = pytest.mark.verl_env  # also under verl's pin, tensordict 0.10.0
@@ -215,7 +215,7 @@ def test_padded_matches_per_row_reference(rows: list[BatchRow], pad: int) -> Non
 @given(rows=batch_rows())
 def test_padded_row_invariants(rows: list[BatchRow]) -> None:
     batch = build_padded(rows, pad_token_id=0)
-    P, R = batch["prompts"].shape[1], batch["responses"].shape[1]
+    P = batch["prompts"].shape[1]
     for i, row in enumerate(rows):
         lp, lr = len(row.prompt_ids), len(row.response_ids)
         assert batch["prompts"][i, P - lp :].tolist() == row.prompt_ids.tolist()

@@ -25,7 +25,6 @@ from tensordict import NonTensorData, NonTensorStack
 
 from benchmarks.projection import check_same, per_row_padded
 from sessions import batches as batches_module
-from sessions.batches import non_tensor_stacks as stacks_module
 from sessions.batches import (
     NON_TENSOR_COLUMNS,
     BatchRow,
@@ -34,6 +33,7 @@ from sessions.batches import (
     non_tensor,
     select_rows,
 )
+from sessions.batches import non_tensor_stacks as stacks_module
 from sessions.batches.tensordict_compat import NATIVE_EMPTY_SELECTION
 
 pytestmark = pytest.mark.verl_env  # also under verl's pin, tensordict 0.10.0

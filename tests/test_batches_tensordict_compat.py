@@ -25,10 +25,11 @@ from sessions.batches import (
     concat_batches,
     densify,
     non_tensor,
+    non_tensor_stacks,
     select_rows,
     split_batch,
+    tensordict_compat,
 )
-from sessions.batches import non_tensor_stacks, tensordict_compat
 from sessions.batches.tensordict_compat import NATIVE_EMPTY_SELECTION, NATIVE_JAGGED_ROW_OPS
 from tests.batch_strategies import assert_declared_columns, assert_same_batch, rows
 
@@ -290,7 +291,7 @@ def test_empty_batches_have_every_column_and_take_every_row_operation() -> None:
         )
     ]
     for build in (build_padded, build_jagged):
-        empty, full = build([]), build(one)
+        empty = build([])
         assert_declared_columns(empty, [], one)  # logprobs-free rows: the same columns as `full`
         assert_same_batch(select_rows(empty, []), empty)
         assert_same_batch(select_rows(empty, torch.zeros(0, dtype=torch.bool)), empty)

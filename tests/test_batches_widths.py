@@ -37,7 +37,7 @@ def longest(batch_rows: list[BatchRow]) -> tuple[int, int]:
 
 def unpadded(batch: Any, P: int, R: int) -> dict[str, torch.Tensor]:
     """The batch's columns cut back to P x R (the tokens beyond were padding)."""
-    Pw, Rw = batch.get("prompts").shape[1], batch.get("responses").shape[1]
+    Pw = batch.get("prompts").shape[1]
     out: dict[str, torch.Tensor] = {}
     for name in batch.keys():
         value = batch.get(name)

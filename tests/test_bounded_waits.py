@@ -7,8 +7,8 @@ from __future__ import annotations
 import asyncio
 import gc
 import threading
-import warnings
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 

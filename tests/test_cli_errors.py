@@ -34,9 +34,9 @@ from sqlalchemy.engine import make_url
 
 from sessions import Ledger
 from sessions.cli.errors import EXIT_ERROR, EXIT_INTERRUPTED, reason
-from tests.conftest import default_sigint
 from store import create_engine
 from store.tables import events
+from tests.conftest import default_sigint
 
 PREFIX = "rollout-ledger: error: "
 KW = {"uid": "u1", "session_index": 0, "group_size": 1, "partition": "val", "global_step": 0}
@@ -414,7 +414,7 @@ class _Bug(Exception):
         (ModuleNotFoundError("No module named 'rich'", name="rich"), ("rich", "pip install -e .")),
         (_Bug("line one\n  line two"), ("internal error", "_Bug", "line one line two", "--debug")),
         (
-            ExceptionGroup("two", [ValueError("first problem"), ValueError("second")]),
+            ExceptionGroup("two", [ValueError("first problem"), ValueError("second")]),  # noqa: F821 (3.11+)
             ("first problem", "1 more"),
         ),
         (KeyboardInterrupt(), ("interrupted",)),

@@ -5,8 +5,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import uuid
 import struct
+import uuid
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, ClassVar

@@ -20,7 +20,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
@@ -192,7 +191,7 @@ def test_one_outcome_per_session_from_its_final_attempt(
             "partial": ("timeout", "policy"),
         }
 
-        def retried(step: str) -> bool:
+        def retried(step: str, reasons: dict[str, tuple[str, str]] = reasons) -> bool:
             reason, origin = reasons[step]
             return reason in policy["retry_on"] or origin in policy["retry_on"]
 

@@ -480,11 +480,9 @@ def test_writer_processes_conflict_cleanly(pg_url: str, hub: Hub) -> None:
         }[action]
         assert types[2:] == tail, f"{sid}: {types}, winner {winner} ran {action}"
         data = stream[2][2]
-        writer_seen = {
-            "succeed": lambda: data["extra"]["writer"],
-            "fail": lambda: int(data["message"].split()[-1]),
-            "cancel": lambda: int(data["message"].split()[-1]),
-        }[action]()
+        writer_seen = (
+            data["extra"]["writer"] if action == "succeed" else int(data["message"].split()[-1])
+        )
         assert writer_seen == winner, (
             f"{sid}: version 3 written by {writer_seen}, but writer {winner} was told it won"
         )

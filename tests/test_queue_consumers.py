@@ -19,8 +19,8 @@ import pytest
 from sqlalchemy import and_, func, select
 
 from sessions import Ledger
-from sessions.queues.consumer import QueueConsumer
 from sessions.placeholder import PARTITIONS
+from sessions.queues.consumer import QueueConsumer
 from store import create_engine
 from store import queue_claims as qc
 from store.engine import WRITE_LOCK
@@ -236,9 +236,10 @@ async def test_the_claim_write_refuses_a_live_claim_even_if_the_select_missed_it
     b = QueueConsumer(queue.ledger, "b", run=RUN, partition=PART)
     held = [r["id"] for r in await a.claim_rows(30)]
     assert await a.ack(held[:10]) == 10
-    blind = lambda cutoff: and_(
-        queue_claims.c.queue_row_id == queue_rows.c.id, queue_claims.c.queue_row_id < 0
-    )  # noqa: E731
+
+    def blind(cutoff: object) -> object:
+        return and_(queue_claims.c.queue_row_id == queue_rows.c.id, queue_claims.c.queue_row_id < 0)
+
     monkeypatch.setattr(qc, "_live_claim", blind)
     assert await b.claim_rows(5) == []
     async with queue.ledger.engine.connect() as conn:

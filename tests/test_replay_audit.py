@@ -26,10 +26,10 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from sessions import Ledger
 from sessions.audit.auditing import Divergence, audit, compare
+from sessions.audit.replay import replay
 from sessions.batches import to_plain_dict
 from sessions.cli.demo import DemoConfig, run_demo
 from sessions.projection.projector import Projector
-from sessions.audit.replay import replay
 from store import create_engine
 from store.migrate import upgrade
 from store.records import StoredEvent

@@ -31,10 +31,10 @@ from sqlalchemy import select
 
 from sessions import events as ev
 from sessions import tokens
-from sessions.audit.auditing import AuditReport, audit
-from sessions.projection.projector import Projector
 from sessions.audit import replay as replay_module
+from sessions.audit.auditing import AuditReport, audit
 from sessions.audit.replay import replay
+from sessions.projection.projector import Projector
 from store import create_engine
 from store.event_store import EventStore
 from store.migrate import upgrade
@@ -116,6 +116,7 @@ def random_log(rnd: random.Random) -> Log:
                 data: dict[str, Any],
                 payload: bytes | None = None,
                 schema: int | None = None,
+                items: list[Any] = items,
             ) -> None:
                 items.append(
                     (None, type_, schema or ev.EVENT_TYPES[type_].SCHEMA_VERSION, data, payload)

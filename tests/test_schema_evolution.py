@@ -15,9 +15,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from sessions import Ledger
+from sessions import Ledger, tokens
 from sessions import events as ev
-from sessions import tokens
 from sessions.errors import UnknownEventError
 from store.records import NewEvent, StoredEvent
 from tests import golden

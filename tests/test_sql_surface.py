@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy import inspect
 

@@ -554,7 +554,7 @@ async def test_sqlite_file_appends_run_on_the_writer_thread_and_memory_ones_on_t
             event.listen(
                 opened.append_engine,
                 "before_cursor_execute",
-                lambda *_args: threads.append(threading.current_thread().name),
+                lambda *_args, threads=threads: threads.append(threading.current_thread().name),
             )
             assert (opened.append_engine is not opened.engine.sync_engine) is on_thread
             await asyncio.gather(

@@ -24,8 +24,16 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sessions import InvalidInput, InvalidTransition, LedgerError, SandboxError, SchemaError
-from sessions import SessionProxy, SyncLedger, SyncSession
+from sessions import (
+    InvalidInput,
+    InvalidTransition,
+    LedgerError,
+    SandboxError,
+    SchemaError,
+    SessionProxy,
+    SyncLedger,
+    SyncSession,
+)
 from tests.conftest import default_sigint
 
 pytestmark = pytest.mark.verl_env
@@ -374,7 +382,7 @@ def test_async_runners_on_other_loops_in_other_threads_record_through_it(
                 async with ledger.asession(
                     f"a{t}-ctxfail", **identity(f"a{t}ctxfail", 0, 1, 7)
                 ) as failing:
-                    1 / 0
+                    raise ZeroDivisionError("division by zero")
             assert (failing.state, failing.view.failure_reason) == ("failed", "runner_error")
             stuck = asyncio.ensure_future(stuck_session(f"a{t}-stuck"))
             await asyncio.sleep(0.2)

@@ -346,7 +346,7 @@ def test_tensorboard_holds_every_scalar_once_at_its_step_as_float32(logged: Logg
     for tag in wanted_tags:
         for event in board.Scalars(tag):
             by_tag.setdefault(tag, {}).setdefault(event.step, []).append(event.value)
-    for (partition, step), expected in logged.expected.items():
+    for (_partition, step), expected in logged.expected.items():
         for key, value in expected.items():
             values = by_tag[key].get(step, [])
             assert len(values) == 1, f"{key} at step {step}: {values}"

@@ -42,9 +42,8 @@ import torch  # noqa: E402
 
 from sessions import Ledger  # noqa: E402
 from sessions.batches import non_tensor  # noqa: E402
-from sessions.cli.demo import DemoConfig, run_demo  # noqa: E402
-from sessions.queues.sinks import QueueItem  # noqa: E402
 from sessions.batches.rows import META_COLUMNS  # noqa: E402
+from sessions.cli.demo import DemoConfig, run_demo  # noqa: E402
 from sessions.integrations.transferqueue import (  # noqa: E402
     RAY_LOOPBACK_ENV,
     TransferQueueHandle,
@@ -59,6 +58,7 @@ from sessions.integrations.transferqueue import (  # noqa: E402
     row_keys,
     start_transferqueue,
 )
+from sessions.queues.sinks import QueueItem  # noqa: E402
 from store import read_models as rm  # noqa: E402
 
 PARTITIONS = ("train", "val")

@@ -13,7 +13,6 @@ import types
 from collections.abc import Iterator
 from typing import Any
 
-import numpy as np
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings

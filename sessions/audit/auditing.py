@@ -20,13 +20,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sessions.audit.divergence import Divergence
-from sessions.gc_pause import gc_paused
 from sessions.audit.log_check import check_log
 from sessions.audit.read_model_diff import compare, compare_rows
-from sessions.projection.rebuild import ReadModels, Rebuild
 from sessions.audit.replay import prepare
-from store import bulk_read_models as bulk
+from sessions.gc_pause import gc_paused
+from sessions.projection.rebuild import ReadModels, Rebuild
 from store import AsyncEngine
+from store import bulk_read_models as bulk
 from store import read_models as rm
 
 __all__ = ["AuditReport", "Divergence", "audit", "check_log", "compare"]

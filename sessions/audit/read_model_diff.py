@@ -19,14 +19,12 @@ from __future__ import annotations
 import hashlib
 import operator
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from sessions.audit.divergence import Divergence
+from store import READ_MODEL_KEYS, TableScan, driver, scan
 from store import bulk_read_models as bulk
-from store import driver
 from store import read_models as rm
-from store import READ_MODEL_KEYS, TableScan, scan
 
 __all__ = [
     "CHUNK",

@@ -21,8 +21,8 @@ from sessions.batches.columns import COLUMN_DTYPES, RESPONSE_COLUMNS
 from sessions.batches.flat import (
     _default_turns,
     _Flat,
-    _non_tensor_columns,
     _flat_from_rows,
+    _non_tensor_columns,
     _read_view,
     _reject_unknown,
     _row_columns,

@@ -9,6 +9,7 @@ so the traceback is there when someone needs it.
 from __future__ import annotations
 
 import asyncio
+import builtins
 import errno
 import os
 import socket
@@ -92,6 +93,10 @@ def exit_status(error: BaseException) -> int:
     return EXIT_INTERRUPTED if isinstance(error, KeyboardInterrupt) else EXIT_ERROR
 
 
+#: Python 3.11's exception groups (what a TaskGroup raises); absent on 3.10, where nothing raises one.
+_EXCEPTION_GROUP: type[BaseException] | None = getattr(builtins, "BaseExceptionGroup", None)
+
+
 def reason(error: BaseException, databases: Sequence[str | None] = ()) -> str:
     """What went wrong and what to do, as one line (whitespace collapsed)."""
     text = " ".join(_reason(error, databases).split())
@@ -99,7 +104,7 @@ def reason(error: BaseException, databases: Sequence[str | None] = ()) -> str:
 
 
 def _reason(error: BaseException, databases: Sequence[str | None]) -> str:
-    if isinstance(error, BaseExceptionGroup):
+    if _EXCEPTION_GROUP is not None and isinstance(error, _EXCEPTION_GROUP):
         first = error.exceptions[0]
         more = len(error.exceptions) - 1
         return _reason(first, databases) + (f" (and {more} more error(s))" if more else "")

@@ -275,13 +275,12 @@ async def _resolve_run(ledger: Any, requested: str | None) -> str:
 
 async def _cmd_demo(args: argparse.Namespace) -> int:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.text import Text
 
-    from sessions.cli.demo import DemoConfig, new_run_name, run_demo
-    from sessions.ledger import Ledger
+    from sessions.cli.demo import DemoConfig, example_session, new_run_name, next_commands, run_demo
     from sessions.cli.render import console as make_console
     from sessions.cli.render import summary_table
-    from sessions.cli.demo import example_session, next_commands
-    from rich.text import Text
+    from sessions.ledger import Ledger
 
     config = DemoConfig(
         args.steps,
@@ -398,8 +397,8 @@ async def _report_quarantined(ledger: Any, *, after: int) -> None:
 
 
 async def _cmd_metrics(args: argparse.Namespace) -> int:
-    from sessions.ledger import Ledger
     from sessions.cli.render import metrics_table, print_json, show, visible
+    from sessions.ledger import Ledger
 
     async with Ledger.open(args.db, migrate=False) as ledger:
         run = await _resolve_run(ledger, args.run)
@@ -451,8 +450,8 @@ def _check_out(out: str) -> None:
 
 async def _cmd_history(args: argparse.Namespace) -> int:
     from sessions.audit.history import session_history
-    from sessions.ledger import Ledger
     from sessions.cli.render import history_table, print_table
+    from sessions.ledger import Ledger
 
     async with Ledger.open(args.db, migrate=False) as ledger:
         rows, view = await session_history(ledger.store, args.session_id, at_position=args.at)

@@ -20,8 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from sessions.export.schema import Column, arrow_schema
 from sessions.errors import LedgerError
+from sessions.export.schema import Column, arrow_schema
 
 __all__ = [
     "ExportError",

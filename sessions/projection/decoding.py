@@ -14,8 +14,8 @@ from typing import Any
 import orjson
 
 from sessions import events as ev
-from sessions.errors import UnknownEventError
 from sessions import storable
+from sessions.errors import UnknownEventError
 from sessions.projection.rules import LogEvent
 from store import StoredEvent, load_json
 
