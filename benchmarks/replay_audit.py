@@ -46,7 +46,7 @@ WORKLOAD = "replay/audit"
 async def replay_once(source: Path, target: Path) -> tuple[float, Any]:
     from sessions.audit.replay import replay
     from store import create_engine
-    from store.migrate import upgrade
+    from store.schema.migrate import upgrade
 
     src, dst = (
         create_engine(f"sqlite+aiosqlite:///{source}"),

@@ -14,7 +14,7 @@ from alembic import context
 from sqlalchemy.engine import Connection
 
 from store.engine import ENV_VAR, create_engine, normalize_url
-from store.tables import metadata
+from store.schema.tables import metadata
 
 config = context.config
 target_metadata = metadata

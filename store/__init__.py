@@ -10,17 +10,8 @@ Everything that differs between SQLite and PostgreSQL lives in `store.dialects`.
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from store import (
-    bulk_copy,
-    bulk_read_models,
-    console,
-    driver,
-    export_reads,
-    queue_claims,
-    read_models,
-)
-from store.append_sql import GroupConflict
-from store.columns import ColumnSpec, column_spec
+from store import read_models
+from store.bulk import bulk_copy, bulk_read_models, driver
 from store.engine import (
     StoredJSONError,
     create_engine,
@@ -30,15 +21,19 @@ from store.engine import (
     normalize_url,
 )
 from store.errors import ConcurrencyError, LedgerError, SchemaError, StoreError
-from store.event_store import EventStore
-from store.futures import DeferredCancelFuture, deferred_cancel
-from store.migrate import check_schema, current_revision, head_revision, upgrade
-from store.projection_locks import follower_leadership, projection_page
-from store.read_model_scan import READ_MODEL_KEYS, TableScan, scan
-from store.records import NewEvent, StoredEvent, encode_data
-from store.report_reads import report_failures, report_positions, report_step_metrics
+from store.log.append_sql import GroupConflict
+from store.log.event_store import EventStore
+from store.log.futures import DeferredCancelFuture, deferred_cancel
+from store.log.records import NewEvent, StoredEvent, encode_data
+from store.queue import queue_claims
+from store.read_models.projection_locks import follower_leadership, projection_page
+from store.read_models.read_model_scan import READ_MODEL_KEYS, TableScan, scan
+from store.reads import console, export_reads
+from store.reads.report_reads import report_failures, report_positions, report_step_metrics
+from store.reads.tracker_reads import failed_session_samples
 from store.retry import is_transient, retry_transient
-from store.tracker_reads import failed_session_samples
+from store.schema.columns import ColumnSpec, column_spec
+from store.schema.migrate import check_schema, current_revision, head_revision, upgrade
 
 __all__ = [
     "READ_MODEL_KEYS",

@@ -233,7 +233,7 @@ def require_ledger_file(database: str) -> None:
     switched to WAL.
     """
     from store.errors import SchemaError
-    from store.migrate import read_state, schema_problem
+    from store.schema.migrate import read_state, schema_problem
 
     path = Path(database).expanduser()
     where, target = f"SQLite file {database}", shlex.quote(database)
@@ -331,7 +331,7 @@ _SQLITE_SETTINGS: weakref.WeakKeyDictionary[sqlalchemy.Engine, _SqliteSettings] 
 def sqlite_writer_engine(engine: AsyncEngine) -> sqlalchemy.Engine | None:
     """A synchronous engine on the same SQLite file with the same settings (WAL, busy timeout,
     BEGIN IMMEDIATE under `WRITE_LOCK`), for the append writer's own thread
-    (`store.sqlite_writer`); None for PostgreSQL, an in-memory database (a second connection
+    (`store.log.sqlite_writer`); None for PostgreSQL, an in-memory database (a second connection
     would see another database) or an engine not made by `create_engine`."""
     settings = _SQLITE_SETTINGS.get(engine.sync_engine)
     if settings is None or settings.in_memory:

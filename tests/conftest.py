@@ -190,7 +190,7 @@ async def wipe(url: str) -> None:
     from sqlalchemy import text
 
     from store import create_engine, upgrade
-    from store.tables import metadata
+    from store.schema.tables import metadata
 
     engine = create_engine(url)
     try:

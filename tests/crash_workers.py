@@ -401,7 +401,7 @@ async def log_streams(engine: Any) -> dict[str, list[tuple[int, int, str, dict[s
     streams, `@run:<run>`, are no sessions and are left out)."""
     from sqlalchemy import select
 
-    from store.tables import events
+    from store.schema.tables import events
 
     streams: dict[str, list[tuple[int, int, str, dict[str, Any]]]] = {}
     async with engine.connect() as conn:
@@ -525,7 +525,7 @@ async def check_projection(
     metric counters equal to a brute-force count of sessions by state."""
     from sqlalchemy import select
 
-    from store.tables import checkpoints, groups, metric_counts, queue_rows, sessions
+    from store.schema.tables import checkpoints, groups, metric_counts, queue_rows, sessions
 
     if streams is None:
         streams = await log_streams(engine)

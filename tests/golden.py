@@ -22,9 +22,9 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from store import read_models as rm
 from store.engine import WRITE_LOCK
-from store.migrate import upgrade
-from store.records import StoredEvent
-from store.tables import events, groups, projection_errors, queue_rows
+from store.log.records import StoredEvent
+from store.schema.migrate import upgrade
+from store.schema.tables import events, groups, projection_errors, queue_rows
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 COLUMNS = tuple(c.name for c in events.c)

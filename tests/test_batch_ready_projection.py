@@ -307,7 +307,7 @@ async def _held_against_read(path: Path, page_size: int) -> tuple[int, int]:
 async def _all_queue(conn: Any) -> list[dict[str, Any]]:
     from sqlalchemy import select
 
-    from store.tables import queue_rows
+    from store.schema.tables import queue_rows
 
     return [dict(r) for r in (await conn.execute(select(queue_rows))).mappings()]
 

@@ -12,7 +12,7 @@ from sqlalchemy.dialects import sqlite
 
 from store import create_engine
 from store import read_models as rm
-from store.migrate import upgrade
+from store.schema.migrate import upgrade
 
 
 async def _migrated(tmp_path: Path) -> Path:

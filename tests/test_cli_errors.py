@@ -35,7 +35,7 @@ from sqlalchemy.engine import make_url
 from sessions import Ledger
 from sessions.cli.errors import EXIT_ERROR, EXIT_INTERRUPTED, reason
 from store import create_engine
-from store.tables import events
+from store.schema.tables import events
 from tests.conftest import default_sigint
 
 PREFIX = "rollout-ledger: error: "

@@ -21,7 +21,7 @@ from sessions import Ledger
 from sessions.cli.demo import DemoConfig, example_session, next_commands
 from sessions.cli.errors import EXIT_BROKEN_PIPE
 from sessions.cli.render import metrics_table, shown, summary_table, visible
-from store.console import QueryTimeout, check_read_only, run_query
+from store.reads.console import QueryTimeout, check_read_only, run_query
 from tests.test_cli import _command, cli, ok
 from tests.test_sql_surface import doc_examples
 

@@ -20,7 +20,7 @@ from sessions import aggregate as agg
 from sessions import events as ev
 from sessions import storable, tokens
 from sessions.errors import InvalidInput, UnknownEventError
-from store.records import StoredEvent, encode_data
+from store.log.records import StoredEvent, encode_data
 
 
 def stored_from(new: Any, position: int = 1) -> StoredEvent:

@@ -80,7 +80,7 @@ def rows_of(path: Path, order: str = "session_id, trajectory_index") -> list[dic
 def file_columns(*, text: bool = False) -> list[str]:
     """The columns an export of a database at this checkout's head holds (the optional session
     columns included once `store.tables` declares them)."""
-    from store.tables import sessions
+    from store.schema.tables import sessions
 
     return [c.name for c in columns_for([col.name for col in sessions.columns], text=text)]
 

@@ -24,9 +24,9 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from sessions import Ledger, PlaceholderPolicy, SandboxError
 from sessions import events as ev
 from sessions.projection import metrics as m
-from store.event_store import to_stored
-from store.tables import events as events_table
-from store.tables import metric_counts
+from store.log.event_store import to_stored
+from store.schema.tables import events as events_table
+from store.schema.tables import metric_counts
 
 Scope = tuple[str, str, "int | None", "str | None"]
 

@@ -19,7 +19,7 @@ from sqlalchemy import Column, inspect, text
 from sqlalchemy.exc import IntegrityError
 
 from store import SchemaError, create_engine, current_revision, head_revision, upgrade
-from store.tables import metadata
+from store.schema.tables import metadata
 
 ROOT = Path(__file__).resolve().parent.parent
 TABLES = {

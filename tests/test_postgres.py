@@ -267,7 +267,7 @@ async def assert_projection_complete(url: str) -> dict[str, int]:
 async def copy_events(source: str, target: str) -> int:
     """Copy the log (positions included) into a migrated, empty database."""
     from store import create_engine
-    from store.tables import events
+    from store.schema.tables import events
 
     src, dst = create_engine(source), create_engine(target)
     try:
@@ -287,7 +287,7 @@ async def copy_events(source: str, target: str) -> int:
 
 async def read_models(url: str) -> dict[str, list[tuple[Any, ...]]]:
     from store import create_engine
-    from store.tables import groups, metric_counts, queue_rows, sessions
+    from store.schema.tables import groups, metric_counts, queue_rows, sessions
 
     def ordered(table: Any, *skip: str) -> Any:
         columns = [c for c in table.columns if c.name not in skip]
@@ -607,7 +607,7 @@ async def test_dropped_connections_never_tear_sessions_or_move_the_checkpoint_al
     from sessions import ConcurrencyError, Ledger, SandboxError, StoreError
     from sessions.projection.projector import Projector
 
-    caplog.set_level(logging.WARNING, logger="store.event_store")
+    caplog.set_level(logging.WARNING, logger="store.log.event_store")
     appends: list[tuple[str, list[str], BaseException | None]] = []
     command_errors: list[BaseException] = []
     projection_errors: list[BaseException] = []

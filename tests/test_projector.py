@@ -30,7 +30,7 @@ from sessions.projection.projector import Projector
 from sessions.queues.sinks import InProcessQueue
 from store import create_engine
 from store import read_models as rm
-from store.tables import checkpoints, groups, metric_counts, queue_rows, sessions
+from store.schema.tables import checkpoints, groups, metric_counts, queue_rows, sessions
 from tests.conftest import backend_of, wipe
 from tests.test_metrics import assert_metrics_match, read_events, stored_metrics
 

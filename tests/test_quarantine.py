@@ -22,8 +22,8 @@ from sessions.audit.auditing import audit
 from sessions.audit.replay import replay
 from sessions.batches import non_tensor
 from store import NewEvent, create_engine, upgrade
-from store.append_sql import insert_events
-from store.tables import projection_errors
+from store.log.append_sql import insert_events
+from store.schema.tables import projection_errors
 from tests.conftest import fresh_database
 from tests.test_replay_audit import table_rows
 

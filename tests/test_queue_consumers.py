@@ -24,7 +24,7 @@ from sessions.queues.consumer import QueueConsumer
 from store import create_engine
 from store import queue_claims as qc
 from store.engine import WRITE_LOCK
-from store.tables import queue_claims, queue_rows
+from store.schema.tables import queue_claims, queue_rows
 
 RUN = "default"
 PART = "train"

@@ -677,7 +677,7 @@ async def test_failure_message_is_truncated(ledger: Any, ids: Any) -> None:
 
 async def test_failure_fields_fit_the_read_model_columns(ledger: Any, ids: Any) -> None:
     """A huge exception class name must not produce an event the sessions table cannot hold."""
-    from store.tables import sessions as sessions_table
+    from store.schema.tables import sessions as sessions_table
 
     long_error = type("E" * 300, (Exception,), {})
 

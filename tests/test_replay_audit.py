@@ -31,9 +31,9 @@ from sessions.batches import to_plain_dict
 from sessions.cli.demo import DemoConfig, run_demo
 from sessions.projection.projector import Projector
 from store import create_engine
-from store.migrate import upgrade
-from store.records import StoredEvent
-from store.tables import (
+from store.log.records import StoredEvent
+from store.schema.migrate import upgrade
+from store.schema.tables import (
     READ_MODELS,
     checkpoints,
     events,

@@ -36,10 +36,10 @@ from sessions.audit.auditing import AuditReport, audit
 from sessions.audit.replay import replay
 from sessions.projection.projector import Projector
 from store import create_engine
-from store.event_store import EventStore
-from store.migrate import upgrade
-from store.records import NewEvent
-from store.tables import checkpoints, events
+from store.log.event_store import EventStore
+from store.log.records import NewEvent
+from store.schema.migrate import upgrade
+from store.schema.tables import checkpoints, events
 from tests.conftest import backend_of, wipe
 from tests.test_replay_audit import TABLES, table_rows
 

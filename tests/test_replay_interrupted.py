@@ -21,8 +21,8 @@ from sessions.audit.auditing import compare
 from sessions.audit.replay import replay
 from sessions.projection.projector import Projector
 from store import create_engine
-from store.migrate import upgrade
-from store.tables import checkpoints, events, queue_rows, sessions
+from store.schema.migrate import upgrade
+from store.schema.tables import checkpoints, events, queue_rows, sessions
 from tests import golden
 from tests.conftest import BACKENDS, fresh_database
 
@@ -105,7 +105,7 @@ _KILLED = textwrap.dedent("""
     import asyncio, os, sys
     from sessions.audit.replay import replay
     from store import bulk_read_models, create_engine
-    from store.migrate import upgrade
+    from store.schema.migrate import upgrade
 
     real = bulk_read_models.write_read_models
 

@@ -18,7 +18,7 @@ import pytest
 from sessions import Ledger, tokens
 from sessions import events as ev
 from sessions.errors import UnknownEventError
-from store.records import NewEvent, StoredEvent
+from store.log.records import NewEvent, StoredEvent
 from tests import golden
 
 V1 = golden.FIXTURES / "golden_v1.jsonl"

@@ -27,8 +27,8 @@ from sessions import Ledger, PlaceholderPolicy, SandboxError
 from sessions.cli.sql import WriteRefused, run_query
 from store import create_engine, current_revision, head_revision
 from store import queue_claims as qc
-from store.tables import metadata
-from store.views import VIEWS
+from store.schema.tables import metadata
+from store.schema.views import VIEWS
 from tests.test_migrations import _compare as compare_expression_aware
 from tests.test_migrations import alembic as run_alembic
 

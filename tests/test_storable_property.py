@@ -37,7 +37,7 @@ from sqlalchemy import func, select
 from sessions import InvalidInput, Ledger
 from sessions import events as ev
 from store import create_engine
-from store.tables import events, projection_errors, sessions
+from store.schema.tables import events, projection_errors, sessions
 from tests.conftest import backend_of, wipe
 
 torch = pytest.importorskip("torch")

@@ -17,7 +17,7 @@ import pytest
 from sqlalchemy import func, select
 
 from store import ConcurrencyError, EventStore, NewEvent, StoreError, create_engine, upgrade
-from store.tables import events as events_table
+from store.schema.tables import events as events_table
 
 
 def mk(
@@ -340,7 +340,7 @@ async def test_a_reader_never_sees_a_later_position_before_an_earlier_one(
     """While another writer's insert is uncommitted, an append must not become visible past it:
     every snapshot a tailing reader takes is a prefix of the final log (docs/design.md §8)."""
     from store.engine import WRITE_LOCK
-    from store.event_store import insert_events
+    from store.log.event_store import insert_events
 
     await store.append("before", 0, batch("before", 0, 1))
     slow = mk("other-writer", 1)

@@ -1,6 +1,6 @@
 """Metrics in verl's names are verl's (docs/design.md §7, issue 14 items 2 and 9).
 
-`sessions.integrations.verl.validation_metrics` against verl 0.9.1's own code, and the ledger's
+`sessions.projection.verl_metrics` against verl 0.9.1's own code, and the ledger's
 `reward/mean@k` against verl's `val-core/<ds>/reward/mean@k` on the rows of the ledger's batch:
 
 * hypothesis steps (data sources, uids, rows per uid, uids that lost rows, rewards, turns): the
@@ -32,7 +32,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sessions import Ledger, PlaceholderPolicy, SandboxError
-from sessions.integrations.verl import validation_metrics as vm
+from sessions.projection import verl_metrics as vm
 from sessions.projection.metrics import MetricRow
 from store import read_models as rm
 from tests.conftest import backend_of, require_verl

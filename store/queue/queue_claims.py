@@ -42,7 +42,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from store.engine import WRITE_LOCK
 from store.read_models import equals
-from store.tables import NAME, queue_claims, queue_rows
+from store.schema.tables import NAME, queue_claims, queue_rows
 
 #: Mirrors `sessions.placeholder.PARTITIONS` (store must not import sessions; a test keeps them equal).
 PARTITIONS = ("train", "val")

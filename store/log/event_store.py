@@ -21,7 +21,9 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from store.append_sql import (
+from store.engine import WRITE_LOCK, sqlite_writer_engine
+from store.errors import ConcurrencyError, StoreError
+from store.log.append_sql import (
     CHUNK,
     AppendRequest,
     Outcome,
@@ -30,13 +32,11 @@ from store.append_sql import (
     lock_for_append,
     resolve,
 )
-from store.engine import WRITE_LOCK, sqlite_writer_engine
-from store.errors import ConcurrencyError, StoreError
-from store.futures import DeferredCancelFuture
-from store.records import NewEvent, StoredEvent
+from store.log.futures import DeferredCancelFuture
+from store.log.records import NewEvent, StoredEvent
+from store.log.sqlite_writer import ImmediateConnection, SqliteWriter, run_now
 from store.retry import RETRY_ATTEMPTS, RETRY_BASE_DELAY, is_transient, retry_transient
-from store.sqlite_writer import ImmediateConnection, SqliteWriter, run_now
-from store.tables import events
+from store.schema.tables import events
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +68,7 @@ class EventStore:
         #: Stream versions as of this store's last commits (see `_resolve`).
         self._versions: dict[str, int] = {}
         self._conn: AsyncConnection | None = None
-        #: File SQLite: the batches' SQL runs on a thread of its own (`store.sqlite_writer` says why).
+        #: File SQLite: the batches' SQL runs on a thread of its own (`store.log.sqlite_writer` says why).
         sync_twin = sqlite_writer_engine(engine)
         self._thread_writer = SqliteWriter(sync_twin) if sync_twin is not None else None
         self._loop: asyncio.AbstractEventLoop | None = None

@@ -17,7 +17,7 @@ from sqlalchemy import Text, and_, case, cast, column, func, inspect, literal_co
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from store.read_models import get_checkpoint, log_end
-from store.tables import events, sessions
+from store.schema.tables import events, sessions
 
 __all__ = [
     "SessionFilter",

@@ -75,7 +75,7 @@ events = Table(
     # A SessionCreated's slot in its group, promoted from its data by the writer (NULL on every
     # other event, and on creations written before revision 0004 that repeated a slot): the
     # database itself refuses a second session with the same index in one group, across
-    # processes, and the event store checks siblings' group_size against it (store.append_sql).
+    # processes, and the event store checks siblings' group_size against it (store.log.append_sql).
     Column("session_index", Integer, nullable=True),
     Column("group_size", Integer, nullable=True),
     UniqueConstraint("session_id", "version"),

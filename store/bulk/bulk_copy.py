@@ -29,8 +29,8 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from store import driver
-from store.tables import events
+from store.bulk import driver
+from store.schema.tables import events
 
 COLUMNS = tuple(c.name for c in events.c)
 _ALIAS = "replay_source"

@@ -1,5 +1,5 @@
 """The SQL of one group-commit batch: the append lock, deciding each request against the stored
-log, and the driver-level multi-row insert. `store.event_store.EventStore` drives it."""
+log, and the driver-level multi-row insert. `store.log.event_store.EventStore` drives it."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ from sqlalchemy.engine import Dialect
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from store.errors import ConcurrencyError, StoreError
-from store.records import NewEvent
-from store.tables import events
+from store.log.records import NewEvent
+from store.schema.tables import events
 
 #: Bound parameters per IN (...) list; well below SQLite's and asyncpg's limits.
 CHUNK = 500

@@ -49,7 +49,7 @@ class NewEvent:
     #: `data` as stored: encoded once here, then reused by size caps and by the insert.
     data_json: str = field(default="", repr=False, compare=False)
     #: A creation's (session_index, group_size) in its group (run, partition, global_step, uid):
-    #: the store refuses a taken index or another group size (`store.append_sql.GroupSlots`).
+    #: the store refuses a taken index or another group size (`store.log.append_sql.GroupSlots`).
     slot: tuple[int, int] | None = None
 
     def __post_init__(self) -> None:

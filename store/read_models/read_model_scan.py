@@ -18,7 +18,7 @@ from sqlalchemy.types import JSON
 
 from store.dialects import PostgresDialect, dialect_of
 from store.read_models import GROUP_KEY
-from store.tables import groups, metric_counts, projection_errors, queue_rows, sessions
+from store.schema.tables import groups, metric_counts, projection_errors, queue_rows, sessions
 
 #: Each read model and its natural key, in the order the audit compares them. Every column is
 #: compared, `queue_rows.id` included: the projector numbers queue rows itself, so a replay must

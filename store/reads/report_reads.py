@@ -13,7 +13,7 @@ from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from store.read_models import PROJECTOR, log_end
-from store.tables import checkpoints, events, metric_counts, sessions
+from store.schema.tables import checkpoints, events, metric_counts, sessions
 
 __all__ = ["report_failures", "report_positions", "report_step_metrics"]
 

@@ -19,11 +19,18 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
-from store import driver
-from store.bulk_copy import recorded_at_converter
+from store.bulk import driver
+from store.bulk.bulk_copy import recorded_at_converter
 from store.dialects import dialect_of
 from store.read_models import PROJECTOR
-from store.tables import checkpoints, groups, metric_counts, projection_errors, queue_rows, sessions
+from store.schema.tables import (
+    checkpoints,
+    groups,
+    metric_counts,
+    projection_errors,
+    queue_rows,
+    sessions,
+)
 
 SESSION_COLUMNS = tuple(c.name for c in sessions.c)
 GROUP_COLUMNS = tuple(c.name for c in groups.c)

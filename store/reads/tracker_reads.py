@@ -18,7 +18,7 @@ from sqlalchemy import Text, cast, func, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from store.read_models import equals
-from store.tables import events, sessions
+from store.schema.tables import events, sessions
 
 __all__ = ["failed_session_samples"]
 

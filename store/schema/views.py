@@ -1,7 +1,7 @@
 """The documented SQL views (created by Alembic revisions 0002 and 0005, described in docs/sql.md).
 
 Views are pure SQL over `events` and the read models, so they are as rebuildable as the tables
-they read. They are not part of `store.tables.metadata` (Alembic's autogenerate compares tables
+they read. They are not part of `store.schema.tables.metadata` (Alembic's autogenerate compares tables
 only), so this module is where code and tests enumerate them. No import of `sessions` here.
 """
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from sqlalchemy import JSON, BigInteger, Boolean, DateTime, Float, Integer, LargeBinary, String
 
-from store.tables import metadata
+from store.schema.tables import metadata
 
 __all__ = ["INT32", "INT64", "ColumnSpec", "column_spec", "text_problem", "json_problem"]
 

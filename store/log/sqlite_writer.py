@@ -6,7 +6,7 @@ SQLAlchemy's greenlet adapter: futures, callbacks, contexts and greenlet switche
 tracked objects that live until the commit and feed the cyclic collector. Here one thread owns a
 plain synchronous connection to the same file, opened with the same settings
 (`store.engine.sqlite_writer_engine`), and runs a whole batch's transaction; the loop pays one
-hand-off per batch. The transaction's logic is written once (`store.append_sql`) and runs here
+hand-off per batch. The transaction's logic is written once (`store.log.append_sql`) and runs here
 through `run_now`.
 """
 

@@ -16,7 +16,7 @@ from typing import Any
 from sqlalchemy import Text, and_, bindparam, cast, func, literal_column, or_, select, text, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from store.tables import (
+from store.schema.tables import (
     checkpoints,
     events,
     groups,
@@ -42,7 +42,7 @@ DECODER_COLUMNS = (
 GROUP_KEY = ("run", "partition", "global_step", "uid")
 
 MetricScope = tuple[str, str, "int | None", "str | None"]
-#: A NULL step as `uq_groups_key` spells it (`store.tables.step_key`).
+#: A NULL step as `uq_groups_key` spells it (`store.schema.tables.step_key`).
 _NO_STEP = literal_column("-1")
 
 

@@ -23,7 +23,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from store.engine import WRITE_LOCK
 from store.errors import SchemaError
 
-MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
+MIGRATIONS_DIR = Path(__file__).resolve().parents[2] / "migrations"
 
 #: Serialises concurrent migrators on PostgreSQL (any constant unique to this project).
 _PG_MIGRATION_LOCK = 0x524C4D49  # "RLMI"
