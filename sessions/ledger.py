@@ -10,12 +10,20 @@ from typing import Any
 
 from sessions import aggregate as agg
 from sessions import events as ev
-from sessions import fingerprint, validation
-from sessions.errors import ConcurrencyError, InvalidInput, LedgerError
+from sessions import fingerprint, validation, vocabulary
+from sessions.errors import (
+    ConcurrencyError,
+    ConfigError,
+    InvalidArgument,
+    InvalidInput,
+    UsageError,
+)
 from sessions.failure_policy import MetricPolicy, RetryPolicy
-from sessions.placeholder import PARTITIONS, PlaceholderPolicy
+from sessions.placeholder import PlaceholderPolicy
+from sessions.projection import verl_metrics
 from sessions.projection.metrics import MetricRow
 from sessions.projection.projector import Projector
+from sessions.projection.settled import SettledStep, settled_step
 from sessions.queues.sinks import QueueSink
 from sessions.recorder import (
     MAX_EVENT_BYTES,
@@ -80,13 +88,13 @@ class Ledger:
             or not isinstance(min_valid, int)
             or not 0 <= min_valid < 2**31
         ):
-            raise ValueError(f"min_valid must be an integer >= 0, got {min_valid!r}")
+            raise ConfigError(f"min_valid must be an integer >= 0, got {min_valid!r}")
         self.min_valid = min_valid
         if resume not in (None, fingerprint.NEW_CONFIG):
-            raise ValueError(f"resume must be None or {fingerprint.NEW_CONFIG!r}, got {resume!r}")
+            raise ConfigError(f"resume must be None or {fingerprint.NEW_CONFIG!r}, got {resume!r}")
         self.resume = resume
         if trajectory_selection not in ("all", "longest"):
-            raise ValueError(
+            raise ConfigError(
                 f"trajectory_selection must be 'all' or 'longest', got {trajectory_selection!r}"
             )
         self.trajectory_selection = trajectory_selection
@@ -117,7 +125,7 @@ class Ledger:
             self._loop = loop
         elif loop is not self._loop:
             state = "closed" if self._loop.is_closed() else "still running"
-            raise LedgerError(
+            raise UsageError(
                 f"this Ledger was opened on another event loop ({state}); its connections and "
                 "group-commit worker serve that loop only — open a Ledger in this loop, or use "
                 "sessions.SyncLedger, which any thread or event loop can share"
@@ -229,8 +237,8 @@ class Ledger:
             global_step=global_step,
         )
         metadata = validation.json_dict(session_id, "metadata", metadata)
-        data_source = validation.optional_name(session_id, "data_source", data_source)
-        runner = validation.optional_name(session_id, "runner", runner)
+        data_source = vocabulary.check_data_source(data_source, session_id=session_id)
+        runner = vocabulary.check_label(runner, "runner", session_id=session_id)
         view = agg.SessionView(session_id)
         decided: list[ev.Event] = [
             ev.SessionCreated(
@@ -524,37 +532,33 @@ class Ledger:
     ) -> Any:
         """The step's batch (a TensorDict) once every group of the step is settled.
 
-        Projects as it waits. Raises TimeoutError naming the unsettled groups after `timeout`
-        seconds (None waits forever): a group that never settles is a session someone must
-        fail or cancel (see `recover`), not a reason to hang. `prompt_width`/`response_width`
-        pad the padded layout to exactly those widths (verl's `max_prompt_length` /
-        `max_response_length`), so the batches of every step concatenate; a longer row is an
-        error unless `truncate`. `reward_info=True` adds a non-tensor column per key the rows'
-        posted `reward_info` carries, filled on every row (`sessions.batches.reward_info`: a
-        placeholder gets 0.0 for a numeric key), which `to_data_proto` names verl's
-        `reward_extra_keys`.
+        Projects as it waits. Raises `StepNotSettled` (a `TimeoutError`) naming the unsettled
+        groups after `timeout` seconds (None waits forever): a group that never settles is a
+        session someone must fail or cancel (see `recover`), not a reason to hang.
+        `prompt_width`/`response_width` pad the padded layout to exactly those widths (verl's
+        `max_prompt_length` / `max_response_length`), so the batches of every step concatenate; a
+        longer row is an error unless `truncate`. `reward_info=True` adds a non-tensor column per
+        key the rows' posted `reward_info` carries, filled on every row
+        (`sessions.batches.reward_info`: a placeholder gets 0.0 for a numeric key), which
+        `to_data_proto` names verl's `reward_extra_keys`.
         """
         if jagged and (prompt_width is not None or response_width is not None):
-            raise ValueError(
+            raise InvalidArgument(
                 "prompt_width/response_width fix the padded layout's widths; a jagged batch has "
                 "none (densify it with sessions.batches.densify(batch, prompt_width=..., response_width=...))"
             )
-        queue, sources = await self._settled_sources(
-            partition, global_step, run, timeout, poll_interval
-        )
+        step = await self._settled(partition, global_step, run, timeout, poll_interval)
         infos: dict[str, Any] = {}
         if reward_info:
             async with self.engine.connect() as conn:
-                infos = await rm.session_reward_infos(
-                    conn, [q["session_id"] for q in queue if q["kind"] == "row"]
-                )
+                infos = await rm.session_reward_infos(conn, [q["session_id"] for q in step.rows])
         from sessions.batches import (
             build_jagged,
             build_padded,
         )  # torch: imported only when batches are built
         from sessions.batches.rows import materialise
 
-        rows = materialise(queue, sources)
+        rows = materialise(step.rows, step.sources)
         if jagged:
             batch = build_jagged(
                 rows,
@@ -599,79 +603,43 @@ class Ledger:
         `ledger/<partition>/<data_source or all>/<metric>`. `max_*_length` are verl's clip
         thresholds for the `clip_ratio` figures of `train`.
         """
-        settled_run = await self._wait_settled(partition, global_step, run, timeout, poll_interval)
-        async with self.engine.connect() as conn:
-            queue = await rm.queue_rows_for(conn, settled_run, partition, global_step)
-        rows = await self.metrics(partition, global_step, run=run, project=False)
-        from sessions.integrations.verl.validation_metrics import (
-            metrics_dict,
-        )  # numpy only, loaded on use
-
-        return metrics_dict(
+        step = await self._settled(
+            partition, global_step, run, timeout, poll_interval, sources=False
+        )
+        rows = await self.metrics(partition, global_step, run=step.run, project=False)
+        return verl_metrics.metrics_dict(
             partition,
-            queue,
+            step.rows,
             rows,
             max_prompt_length=max_prompt_length,
             max_response_length=max_response_length,
         )
 
-    async def _settled_sources(
+    async def _settled(
         self,
         partition: str,
         global_step: int | None,
         run: str | None,
         timeout: float | None,
         poll_interval: float,
-    ) -> tuple[list[dict[str, Any]], dict[int, Any]]:
-        """The step's queue rows once settled and the events they point at: as the ledger's own
-        projector holds them when it projected the step from its first session (no read back),
-        else read from the queue table and the log."""
-        run = await self._wait_settled(partition, global_step, run, timeout, poll_interval)
-        async with self.engine.connect() as conn:
-            held = await self.projector.current_held_step(conn, run, partition, global_step)
-            if held is not None:
-                return held
-            queue = await rm.queue_rows_for(conn, run, partition, global_step)
-            return queue, await rm.source_events(conn, [q["source_position"] for q in queue])
-
-    async def _wait_settled(
-        self,
-        partition: str,
-        global_step: int | None,
-        run: str | None,
-        timeout: float | None,
-        poll_interval: float,
-    ) -> str:
-        """Wait until all the step's groups are settled, projecting while it waits; the run."""
+        *,
+        sources: bool = True,
+    ) -> SettledStep:
+        """The step's rows once settled (`sessions.projection.settled`), the caller's partition
+        and run checked first; `sources=False` when the events and payloads are not needed."""
         self._own_loop()
-        if partition not in PARTITIONS:
-            raise ValueError(f"partition must be 'train' or 'val', got {partition!r}")
-        run = self.run if run is None else run
-        loop = asyncio.get_running_loop()
-        deadline = None if timeout is None else loop.time() + timeout
-        while True:
-            await self.project()
-            async with self.engine.connect() as conn:
-                status = await rm.group_status(conn, run, partition, global_step)
-                if status and not status.get("pending"):
-                    return run
-            remaining = None if deadline is None else deadline - loop.time()
-            if remaining is not None and remaining <= 0:
-                if not status:
-                    raise TimeoutError(
-                        f"run {run!r} {partition} step {global_step}: no sessions recorded after {timeout}s"
-                    )
-                async with self.engine.connect() as conn:
-                    uids = await rm.pending_uids(conn, run, partition, global_step)
-                pending = status.get("pending", 0)
-                named = ", ".join(uids) + (" …" if pending > len(uids) else "")
-                raise TimeoutError(
-                    f"run {run!r} {partition} step {global_step}: {pending} of {sum(status.values())} groups still "
-                    f"unsettled after {timeout}s (uids: {named}); their sessions are still open — fail or cancel "
-                    "them, or run `rollout-ledger recover --older-than DURATION`"
-                )
-            wait = poll_interval if remaining is None else min(poll_interval, remaining)
-            await self.store.wait_for_commit(wait)
+        vocabulary.check_partition(partition)
+        run = self.run if run is None else vocabulary.check_run(run)
+        return await settled_step(
+            self.projector,
+            self.store,
+            run,
+            partition,
+            global_step,
+            timeout=timeout,
+            poll_interval=poll_interval,
+            sources=sources,
+        )
 
     async def metrics(
         self,
@@ -687,12 +655,15 @@ class Ledger:
         sessions recorded without a step.
         """
         self._own_loop()
+        if partition is not None:
+            vocabulary.check_partition(partition)
+        run = self.run if run is None else vocabulary.check_run(run)
         if project:
             await self.project()
         async with self.engine.connect() as conn:
             rows = await rm.metric_rows(
                 conn,
-                run=self.run if run is None else run,
+                run=run,
                 partition=partition,
                 global_step=global_step,
             )

@@ -5,7 +5,9 @@ docs/design.md §7: a figure that carries verl's name must be the one verl compu
 and training through `compute_data_metrics`; the functions here take the step's batch rows as
 plain sequences (data source, uid, score, lengths, turns) and give the same flat dict, under the
 same names, so a verl job logs them with `Tracking.log(data=..., step=...)` without running verl's
-validation loop. numpy only: nothing here imports verl, torch or the database.
+validation loop. numpy only: nothing here imports verl, torch or the database, which is why it
+sits in `projection/` beside the ledger's own metrics and not in the verl adapter:
+`Ledger.metrics_dict` uses it, and the ledger imports no adapter.
 
 Written from verl's algorithm, checked key for key against verl's own code in
 tests/test_verl_metrics.py:
@@ -32,6 +34,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
+
+from sessions.errors import InvalidArgument
 
 __all__ = [
     "ALL_SOURCES",
@@ -163,14 +167,14 @@ def ledger_metrics(
     for row in rows:
         steps.add((row.run, row.global_step))
         if row.data_source == all_sources:
-            raise ValueError(
+            raise InvalidArgument(
                 f"a data source is named {all_sources!r}, which spells the all-sources figures; "
                 "pass another all_sources= label"
             )
         source = all_sources if row.data_source is None else row.data_source
         out[f"{prefix}/{row.partition}/{source}/{row.metric}"] = float(row.value)
     if len(steps) > 1:
-        raise ValueError(
+        raise InvalidArgument(
             f"metric rows of {len(steps)} (run, global_step) pairs {sorted(steps, key=repr)}: "
             "pass the rows of one step (Ledger.metrics(partition, step, run=...))"
         )
@@ -207,7 +211,7 @@ def metrics_dict(
             max_response_length=max_response_length,
         )
     else:
-        raise ValueError(f"partition {partition!r} is neither 'train' nor 'val'")
+        raise InvalidArgument(f"partition {partition!r} is neither 'train' nor 'val'")
     return {**verl, **ledger_metrics(metric_rows)}
 
 
@@ -317,4 +321,4 @@ def _f32(value: Any) -> float:
 def _same_length(**columns: Sequence[Any]) -> None:
     lengths = {name: len(values) for name, values in columns.items()}
     if len(set(lengths.values())) > 1:
-        raise ValueError(f"one value per batch row in every column; got lengths {lengths}")
+        raise InvalidArgument(f"one value per batch row in every column; got lengths {lengths}")
