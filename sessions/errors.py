@@ -1,20 +1,48 @@
-"""Errors a user of the ledger sees. Each message names what was wrong and what to do."""
+"""Errors a user of the ledger sees. Each message names what was wrong and what to do.
+
+Every error a public call raises on purpose derives from `LedgerError`, and keeps the builtin its
+meaning suggests as a second base (`StepNotSettled` is a `TimeoutError`, `InvalidArgument` a
+`ValueError`), so `except LedgerError` catches them all and older `except TimeoutError` or
+`except ValueError` clauses keep working. The kinds a caller tells apart:
+
+- `InvalidInput`: the data a session command was given (recorded as `invalid_output` when a runner
+  raises it); `InvalidArgument` (and its `TypeError` / `IndexError` forms): any other call's
+  argument; `ConfigError`: an option given when something is built or opened.
+- `StepNotSettled`: `Ledger.batch` / `metrics_dict` waited `timeout` seconds and the step still has
+  open groups; `LedgerTimeout`: any other wait that ran out.
+- `LedgerClosed`, `UsageError`: a call in a state or place it cannot run in.
+- `NotFound`: a run or rows the database does not have; `MissingDependency`: an optional extra is
+  not installed; `DamagedData`: stored data this library cannot have written.
+"""
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 from store import ConcurrencyError, LedgerError, SchemaError, StoreError
 
 __all__ = [
     "ConcurrencyError",
+    "ConfigError",
+    "DamagedData",
+    "InvalidArgument",
+    "InvalidArgumentType",
     "InvalidInput",
     "InvalidTransition",
+    "LedgerClosed",
     "LedgerError",
+    "LedgerTimeout",
+    "MissingDependency",
+    "NotFound",
     "ProjectionError",
     "RolloutFailure",
+    "RowIndexError",
     "SandboxError",
     "SchemaError",
+    "StepNotSettled",
     "StoreError",
     "UnknownEventError",
+    "UsageError",
 ]
 
 
@@ -45,6 +73,94 @@ class InvalidInput(LedgerError, ValueError):
         self.field = field
 
 
+class InvalidArgument(LedgerError, ValueError):
+    """An argument a call cannot take (a partition, a step range, a batch's shape, a width);
+    nothing was done. `argument` names it when one argument is at fault.
+
+    Not an `InvalidInput`: a runner that passes a bad argument to a helper fails its session as
+    `runner_error`, not as `invalid_output` (that one is for what a session was told to record).
+    """
+
+    def __init__(self, message: str, *, argument: str | None = None) -> None:
+        super().__init__(message)
+        self.argument = argument
+
+
+class InvalidArgumentType(InvalidArgument, TypeError):
+    """An argument of a type the call does not take (a jagged batch where a padded one is needed,
+    an object that is not a tracker, a runner that is not async)."""
+
+
+class RowIndexError(InvalidArgument, IndexError):
+    """A row index or mask that does not fit the batch (out of range, wrong length or dtype)."""
+
+
+class ConfigError(InvalidArgument):
+    """An option that cannot work, given when something is built or opened (`Ledger.open`'s
+    keywords, the policies, a sink, a tracker, a command-line flag); nothing was opened or
+    changed."""
+
+
+class LedgerTimeout(LedgerError, TimeoutError):
+    """A wait ran out (a `SyncLedger` call's `call_timeout`, a queue sink's `sink_timeout`); what
+    was waited on is named, and was cancelled or rolled back."""
+
+
+class StepNotSettled(LedgerTimeout):
+    """`Ledger.batch` / `metrics_dict` waited `timeout` seconds and the step still has groups
+    with open sessions (or no sessions at all). Fail or cancel those sessions, run `recover`,
+    or wait longer; nothing was read.
+
+    `pending_uids` names some of the unsettled groups (at most ten), `pending` counts them,
+    `groups` counts the step's groups (0: nothing was recorded for the step).
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        run: str,
+        partition: str,
+        global_step: int | None,
+        timeout: float | None,
+        pending: int = 0,
+        groups: int = 0,
+        pending_uids: Sequence[str] = (),
+    ) -> None:
+        super().__init__(message)
+        self.run = run
+        self.partition = partition
+        self.global_step = global_step
+        self.timeout = timeout
+        self.pending = pending
+        self.groups = groups
+        self.pending_uids = tuple(pending_uids)
+
+
+class UsageError(LedgerError, RuntimeError):
+    """A call made where or when it cannot run (on another event loop, on the ledger's own loop
+    thread where it would wait on itself, twice where once is all); nothing was done."""
+
+
+class LedgerClosed(UsageError):
+    """The ledger (or `SyncLedger`) was closed before or during the call; open another."""
+
+
+class NotFound(LedgerError, LookupError):
+    """What the call asked for is not in the database (a run, a step's rows); the message lists
+    what there is."""
+
+
+class MissingDependency(LedgerError, ImportError):
+    """An optional extra this call needs is not installed; the message names the pip command."""
+
+
+class DamagedData(StoreError, ValueError):
+    """Stored data this library cannot have written (a token payload whose size disagrees with
+    its recorded lengths): the database was altered outside it. `rollout-ledger audit` says
+    where."""
+
+
 class RolloutFailure(LedgerError):
     """Raise from a runner to fail its session with an explicit failure reason, built-in or your
     own (lowercase, e.g. `"tool_quota"`), and optionally its origin: `"infra"` (the model cannot
@@ -60,10 +176,14 @@ class RolloutFailure(LedgerError):
         super().__init__(message)
         if reason is not None:
             self.reason = reason
+        from sessions.vocabulary import check_runner_reason  # it imports this module
+
+        check_runner_reason(self.reason)  # at the raise site, not when the session fails
         if origin is not None:
             if origin not in ("infra", "policy"):
-                raise ValueError(
-                    f"RolloutFailure: origin must be 'infra' or 'policy', got {origin!r}"
+                raise InvalidArgument(
+                    f"RolloutFailure: origin must be 'infra' or 'policy', got {origin!r}",
+                    argument="origin",
                 )
             self.origin = origin
 
