@@ -1,0 +1,309 @@
+"""``LedgerAgentLoop``: any verl agent loop, each run recorded as a ledger session (docs/design.md §13).
+
+verl 0.9.1's ``AgentLoopWorker.generate_sequences`` gathers its samples' agent loops without
+``return_exceptions``: one loop that raises fails the whole step and throws its siblings' work
+away (V0, ``one_step_off_policy``, ``fully_async_policy``); V1's ``AgentLoopWorkerTQ`` marks the
+prompt's group ``failure`` and pads it downstream. This loop wraps an inner loop, named like any
+registered one, and makes each run a session of the ledger:
+
+* the session's slot comes from verl's own fields (``sample``); its ledger is the worker
+  process's (``process_ledger``), with the job's settings (``settings``);
+* an attempt runs the inner loop, then scores its output with verl's own reward worker when the
+  loop did not score it (exactly what verl would do next; verl then skips it), under the
+  configured timeout; the output is recorded (tokens, mask, log-probs, turns, reward and
+  ``reward_extra_info``) and returned unchanged;
+* an exception or a timeout fails the attempt, which the run's ``RetryPolicy`` may retry with a
+  fresh inner loop; the final failure is a failed session, and the loop returns the placeholder
+  output (``placeholder_output``): verl's step completes with one row per sample;
+* cancellation is a pure abort: recorded as cancelled, re-raised, no placeholder;
+* a slot the ledger already holds (verl's validation pads its batch with copies of its first
+  rows; a validation step run again after a resume) runs the inner loop unrecorded, and still
+  returns a placeholder if it fails.
+
+Errors of the ledger itself (the database unreachable, a ``uid`` the ledger refuses) propagate:
+the job is misconfigured and should say so on its first step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+import hydra
+import numpy as np
+from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopOutput, register
+
+from sessions.batches.reward_info import RESERVED
+from sessions.errors import ConfigError, InvalidInput
+from sessions.integrations.verl.agent_loop.placeholder_output import (
+    placeholder_output,
+    placeholder_reward_info,
+    wants_logprobs,
+)
+from sessions.integrations.verl.agent_loop.process_ledger import process_ledger
+from sessions.integrations.verl.agent_loop.sample import VerlSample, running_sample
+from sessions.integrations.verl.agent_loop.settings import LedgerSettings
+from sessions.recorder import SessionHandle, failure_reason
+
+__all__ = [
+    "LedgerAgentLoop",
+    "LedgerSingleTurnAgentLoop",
+    "LedgerToolAgentLoop",
+    "session_id_for",
+]
+
+logger = logging.getLogger(__name__)
+
+SINGLE_TURN = "verl.experimental.agent_loop.single_turn_agent_loop.SingleTurnAgentLoop"
+TOOL_AGENT = "verl.experimental.agent_loop.tool_agent_loop.ToolAgentLoop"
+
+#: (inner loop, data source) -> the reward_extra_info of this process's last scored output
+_REWARD_KEYS: dict[tuple[str, str | None], dict[str, Any]] = {}
+
+
+def session_id_for(run: str, sample: VerlSample) -> str:
+    """The session id of a slot: readable, unique per (run, partition, step, uid, index), <= 128."""
+    tag = hashlib.sha256(run.encode()).hexdigest()[:8]
+    step = "none" if sample.global_step is None else str(sample.global_step)
+    body = f"{sample.partition}/{step}/{sample.uid}/{sample.session_index}"
+    if len(tag) + 1 + len(body) > 128:
+        body = f"{sample.partition}/{step}/{hashlib.sha256(body.encode()).hexdigest()[:40]}"
+    return f"{tag}/{body}"
+
+
+def _inner_config(inner_agent: str) -> Mapping[str, Any]:
+    """What ``hydra.utils.instantiate`` builds the inner loop from: a registered agent loop by its
+    name, or a class by its dotted path."""
+    from verl.experimental.agent_loop.agent_loop import _agent_loop_registry
+
+    entry = _agent_loop_registry.get(inner_agent)
+    if entry is None:
+        if "." in inner_agent:
+            return {"_target_": inner_agent}
+        raise ConfigError(
+            f"inner_agent {inner_agent!r} is not a registered agent loop ({sorted(_agent_loop_registry)}) "
+            "nor a dotted class path; name one in the agent_loop_config_path entry"
+        )
+    target = str(entry.get("_target_", ""))
+    try:
+        wraps_itself = issubclass(hydra.utils.get_class(target), LedgerAgentLoop)
+    except Exception:  # noqa: BLE001 - not importable here: hydra names it when building it
+        wraps_itself = False
+    if wraps_itself:
+        raise ConfigError(
+            f"inner_agent {inner_agent!r} is itself a ledger agent loop ({target}); name the loop it "
+            "wraps by its class path instead (e.g. "
+            f"{SINGLE_TURN})"
+        )
+    return entry
+
+
+def _plain(value: Any) -> Any:
+    """numpy scalars and arrays as Python values (what the ledger's JSON columns store)."""
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    return value
+
+
+def _reward_info(output: AgentLoopOutput) -> dict[str, Any]:
+    info = output.extra_fields.get("reward_extra_info") or {}
+    return {key: _plain(value) for key, value in info.items() if key not in RESERVED}
+
+
+class LedgerAgentLoop(AgentLoopBase):
+    """Runs ``inner_agent`` (a registered agent-loop name or a class path) as a ledger session.
+
+    Built by verl once per sample, with verl's standard arguments and the keys of its
+    ``agent_loop_config_path`` entry; every argument but ``inner_agent`` and ``name`` goes on to
+    the inner loop, which is built anew for each attempt.
+    """
+
+    #: the loop this class wraps when its config entry names none
+    default_inner_agent: str | None = None
+
+    def __init__(
+        self,
+        trainer_config: Any,
+        server_manager: Any,
+        tokenizer: Any,
+        processor: Any,
+        dataset_cls: Any,
+        data_config: Any,
+        hf_model_type: str | None = None,
+        *,
+        inner_agent: str | None = None,
+        name: str | None = None,
+        **kwargs: Any,
+    ) -> None:
+        # AgentLoopBase.__init__ is not called: it builds a tokenization builder per object,
+        # which only the inner loop (built per attempt) uses.
+        inner = inner_agent or self.default_inner_agent
+        if not inner:
+            raise ConfigError(
+                f"the ledger agent loop {name!r} needs inner_agent: the agent loop it wraps "
+                "(a registered name such as tool_agent, or a class path)"
+            )
+        self.name = name or inner
+        self.inner_agent = inner
+        self.config = trainer_config.config
+        self.settings = LedgerSettings.from_config(
+            self.config, pad_token_id=getattr(tokenizer, "pad_token_id", None)
+        )
+        self._inner_entry = _inner_config(inner)
+        self._inner_args = dict(
+            trainer_config=trainer_config,
+            server_manager=server_manager,
+            tokenizer=tokenizer,
+            processor=processor,
+            dataset_cls=dataset_cls,
+            data_config=data_config,
+            hf_model_type=hf_model_type,
+            **kwargs,
+        )
+
+    # ----------------------------------------------------------------------- one sample
+    async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
+        sample = running_sample(self, kwargs)
+        ledger = await process_ledger(self.settings)
+        outputs: list[AgentLoopOutput] = []
+
+        async def runner(handle: SessionHandle) -> None:
+            output = await self._attempt(sample, sampling_params, kwargs)
+            await self._record(handle, output)
+            outputs.append(output)
+
+        try:
+            outcome = await ledger.run_session(
+                runner,
+                session_id_for(self.settings.run, sample),
+                uid=sample.uid,
+                session_index=sample.session_index,
+                group_size=sample.group_size,
+                partition=sample.partition,
+                global_step=sample.global_step,
+                data_source=sample.data_source,
+                runner=self.name,
+                sample_index=sample.sample_index,
+            )
+        except InvalidInput as error:
+            if error.field not in ("session_id", "session_index"):
+                raise
+            return await self._unrecorded(sample, sampling_params, kwargs, error)
+        if outcome.succeeded:
+            return outputs[-1]
+        logger.warning(
+            "agent loop %s failed (%s) for uid %s, run %d: %s",
+            self.name,
+            outcome.failure_reason,
+            sample.uid,
+            sample.session_index,
+            outcome.error,
+        )
+        return await self._placeholder(sample, sampling_params, kwargs, outcome.failure_reason)
+
+    async def _attempt(
+        self, sample: VerlSample, sampling_params: dict[str, Any], kwargs: dict[str, Any]
+    ) -> AgentLoopOutput:
+        """One attempt: a fresh inner loop, its output scored as verl would, within the timeout."""
+
+        async def work() -> AgentLoopOutput:
+            inner = hydra.utils.instantiate(config=self._inner_entry, **self._inner_args)
+            output = await inner.run(dict(sampling_params), **dict(kwargs))
+            if isinstance(output, list):
+                raise TypeError(
+                    f"agent loop {self.inner_agent} returned {len(output)} outputs; the ledger "
+                    "agent loop wraps loops that return one AgentLoopOutput"
+                )
+            if output.reward_score is None:
+                # verl's next step (AgentLoopWorker._agent_loop_postprocess) does exactly this;
+                # doing it here makes a failing reward a failed session too
+                await sample.worker._compute_score([output], kwargs=kwargs)
+            if output.reward_score is not None:
+                _REWARD_KEYS[(self.inner_agent, sample.data_source)] = _reward_info(output)
+            return output
+
+        timeout = self.settings.timeout
+        return await (work() if timeout is None else asyncio.wait_for(work(), timeout))
+
+    async def _record(self, handle: SessionHandle, output: AgentLoopOutput) -> None:
+        await handle.record_trajectory(
+            prompt_ids=output.prompt_ids,
+            response_ids=output.response_ids,
+            response_mask=output.response_mask,
+            response_logprobs=output.response_logprobs,
+            num_turns=output.num_turns,
+        )
+        if output.reward_score is not None:
+            await handle.post_reward(float(output.reward_score), **_reward_info(output))
+
+    async def _placeholder(
+        self,
+        sample: VerlSample,
+        sampling_params: Mapping[str, Any],
+        kwargs: dict[str, Any],
+        reason: str | None,
+    ) -> AgentLoopOutput:
+        """The placeholder output, with the reward function's extra keys (learned once)."""
+        known = _REWARD_KEYS.get((self.inner_agent, sample.data_source))
+        if known is None and getattr(sample.worker, "reward_loop_worker_handles", None):
+            probe = placeholder_output(
+                self.settings.placeholder_policy(),
+                reason=reason or "runner_error",
+                logprobs=False,
+                reward_info=None,
+                global_step=sample.global_step,
+            )
+            probe.reward_score = None
+            try:  # the reward function on the placeholder's own tokens, only for its keys
+                await sample.worker._compute_score([probe], kwargs=kwargs)
+                known = _reward_info(probe)
+            except Exception as error:  # noqa: BLE001 - keys unknown: the batch may lack them
+                logger.warning("could not learn the reward keys for a placeholder: %s", error)
+        return placeholder_output(
+            self.settings.placeholder_policy(),
+            reason=reason or "runner_error",
+            logprobs=wants_logprobs(sampling_params),
+            reward_info=None if known is None else placeholder_reward_info(known),
+            global_step=sample.global_step,
+        )
+
+    async def _unrecorded(
+        self,
+        sample: VerlSample,
+        sampling_params: dict[str, Any],
+        kwargs: dict[str, Any],
+        error: InvalidInput,
+    ) -> AgentLoopOutput:
+        """A slot the ledger holds already (a padding copy): run it, record nothing."""
+        logger.info("agent loop slot already recorded, running it unrecorded: %s", error)
+        try:
+            return await self._attempt(sample, sampling_params, kwargs)
+        except Exception as failure:  # noqa: BLE001 - the wrapper's promise holds here too
+            return await self._placeholder(sample, sampling_params, kwargs, _reason_of(failure))
+
+
+def _reason_of(error: BaseException) -> str:
+    return failure_reason(error)
+
+
+@register("ledger_single_turn_agent")
+class LedgerSingleTurnAgentLoop(LedgerAgentLoop):
+    """verl's ``single_turn_agent``, recorded."""
+
+    default_inner_agent = SINGLE_TURN
+
+
+@register("ledger_tool_agent")
+class LedgerToolAgentLoop(LedgerAgentLoop):
+    """verl's ``tool_agent`` (multi-turn, tools), recorded."""
+
+    default_inner_agent = TOOL_AGENT
