@@ -14,6 +14,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from sessions.config import LedgerConfig
 from sessions.errors import (
     ConcurrencyError,
     ConfigError,
@@ -92,6 +93,7 @@ __all__ = [
     "InvalidInput",
     "InvalidTransition",
     "Ledger",
+    "LedgerConfig",
     "LedgerClosed",
     "LedgerError",
     "LedgerTimeout",

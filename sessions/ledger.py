@@ -6,30 +6,31 @@ import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from types import EllipsisType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sessions import aggregate as agg
 from sessions import events as ev
 from sessions import fingerprint, validation, vocabulary
+from sessions.config import (
+    DEFAULT_RUN,
+    ENGINE_OPTIONS,
+    LedgerConfig,
+    LedgerOptions,
+    OpenOptions,
+    resolve,
+)
 from sessions.errors import (
     ConcurrencyError,
-    ConfigError,
     InvalidArgument,
     InvalidInput,
     UsageError,
 )
-from sessions.failure_policy import MetricPolicy, RetryPolicy
-from sessions.placeholder import PlaceholderPolicy
+from sessions.failure_policy import RetryPolicy
 from sessions.projection import verl_metrics
 from sessions.projection.metrics import MetricRow
 from sessions.projection.projector import Projector
 from sessions.projection.settled import SettledStep, settled_step
-from sessions.queues.sinks import QueueSink
 from sessions.recorder import (
-    MAX_EVENT_BYTES,
-    MAX_SESSION_BYTES,
-    MAX_SESSION_EVENTS,
-    Limits,
     SessionHandle,
     SessionOutcome,
     append_then_apply,
@@ -52,7 +53,9 @@ from store import (
 )
 from store import read_models as rm
 
-DEFAULT_RUN = "default"
+if TYPE_CHECKING:
+    from typing_extensions import Unpack  # typing's own from Python 3.11
+
 #: Seconds `run_session` waits, past the runner's timeout, for the session's end to be recorded.
 RECORDING_TIMEOUT = 10.0
 
@@ -66,51 +69,28 @@ class Ledger:
         self,
         engine: AsyncEngine,
         *,
-        run: str = DEFAULT_RUN,
-        placeholder_policy: PlaceholderPolicy | None = None,
-        metric_policy: MetricPolicy | None = None,
-        retry_policy: RetryPolicy | None = None,
-        min_valid: int = ev.DEFAULT_MIN_VALID,
-        config: dict[str, Any] | None = None,
-        resume: str | None = None,
-        trajectory_selection: str = "all",
-        sinks: tuple[QueueSink, ...] | list[QueueSink] = (),
-        limits: Limits | None = None,
+        settings: LedgerConfig | None = None,
+        **options: Unpack[LedgerOptions],
     ) -> None:
+        """A ledger on `engine` with `settings` (a `LedgerConfig`) or its fields as keywords
+        (`sessions.config`; keywords beside `settings` replace its fields)."""
+        settings = resolve(settings, options)
+        self.settings = settings
         self.engine = engine
         self.store = EventStore(engine)
-        self.run = run
-        self.policy = placeholder_policy or PlaceholderPolicy()
-        self.metric_policy = metric_policy or MetricPolicy()
-        self.retry_policy = retry_policy or RetryPolicy()
-        if (
-            isinstance(min_valid, bool)
-            or not isinstance(min_valid, int)
-            or not 0 <= min_valid < 2**31
-        ):
-            raise ConfigError(f"min_valid must be an integer >= 0, got {min_valid!r}")
-        self.min_valid = min_valid
-        if resume not in (None, fingerprint.NEW_CONFIG):
-            raise ConfigError(f"resume must be None or {fingerprint.NEW_CONFIG!r}, got {resume!r}")
-        self.resume = resume
-        if trajectory_selection not in ("all", "longest"):
-            raise ConfigError(
-                f"trajectory_selection must be 'all' or 'longest', got {trajectory_selection!r}"
-            )
-        self.trajectory_selection = trajectory_selection
+        self.run = settings.run
+        self.policy = settings.placeholder_policy
+        self.metric_policy = settings.metric_policy
+        self.retry_policy = settings.retry_policy
+        self.min_valid = settings.min_valid
+        self.resume = settings.resume
+        self.trajectory_selection = settings.trajectory_selection
         #: what the run's fingerprint covers (`sessions.fingerprint`)
-        self.config = {
-            "placeholder": self.policy.as_config(),
-            "metrics": self.metric_policy.as_config(),
-            "retry": self.retry_policy.as_config(),
-            "trajectory_selection": trajectory_selection,
-            "min_valid": min_valid,
-            "user": fingerprint.canonical(config or {}),
-        }
+        self.config = settings.fingerprinted()
         #: runs whose recorded configuration this ledger has checked (or is checking)
         self._configured: dict[str, asyncio.Future[None]] = {}
-        self.limits = limits or Limits()
-        self.projector = Projector(engine, sinks=sinks, store=self.store)
+        self.limits = settings.caps
+        self.projector = Projector(engine, sinks=settings.sinks, store=self.store)
         #: `run_session` work whose recording outlived its call (see `recording_timeout`).
         self._recording: set[asyncio.Future[SessionOutcome]] = set()
         #: the event loop the ledger serves: its engine's pooled connections and its store's
@@ -138,60 +118,37 @@ class Ledger:
         url: str | None = None,
         *,
         migrate: bool = True,
-        run: str = DEFAULT_RUN,
-        placeholder_policy: PlaceholderPolicy | None = None,
-        metric_policy: MetricPolicy | None = None,
-        retry_policy: RetryPolicy | None = None,
-        min_valid: int = ev.DEFAULT_MIN_VALID,
-        config: dict[str, Any] | None = None,
-        resume: str | None = None,
-        trajectory_selection: str = "all",
-        sinks: tuple[QueueSink, ...] | list[QueueSink] = (),
-        max_event_bytes: int | None = MAX_EVENT_BYTES,
-        max_session_events: int | None = MAX_SESSION_EVENTS,
-        max_session_bytes: int | None = MAX_SESSION_BYTES,
-        **engine_kwargs: Any,
+        settings: LedgerConfig | None = None,
+        **options: Unpack[OpenOptions],
     ) -> AsyncIterator[Ledger]:
         """Open (and by default migrate) the database at `url`; a bare path means a SQLite file.
 
-        Failure semantics (`docs/failures.md`): `placeholder_policy` (emit / drop / keep_partial,
-        placeholder lengths), `metric_policy` (zero / exclude, reasons' origins), `retry_policy`
-        (the default for `run_session`), `min_valid` (GRPO groups with fewer valid members give
-        no signal). With `config` (your trainer's settings, JSON-like) they make the run's
-        fingerprint: recorded by the first ledger that writes to the run, and a later ledger with
-        another one is refused (`RunConfigMismatch`, naming what changed) unless
-        `resume="new-config"` records the change. Passing `config` or `resume` checks at open;
-        otherwise at the ledger's first session of the run.
-
-        `max_event_bytes` / `max_session_events` / `max_session_bytes` cap what a session may
-        record (None: no cap); a command over a cap raises `InvalidInput` and writes nothing.
-        Other keywords go to the engine (e.g. `sqlite_busy_timeout=SECONDS`).
+        The ledger's options are `settings` (a `LedgerConfig`: run, failure policies, `config`
+        and `resume` for the run's fingerprint, size caps, sinks) or its fields as keywords;
+        keywords beside `settings` replace its fields. They are checked before the database is
+        touched (`ConfigError`). Passing `config` or `resume` checks the run's fingerprint at
+        open; otherwise at the ledger's first session of the run. `sqlite_busy_timeout`,
+        `require_ledger` and `engine_options` go to the engine (`sessions.config.EngineOptions`).
         """
-        limits = Limits(max_event_bytes, max_session_events, max_session_bytes)
-        engine = create_engine(normalize_url(url), **engine_kwargs)
+        engine_options = {key: options.pop(key) for key in ENGINE_OPTIONS & options.keys()}
+        settings = resolve(settings, options)
+        engine = create_engine(
+            normalize_url(url),
+            sqlite_busy_timeout=engine_options.get("sqlite_busy_timeout"),
+            require_ledger=bool(engine_options.get("require_ledger", False)),
+            **dict(engine_options.get("engine_options") or {}),
+        )
         try:
             # A connection dropped while opening (a PostgreSQL restart) is retried like an append.
             if migrate:
                 await retry_transient(lambda: upgrade(engine), what="open (migrate)")
             else:
                 await retry_transient(lambda: check_schema(engine), what="open (schema check)")
-            ledger = cls(
-                engine,
-                run=run,
-                placeholder_policy=placeholder_policy,
-                metric_policy=metric_policy,
-                retry_policy=retry_policy,
-                min_valid=min_valid,
-                config=config,
-                resume=resume,
-                trajectory_selection=trajectory_selection,
-                sinks=sinks,
-                limits=limits,
-            )
+            ledger = cls(engine, settings=settings)
             ledger._loop = asyncio.get_running_loop()
             try:
-                if config is not None or resume is not None:
-                    await ledger._ensure_configured(run)
+                if settings.config is not None or settings.resume is not None:
+                    await ledger._ensure_configured(ledger.run)
                 yield ledger
             finally:
                 await ledger.close()

@@ -13,8 +13,8 @@ whole life. Every call hops onto that loop and the ledger's objects never leave 
   other event loop, whose runner code runs on the caller's loop, never on the ledger's.
 
 Errors raised on the ledger's loop re-raise in the caller as the same object (type, message and
-attributes intact). A call after `close()` raises `LedgerError` at once; a blocking call from the
-ledger's own loop thread (it would wait on itself forever) raises `LedgerError`; a caller that is
+attributes intact). A call after `close()` raises `LedgerClosed` at once; a blocking call from the
+ledger's own loop thread (it would wait on itself forever) raises `UsageError`; a caller that is
 interrupted (Ctrl-C, cancellation, `call_timeout`) cancels its call on the ledger's loop and waits,
 bounded, until the cancellation has been recorded, so the loop is never left stuck.
 """
@@ -29,12 +29,22 @@ import threading
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator
 from types import EllipsisType
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from sessions.errors import LedgerError
+from sessions.config import ENGINE_OPTIONS, LedgerConfig, OpenOptions, resolve
+from sessions.errors import (
+    InvalidArgumentType,
+    LedgerClosed,
+    LedgerError,
+    LedgerTimeout,
+    UsageError,
+)
 from sessions.ledger import RECORDING_TIMEOUT, Ledger
 from sessions.projection.metrics import MetricRow
 from sessions.recorder import SessionHandle, SessionOutcome
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack  # typing's own from Python 3.11
 
 __all__ = ["CANCEL_GRACE", "SessionProxy", "SyncLedger", "SyncSession"]
 
@@ -167,7 +177,7 @@ class _Runtime:
         with self.lock:
             if self.closed:
                 coro.close()
-                raise LedgerError(
+                raise LedgerClosed(
                     f"SyncLedger.{what}: this SyncLedger is closed; open another with SyncLedger.open(...)"
                 )
             return _Remote(self.loop, coro, self.tasks)
@@ -213,8 +223,8 @@ def _shutdown(runtime: _Runtime) -> None:
             )
 
 
-def _closed_meanwhile(what: str) -> LedgerError:
-    return LedgerError(
+def _closed_meanwhile(what: str) -> LedgerClosed:
+    return LedgerClosed(
         f"SyncLedger.{what}: the SyncLedger was closed while this call was under way; it was cancelled"
     )
 
@@ -237,19 +247,27 @@ class SyncLedger:
         cls,
         url: str | None = None,
         *,
+        migrate: bool = True,
+        settings: LedgerConfig | None = None,
         call_timeout: float | None = None,
         open_timeout: float | None = 300.0,
-        **options: Any,
+        **options: Unpack[OpenOptions],
     ) -> SyncLedger:
-        """Open the database at `url` as `Ledger.open(url, **options)` would, on a new loop thread.
+        """Open the database at `url` as `Ledger.open(url, migrate=..., settings=..., **options)`
+        would, on a new loop thread; the options are checked first, in the calling thread.
 
         `call_timeout`: seconds any blocking call may wait before it is cancelled and raises
-        TimeoutError (None: no limit beyond each call's own, e.g. `batch(timeout=...)`).
+        `LedgerTimeout` (None: no limit beyond each call's own, e.g. `batch(timeout=...)`);
+        `open_timeout`: seconds the database may take to open.
         """
+        engine = {key: options.pop(key) for key in ENGINE_OPTIONS & options.keys()}
+        settings = resolve(settings, options)
         runtime = _Runtime(name="rollout-ledger-loop")
 
         async def enter() -> None:
-            runtime.ledger = await runtime.stack.enter_async_context(Ledger.open(url, **options))
+            runtime.ledger = await runtime.stack.enter_async_context(
+                Ledger.open(url, migrate=migrate, settings=settings, **engine)
+            )
 
         opening = _Remote(runtime.loop, enter())
         try:
@@ -257,7 +275,7 @@ class SyncLedger:
             if not opening.future.done():
                 opening.cancel()
                 concurrent.futures.wait([opening.future], timeout=CANCEL_GRACE)
-                raise TimeoutError(
+                raise LedgerTimeout(
                     f"SyncLedger.open: the database did not open within open_timeout={open_timeout}s"
                 )
             opening.future.result()
@@ -276,7 +294,7 @@ class SyncLedger:
     def close(self) -> None:
         """Cancel calls still under way, close the ledger, stop and join its thread. Idempotent."""
         if self._runtime.on_loop_thread():
-            raise LedgerError(
+            raise UsageError(
                 "SyncLedger.close: called on the ledger's own loop thread, which would wait on itself; close it "
                 "from another thread"
             )
@@ -305,7 +323,7 @@ class SyncLedger:
         """Run `coro` on the ledger's loop and block until it ends; its error re-raises here."""
         if self._runtime.on_loop_thread():
             coro.close()
-            raise LedgerError(
+            raise UsageError(
                 f"SyncLedger.{what} blocks until the ledger's event loop answers, and was called on that loop's "
                 "own thread, so it would wait forever; code running on the ledger's loop (a sink, a callback) "
                 "must await the async Ledger (SyncLedger.ledger) instead"
@@ -322,7 +340,7 @@ class SyncLedger:
         if not remote.future.done():
             remote.cancel()
             concurrent.futures.wait([remote.future], timeout=CANCEL_GRACE)
-            raise TimeoutError(
+            raise LedgerTimeout(
                 f"SyncLedger.{what}: no answer within call_timeout={self._call_timeout}s; the call was cancelled"
             )
         if remote.future.cancelled():
@@ -437,7 +455,7 @@ class SyncLedger:
             asyncio.get_running_loop()
         except RuntimeError:
             return asyncio.run(self.arun_session(runner, session_id, **options))
-        raise LedgerError(
+        raise UsageError(
             "SyncLedger.run_session blocks, and this thread runs an event loop; await "
             "SyncLedger.arun_session(...) there instead"
         )
@@ -479,7 +497,7 @@ async def _invoke(runner: Callable[[SessionProxy], Awaitable[Any]], session: Ses
     """Call the runner on the caller's loop (so even its synchronous part runs there) and await it."""
     result = runner(session)
     if not isinstance(result, Awaitable):
-        raise TypeError(
+        raise InvalidArgumentType(
             f"the runner returned {type(result).__name__}, not an awaitable: run_session takes an async runner "
             "(async def runner(session): ...); synchronous code records with `with ledger.session(...) as s:`"
         )

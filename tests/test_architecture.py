@@ -233,6 +233,7 @@ PUBLIC = [
     "InvalidInput",
     "InvalidTransition",
     "Ledger",
+    "LedgerConfig",
     "LedgerError",
     "LoggedStep",
     "MetricPolicy",

@@ -1,0 +1,209 @@
+"""`LedgerConfig`: every option a ledger is opened with, declared once, with its default and check.
+
+`Ledger(engine, ...)`, `Ledger.open(url, ...)` and `SyncLedger.open(url, ...)` all take either
+`settings=LedgerConfig(...)` or the same names as keywords (`**options`, typed by `LedgerOptions`
+/ `OpenOptions`, so an editor shows them); keywords given beside `settings` replace its fields.
+The checks run when the config is built, before anything is opened, and raise `ConfigError`.
+
+`LedgerOptions` repeats the dataclass's fields as a `TypedDict` (the keywords' types; a
+`TypedDict` cannot hold defaults, the dataclass does): `tests/test_faces.py` checks the two agree.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, TypedDict
+
+from sessions import events as ev
+from sessions import fingerprint
+from sessions.errors import ConfigError, InvalidInput
+from sessions.failure_policy import MetricPolicy, RetryPolicy
+from sessions.placeholder import PlaceholderPolicy
+from sessions.queues.sinks import QueueSink
+from sessions.recorder import MAX_EVENT_BYTES, MAX_SESSION_BYTES, MAX_SESSION_EVENTS, Limits
+
+__all__ = [
+    "DEFAULT_RUN",
+    "ENGINE_OPTIONS",
+    "TRAJECTORY_SELECTIONS",
+    "EngineOptions",
+    "LedgerConfig",
+    "LedgerOptions",
+    "OpenOptions",
+    "resolve",
+]
+
+#: The run a ledger records into when none is named.
+DEFAULT_RUN = "default"
+#: Which of a session's trajectories become batch rows: every one, or the longest only.
+TRAJECTORY_SELECTIONS = ("all", "longest")
+
+
+@dataclass(frozen=True)
+class LedgerConfig:
+    """A ledger's options: the run it records into, what a failure means, the run's fingerprint,
+    the size caps, where projected rows go.
+
+    Failure semantics (`docs/failures.md`): `placeholder_policy` (emit / drop / keep_partial,
+    placeholder lengths), `metric_policy` (zero / exclude, reasons' origins), `retry_policy` (the
+    default for `run_session`), `min_valid` (GRPO groups with fewer valid members give no
+    signal); None is the default policy. With `config` (your trainer's settings, JSON-like) they
+    make the run's fingerprint: recorded by the first ledger that writes to the run, and a later
+    ledger with another one is refused (`RunConfigMismatch`) unless `resume="new-config"`.
+
+    `max_event_bytes` / `max_session_events` / `max_session_bytes` cap what a session may record
+    (None: no cap). `limits` gives the three as one `Limits` instead; it is folded into them (so
+    it reads back None) and may not be given with any of them. `sinks` receive the projected
+    rows before each page commits.
+    """
+
+    run: str = DEFAULT_RUN
+    placeholder_policy: PlaceholderPolicy | None = None
+    metric_policy: MetricPolicy | None = None
+    retry_policy: RetryPolicy | None = None
+    min_valid: int = ev.DEFAULT_MIN_VALID
+    config: Mapping[str, Any] | None = None
+    resume: str | None = None
+    trajectory_selection: str = "all"
+    sinks: Sequence[QueueSink] = ()
+    max_event_bytes: int | None = MAX_EVENT_BYTES
+    max_session_events: int | None = MAX_SESSION_EVENTS
+    max_session_bytes: int | None = MAX_SESSION_BYTES
+    limits: Limits | None = None
+
+    def __post_init__(self) -> None:
+        set_ = object.__setattr__  # frozen: the defaults and folds are set once, here
+        set_(self, "placeholder_policy", self.placeholder_policy or PlaceholderPolicy())
+        set_(self, "metric_policy", self.metric_policy or MetricPolicy())
+        set_(self, "retry_policy", self.retry_policy or RetryPolicy())
+        set_(self, "sinks", tuple(self.sinks))
+        if self.limits is not None:
+            self._fold_limits(self.limits)
+        min_valid = self.min_valid
+        if (
+            isinstance(min_valid, bool)
+            or not isinstance(min_valid, int)
+            or not 0 <= min_valid < 2**31
+        ):
+            raise ConfigError(
+                f"min_valid must be an integer >= 0, got {min_valid!r}", argument="min_valid"
+            )
+        if self.resume not in (None, fingerprint.NEW_CONFIG):
+            raise ConfigError(
+                f"resume must be None or {fingerprint.NEW_CONFIG!r}, got {self.resume!r}",
+                argument="resume",
+            )
+        if self.trajectory_selection not in TRAJECTORY_SELECTIONS:
+            raise ConfigError(
+                f"trajectory_selection must be 'all' or 'longest', got {self.trajectory_selection!r}",
+                argument="trajectory_selection",
+            )
+        self.caps  # noqa: B018 - Limits checks the three caps (ConfigError)
+        try:
+            fingerprint.canonical(self.config or {})
+        except InvalidInput as error:
+            raise ConfigError(
+                f"{error}; `config` is your trainer's settings as JSON-like values, recorded in "
+                "the run's fingerprint",
+                argument="config",
+            ) from error
+
+    def _fold_limits(self, limits: Limits) -> None:
+        caps = ("max_event_bytes", "max_session_events", "max_session_bytes")
+        if not isinstance(limits, Limits):
+            raise ConfigError(
+                f"limits must be a sessions.recorder.Limits, got {type(limits).__name__}",
+                argument="limits",
+            )
+        given = [name for name in caps if getattr(self, name) != _DEFAULTS[name]]
+        if given:
+            raise ConfigError(
+                f"limits= and {', '.join(given)}= both set the size caps; give one of them",
+                argument="limits",
+            )
+        for name in caps:
+            object.__setattr__(self, name, getattr(limits, name))
+        object.__setattr__(self, "limits", None)
+
+    @property
+    def caps(self) -> Limits:
+        """The size caps a session's commands are checked against."""
+        return Limits(self.max_event_bytes, self.max_session_events, self.max_session_bytes)
+
+    def fingerprinted(self) -> dict[str, Any]:
+        """What the run's fingerprint covers (`sessions.fingerprint`): the policies, the selection,
+        `min_valid` and your `config`, as plain JSON."""
+        assert self.placeholder_policy and self.metric_policy and self.retry_policy
+        return {
+            "placeholder": self.placeholder_policy.as_config(),
+            "metrics": self.metric_policy.as_config(),
+            "retry": self.retry_policy.as_config(),
+            "trajectory_selection": self.trajectory_selection,
+            "min_valid": self.min_valid,
+            "user": fingerprint.canonical(self.config or {}),
+        }
+
+
+_DEFAULTS = {field.name: field.default for field in dataclasses.fields(LedgerConfig)}
+
+
+class LedgerOptions(TypedDict, total=False):
+    """`LedgerConfig`'s fields as keywords (see there for what each means and its default)."""
+
+    run: str
+    placeholder_policy: PlaceholderPolicy | None
+    metric_policy: MetricPolicy | None
+    retry_policy: RetryPolicy | None
+    min_valid: int
+    config: Mapping[str, Any] | None
+    resume: str | None
+    trajectory_selection: str
+    sinks: Sequence[QueueSink]
+    max_event_bytes: int | None
+    max_session_events: int | None
+    max_session_bytes: int | None
+    limits: Limits | None
+
+
+class EngineOptions(TypedDict, total=False):
+    """How `open` makes the database engine: `sqlite_busy_timeout` (seconds a SQLite write waits
+    for another process's lock; default 30), `require_ledger` (refuse a SQLite file that is not
+    a ledger at head, before connecting), `engine_options` (any other SQLAlchemy engine keyword,
+    e.g. `{"pool_size": 20}`)."""
+
+    sqlite_busy_timeout: float | None
+    require_ledger: bool
+    engine_options: Mapping[str, Any] | None
+
+
+class OpenOptions(LedgerOptions, EngineOptions, total=False):
+    """What `Ledger.open` and `SyncLedger.open` take as keywords beside `url`, `migrate` and
+    `settings`: the ledger's options and the engine's."""
+
+
+#: `EngineOptions`' keys: what `open` hands the engine rather than the ledger.
+ENGINE_OPTIONS = frozenset(EngineOptions.__annotations__)
+
+
+def resolve(settings: LedgerConfig | None, options: Mapping[str, Any]) -> LedgerConfig:
+    """One `LedgerConfig` from what an entry point was given: `settings`, its fields replaced by
+    the keywords given beside it, or the keywords alone. An unknown keyword is a `ConfigError`
+    naming the known ones (a typo would otherwise be ignored or reach the engine)."""
+    unknown = sorted(options.keys() - _DEFAULTS.keys())
+    if unknown:
+        raise ConfigError(
+            f"unknown ledger option(s) {', '.join(unknown)}; the options are "
+            f"{', '.join(_DEFAULTS)} (and, when opening, {', '.join(sorted(ENGINE_OPTIONS))})",
+            argument=unknown[0],
+        )
+    if settings is None:
+        return LedgerConfig(**options)
+    if not isinstance(settings, LedgerConfig):
+        raise ConfigError(
+            f"settings must be a sessions.LedgerConfig, got {type(settings).__name__}; pass a "
+            "LedgerConfig(...) or its fields as keywords",
+            argument="settings",
+        )
+    return dataclasses.replace(settings, **options) if options else settings
