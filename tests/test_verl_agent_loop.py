@@ -30,6 +30,7 @@ import torch
 from sessions import Ledger
 from sessions.batches import non_tensor
 from tests import verl_llm_server as llm
+from tests.conftest import require_verl
 
 pytestmark = [pytest.mark.verl_env, pytest.mark.usefixtures("verl_installed")]
 
@@ -50,12 +51,14 @@ TENSOR_COLUMNS = (
 
 @pytest.fixture(scope="module")
 def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    require_verl()  # before anything of verl's (module fixtures run before verl_installed)
     return llm.build_model_folder(tmp_path_factory.mktemp("tiny-policy"))
 
 
 @pytest.fixture(autouse=True)
 def fresh_process_state() -> Any:
     """Each test starts as a fresh worker process would: no reward keys remembered, no tool faults."""
+    require_verl()
     from sessions.integrations.verl.agent_loop import loop
 
     loop._REWARD_KEYS.clear()
