@@ -4,6 +4,8 @@
 `settings=LedgerConfig(...)` or the same names as keywords (`**options`, typed by `LedgerOptions`
 / `OpenOptions`, so an editor shows them); keywords given beside `settings` replace its fields.
 The checks run when the config is built, before anything is opened, and raise `ConfigError`.
+`SessionOptions` / `RunSessionOptions` do the same for `create_session`'s keywords, which
+`session`, `run_session` and the sync faces pass on.
 
 `LedgerOptions` repeats the dataclass's fields as a `TypedDict` (the keywords' types; a
 `TypedDict` cannot hold defaults, the dataclass does): `tests/test_faces.py` checks the two agree.
@@ -32,6 +34,8 @@ __all__ = [
     "LedgerConfig",
     "LedgerOptions",
     "OpenOptions",
+    "RunSessionOptions",
+    "SessionOptions",
     "resolve",
 ]
 
@@ -181,6 +185,36 @@ class EngineOptions(TypedDict, total=False):
 class OpenOptions(LedgerOptions, EngineOptions, total=False):
     """What `Ledger.open` and `SyncLedger.open` take as keywords beside `url`, `migrate` and
     `settings`: the ledger's options and the engine's."""
+
+
+class _SessionIdentity(TypedDict):
+    """The keywords every session is created with (none has a default)."""
+
+    uid: str
+    session_index: int
+    group_size: int
+    partition: str
+
+
+class RunSessionOptions(_SessionIdentity, total=False):
+    """`Ledger.create_session`'s keywords that `run_session` passes on: the session's identity
+    and labels (its `timeout_s` is `run_session`'s own `timeout`)."""
+
+    global_step: int | None
+    run: str | None
+    data_source: str | None
+    runner: str | None
+    sample_index: int | None
+    metadata: dict[str, Any] | None
+    attempt: int | None
+
+
+class SessionOptions(RunSessionOptions, total=False):
+    """Every keyword of `Ledger.create_session`: what `Ledger.session` and the sync faces' session
+    calls pass on to it."""
+
+    timeout_s: float | None
+    start: bool
 
 
 #: `EngineOptions`' keys: what `open` hands the engine rather than the ledger.

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from types import EllipsisType
 from typing import TYPE_CHECKING, Any
@@ -11,12 +11,15 @@ from typing import TYPE_CHECKING, Any
 from sessions import aggregate as agg
 from sessions import events as ev
 from sessions import fingerprint, validation, vocabulary
+from sessions.attempts import Runner, run_attempts, settle_or_note
 from sessions.config import (
     DEFAULT_RUN,
     ENGINE_OPTIONS,
     LedgerConfig,
     LedgerOptions,
     OpenOptions,
+    RunSessionOptions,
+    SessionOptions,
     resolve,
 )
 from sessions.errors import (
@@ -34,7 +37,6 @@ from sessions.recorder import (
     SessionHandle,
     SessionOutcome,
     append_then_apply,
-    failure_origin,
     failure_reason,
     storable_envelopes,
     stored_bytes,
@@ -58,8 +60,6 @@ if TYPE_CHECKING:
 
 #: Seconds `run_session` waits, past the runner's timeout, for the session's end to be recorded.
 RECORDING_TIMEOUT = 10.0
-
-Runner = Callable[[SessionHandle], Awaitable[Any]]
 
 
 class Ledger:
@@ -295,19 +295,21 @@ class Ledger:
             raise
 
     @asynccontextmanager
-    async def session(self, session_id: str, **kwargs: Any) -> AsyncIterator[SessionHandle]:
+    async def session(
+        self, session_id: str, **identity: Unpack[SessionOptions]
+    ) -> AsyncIterator[SessionHandle]:
         """A session as a context: normal exit completes it, an exception fails it (and re-raises),
         cancellation or shutdown cancels it (and re-raises)."""
-        handle = await self.create_session(session_id, **kwargs)
+        handle = await self.create_session(session_id, **identity)
         try:
             yield handle
         except Exception as error:
             if not handle.terminal:
-                await _settle_or_note(handle.fail_with(error), error)
+                await settle_or_note(handle.fail_with(error), error)
             raise
         except BaseException as error:  # CancelledError, KeyboardInterrupt, SystemExit
             if not handle.terminal:
-                await _settle_or_note(
+                await settle_or_note(
                     asyncio.shield(handle.cancel(f"{type(error).__name__}: {error}")), error
                 )
             raise
@@ -324,7 +326,7 @@ class Ledger:
         timeout: float | None = None,
         recording_timeout: float = RECORDING_TIMEOUT,
         retry: RetryPolicy | None = None,
-        **kwargs: Any,
+        **identity: Unpack[RunSessionOptions],
     ) -> SessionOutcome:
         """Run `runner(handle)` as a session under an asyncio timeout.
 
@@ -344,7 +346,9 @@ class Ledger:
         """
         self._own_loop()
         retry = retry or self.retry_policy
-        work = asyncio.ensure_future(self._run_session(runner, session_id, timeout, retry, kwargs))
+        work = asyncio.ensure_future(
+            self._run_session(runner, session_id, timeout, retry, identity)
+        )
         if timeout is None:
             return await work
         budget = timeout * retry.max_attempts + sum(
@@ -376,92 +380,11 @@ class Ledger:
         session_id: str,
         timeout: float | None,
         retry: RetryPolicy,
-        kwargs: dict[str, Any],
+        identity: RunSessionOptions,
     ) -> SessionOutcome:
-        handle = await self.create_session(session_id, timeout_s=timeout, **kwargs)
-        while True:
-            try:
-                if timeout is None:
-                    await runner(handle)
-                else:
-                    await asyncio.wait_for(runner(handle), timeout)
-            except Exception as error:
-                if handle.terminal:
-                    return self._outcome(handle, error)
-                reason = failure_reason(error)
-                if await self._retried(
-                    handle, retry, reason, failure_origin(error), error, timeout
-                ):
-                    continue
-                await _settle_or_note(handle.fail_with(error), error)
-                return self._outcome(handle, error)
-            except BaseException as error:
-                await self._abort(handle, error)
-                raise
-            if (
-                not handle.terminal
-                and not handle.view.trajectories
-                and handle.view.state == "running"
-            ):
-                # complete() would fail it as empty_output: retried like a raised failure, if asked
-                empty = RuntimeError("the runner returned without recording a trajectory")
-                if await self._retried(handle, retry, "empty_output", None, empty, timeout):
-                    continue
-            if not handle.terminal:
-                await handle.complete()
-            return self._outcome(handle, None)
-
-    async def _retried(
-        self,
-        handle: SessionHandle,
-        retry: RetryPolicy,
-        reason: str,
-        origin: str | None,
-        error: BaseException,
-        timeout: float | None,
-    ) -> bool:
-        """Record the failed attempt and start the next, if the policy retries it; a
-        cancellation during the backoff cancels the session (a pure abort) and propagates."""
-        origin = self.metric_policy.origin(reason, origin)  # type: ignore[arg-type]
-        if handle.view.state != "running" or not retry.retries(reason, origin, handle.attempt):
-            return False
-        wait = retry.backoff(handle.attempt)
-        message = str(error) or repr(error)
-        try:
-            await handle.retry(
-                reason,
-                message=message,
-                error_type=type(error).__qualname__,
-                origin=origin,
-                retry_in_s=wait,
-            )
-            if wait > 0:
-                await asyncio.sleep(wait)
-            await handle.start(timeout_s=timeout)
-        except Exception:
-            raise  # the ledger's own error (the database): not the session's to record
-        except (
-            BaseException
-        ) as interrupted:  # cancelled or shut down during the backoff: a pure abort
-            await self._abort(handle, interrupted)
-            raise
-        return True
-
-    async def _abort(self, handle: SessionHandle, error: BaseException) -> None:
-        """Record a cancellation (or shutdown) of the session, then let the error propagate."""
-        if not handle.terminal:
-            await _settle_or_note(
-                asyncio.shield(handle.cancel(f"{type(error).__name__}: {error}")), error
-            )
-
-    @staticmethod
-    def _outcome(handle: SessionHandle, error: BaseException | None) -> SessionOutcome:
-        return SessionOutcome(
-            handle.session_id,
-            handle.state,
-            handle.view.failure_reason,
-            error,
-            max(handle.attempt, 1),
+        handle = await self.create_session(session_id, timeout_s=timeout, **identity)
+        return await run_attempts(
+            handle, runner, retry=retry, metric_policy=self.metric_policy, timeout=timeout
         )
 
     # ----------------------------------------------------------- projection
@@ -635,16 +558,6 @@ class Ledger:
             )
             for r in rows
         ]
-
-
-async def _settle_or_note(settle: Awaitable[Any], original: BaseException) -> None:
-    """Record the session's end; if even that fails, keep the original error as the one raised."""
-    try:
-        await settle
-    except Exception as error:  # noqa: BLE001
-        if hasattr(original, "add_note"):
-            original.add_note(f"rollout-ledger could not record the session's end: {error}")
-        raise original from error
 
 
 __all__ = ["DEFAULT_RUN", "RECORDING_TIMEOUT", "Ledger", "Runner", "failure_reason"]

@@ -22,13 +22,18 @@ from sessions import (
     MetricPolicy,
     PlaceholderPolicy,
     RetryPolicy,
+    SessionHandle,
+    SessionProxy,
     SyncLedger,
+    SyncSession,
 )
 from sessions.config import (
     ENGINE_OPTIONS,
     EngineOptions,
     LedgerOptions,
     OpenOptions,
+    RunSessionOptions,
+    SessionOptions,
 )
 from sessions.errors import ConfigError
 from sessions.recorder import Limits
@@ -183,3 +188,105 @@ def test_a_bad_option_is_a_config_error_before_anything_is_opened(
     assert not path.exists(), "a refused option must not create the database"
     with pytest.raises(ConfigError, match=message):
         Ledger(object(), **options)  # type: ignore[arg-type]
+
+
+# ------------------------------------------------------------------ typed faces
+#: Parameters a face adds to its original's, and why.
+FACE_ONLY = {
+    # the loop thread's own bounds: how long any call, and the opening, may take
+    (SyncLedger, "open"): {"call_timeout", "open_timeout"},
+}
+#: Parameters whose annotation differs on a face, and why.
+FACE_TYPED = {
+    # the runner is handed the face's session (a SessionProxy), not the loop-bound SessionHandle
+    ("run_session", "runner"),
+}
+#: `Ledger` members with no awaitable (`a`-prefixed) twin on `SyncLedger`, and why: opening and
+#: closing are the face's own business (`SyncLedger.open` / `close`, from any thread), and a
+#: handle for another event loop comes from `asession` / `arun_session` (a `SessionProxy`), so
+#: `create_session` / `load_session` have a blocking face only.
+NO_AWAITABLE_TWIN = {"open", "close", "create_session", "load_session"}
+
+FACES = [(SyncLedger, Ledger), (SyncSession, SessionHandle), (SessionProxy, SessionHandle)]
+
+
+def _public(cls: type) -> dict[str, Any]:
+    """A class's public members as declared (properties, functions, classmethods), own and inherited."""
+    members: dict[str, Any] = {}
+    for klass in reversed(cls.__mro__[:-1]):
+        members.update(
+            (name, value) for name, value in vars(klass).items() if not name.startswith("_")
+        )
+    return members
+
+
+def _parameters(face: type, name: str, member: Any) -> list[tuple[str, Any, Any, Any]]:
+    """(name, kind, default, annotation) of each parameter, what a face may differ in left out."""
+    out = []
+    for parameter in _signature(member).parameters.values():
+        if parameter.name in FACE_ONLY.get((face, name), ()):
+            continue
+        typed = (name, parameter.name) not in FACE_TYPED
+        out.append(
+            (
+                parameter.name,
+                parameter.kind,
+                parameter.default,
+                parameter.annotation if typed else "(the face's own)",
+            )
+        )
+    return out
+
+
+def _is_async(member: Any) -> bool:
+    function = inspect.unwrap(getattr(member, "__func__", member))
+    return inspect.iscoroutinefunction(function) or inspect.isasyncgenfunction(function)
+
+
+@pytest.mark.parametrize(("face", "original"), FACES, ids=lambda cls: cls.__name__)
+def test_every_face_has_every_member_of_its_original_with_its_parameters(
+    face: type, original: type
+) -> None:
+    originals, faces = _public(original), _public(face)
+    assert len(originals) >= 10  # the derivation sees the members
+    missing = sorted(originals.keys() - faces.keys())
+    assert not missing, f"{face.__name__} lacks {missing} of {original.__name__}"
+    for name, member in originals.items():
+        mine = faces[name]
+        if isinstance(member, property):
+            assert isinstance(mine, property), f"{face.__name__}.{name} is not a property"
+            continue
+        assert callable(getattr(face, name)), f"{face.__name__}.{name}"
+        assert _parameters(face, name, mine) == _parameters(original, name, member), (
+            f"{face.__name__}.{name} takes other parameters than {original.__name__}.{name}"
+        )
+        awaitable = face is SessionProxy
+        assert _is_async(mine) == awaitable, f"{face.__name__}.{name} should block: {awaitable}"
+
+
+def test_the_ledgers_awaitable_twins_have_its_parameters() -> None:
+    """`SyncLedger.a<name>` for every `Ledger` member but the listed ones, awaitable, same parameters."""
+    members = _public(Ledger)
+    twins = {name for name in _public(SyncLedger) if name.startswith("a") and name[1:] in members}
+    assert {f"a{name}" for name in members.keys() - NO_AWAITABLE_TWIN} == twins
+    for twin in twins:
+        name = twin[1:]
+        mine = _public(SyncLedger)[twin]
+        assert _is_async(mine), twin
+        assert _parameters(SyncLedger, name, mine) == _parameters(Ledger, name, members[name]), twin
+
+
+def test_the_session_options_are_create_sessions_keywords() -> None:
+    """`session`, `run_session` and the faces pass `**identity` on to `create_session`: the typed
+    dict names exactly its keywords, required where it has no default."""
+    keywords = {
+        p.name: p
+        for p in _signature(Ledger.create_session).parameters.values()
+        if p.kind is inspect.Parameter.KEYWORD_ONLY
+    }
+    hints = {name: ref.__forward_arg__ for name, ref in SessionOptions.__annotations__.items()}
+    assert hints == {name: p.annotation for name, p in keywords.items()}
+    required = {name for name, p in keywords.items() if p.default is inspect.Parameter.empty}
+    assert SessionOptions.__required_keys__ == required
+    assert set(RunSessionOptions.__annotations__) == set(keywords) - {"timeout_s", "start"}
+    assert RunSessionOptions.__required_keys__ == required

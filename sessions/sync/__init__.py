@@ -1,0 +1,30 @@
+"""`SyncLedger`: the ledger for synchronous code (verl's V0 `RayPPOTrainer.fit`) and for threads.
+
+`Ledger` is async, and what it hands out belongs to the event loop it was opened on: its engine's
+connections, its group-commit worker, its handles. A synchronous trainer would have to run a loop
+by hand around every call, and could not keep the ledger across two `asyncio.run(...)` calls.
+
+A `SyncLedger` owns one `Ledger` on an event loop of its own, in a thread of its own, for its
+whole life (`loop_thread`). Every call hops onto that loop and the ledger's objects never leave it:
+
+- blocking calls (`batch`, `metrics`, `project`, `with ledger.session(...)`, ...) from any thread
+  that is not the ledger's own;
+- awaitable calls (`arun_session`, `async with ledger.asession(...)`, `abatch`, ...) from any
+  other event loop, whose runner code runs on the caller's loop, never on the ledger's.
+
+Each call has the parameters of the async `Ledger`'s, and each session face (`SyncSession`,
+blocking; `SessionProxy`, awaitable) every command of `SessionHandle` with its parameters, so an
+editor shows them (`tests/test_faces.py` holds them equal).
+
+Errors raised on the ledger's loop re-raise in the caller as the same object (type, message and
+attributes intact). A call after `close()` raises `LedgerClosed` at once; a blocking call from the
+ledger's own loop thread (it would wait on itself forever) raises `UsageError`; a caller that is
+interrupted (Ctrl-C, cancellation, `call_timeout`) cancels its call on the ledger's loop and waits,
+bounded, until the cancellation has been recorded, so the loop is never left stuck.
+"""
+
+from sessions.sync.handles import SessionProxy, SyncSession
+from sessions.sync.ledger import SyncLedger
+from sessions.sync.loop_thread import CANCEL_GRACE
+
+__all__ = ["CANCEL_GRACE", "SessionProxy", "SyncLedger", "SyncSession"]

@@ -1,0 +1,202 @@
+"""The event loop thread a `SyncLedger` owns, and coroutines run as tasks on another thread's loop.
+
+`Remote` runs a coroutine on a loop from any thread and settles its future only once the task
+has ended, so an interrupted caller can cancel it and still wait for the cancellation to land.
+`Runtime` is the loop, its thread, the ledger on it and the calls under way there; `shutdown`
+closes them once, whoever asks first (`close()`, the collector, interpreter exit).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import logging
+import threading
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+from sessions.errors import LedgerClosed
+from sessions.ledger import RECORDING_TIMEOUT, Ledger
+
+__all__ = ["CANCEL_GRACE", "JOIN_TIMEOUT", "Remote", "Runtime", "closed_meanwhile", "shutdown"]
+
+log = logging.getLogger("sessions.sync")
+T = TypeVar("T")
+
+#: Seconds an interrupted caller waits for its cancelled call to finish on the ledger's loop (a
+#: session's cancellation being recorded); longer than the ledger's own `RECORDING_TIMEOUT`.
+CANCEL_GRACE = RECORDING_TIMEOUT + 5.0
+#: Seconds `close()` waits for the loop thread to end once the ledger is closed.
+JOIN_TIMEOUT = 30.0
+
+
+# ---------------------------------------------------------------- a task on another loop
+class Remote:
+    """A coroutine run as a task on `loop` (another thread's), started from any thread.
+
+    `future` settles only once the task has ended, so a caller that asks it to stop (`cancel`)
+    can still wait for the stop to land; a cancelled task leaves `future` cancelled.
+    """
+
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        coro: Coroutine[Any, Any, Any],
+        tasks: set[asyncio.Task[Any]] | None = None,
+    ) -> None:
+        self.future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        self._loop = loop
+        self._task: asyncio.Task[Any] | None = None
+        self._stop = False
+        self._tasks = tasks
+        try:
+            loop.call_soon_threadsafe(self._start, coro)
+        except RuntimeError:  # the loop is closed: nothing will ever run the coroutine
+            coro.close()
+            raise
+
+    def _start(self, coro: Coroutine[Any, Any, Any]) -> None:
+        if self._stop:
+            coro.close()
+            self._cancelled()
+            return
+        self._task = self._loop.create_task(coro)
+        if self._tasks is not None:
+            self._tasks.add(self._task)
+            self._task.add_done_callback(self._tasks.discard)
+        self._task.add_done_callback(self._settle)
+
+    def _settle(self, task: asyncio.Task[Any]) -> None:
+        if task.cancelled():
+            self._cancelled()
+        elif (error := task.exception()) is not None:
+            self.future.set_exception(error)
+        else:
+            self.future.set_result(task.result())
+
+    def _cancelled(self) -> None:
+        # `notify` too: `concurrent.futures.wait` counts a cancelled future as done only once notified.
+        self.future.cancel()
+        self.future.set_running_or_notify_cancel()
+
+    def cancel(self) -> None:
+        """Ask the task to stop (from any thread); `future` settles once it has."""
+
+        def stop() -> None:
+            self._stop = True
+            if self._task is not None:
+                self._task.cancel()
+
+        with contextlib.suppress(RuntimeError):  # the loop is closed: the task is over already
+            self._loop.call_soon_threadsafe(stop)
+
+    async def wait(self, grace: float | None = CANCEL_GRACE) -> Any:
+        """Await the task from the caller's own loop; cancelling the caller cancels the task and
+        waits up to `grace` seconds for it to end before the cancellation goes on."""
+        waiter = asyncio.wrap_future(self.future)
+        try:
+            return await asyncio.shield(waiter)
+        except asyncio.CancelledError:
+            if not waiter.done():  # the caller was cancelled, not the task
+                self.cancel()
+                await asyncio.wait({waiter}, timeout=grace)
+            raise
+
+
+# -------------------------------------------------------------------- the loop thread
+class Runtime:
+    """The event loop thread, the ledger on it, and the calls under way there."""
+
+    def __init__(self, name: str) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.lock = threading.Lock()
+        self.closed = False
+        self.ledger: Ledger | None = None
+        self.stack = contextlib.AsyncExitStack()
+        self.tasks: set[asyncio.Task[Any]] = set()  # touched on the loop only
+        self._stopping = False
+        self.thread = threading.Thread(target=self._serve, name=name, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        try:
+            while not self._stopping:
+                try:
+                    self.loop.run_forever()
+                except BaseException:  # noqa: BLE001 - a KeyboardInterrupt/SystemExit raised by a task
+                    # was handed to that task's caller already; the loop must go on serving the others.
+                    log.debug(
+                        "rollout-ledger loop: a task raised a BaseException; serving on",
+                        exc_info=True,
+                    )
+            leftover = [task for task in asyncio.all_tasks(self.loop) if not task.done()]
+            for task in leftover:
+                task.cancel()
+            if leftover:
+                self.loop.run_until_complete(asyncio.wait(leftover, timeout=CANCEL_GRACE))
+            self.loop.run_until_complete(self.loop.shutdown_asyncgens())
+            self.loop.run_until_complete(self.loop.shutdown_default_executor())
+        finally:
+            asyncio.set_event_loop(None)
+            self.loop.close()
+
+    def on_loop_thread(self) -> bool:
+        return threading.get_ident() == self.thread.ident
+
+    def submit(self, coro: Coroutine[Any, Any, T], what: str) -> Remote:
+        """Start `coro` on the loop, or refuse (closing it) when the ledger is closed."""
+        with self.lock:
+            if self.closed:
+                coro.close()
+                raise LedgerClosed(
+                    f"SyncLedger.{what}: this SyncLedger is closed; open another with SyncLedger.open(...)"
+                )
+            return Remote(self.loop, coro, self.tasks)
+
+    async def aclose(self) -> None:
+        """On the loop: cancel the calls still under way (their sessions record the cancellation),
+        then close the ledger and its engine."""
+        current = asyncio.current_task()
+        under_way = [task for task in self.tasks if task is not current]
+        for task in under_way:
+            task.cancel()
+        if under_way:
+            await asyncio.wait(under_way, timeout=CANCEL_GRACE)
+        await self.stack.aclose()
+
+    def stop(self) -> None:
+        def stop() -> None:
+            self._stopping = True
+            self.loop.stop()
+
+        with contextlib.suppress(RuntimeError):
+            self.loop.call_soon_threadsafe(stop)
+
+
+def shutdown(runtime: Runtime) -> None:
+    """Close the ledger on its loop, stop the loop, join its thread. Runs once (weakref.finalize:
+    on `close()`, when the SyncLedger is collected, or at interpreter exit)."""
+    with runtime.lock:
+        runtime.closed = True
+    if runtime.on_loop_thread():  # collected on its own loop: close without blocking it
+        runtime.loop.create_task(runtime.aclose()).add_done_callback(lambda _: runtime.stop())
+        return
+    try:
+        asyncio.run_coroutine_threadsafe(runtime.aclose(), runtime.loop).result(
+            CANCEL_GRACE + JOIN_TIMEOUT
+        )
+    finally:
+        runtime.stop()
+        runtime.thread.join(JOIN_TIMEOUT)
+        if runtime.thread.is_alive():
+            log.warning(
+                "rollout-ledger: the SyncLedger's loop thread did not end within %ss", JOIN_TIMEOUT
+            )
+
+
+def closed_meanwhile(what: str) -> LedgerClosed:
+    return LedgerClosed(
+        f"SyncLedger.{what}: the SyncLedger was closed while this call was under way; it was cancelled"
+    )
