@@ -15,14 +15,21 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+import inspect
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from types import ModuleType
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, Protocol, runtime_checkable
 
-from sessions.errors import LedgerError
+from sessions.errors import (
+    InvalidArgument,
+    InvalidArgumentType,
+    LedgerClosed,
+    LedgerError,
+    UsageError,
+)
 from sessions.trackers.content import FailedSession, StepContent, StepKey, collect_step
 
 if TYPE_CHECKING:
@@ -41,6 +48,7 @@ __all__ = [
 ]
 
 log = logging.getLogger("sessions.trackers")
+P = ParamSpec("P")
 
 LOGGED = "logged"
 #: Held while trackers are checked and written, so two calls for one step never both write it.
@@ -132,88 +140,117 @@ async def log_step(
     `metrics_dict`) and a table of up to `per_reason` failed sessions of each reason
     (`max_failed` in all). A tracker that already has the step is skipped; the ledger is not even
     read when every tracker has it. `max_*_length`: verl's clip widths for the `train` figures.
+
+    This signature is the one declaration of the options: `log_step_sync` takes the same.
     """
-    key, pending, statuses = _pending(
-        ledger.run if run is None else run,
-        partition,
-        global_step,
-        trackers,
-        scalars or failed_sessions,
-    )
+    call = _StepLog.bind(ledger.run, **locals())  # the arguments as declared above
+    pending, statuses = call.pending()
     if not pending:
-        return _report(key, None, statuses)
-    content = await collect_step(
-        ledger,
-        partition,
-        global_step,
-        run=run,
-        timeout=timeout,
-        per_reason=per_reason,
-        max_failed=max_failed,
-        max_prompt_length=max_prompt_length,
-        max_response_length=max_response_length,
-    )
-    return _write(content, pending, statuses, scalars=scalars, failed_sessions=failed_sessions)
+        return _report(call.key, None, statuses)
+    content = await collect_step(ledger, partition, global_step, **call.read)
+    return call.write(content, pending, statuses)
 
 
-def log_step_sync(
-    ledger: SyncLedger,
-    partition: str,
-    global_step: int | None,
-    *,
-    trackers: Sequence[Tracker],
-    run: str | None = None,
-    timeout: float | None = 60.0,
-    scalars: bool = True,
-    failed_sessions: bool = True,
-    per_reason: int = 3,
-    max_failed: int = 20,
-    max_prompt_length: int | None = None,
-    max_response_length: int | None = None,
-) -> LoggedStep:
-    """`log_step` for a `SyncLedger` (verl's synchronous `fit`; any thread but the ledger's own):
-    the step is read on the ledger's loop, the trackers are written in the calling thread, so
-    their file and network I/O never stalls the ledger's recording. Options as `log_step`."""
+def _face_of(
+    original: Callable[Concatenate[Ledger, P], Awaitable[LoggedStep]],
+) -> Callable[[Callable[..., LoggedStep]], Callable[Concatenate[SyncLedger, P], LoggedStep]]:
+    """Give a `SyncLedger` face `original`'s parameters, declared once there: its signature (for
+    `inspect` and `help`) and its type (for an editor), the ledger's type apart."""
+    signature = inspect.signature(original)
+    ledger, *rest = signature.parameters.values()
+    face_signature = signature.replace(parameters=[ledger.replace(annotation="SyncLedger"), *rest])
+
+    def give(face: Callable[..., LoggedStep]) -> Callable[Concatenate[SyncLedger, P], LoggedStep]:
+        face.__signature__ = face_signature  # type: ignore[attr-defined]
+        return face
+
+    return give
+
+
+@_face_of(log_step)
+def log_step_sync(ledger: SyncLedger, *args: Any, **options: Any) -> LoggedStep:
+    """`log_step` for a `SyncLedger` (verl's synchronous `fit`; any thread but the ledger's own),
+    with `log_step`'s parameters: the step is read on the ledger's loop, the trackers are written
+    in the calling thread, so their file and network I/O never stalls the ledger's recording."""
     if ledger.closed:
-        raise LedgerError(
+        raise LedgerClosed(
             "log_step_sync: the SyncLedger is closed; log each step before closing it"
         )
-    key, pending, statuses = _pending(
-        ledger.run if run is None else run,
-        partition,
-        global_step,
-        trackers,
-        scalars or failed_sessions,
-    )
+    call = _StepLog.bind(ledger.run, ledger, *args, **options)
+    pending, statuses = call.pending()
     if not pending:
-        return _report(key, None, statuses)
+        return _report(call.key, None, statuses)
     try:
         asyncio.get_running_loop()
     except RuntimeError:
         pass
     else:
-        raise LedgerError(
+        raise UsageError(
             "log_step_sync blocks until the step is read, and was called inside a running event loop; "
             "there await log_step(sync_ledger.ledger, ...) on the ledger's own loop, or call log_step_sync from a thread"
         )
-    coro = collect_step(
-        ledger.ledger,
-        partition,
-        global_step,
-        run=run,
-        timeout=timeout,
-        per_reason=per_reason,
-        max_failed=max_failed,
-        max_prompt_length=max_prompt_length,
-        max_response_length=max_response_length,
-    )
+    _, partition, global_step = call.key
+    coro = collect_step(ledger.ledger, partition, global_step, **call.read)
     reading = asyncio.run_coroutine_threadsafe(coro, ledger.loop)
     try:
         content = reading.result()  # bounded by `timeout`
     except BaseException:  # Ctrl-C here: stop the read on the ledger's loop too
         reading.cancel()
         raise
-    return _write(content, pending, statuses, scalars=scalars, failed_sessions=failed_sessions)
+    return call.write(content, pending, statuses)
+
+
+#: `log_step`'s parameters, and which of them `collect_step` takes (the read of the step).
+_LOG_STEP = inspect.signature(log_step)
+_READ = tuple(
+    p.name
+    for p in inspect.signature(collect_step).parameters.values()
+    if p.kind is inspect.Parameter.KEYWORD_ONLY
+)
+
+
+@dataclass(frozen=True)
+class _StepLog:
+    """One call of either face, its arguments bound to `log_step`'s signature (defaults filled):
+    the step's key, the trackers and what to write, and the keywords of the step's read."""
+
+    key: StepKey
+    trackers: Sequence[Tracker]
+    scalars: bool
+    failed_sessions: bool
+    read: dict[str, Any]
+
+    @classmethod
+    def bind(cls, ledger_run: str, *args: Any, **kwargs: Any) -> _StepLog:
+        bound = _LOG_STEP.bind(*args, **kwargs)  # a wrong argument: TypeError, as for any call
+        bound.apply_defaults()
+        given = bound.arguments
+        run = ledger_run if given["run"] is None else given["run"]
+        return cls(
+            (run, given["partition"], given["global_step"]),
+            given["trackers"],
+            given["scalars"],
+            given["failed_sessions"],
+            {name: given[name] for name in _READ},
+        )
+
+    def pending(self) -> tuple[list[Tracker], dict[str, str]]:
+        """The trackers that lack the step, and a status per tracker in the order given."""
+        _, pending, statuses = _pending(
+            *self.key, self.trackers, self.scalars or self.failed_sessions
+        )
+        return pending, statuses
+
+    def write(
+        self, content: StepContent, pending: list[Tracker], statuses: dict[str, str]
+    ) -> LoggedStep:
+        return _write(
+            content,
+            pending,
+            statuses,
+            scalars=self.scalars,
+            failed_sessions=self.failed_sessions,
+        )
 
 
 def _pending(
@@ -225,15 +262,15 @@ def _pending(
 ) -> tuple[StepKey, list[Tracker], dict[str, str]]:
     """The step's key, the trackers that lack it, and a status per tracker in the order given."""
     if not anything:
-        raise ValueError(
+        raise InvalidArgument(
             "log_step: scalars=False and failed_sessions=False would log nothing; keep one of them"
         )
     if not trackers:
-        raise ValueError(
+        raise InvalidArgument(
             "log_step: no trackers given; pass trackers=[TensorBoardTracker(logdir), WandbTracker(...)]"
         )
     if global_step is None:
-        raise ValueError(
+        raise InvalidArgument(
             "log_step: a tracker plots each figure against a step, and global_step is None; "
             "record the sessions with global_step=... to log them"
         )
@@ -242,7 +279,7 @@ def _pending(
     pending = []
     for tracker in trackers:
         if not isinstance(tracker, Tracker):
-            raise TypeError(
+            raise InvalidArgumentType(
                 f"log_step: {tracker!r} is not a tracker (it needs name, has_logged and write)"
             )
         if tracker.has_logged(key):
