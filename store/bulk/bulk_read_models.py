@@ -22,7 +22,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from store.bulk import driver
 from store.bulk.bulk_copy import recorded_at_converter
 from store.dialects import dialect_of
-from store.read_models import PROJECTOR
+from store.read_models.keys import PROJECTOR
 from store.schema.tables import (
     checkpoints,
     groups,

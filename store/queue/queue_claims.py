@@ -41,7 +41,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from store.engine import WRITE_LOCK
-from store.read_models import equals
+from store.read_models.keys import equals
 from store.schema.tables import NAME, queue_claims, queue_rows
 
 #: Mirrors `sessions.placeholder.PARTITIONS` (store must not import sessions; a test keeps them equal).

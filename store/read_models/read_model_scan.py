@@ -17,7 +17,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.types import JSON
 
 from store.dialects import PostgresDialect, dialect_of
-from store.read_models import GROUP_KEY
+from store.read_models.keys import GROUP_KEY
 from store.schema.tables import groups, metric_counts, projection_errors, queue_rows, sessions
 
 #: Each read model and its natural key, in the order the audit compares them. Every column is

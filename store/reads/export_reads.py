@@ -16,7 +16,8 @@ from typing import Any
 from sqlalchemy import Text, and_, case, cast, column, func, inspect, literal_column, select, tuple_
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from store.read_models import get_checkpoint, log_end
+from store.read_models import get_checkpoint
+from store.read_models.queries import log_end
 from store.schema.tables import events, sessions
 
 __all__ = [

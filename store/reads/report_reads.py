@@ -12,7 +12,8 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from store.read_models import PROJECTOR, log_end
+from store.read_models.keys import PROJECTOR
+from store.read_models.queries import log_end
 from store.schema.tables import checkpoints, events, metric_counts, sessions
 
 __all__ = ["report_failures", "report_positions", "report_step_metrics"]

@@ -17,7 +17,7 @@ from typing import Any
 from sqlalchemy import Text, cast, func, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from store.read_models import equals
+from store.read_models.keys import equals
 from store.schema.tables import events, sessions
 
 __all__ = ["failed_session_samples"]

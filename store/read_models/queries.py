@@ -1,0 +1,160 @@
+"""The reads behind `Ledger.batch`, `metrics`, the CLI and recovery: a step's queue rows and group
+counts, metric rows, quarantined events, runs, the log's end and the sessions left open."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime, timezone
+from types import EllipsisType
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from store.read_models.keys import chunks, equals
+from store.schema.tables import (
+    events,
+    groups,
+    metric_counts,
+    projection_errors,
+    queue_rows,
+    sessions,
+)
+
+
+async def session_reward_infos(
+    conn: AsyncConnection, session_ids: Sequence[str]
+) -> dict[str, dict[str, Any]]:
+    """Each session's projected `reward_info` (what its rewards posted, merged by key)."""
+    out: dict[str, dict[str, Any]] = {}
+    for chunk in chunks(sorted(set(session_ids))):
+        result = await conn.execute(
+            select(sessions.c.session_id, sessions.c.reward_info).where(
+                sessions.c.session_id.in_(chunk)
+            )
+        )
+        out.update({sid: dict(info or {}) for sid, info in result.all()})
+    return out
+
+
+async def projection_error_rows(
+    conn: AsyncConnection, *, after: int = 0, limit: int | None = None
+) -> list[dict[str, Any]]:
+    """Quarantined events in log order (those after a position)."""
+    query = (
+        select(projection_errors)
+        .where(projection_errors.c.position > after)
+        .order_by(projection_errors.c.position)
+    )
+    if limit is not None:
+        query = query.limit(limit)
+    return [dict(row) for row in (await conn.execute(query)).mappings()]
+
+
+async def queue_rows_for(
+    conn: AsyncConnection,
+    run: str,
+    partition: str,
+    global_step: int | None,
+    *,
+    kind: str | None = "row",
+) -> list[dict[str, Any]]:
+    """A step's queue rows in queue order (global_step None selects rows without a step)."""
+    query = select(queue_rows).where(queue_rows.c.run == run, queue_rows.c.partition == partition)
+    query = query.where(equals(queue_rows.c.global_step, global_step))
+    if kind is not None:
+        query = query.where(queue_rows.c.kind == kind)
+    result = await conn.execute(query.order_by(queue_rows.c.id))
+    return [dict(row) for row in result.mappings()]
+
+
+async def group_status(
+    conn: AsyncConnection, run: str, partition: str, global_step: int | None
+) -> dict[str, int]:
+    """Counts of a step's groups by status (pending / finished / failure)."""
+    query = select(groups.c.status, func.count()).where(
+        groups.c.run == run, groups.c.partition == partition
+    )
+    query = query.where(equals(groups.c.global_step, global_step))
+    result = await conn.execute(query.group_by(groups.c.status))
+    return {status: int(count) for status, count in result}
+
+
+async def metric_rows(
+    conn: AsyncConnection,
+    *,
+    run: str | None = None,
+    partition: str | None = None,
+    global_step: int | None | EllipsisType = ...,
+) -> list[dict[str, Any]]:
+    """Metric counts, filtered; `global_step=...` (the default) is every step, None the step-less rows."""
+    query = select(metric_counts)
+    if run is not None:
+        query = query.where(metric_counts.c.run == run)
+    if partition is not None:
+        query = query.where(metric_counts.c.partition == partition)
+    if global_step is not ...:
+        query = query.where(equals(metric_counts.c.global_step, global_step))
+    query = query.order_by(
+        metric_counts.c.run,
+        metric_counts.c.partition,
+        metric_counts.c.global_step,
+        metric_counts.c.data_source,
+        metric_counts.c.metric,
+    )
+    return [dict(row) for row in (await conn.execute(query)).mappings()]
+
+
+async def latest_run(conn: AsyncConnection) -> str | None:
+    """The run of the most recent event (the CLI's default --run)."""
+    result = await conn.execute(select(events.c.run).order_by(events.c.position.desc()).limit(1))
+    return result.scalar_one_or_none()
+
+
+async def recent_runs(conn: AsyncConnection, *, limit: int = 20) -> list[str]:
+    """Run names of the log, most recent event first: what an error names when a run matches none
+    (read from the log, so a run the projector has not reached is named too)."""
+    last = func.max(events.c.position)
+    result = await conn.execute(
+        select(events.c.run).group_by(events.c.run).order_by(last.desc()).limit(limit)
+    )
+    return [run for (run,) in result]
+
+
+async def log_end(conn: AsyncConnection) -> int:
+    """The log's last position (0 when it is empty)."""
+    return int(
+        (await conn.execute(select(func.coalesce(func.max(events.c.position), 0)))).scalar_one()
+    )
+
+
+async def pending_uids(
+    conn: AsyncConnection, run: str, partition: str, global_step: int | None, *, limit: int = 10
+) -> list[str]:
+    """Some of a step's unsettled groups, to name them in a timeout."""
+    query = select(groups.c.uid).where(
+        groups.c.run == run, groups.c.partition == partition, groups.c.status == "pending"
+    )
+    query = query.where(equals(groups.c.global_step, global_step))
+    return list((await conn.execute(query.order_by(groups.c.uid).limit(limit))).scalars())
+
+
+async def open_sessions_last_event(
+    conn: AsyncConnection, *, run: str | None = None
+) -> list[tuple[str, datetime]]:
+    """(session_id, recorded_at of its latest event) for every projected session still open
+    (created or running), in one run or all; timestamps in UTC."""
+    query = (
+        select(sessions.c.session_id, func.max(events.c.recorded_at))
+        .join(events, events.c.session_id == sessions.c.session_id)
+        .where(sessions.c.state.in_(("created", "running")))
+        .group_by(sessions.c.session_id)
+    )
+    if run is not None:
+        query = query.where(sessions.c.run == run)
+    out = []
+    for session_id, last in await conn.execute(query):
+        out.append(
+            (session_id, last if last.tzinfo is not None else last.replace(tzinfo=timezone.utc))
+        )
+    return out
