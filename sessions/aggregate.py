@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sessions import events as ev
-from sessions import machine
+from sessions import machine, vocabulary
 from sessions.errors import InvalidInput
-from sessions.failure_policy import MetricPolicy, check_reason
+from sessions.failure_policy import MetricPolicy
 from sessions.placeholder import PlaceholderPolicy
 
 __all__ = [
@@ -350,11 +350,7 @@ _DEFAULT_METRICS = MetricPolicy()
 
 
 def _check_reason(session_id: str, reason: object) -> None:
-    problem = check_reason(reason)
-    if problem is not None:
-        raise InvalidInput(
-            session_id, "reason", f"{problem}; built-in reasons: {', '.join(ev.FAILURE_REASONS)}"
-        )
+    vocabulary.check_reason(reason, session_id=session_id)
 
 
 def decide_cancel(view: SessionView, *, message: str | None = None) -> list[ev.Event]:

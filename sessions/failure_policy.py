@@ -18,63 +18,32 @@ and never consults today's configuration. `docs/decisions.md` says why the defau
 
 from __future__ import annotations
 
-import re
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from sessions import vocabulary
 from sessions.events import DEFAULT_ORIGINS as _DEFAULT_ORIGINS
 from sessions.events import FAILURE_REASONS
+from sessions.vocabulary import ANY, INFRA, ORIGINS, POLICY, Origin
 
 __all__ = [
-    "ANY",
     "DEFAULT_ORIGINS",
-    "INFRA",
     "MetricDecision",
     "MetricPolicy",
-    "ORIGINS",
-    "Origin",
-    "POLICY",
-    "RESERVED_REASONS",
     "RetryPolicy",
-    "check_reason",
+    "check_rules",
     "match",
     "origin_of",
 ]
 
-Origin = Literal["infra", "policy"]
-INFRA: Origin = "infra"
-POLICY: Origin = "policy"
-ORIGINS: tuple[Origin, ...] = (INFRA, POLICY)
 MetricDecision = Literal["zero", "exclude"]
-ANY = "*"
 
 #: The built-in reasons' origins. `runner_error` is `policy`: a runner's exception is as often the
 #: model's malformed tool call as the harness's bug, and a policy must not escape a zero by it;
 #: a runner that knows better raises `SandboxError` or `RolloutFailure(origin="infra")`.
 DEFAULT_ORIGINS: Mapping[str, Origin] = _DEFAULT_ORIGINS  # type: ignore[assignment]
 assert set(DEFAULT_ORIGINS) == set(FAILURE_REASONS)
-
-#: Names a custom reason may not take: the origins (rules match them too) and the projector's own.
-RESERVED_REASONS = frozenset({*ORIGINS, ANY, "unprojectable"})
-#: `sessions.failure_reason` is VARCHAR(32); a reason is also a metric name part (`failed/<reason>`).
-_REASON = re.compile(r"[a-z][a-z0-9_]{0,31}")
-
-
-def check_reason(reason: object) -> str | None:
-    """Why `reason` cannot name a failure (None when it can): built-in, or a custom lowercase name."""
-    if not isinstance(reason, str):
-        return f"a failure reason is a string, got {type(reason).__name__}"
-    if reason in FAILURE_REASONS:
-        return None
-    if reason in RESERVED_REASONS:
-        return f"{reason!r} is reserved (the origins 'infra'/'policy', '*' and the projector's 'unprojectable')"
-    if not _REASON.fullmatch(reason):
-        return (
-            f"{reason!r} is not a reason name: use lowercase letters, digits and '_', starting with a letter, "
-            "at most 32 characters"
-        )
-    return None
 
 
 def origin_of(
@@ -108,15 +77,11 @@ def check_rules(
 ) -> None:
     """Refuse a rule table with an unknown partition, reason or decision, naming the bad entry."""
     for partition, by_key in rules.items():
-        if partition not in ("train", "val", ANY):
-            raise ValueError(f"{kind}: unknown partition {partition!r}; use 'train', 'val' or '*'")
+        vocabulary.check_partition(partition, field=f"{kind}: rules", also=(ANY,))
         for key, decision in by_key.items():
-            if key not in (*ORIGINS, ANY):
-                problem = check_reason(key)
-                if problem is not None:
-                    raise ValueError(
-                        f"{kind}: rules[{partition!r}]: {problem}; or use an origin ('infra', 'policy') or '*'"
-                    )
+            vocabulary.check_reason(
+                key, field=f"{kind}: rules[{partition!r}]", also=(*ORIGINS, ANY)
+            )
             if decision not in choices:
                 raise ValueError(
                     f"{kind}: rules[{partition!r}][{key!r}] is {decision!r}; use {' or '.join(map(repr, choices))}"
@@ -142,9 +107,7 @@ class MetricPolicy:
             raise ValueError(f"metric policy: default is {self.default!r}; use 'zero' or 'exclude'")
         check_rules("metric policy", self.rules, ("zero", "exclude"))
         for reason, origin in self.origins.items():
-            problem = check_reason(reason)
-            if problem is not None:
-                raise ValueError(f"metric policy: origins: {problem}")
+            vocabulary.check_reason(reason, field="metric policy: origins")
             if origin not in ORIGINS:
                 raise ValueError(
                     f"metric policy: origins[{reason!r}] is {origin!r}; use 'infra' or 'policy'"
@@ -195,12 +158,7 @@ class RetryPolicy:
                 f"write on=({self.on!r},)"
             )
         for key in self.on:
-            if key not in ORIGINS:
-                problem = check_reason(key)
-                if problem is not None:
-                    raise ValueError(
-                        f"retry policy: on: {problem}; or use an origin ('infra', 'policy')"
-                    )
+            vocabulary.check_reason(key, field="retry policy: on", also=ORIGINS)
         for name in ("backoff_s", "max_backoff_s"):
             value = getattr(self, name)
             if (

@@ -12,6 +12,7 @@ from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING
 
 from sessions.errors import ConcurrencyError, InvalidTransition
+from sessions.vocabulary import ORPHANED
 from store import read_models as rm
 
 if TYPE_CHECKING:
@@ -64,7 +65,7 @@ async def recover(ledger: Ledger, older_than: timedelta, *, run: str | None = No
                 return None
             try:
                 await handle.fail(
-                    "orphaned",
+                    ORPHANED,
                     message=f"no event since {last.isoformat()}; failed by the recovery sweep",
                 )
             except (ConcurrencyError, InvalidTransition):

@@ -24,6 +24,7 @@ import numpy as np
 
 from sessions import events as ev
 from sessions.errors import InvalidInput
+from sessions.vocabulary import ORIGINS, PARTITIONS, UID_FORBIDDEN
 from store import ColumnSpec, column_spec
 
 __all__ = [
@@ -76,10 +77,10 @@ class Field:
 DECLARATION: dict[str, dict[str, Field]] = {
     "SessionCreated": {
         "run": Field("sessions.run", minimum=1),
-        "uid": Field("sessions.uid", minimum=1, forbidden="_"),
+        "uid": Field("sessions.uid", minimum=1, forbidden=UID_FORBIDDEN),
         "session_index": Field("sessions.session_index", minimum=0),
         "group_size": Field("sessions.group_size", minimum=1),
-        "partition": Field("sessions.partition", choices=("train", "val")),
+        "partition": Field("sessions.partition", choices=PARTITIONS),
         "global_step": Field("sessions.global_step", minimum=0),
         "data_source": Field("sessions.data_source", minimum=1),
         "runner": Field("sessions.runner", minimum=1),
@@ -120,7 +121,7 @@ DECLARATION: dict[str, dict[str, Field]] = {
         "message": Field("sessions.message", nullable=False, free_text=True),
         "discarded_trajectories": Field(kind="int", minimum=0, int_range=_INT32),
         "placeholder": Field(kind="json", choices=("emit", "drop", "keep_partial")),
-        "origin": Field(kind="json", choices=("infra", "policy")),
+        "origin": Field(kind="json", choices=ORIGINS),
         "metric": Field(kind="json", choices=("zero", "exclude")),
         "selected": Field(kind="int_list"),
         "score": Field("sessions.reward"),
@@ -128,7 +129,7 @@ DECLARATION: dict[str, dict[str, Field]] = {
     "AttemptFailed": {
         "attempt": Field(kind="int", minimum=1, int_range=_INT32),
         "reason": Field("sessions.failure_reason", nullable=False, minimum=1),
-        "origin": Field(kind="json", choices=("infra", "policy")),
+        "origin": Field(kind="json", choices=ORIGINS),
         "error_type": Field("sessions.error_type", free_text=True),
         "message": Field("sessions.message", nullable=False, free_text=True),
         "discarded_trajectories": Field(kind="int", minimum=0, int_range=_INT32),

@@ -8,25 +8,21 @@ from typing import Any
 
 import numpy as np
 
+from sessions import vocabulary
 from sessions.errors import InvalidInput
-from sessions.events import RUN_STREAM_PREFIX
-from sessions.placeholder import PARTITIONS
 from sessions.tokens import TokenArrays
 
 __all__ = [
-    "MAX_ID_LEN",
     "TOKEN_LIMIT",
     "check_identity",
     "json_dict",
     "logprob_array",
     "mask_array",
-    "optional_name",
     "reward",
     "token_array",
     "trajectory",
 ]
 
-MAX_ID_LEN = 128
 TOKEN_LIMIT = 2**31
 
 
@@ -40,32 +36,10 @@ def check_identity(
     partition: str,
     global_step: int | None,
 ) -> None:
-    if not isinstance(session_id, str) or not session_id or len(session_id) > MAX_ID_LEN:
-        raise InvalidInput(
-            None,
-            "session_id",
-            f"must be a non-empty string of at most {MAX_ID_LEN} characters, got {session_id!r}",
-        )
-    if session_id.startswith(RUN_STREAM_PREFIX):
-        raise InvalidInput(
-            None,
-            "session_id",
-            f"{session_id!r:.60} starts with {RUN_STREAM_PREFIX!r}, which names a run's "
-            "configuration stream; use another session id",
-        )
-    for name, value in (("run", run), ("uid", uid)):
-        if not isinstance(value, str) or not value or len(value) > MAX_ID_LEN:
-            raise InvalidInput(
-                session_id,
-                name,
-                f"must be a non-empty string of at most {MAX_ID_LEN} characters, got {value!r}",
-            )
-    if "_" in uid:
-        raise InvalidInput(
-            session_id,
-            "uid",
-            f"{uid!r} contains '_'; queue keys are {{uid}}_{{session_index}}_{{i}}, so use another separator",
-        )
+    """A new session's identity: its names by the vocabulary's rules, its numbers checked here."""
+    vocabulary.check_session_id(session_id)
+    vocabulary.check_run(run, session_id=session_id)
+    vocabulary.check_uid(uid, session_id=session_id)
     if not _is_int(group_size) or group_size < 1:
         raise InvalidInput(session_id, "group_size", f"must be an integer >= 1, got {group_size!r}")
     if not _is_int(session_index) or not 0 <= session_index < group_size:
@@ -74,25 +48,11 @@ def check_identity(
             "session_index",
             f"must be an integer in [0, group_size={group_size}), got {session_index!r}",
         )
-    if partition not in PARTITIONS:
-        raise InvalidInput(session_id, "partition", f"must be 'train' or 'val', got {partition!r}")
+    vocabulary.check_partition(partition, session_id=session_id)
     if global_step is not None and (not _is_int(global_step) or global_step < 0):
         raise InvalidInput(
             session_id, "global_step", f"must be an integer >= 0 or None, got {global_step!r}"
         )
-
-
-def optional_name(session_id: str, field: str, value: Any) -> str | None:
-    """An optional short label (data_source, runner): None or a string of at most 128 characters."""
-    if value is None:
-        return None
-    if not isinstance(value, str) or not value or len(value) > MAX_ID_LEN:
-        raise InvalidInput(
-            session_id,
-            field,
-            f"must be None or a non-empty string of at most {MAX_ID_LEN} characters, got {value!r:.60}",
-        )
-    return value
 
 
 def _is_int(value: Any) -> bool:

@@ -22,6 +22,7 @@ from typing import Any
 from sessions.events import DEFAULT_MIN_VALID
 from sessions.projection import metrics as m
 from sessions.storable import IDENTITY, clean_text
+from sessions.vocabulary import UNPROJECTABLE
 
 __all__ = [
     "GroupKey",
@@ -43,8 +44,6 @@ GroupKey = tuple[str, str, "int | None", str]
 #: when the event cannot be projected as it is (then `data` may be None).
 LogEvent = tuple[int, str, int, str, "dict[str, Any] | None", Any, "tuple[str | None, str] | None"]
 
-#: The failure reason of a session the projector quarantined (never one a runner can give).
-UNPROJECTABLE = "unprojectable"
 #: `projection_errors.outcome`: what the rules did with the event.
 FAILED, IGNORED = "session_failed", "ignored"
 
