@@ -218,7 +218,9 @@ def without_ledger(steps: int, seed: int, folder: str) -> BaseException | None:
     def rollout_func(prompts: list[str], trainer: Any) -> dict[str, Any]:
         step = trainer.state.global_step
         rows = [
-            runner(p, RolloutContext(trainer, f"plain-{step}-{i}", "plain", 0, "train", step, i))
+            runner(
+                p, RolloutContext(trainer, f"plain-{step}-{i}", "plain", 0, "train", step, i, step)
+            )
             for i, p in enumerate(prompts)
         ]
         return {

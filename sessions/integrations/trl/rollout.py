@@ -40,6 +40,8 @@ class RolloutContext:
     global_step: int
     #: the row's index in this rank's prompts
     index: int
+    #: which `rollout_func` call this is (0, 1, ... in this launch, the same on every rank)
+    call: int
 
 
 @dataclass
@@ -214,6 +216,7 @@ class LedgerRollout:
                 generation.partition,
                 generation.global_step,
                 i,
+                generation.call,
             )
 
             async def runner(session: Any) -> None:
