@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from types import EllipsisType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
-from sessions.placeholder import PARTITIONS
+from sessions import vocabulary
 from store import AsyncEngine
 from store import queue_claims as qc
 from store import read_models as rm
@@ -20,7 +20,13 @@ from store import read_models as rm
 if TYPE_CHECKING:
     from tensordict import TensorDict
 
-    from sessions.ledger import Ledger
+
+class HasEngine(Protocol):
+    """What a consumer needs of a ledger: the engine of its database (a `Ledger` has one). A
+    protocol, so this module need not import the ledger that builds on it."""
+
+    @property
+    def engine(self) -> AsyncEngine: ...
 
 
 class QueueConsumer:
@@ -32,7 +38,7 @@ class QueueConsumer:
 
     def __init__(
         self,
-        ledger_or_engine: Ledger | AsyncEngine,
+        ledger_or_engine: HasEngine | AsyncEngine,
         name: str,
         *,
         run: str,
@@ -48,10 +54,10 @@ class QueueConsumer:
             raise ValueError(
                 f"QueueConsumer needs a Ledger or an AsyncEngine, got {type(ledger_or_engine).__name__}"
             )
-        if partition not in PARTITIONS:
-            raise ValueError(f"unknown partition {partition!r}: use one of {', '.join(PARTITIONS)}")
+        vocabulary.check_run(run)
+        vocabulary.check_partition(partition)
         qc.check_consumer(name)
-        qc.check_claim_args(run, partition, 1, ..., lease_seconds)
+        qc.check_claim_args(run, 1, ..., lease_seconds)
         self.engine = engine
         self.name = name
         self.run = run
@@ -109,4 +115,4 @@ class QueueConsumer:
         return await qc.release(self.engine, self.name, ids)
 
 
-__all__ = ["QueueConsumer"]
+__all__ = ["HasEngine", "QueueConsumer"]

@@ -44,9 +44,6 @@ from store.engine import WRITE_LOCK
 from store.read_models.keys import equals
 from store.schema.tables import NAME, queue_claims, queue_rows
 
-#: Mirrors `sessions.placeholder.PARTITIONS` (store must not import sessions; a test keeps them equal).
-PARTITIONS = ("train", "val")
-
 #: Rounds of "select candidates, upsert claims" per call; each lost round makes progress
 #: (the rows lost are seen as claimed next round), so this bound is only a safety net.
 _MAX_ROUNDS = 16
@@ -65,16 +62,12 @@ def check_consumer(consumer: Any) -> str:
     return consumer
 
 
-def check_claim_args(
-    run: Any, partition: Any, limit: Any, global_step: Any, lease_seconds: Any
-) -> None:
-    """Reject bad arguments up front: a bad partition or limit would otherwise just claim nothing."""
+def check_claim_args(run: Any, limit: Any, global_step: Any, lease_seconds: Any) -> None:
+    """Reject bad arguments up front: a bad limit would otherwise just claim nothing. The
+    partition is only a value to filter by here: what names one is the domain's vocabulary, which
+    the one caller (`sessions.queues.consumer`) checks before it claims."""
     if not isinstance(run, str) or not run:
         raise ValueError(f"run must be a non-empty string, got {run!r}")
-    if partition not in PARTITIONS:
-        raise ValueError(
-            f"unknown partition {partition!r}: queue rows are in partition 'train' or 'val'"
-        )
     if isinstance(limit, bool) or not isinstance(limit, int) or limit <= 0:
         raise ValueError(f"limit must be a positive integer (rows to claim), got {limit!r}")
     if (
@@ -173,7 +166,7 @@ async def claim_in(
     until that transaction commits, and a rollback (or a crash) hands nothing out.
     """
     check_consumer(consumer)
-    check_claim_args(run, partition, limit, global_step, lease_seconds)
+    check_claim_args(run, limit, global_step, lease_seconds)
     now = await _now(conn)
     cutoff = now - timedelta(seconds=float(lease_seconds))
     claimed: list[dict[str, Any]] = []
@@ -235,7 +228,7 @@ async def claim(
     than `limit`, empty when nothing is available. Ack them when done, or release them.
     """
     check_consumer(consumer)
-    check_claim_args(run, partition, limit, global_step, lease_seconds)
+    check_claim_args(run, limit, global_step, lease_seconds)
     conn = await _write_conn(engine)
     try:
         async with conn.begin():
@@ -310,7 +303,6 @@ async def release(engine: AsyncEngine, consumer: str, row_ids: Sequence[int]) ->
 
 
 __all__ = [
-    "PARTITIONS",
     "ack",
     "check_claim_args",
     "check_consumer",
