@@ -520,13 +520,15 @@ def test_bad_options_are_refused_before_reading(mixed_db: Path, tmp_path: Path) 
     for kwargs, message in (
         ({"format": "csv"}, "format must be one of parquet, jsonl"),
         ({"per": "group"}, "per must be 'session'"),
-        ({"partition": "test"}, "partition must be one of train, val"),
+        ({"partition": "test"}, "partition: 'test' is not a partition; use 'train' or 'val'"),
+        ({"run": ""}, "run: must be a non-empty string"),
         ({"steps": "3:1"}, "the first step 3 is after the last 1"),
         ({"steps": "a:b"}, "expected A:B"),
         ({"row_group_size": 0}, "row_group_size must be an integer >= 1"),
     ):
         with pytest.raises(
-            ValueError if "steps" in kwargs else ExportError, match=re.escape(message)
+            ExportError if {"format", "per", "row_group_size"} & set(kwargs) else ValueError,
+            match=re.escape(message),
         ):
             asyncio.run(export_dataset(str(mixed_db), tmp_path / "x.parquet", **kwargs))
 

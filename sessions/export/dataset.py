@@ -22,7 +22,7 @@ from typing import Any, AsyncIterator, Protocol
 import numpy as np
 
 from sessions import events as ev
-from sessions import tokens
+from sessions import tokens, vocabulary
 from sessions.errors import UnknownEventError
 from sessions.export.schema import Column, columns_for
 from sessions.export.writers import (
@@ -33,7 +33,6 @@ from sessions.export.writers import (
     import_pyarrow,
     open_writer,
 )
-from sessions.placeholder import PARTITIONS
 from store import AsyncEngine, check_schema, create_engine, export_reads, load_json, normalize_url
 from store import read_models as rm
 
@@ -154,17 +153,19 @@ def parse_steps(steps: Any) -> tuple[int | None, int | None]:
     return low, high
 
 
-def _check_options(format: str, per: str, partition: str | None, row_group_size: int) -> None:
+def _check_options(
+    format: str, per: str, run: str | None, partition: str | None, row_group_size: int
+) -> None:
     if format not in FORMATS:
         raise ExportError(f"format must be one of {', '.join(FORMATS)}, got {format!r}")
     if per not in PER:
         raise ExportError(
             f"per must be 'session' (one row per session) or 'trajectory' (one per trajectory), got {per!r}"
         )
-    if partition is not None and partition not in PARTITIONS:
-        raise ExportError(
-            f"partition must be one of {', '.join(PARTITIONS)} or None (both), got {partition!r}"
-        )
+    if run is not None:  # None: the ledger's run, or the latest; never an empty name
+        vocabulary.check_run(run)
+    if partition is not None:  # None: both
+        vocabulary.check_partition(partition)
     if (
         isinstance(row_group_size, bool)
         or not isinstance(row_group_size, int)
@@ -218,7 +219,7 @@ async def export_dataset(
     raises; a selection that matches none writes an empty file (columns, no rows).
     """
     started = time.perf_counter()
-    _check_options(format, per, partition, row_group_size)
+    _check_options(format, per, run, partition, row_group_size)
     step_min, step_max = parse_steps(steps)
     path = Path(path)
     check_destination(path)
