@@ -458,7 +458,7 @@ def test_errors_from_the_ledgers_loop_keep_their_type_message_and_attributes(
     assert (late.value.state, late.value.session_id) == ("failed", "e1")
     with pytest.raises(InvalidInput, match="already exists"):
         ledger.create_session("e1", **identity("e1b", 0, 1, 11))
-    with pytest.raises(ValueError, match="partition must be"):
+    with pytest.raises(InvalidInput, match="'nope' is not a partition"):
         ledger.batch("nope", 0)
     with pytest.raises(InvalidInput, match="no such session"):
         ledger.load_session("nobody")

@@ -32,6 +32,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sessions import Ledger, PlaceholderPolicy, SandboxError
+from sessions.errors import InvalidInput
 from sessions.projection import verl_metrics as vm
 from sessions.projection.metrics import MetricRow
 from store import read_models as rm
@@ -454,8 +455,10 @@ def test_ledger_rows_render_under_their_own_prefix() -> None:
     }
     with pytest.raises(ValueError, match="one step"):
         vm.ledger_metrics([*rows, MetricRow("r", "val", 3, None, "reward/mean", 0.1)])
-    with pytest.raises(ValueError, match="all_sources"):
+    with pytest.raises(InvalidInput, match="data_source: 'all' is reserved"):
         vm.ledger_metrics([MetricRow("r", "val", 2, "all", "reward/mean", 0.1)])
+    with pytest.raises(ValueError, match="all_sources= label"):
+        vm.ledger_metrics([MetricRow("r", "val", 2, "*", "reward/mean", 0.1)], all_sources="*")
     assert vm.ledger_metrics(
         [MetricRow("r", "val", 2, "all", "reward/mean", 0.1)], all_sources="*"
     ) == {"ledger/val/all/reward/mean": 0.1}

@@ -35,10 +35,11 @@ from typing import Any
 
 import numpy as np
 
+from sessions import vocabulary
 from sessions.errors import InvalidArgument
+from sessions.vocabulary import ALL_SOURCES
 
 __all__ = [
-    "ALL_SOURCES",
     "LEDGER_PREFIX",
     "data_metrics",
     "ledger_metrics",
@@ -48,8 +49,6 @@ __all__ = [
 
 #: The prefix of the ledger's own figures in a tracker's dict.
 LEDGER_PREFIX = "ledger"
-#: How the all-data-sources scope (data_source NULL) is spelt in a key.
-ALL_SOURCES = "all"
 #: verl's bootstrap: resamples per (uid, n) and the seed it draws them with.
 N_BOOTSTRAP, SEED = 1000, 42
 #: Elements of one vectorised bootstrap block (uids x resamples x n): bounds memory, not results.
@@ -161,16 +160,22 @@ def ledger_metrics(
     returns them) of one step as `{prefix}/{partition}/{data_source or all_sources}/{metric}`.
 
     Refuses rows of several runs or steps (their keys would collide in one tracker step) and a data
-    source spelt like the all-sources label."""
+    source spelt like the all-sources label: by default the vocabulary's reserved `all` (refused
+    when a session is created, so only a log recorded before that holds one: pass another label
+    to read it), else the label given."""
     out: dict[str, float] = {}
     steps: set[tuple[str, Any]] = set()
     for row in rows:
         steps.add((row.run, row.global_step))
-        if row.data_source == all_sources:
-            raise InvalidArgument(
-                f"a data source is named {all_sources!r}, which spells the all-sources figures; "
-                "pass another all_sources= label"
-            )
+        if row.data_source is not None:
+            vocabulary.check_label(row.data_source, "data_source")
+            if row.data_source == all_sources:
+                vocabulary.check_data_source(row.data_source)  # `all`: the vocabulary's refusal
+                raise InvalidArgument(
+                    f"a data source is named {all_sources!r}, the all_sources= label given; "
+                    "pass another label",
+                    argument="all_sources",
+                )
         source = all_sources if row.data_source is None else row.data_source
         out[f"{prefix}/{row.partition}/{source}/{row.metric}"] = float(row.value)
     if len(steps) > 1:
@@ -193,6 +198,7 @@ def metrics_dict(
     `train`: `data_metrics`, the widths passed on) and the ledger's own under `ledger/`. Queue rows
     are the read model's (`store.read_models.queue_rows_for`); only those of kind `row` are batch
     rows."""
+    vocabulary.check_partition(partition)
     rows = [q for q in queue_rows if q.get("kind", "row") == "row"]
     if partition == "val":
         verl = validation_metrics(
@@ -201,7 +207,7 @@ def metrics_dict(
             [q["reward"] for q in rows],
             [q["num_turns"] for q in rows],
         )
-    elif partition == "train":
+    else:
         verl = data_metrics(
             [q["reward"] for q in rows],
             [q["prompt_len"] for q in rows],
@@ -210,8 +216,6 @@ def metrics_dict(
             max_prompt_length=max_prompt_length,
             max_response_length=max_response_length,
         )
-    else:
-        raise InvalidArgument(f"partition {partition!r} is neither 'train' nor 'val'")
     return {**verl, **ledger_metrics(metric_rows)}
 
 
