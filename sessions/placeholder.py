@@ -13,12 +13,10 @@ from typing import Literal
 from sessions.failure_policy import check_rules, match
 
 __all__ = [
-    "ANY",
     "DECISIONS",
     "Decision",
     "MAX_PLACEHOLDER_LENGTH",
     "GROUP_UID",
-    "PARTITIONS",
     "PLACEHOLDER_UID_SEPARATOR",
     "PlaceholderPolicy",
     "isolated_uid",
@@ -28,8 +26,6 @@ Decision = Literal["emit", "drop", "keep_partial"]
 DECISIONS: tuple[str, ...] = ("emit", "drop", "keep_partial")
 #: A placeholder longer than this is surely a mistake (it is padding the whole batch pays for).
 MAX_PLACEHOLDER_LENGTH = 65_536
-PARTITIONS = ("train", "val")
-ANY = "*"
 
 #: The column (or TransferQueue field) that keeps a row's prompt uid when its `uid` is isolated.
 GROUP_UID = "group_uid"

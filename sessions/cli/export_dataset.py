@@ -13,7 +13,7 @@ from pathlib import Path
 
 
 def register(verbs: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
-    from sessions.placeholder import PARTITIONS
+    from sessions.vocabulary import PARTITIONS
 
     parser = verbs.add_parser(
         "export-dataset",

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from sessions.cli.errors import EXIT_ERROR, drained, guarded
-from sessions.placeholder import PARTITIONS
+from sessions.vocabulary import PARTITIONS
 from store import normalize_url
 from store import read_models as rm
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
-from sessions.placeholder import PARTITIONS
+from sessions.vocabulary import PARTITIONS
 from store import AsyncEngine, report_failures, report_positions, report_step_metrics
 from store import read_models as rm
 
