@@ -13,6 +13,8 @@ next-token model seeded by the request, so a step is the same every time. With
 step), which is how a test injects a failure into one chosen row (``faults``: row -> kind):
 
 * ``crash``: the server raises (an infrastructure error mid-rollout);
+* ``crash_once``: the server raises on the first request of the prompt's text only (one of
+  its runs fails, whichever asks first: V1 names all of a prompt's runs alike);
 * ``hang``: the server never answers (a timeout, or a cancellation);
 * ``flaky``: the server raises on the row's first request only (a retry succeeds);
 * ``tool``: the first answer is a tool call (``sandbox``), for verl's tool agent loop;
@@ -49,7 +51,7 @@ CHAT_TEMPLATE = (
 )
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<tool_call>", "</tool_call>"]
 TOOL_CALL = '<tool_call>{"name": "sandbox", "arguments": {"code": "1 + 1"}}</tool_call>'
-_MARK = re.compile(r"\[(crash|hang|flaky|tool|sandbox|sandbox_hang)\]")
+_MARK = re.compile(r"\[(crash_once|crash|hang|flaky|tool|sandbox|sandbox_hang)\]")
 
 #: row (the request's priority) -> injected fault, for the sandbox tool in this process
 TOOL_FAULTS: dict[int, str] = {}
@@ -198,6 +200,7 @@ class TinyPolicyServer:
         self.faults = dict(faults or {})
         self.global_step = global_step
         self.requests: dict[str, int] = {}
+        self.crashed_once: set[str] = set()
 
     def fault(self, request_id: str, prompt_ids: Sequence[int]) -> str | None:
         match = re.fullmatch(r"det-(\d+)", request_id)
@@ -221,6 +224,11 @@ class TinyPolicyServer:
         fault = self.fault(request_id, prompt_ids)
         if fault == "crash":
             raise RuntimeError(f"injected: the LLM server crashed on {request_id}")
+        if fault == "crash_once":
+            text = self.tokenizer.decode(prompt_ids)
+            if text not in self.crashed_once:
+                self.crashed_once.add(text)
+                raise RuntimeError(f"injected: the LLM server crashed once on {request_id}")
         if fault == "hang":
             await asyncio.sleep(3600)
         if fault == "flaky" and turn == 1:

@@ -4,10 +4,10 @@ verl 0.9.1 hands an agent loop the sample's dataset fields (``uid``, ``data_sour
 ``raw_prompt``, ...) but not what its ``AgentLoopWorker`` knows about the sample: the
 trajectory info (global step, sample index, rollout number, ``validate``) is an argument of the
 worker's ``_run_agent_loop`` only, and so is the worker itself (whose reward handles score the
-output). Each sample runs as one asyncio task whose coroutine is that ``_run_agent_loop`` call
-(``generate_sequences`` in V0, ``AgentLoopWorkerTQ._run_prompt`` in V1 both create them so), so
-the agent loop reads them from that coroutine's frame, after checking that the frame is
-running this very agent-loop object.
+output). While an agent loop's ``run`` executes, the worker's ``_run_agent_loop`` call that awaits it is
+a caller of it on the running task's stack of coroutine frames (``generate_sequences`` in V0 and
+``AgentLoopWorkerTQ._run_prompt`` in V1 both run each sample so), so the agent loop reads them
+from that frame, after checking that the frame is running this very agent-loop object.
 
 The slot: partition ``val`` when verl validates, else ``train``; the global step (verl's ``-1``,
 "no step", is None); the group size from the rollout config (``val_kwargs.n`` when validating,
@@ -23,7 +23,7 @@ else ``n``); the session index from
 
 from __future__ import annotations
 
-import asyncio
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -67,27 +67,23 @@ def _int_or_none(value: Any) -> int | None:
 
 
 def _verl_frame(agent_loop: object) -> dict[str, Any]:
-    """The locals of the ``_run_agent_loop`` call that is running ``agent_loop``."""
-    task = asyncio.current_task()
-    coro = task.get_coro() if task is not None else None
-    frame = getattr(coro, "cr_frame", None)
-    if (
-        frame is None
-        or getattr(coro, "cr_code", None) is None
-        or coro.cr_code.co_name != _RUN_AGENT_LOOP
-    ):
-        raise UsageError(
-            "the ledger agent loop runs inside verl's AgentLoopWorker (generate_sequences, or V1's "
-            "AgentLoopWorkerTQ); register it through actor_rollout_ref.rollout.agent.agent_loop_config_path "
-            "instead of calling its run() yourself"
-        )
-    local = frame.f_locals
-    if local.get("agent_loop") is not agent_loop:
-        raise UsageError(
-            "the running verl task is not running this ledger agent loop (verl changed how "
-            "_run_agent_loop calls agent loops?); this adapter is written against verl 0.9.1"
-        )
-    return local
+    """The locals of the ``_run_agent_loop`` call that is running ``agent_loop``: a caller of this
+    call on the stack of coroutine frames the running task is executing (Ray's actor methods wrap
+    it in a tracing coroutine of their own, so it need not be the task's outermost one)."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        if (
+            frame.f_code.co_name == _RUN_AGENT_LOOP
+            and frame.f_locals.get("agent_loop") is agent_loop
+        ):
+            return frame.f_locals
+        frame = frame.f_back
+    raise UsageError(
+        "the ledger agent loop runs inside verl's AgentLoopWorker (generate_sequences, or V1's "
+        "AgentLoopWorkerTQ), and none is running it here (verl changed how _run_agent_loop calls "
+        "agent loops? this adapter is written against verl 0.9.1); register it through "
+        "actor_rollout_ref.rollout.agent.agent_loop_config_path instead of calling its run() yourself"
+    )
 
 
 def running_sample(agent_loop: object, kwargs: dict[str, Any]) -> VerlSample:
