@@ -19,40 +19,13 @@ from rich.table import Table
 from rich.text import Text
 
 from sessions.projection import metrics as m
+from sessions.report.text import cut, visible
 
 #: Longest text shown in a cell before it is cut (the rest is counted, not shown).
 MAX_CHARS = 200
+__all__ = ["cut", "visible"]  # re-exported: the terminal's text rules live in sessions.report.text
 #: Bytes of a binary value shown in hex.
 HEX_BYTES = 8
-
-_VISIBLE = {"\n": "\\n", "\r": "\\r", "\t": "\\t", "\\": "\\\\"}
-
-
-def visible(text: str) -> str:
-    """`text` with every control character written as an escape (`\\n`, `\\x1b`, `\\u2028`…)."""
-    if text.isprintable() and "\\" not in text:
-        return text
-    out = []
-    for ch in text:
-        if ch in _VISIBLE:
-            out.append(_VISIBLE[ch])
-        elif ch.isprintable() or ch == " ":
-            out.append(ch)
-        else:
-            code = ord(ch)
-            out.append(
-                f"\\x{code:02x}"
-                if code < 0x100
-                else f"\\u{code:04x}"
-                if code < 0x10000
-                else f"\\U{code:08x}"
-            )
-    return "".join(out)
-
-
-def cut(text: str, limit: int = MAX_CHARS) -> str:
-    """`text` shortened to `limit` characters with an explicit `… (+N chars)` marker."""
-    return text if len(text) <= limit else f"{text[:limit]}… (+{len(text) - limit} chars)"
 
 
 def shown(value: Any, *, limit: int = MAX_CHARS) -> str:

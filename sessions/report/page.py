@@ -15,8 +15,12 @@ from typing import Any
 
 from sessions.report.data import ReportData, StepTable
 from sessions.report.figures import FigureSpec
+from sessions.report.text import visible
 
-__all__ = ["render_page"]
+__all__ = ["GENERATOR", "render_page"]
+
+#: The page's generator mark: how `report` knows a folder is its own earlier output.
+GENERATOR = '<meta name="generator" content="rollout-ledger report">'
 
 _CSS = """
 body { font: 14px/1.45 system-ui, sans-serif; margin: 2em auto; max-width: 1180px; color: #222; padding: 0 1em; }
@@ -32,8 +36,8 @@ td.msg { max-width: 32em; overflow-wrap: anywhere; white-space: pre-wrap; } code
 
 
 def _e(value: Any) -> str:
-    """Any value as escaped HTML text ('—' for None)."""
-    return "—" if value is None else escape(str(value), quote=True)
+    """Any value as escaped HTML text ('—' for None), control characters shown as escapes."""
+    return "—" if value is None else escape(visible(str(value)), quote=True)
 
 
 def _num(value: float | None) -> str:
@@ -204,7 +208,7 @@ def render_page(
     """The whole page; `figures` pairs each spec with its image file name beside the page."""
     title = f"rollout-ledger report: run {data.run}"
     parts = [
-        f'<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n<title>{_e(title)}</title>',
+        f'<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n{GENERATOR}\n<title>{_e(title)}</title>',
         f"<style>{_CSS}</style>\n</head>\n<body>",
         f"<h1>{_e(title)}</h1>",
         f'<p class="meta">Generated {_when(data.generated_at)}.</p>',
