@@ -10,14 +10,17 @@ from __future__ import annotations
 
 import asyncio
 import builtins
+import contextlib
 import errno
 import os
+import signal
 import socket
 import sqlite3
 import sys
 import threading
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from typing import Any
 
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
@@ -89,8 +92,34 @@ async def drained(verb: Awaitable[int], *, patience: float = 1.0) -> int:
         raise
 
 
+EXIT_TERMINATED = 143  # 128 + SIGTERM
+_terminated = threading.Event()
+
+
+@contextlib.contextmanager
+def terminate_as_interrupt() -> Iterator[None]:
+    """Handle SIGTERM as Ctrl-C while the verb runs: its cleanup (partial files removed, the page
+    in hand finished) runs the same way, and the exit says which signal ended it."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        _terminated.set()
+        signal.raise_signal(signal.SIGINT)  # asyncio.run turns SIGINT into a clean cancellation
+
+    _terminated.clear()
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def exit_status(error: BaseException) -> int:
-    return EXIT_INTERRUPTED if isinstance(error, KeyboardInterrupt) else EXIT_ERROR
+    if isinstance(error, KeyboardInterrupt):
+        return EXIT_TERMINATED if _terminated.is_set() else EXIT_INTERRUPTED
+    return EXIT_ERROR
 
 
 #: Python 3.11's exception groups (what a TaskGroup raises); absent on 3.10, where nothing raises one.
@@ -109,6 +138,8 @@ def _reason(error: BaseException, databases: Sequence[str | None]) -> str:
         more = len(error.exceptions) - 1
         return _reason(first, databases) + (f" (and {more} more error(s))" if more else "")
     if isinstance(error, KeyboardInterrupt):
+        if _terminated.is_set():
+            return "terminated (SIGTERM) before the command finished"
         return "interrupted (Ctrl-C) before the command finished"
     if isinstance(error, asyncio.CancelledError):
         return "cancelled before the command finished"

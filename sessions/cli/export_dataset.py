@@ -11,6 +11,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from sessions.cli.arguments import integer, text
+from sessions.errors import ConfigError
+
 
 def register(verbs: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
     from sessions.vocabulary import PARTITIONS
@@ -31,14 +34,21 @@ def register(verbs: argparse._SubParsersAction, common: argparse.ArgumentParser)
     parser.add_argument(
         "--out",
         required=True,
+        type=text("a file path"),
         metavar="PATH",
-        help="the file to write (replaced atomically if it exists)",
+        help="the file to write (replaced whole if it is an earlier export)",
     )
-    parser.add_argument("--run", default=None, help="default: the most recent run")
+    parser.add_argument(
+        "--force", action="store_true", help="replace an existing file this verb did not write"
+    )
+    parser.add_argument(
+        "--run", type=text("a run name"), default=None, help="default: the most recent run"
+    )
     parser.add_argument("--partition", choices=PARTITIONS, default=None, help="default: both")
     parser.add_argument(
         "--steps",
         default=None,
+        type=text("a step range such as 0:9"),
         metavar="A:B",
         help="global steps A to B, both included (also A:, :B or N); sessions without a step are then left out",
     )
@@ -64,7 +74,7 @@ def register(verbs: argparse._SubParsersAction, common: argparse.ArgumentParser)
     )
     parser.add_argument(
         "--row-group-size",
-        type=int,
+        type=integer(1, 1_000_000),
         default=1000,
         metavar="N",
         help="sessions read and rows written per Parquet row group (default 1000)",
@@ -84,21 +94,27 @@ def check(args: argparse.Namespace) -> None:
 
     args.steps_range = parse_steps(args.steps)
     if args.row_group_size < 1:
-        raise ValueError(f"--row-group-size must be >= 1, got {args.row_group_size}")
+        raise ConfigError(f"--row-group-size must be >= 1, got {args.row_group_size}")
     suffix = Path(args.out).suffix.lower()
     chosen = _format(args)
     if (suffix == ".jsonl" and chosen == "parquet") or (suffix == ".parquet" and chosen == "jsonl"):
-        raise ValueError(
+        raise ConfigError(
             f"--format {chosen} contradicts --out {args.out}: name the file .{chosen}, or drop --format"
         )
     try:
         check_destination(Path(args.out))
     except ExportError as error:
-        raise ValueError(str(error).replace("the export to", "--out")) from None
+        raise ConfigError(str(error).replace("the export to", "--out")) from None
     if chosen == "parquet":
         from sessions.export.writers import import_pyarrow
 
         import_pyarrow()
+    from sessions.export.outputs import check_target
+    from sessions.export.writers import made_by_export
+
+    check_target(
+        args.out, flag="--out", databases=[args.db], force=args.force, made_here=made_by_export
+    )
 
 
 async def run(args: argparse.Namespace) -> int:

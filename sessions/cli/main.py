@@ -9,29 +9,15 @@ import importlib
 import signal
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
-from sessions.cli.errors import EXIT_ERROR, drained, guarded
+from sessions.cli.arguments import integer, number, rate, step, text
+from sessions.cli.errors import EXIT_ERROR, drained, guarded, terminate_as_interrupt
+from sessions.errors import ConfigError, NotFound
 from sessions.vocabulary import PARTITIONS
 from store import normalize_url
 from store import read_models as rm
-
-
-def _step(text: str) -> int | None:
-    if text.lower() in ("none", "null", "-"):
-        return None
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError("a step is an integer >= 0 (or 'none')")
-    return value
-
-
-def _rate(text: str) -> float:
-    value = float(text)
-    if not 0.0 <= value <= 1.0:
-        raise argparse.ArgumentTypeError(f"{text} is not a rate in [0, 1]")
-    return value
-
 
 _DEBUG_HELP = "on failure, show the traceback instead of the one-line reason"
 
@@ -44,6 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_argument(
         "--db",
         default=None,
+        type=text("a database URL or SQLite file path"),
         help="database URL or SQLite file path (default: $ROLLOUT_LEDGER_DB, else rollouts.db in the working directory)",
     )
     parser = argparse.ArgumentParser(
@@ -55,13 +42,15 @@ def build_parser() -> argparse.ArgumentParser:
     demo = verbs.add_parser(
         "demo", parents=[common], help="simulated agent rollouts, recorded and projected"
     )
-    demo.add_argument("--steps", type=int, default=2)
-    demo.add_argument("--prompts", type=int, default=16)
-    demo.add_argument("--group-size", type=int, default=4)
-    demo.add_argument("--fail-rate", type=_rate, default=0.2)
-    demo.add_argument("--cancel-rate", type=_rate, default=0.05)
-    demo.add_argument("--seed", type=int, default=0)
-    demo.add_argument("--run", default=None, help="run name (default: a new unique name)")
+    demo.add_argument("--steps", type=integer(1, 100_000), default=2)
+    demo.add_argument("--prompts", type=integer(1, 100_000), default=16)
+    demo.add_argument("--group-size", type=integer(1, 1024), default=4)
+    demo.add_argument("--fail-rate", type=rate, default=0.2)
+    demo.add_argument("--cancel-rate", type=rate, default=0.05)
+    demo.add_argument("--seed", type=integer(0, 2**63 - 1), default=0)
+    demo.add_argument(
+        "--run", type=text("a run name"), default=None, help="run name (default: a new unique name)"
+    )
     demo.add_argument(
         "--reuse-uids",
         action="store_true",
@@ -69,7 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     demo.add_argument(
         "--max-attempts",
-        type=int,
+        type=integer(1, 100),
         default=1,
         metavar="N",
         help="attempts per session: infrastructure failures are retried up to N attempts in all (default 1)",
@@ -92,27 +81,32 @@ def build_parser() -> argparse.ArgumentParser:
         "--follow", action="store_true", help="keep tailing the log until interrupted"
     )
     project.add_argument(
-        "--poll", type=float, default=0.5, help="seconds between polls when following"
+        "--poll",
+        type=number(0.001, 3600.0, "seconds"),
+        default=0.5,
+        help="seconds between polls when following",
     )
     project.add_argument(
         "--backoff",
-        type=float,
+        type=number(0.001, 3600.0, "seconds"),
         default=0.5,
         help="first wait after a failed page when following (doubles)",
     )
     project.add_argument(
         "--max-backoff",
-        type=float,
+        type=number(0.001, 86_400.0, "seconds"),
         default=30.0,
         help="longest wait between retries of a failed page",
     )
 
     metrics = verbs.add_parser("metrics", parents=[common], help="metric counts")
-    metrics.add_argument("--run", default=None, help="default: the most recent run")
+    metrics.add_argument(
+        "--run", type=text("a run name"), default=None, help="default: the most recent run"
+    )
     metrics.add_argument("--partition", choices=PARTITIONS)
     metrics.add_argument(
         "--step",
-        type=_step,
+        type=step,
         default=...,
         help="one step; 'none' for sessions without a step (default: all)",
     )
@@ -121,21 +115,24 @@ def build_parser() -> argparse.ArgumentParser:
     export = verbs.add_parser(
         "export", parents=[common], help="write one projected batch with torch.save"
     )
-    export.add_argument("--run", default=None)
+    export.add_argument("--run", type=text("a run name"), default=None)
     export.add_argument("--partition", choices=PARTITIONS, required=True)
-    export.add_argument("--step", type=_step, required=True)
-    export.add_argument("--out", required=True)
+    export.add_argument("--step", type=step, required=True)
+    export.add_argument("--out", type=text("a file path"), required=True)
+    export.add_argument(
+        "--force", action="store_true", help="replace an existing file this verb did not write"
+    )
     export.add_argument("--jagged", action="store_true")
     export.add_argument(
         "--timeout",
-        type=float,
+        type=number(0.0, 86_400.0, "seconds"),
         default=0.0,
         help="seconds to wait for unsettled groups (default: none)",
     )
 
     history = verbs.add_parser("history", parents=[common], help="a session's events and state")
-    history.add_argument("session_id")
-    history.add_argument("--at", type=int, default=None, metavar="POSITION")
+    history.add_argument("session_id", type=text("a session id"))
+    history.add_argument("--at", type=integer(0, 2**63 - 1), default=None, metavar="POSITION")
 
     replay = verbs.add_parser(
         "replay",
@@ -145,6 +142,7 @@ def build_parser() -> argparse.ArgumentParser:
     replay.add_argument(
         "--into",
         required=True,
+        type=text("a database URL or SQLite file path"),
         metavar="URL",
         help="an empty database (created and migrated if needed)",
     )
@@ -156,12 +154,14 @@ def build_parser() -> argparse.ArgumentParser:
     sql = verbs.add_parser(
         "sql", parents=[common], help="run a read-only SQL query and print a table"
     )
-    sql.add_argument("query")
-    sql.add_argument("--limit", type=int, default=None, help="print at most this many rows")
+    sql.add_argument("query", type=text("a SELECT statement"))
+    sql.add_argument(
+        "--limit", type=integer(0, 10**9), default=None, help="print at most this many rows"
+    )
     sql.add_argument("--json", action="store_true", help="print rows as JSON objects")
     sql.add_argument(
         "--timeout",
-        type=float,
+        type=number(0.0, 86_400.0, "seconds"),
         default=30.0,
         metavar="SECONDS",
         help="stop the statement after this long (default: 30; 0 for no limit)",
@@ -173,9 +173,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="fail sessions left open by a dead process (reason orphaned)",
     )
     recover.add_argument(
-        "--older-than", required=True, metavar="DURATION", help="idle time, e.g. 30m, 2h"
+        "--older-than",
+        required=True,
+        type=text("a duration such as 30m"),
+        metavar="DURATION",
+        help="idle time, e.g. 30m, 2h",
     )
-    recover.add_argument("--run", default=None, help="only this run (default: all runs)")
+    recover.add_argument(
+        "--run", type=text("a run name"), default=None, help="only this run (default: all runs)"
+    )
 
     verbs.add_parser("migrate", parents=[common], help="upgrade the schema to head")
 
@@ -203,9 +209,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     databases = (
         [args.db, args.into] if args.verb == "replay" else [args.db] if hasattr(args, "db") else []
     )
-    return guarded(
-        lambda: asyncio.run(drained(_dispatch(args))), debug=args.debug, databases=databases
-    )
+    with terminate_as_interrupt():  # SIGTERM cleans up as Ctrl-C does
+        return guarded(
+            lambda: asyncio.run(drained(_dispatch(args))), debug=args.debug, databases=databases
+        )
 
 
 #: The verbs that may create or migrate the `--db` database (docs/design.md §11); `replay` creates only
@@ -231,7 +238,7 @@ async def _dispatch(args: argparse.Namespace) -> int:
 def _check_arguments(args: argparse.Namespace) -> None:
     """Refuse bad arguments before any database is opened: they are the first thing to fix."""
     if args.verb == "project" and args.follow and not 0 < args.backoff <= args.max_backoff:
-        raise ValueError(
+        raise ConfigError(
             f"need 0 < --backoff <= --max-backoff, got --backoff {args.backoff} "
             f"--max-backoff {args.max_backoff}"
         )
@@ -241,6 +248,11 @@ def _check_arguments(args: argparse.Namespace) -> None:
         parse_duration(args.older_than)
     if args.verb == "export":
         _check_out(args.out)
+        from sessions.export.outputs import check_target
+
+        check_target(
+            args.out, flag="--out", databases=[args.db], force=args.force, made_here=_is_batch_file
+        )
 
 
 async def _require_ledger(db: str | None) -> None:
@@ -267,7 +279,7 @@ async def _resolve_run(ledger: Any, requested: str | None) -> str:
     async with ledger.engine.connect() as conn:
         latest = await rm.latest_run(conn)
     if latest is None:
-        raise LookupError(
+        raise NotFound(
             "the database has no events yet; record sessions (or run `rollout-ledger demo`) first"
         )
     return latest
@@ -423,13 +435,33 @@ async def _cmd_export(args: argparse.Namespace) -> int:
         batch = await ledger.batch(
             args.partition, args.step, run=run, timeout=args.timeout, jagged=args.jagged
         )
-    with open(args.out, "wb") as out:  # open() names the file in its OSError; torch.save would not
-        torch.save(to_plain_dict(batch), out)
+    from sessions.export.outputs import partial_file
+
+    with partial_file(Path(args.out)) as partial, open(partial, "wb") as out:
+        torch.save(
+            to_plain_dict(batch), out
+        )  # open() names the file in an OSError; torch would not
     placeholders = int(batch["is_placeholder"].sum())
     print(
         f"wrote {batch.batch_size[0]} rows ({placeholders} placeholders) of run {run!r} {args.partition} step {args.step} to {args.out}"
     )
     return 0
+
+
+def _is_batch_file(path: Path) -> bool:
+    """Whether `path` is an earlier `export` (a plain dict of a batch's columns): `export` may
+    replace its own output without --force."""
+    import zipfile
+
+    if not zipfile.is_zipfile(path):
+        return False
+    import torch
+
+    try:
+        loaded = torch.load(path, weights_only=True, mmap=True)
+    except Exception:  # noqa: BLE001 - anything torch cannot read back is not our export
+        return False
+    return isinstance(loaded, dict) and {"responses", "is_placeholder"} <= set(loaded)
 
 
 def _check_out(out: str) -> None:
@@ -438,11 +470,11 @@ def _check_out(out: str) -> None:
 
     folder = os.path.dirname(os.path.abspath(out))
     if os.path.isdir(out):
-        raise ValueError(
+        raise ConfigError(
             f"--out {out} is a directory: pass a file path such as {os.path.join(out, 'batch.pt')}"
         )
     if not os.path.isdir(folder):
-        raise ValueError(
+        raise ConfigError(
             f"--out {out}: folder {os.path.dirname(out) or folder} does not exist; create it first "
             "(mkdir -p) or pass another path"
         )

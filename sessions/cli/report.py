@@ -9,14 +9,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from sessions.cli.arguments import integer, text
+
 __all__ = ["check", "register", "run"]
-
-
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text}")
-    return value
 
 
 def register(verbs: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
@@ -29,26 +24,38 @@ def register(verbs: argparse._SubParsersAction, common: argparse.ArgumentParser)
     report.add_argument(
         "--out",
         required=True,
+        type=text("a folder path"),
         metavar="DIR",
-        help="folder for index.html and its PNG figures (created if missing; files of the same name are replaced)",
+        help="folder for index.html and its PNG figures: a new or empty folder, or an earlier "
+        "report, which is replaced whole",
     )
-    report.add_argument("--run", default=None, help="default: the most recent run")
+    report.add_argument(
+        "--force",
+        action="store_true",
+        help="replace a folder of only index.html and PNGs that this verb did not write",
+    )
+    report.add_argument(
+        "--run", type=text("a run name"), default=None, help="default: the most recent run"
+    )
     report.add_argument(
         "--max-points",
-        type=_positive,
+        type=integer(1, 100_000),
         default=None,
         metavar="N",
         help="at most N points per line; longer runs are bucketed (default: 200)",
     )
     report.add_argument(
         "--failures",
-        type=_positive,
+        type=integer(1, 100_000),
         default=None,
         metavar="N",
         help="failed sessions listed, newest first (default: 50)",
     )
     report.add_argument(
-        "--dpi", type=_positive, default=None, help="resolution of the PNGs (default: 100)"
+        "--dpi",
+        type=integer(20, 600),
+        default=None,
+        help="resolution of the PNGs (default: 100)",
     )
     report.add_argument(
         "--no-project",
@@ -62,7 +69,7 @@ def check(args: argparse.Namespace) -> None:
     from sessions.report.drawing import require_matplotlib
     from sessions.report.write import check_out
 
-    check_out(Path(args.out))
+    check_out(Path(args.out), databases=[args.db], force=args.force)
     require_matplotlib()
 
 
@@ -84,6 +91,7 @@ async def run(args: argparse.Namespace) -> int:
         dpi=args.dpi or DEFAULT_DPI,
         max_points=args.max_points or MAX_POINTS,
         failure_limit=failures,
+        force=args.force,
     )
     p = data.positions
     lag = f" ({data.behind:,} event(s) not projected)" if data.behind else ""

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import tempfile
 from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
@@ -21,7 +20,14 @@ from typing import Any
 import numpy as np
 
 from sessions.errors import LedgerError
-from sessions.export.schema import Column, arrow_schema
+from sessions.export.outputs import check_target, clean_stale, partial_path
+from sessions.export.schema import (
+    COLUMNS,
+    OPTIONAL_SESSION_COLUMNS,
+    TEXT_COLUMNS,
+    Column,
+    arrow_schema,
+)
 
 __all__ = [
     "ExportError",
@@ -31,6 +37,7 @@ __all__ = [
     "Page",
     "check_destination",
     "import_pyarrow",
+    "made_by_export",
     "open_writer",
 ]
 
@@ -70,19 +77,25 @@ def check_destination(path: Path) -> None:
 
 
 class _Atomic:
-    """A temporary file beside `path` that becomes `path` on `commit`, or disappears on `abort`."""
+    """A partial file beside `path` that becomes `path` on `commit`, or disappears on `abort`
+    (`sessions.export.outputs`: named with the writer's pid, so the next export removes what a
+    killed one left)."""
 
     def __init__(self, path: Path) -> None:
         check_destination(path)
+        # the API replaces its own earlier output, but never a ledger database (docs/design.md §11)
+        check_target(path, flag="the export's path", force=True)
         self.path = path
+        clean_stale(path)
+        temp = partial_path(path)
         try:
-            fd, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".part")
+            fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         except OSError as error:
             raise ExportError(
                 f"cannot write the export to {path}: {error.strerror or error} (creating a file in {path.parent}); "
                 "check the folder's permissions and free space, or pass another path"
             ) from None
-        self.temp = Path(temp)
+        self.temp = temp
         self.file = os.fdopen(fd, "wb")
 
     def commit(self) -> int:
@@ -91,9 +104,7 @@ class _Atomic:
         self.file.close()
         umask = os.umask(0)
         os.umask(umask)
-        os.chmod(
-            self.temp, 0o666 & ~umask
-        )  # mkstemp makes it private; the export is an ordinary file
+        os.chmod(self.temp, 0o666 & ~umask)  # made private; the export is an ordinary file
         try:
             os.replace(self.temp, self.path)
         except OSError as error:
@@ -109,6 +120,29 @@ class _Atomic:
             self.temp.unlink()
         except FileNotFoundError:
             pass
+
+
+def made_by_export(path: Path) -> bool:
+    """Whether `path` is an earlier dataset export (an empty file, or Parquet / JSONL whose
+    columns are all export columns), which `export-dataset` may replace without `--force`."""
+    names = {column.name for column in (*COLUMNS, *OPTIONAL_SESSION_COLUMNS, *TEXT_COLUMNS)}
+    try:
+        with open(path, "rb") as file:
+            head = file.read(4)
+            if not head:
+                return True
+            if head == b"PAR1":
+                pa = import_pyarrow()
+                found = set(pa.parquet.read_schema(path).names)
+            else:
+                file.seek(0)
+                first = json.loads(file.readline(1 << 20))
+                found = set(first) if isinstance(first, dict) else set()
+    except (OSError, ValueError, ExportError):
+        return False
+    except Exception:  # noqa: BLE001 - pyarrow's own errors for a file that is not Parquet
+        return False
+    return "session_id" in found and found <= names
 
 
 def _wrap_os_error(path: Path, error: OSError) -> ExportError:
