@@ -124,7 +124,9 @@ async def collect_step(
     max_prompt_length: int | None = None,
     max_response_length: int | None = None,
 ) -> StepContent:
-    """The step's content once the step is settled (waiting and projecting as `Ledger.batch`)."""
+    """The step's content once the step is settled (waiting and projecting as `Ledger.batch`):
+    its scalars are `Ledger.metrics_dict`'s, built from the same settled rows `batch` gets
+    (`sessions.projection.settled`), then the failed-session sample of the step."""
     scalars = await ledger.metrics_dict(
         partition,
         global_step,

@@ -15,6 +15,10 @@ the batch, this package adds, each tested against verl's own code (``docs/verl.m
 * ``rollout_corr_metrics`` / ``patch_rollout_corr_metrics`` (``rollout_corr``): verl's
   off-policy diagnostics over trainable rows only.
 
+verl's validation and batch figures computed from a step's rows (``Ledger.metrics_dict``) are not
+here: they are numpy-only arithmetic the ledger itself uses, so they live in
+``sessions.projection.verl_metrics`` and the ledger imports no adapter.
+
 verl is imported only inside the functions that call it: importing this package needs torch and
 tensordict only, and a function that needs verl raises ``ImportError`` naming the extra.
 """
