@@ -225,8 +225,8 @@ class Faults:
     cancel_rate: float = 0.02
     seed: int = 0
 
-    def fate(self, session_id: str, attempt: int, level: int) -> str:
-        draw = random.Random(f"{self.seed}:{session_id}:{attempt}").random()
+    def fate(self, key: str, attempt: int, level: int) -> str:
+        draw = random.Random(f"{self.seed}:{key}:{attempt}").random()
         failing = min(1.0, self.fail_rate * LEVEL_WEIGHT[level])
         edge = 0.0
         for fault in FAULTS:
@@ -237,5 +237,5 @@ class Faults:
             return "preempted"
         return "ok"
 
-    def noise_seed(self, session_id: str, attempt: int) -> int:
-        return random.Random(f"{self.seed}:sample:{session_id}:{attempt}").getrandbits(62)
+    def noise_seed(self, key: str, attempt: int) -> int:
+        return random.Random(f"{self.seed}:sample:{key}:{attempt}").getrandbits(62)

@@ -94,11 +94,11 @@ class Settings:
     val_n: int = 4
     val_every: int = 10
     max_attempts: int = 3
-    lr: float = 2e-3
+    lr: float = 3e-3
     width: int = 64
     ppo_epochs: int = 2
     mini_batches: int = 2
-    entropy_coeff: float = 0.003
+    entropy_coeff: float = 0.001
     tensorboard: str | None = None
     evidence: bool = True
     quiet: bool = False
@@ -210,11 +210,11 @@ async def rollouts(
     """Every (problem, sample) an agent run recorded as a session, all at once."""
     tasks: dict[str, asyncio.Task[Any]] = {}
 
-    def agent(problem: Problem, session_id: str):  # noqa: ANN202 - a runner
+    def agent(problem: Problem, key: str):  # noqa: ANN202 - a runner
         async def runner(session) -> None:  # noqa: ANN001 - a SessionHandle
             with clock.away():
-                fate = faults.fate(session_id, session.attempt, problem.level)
-                seed = faults.noise_seed(session_id, session.attempt)
+                fate = faults.fate(key, session.attempt, problem.level)
+                seed = faults.noise_seed(key, session.attempt)
                 response, logprobs = await sampler.generate(problem.prompt_ids, seed)
                 with clock.ledger():
                     await session.record_trajectory(
@@ -222,18 +222,18 @@ async def rollouts(
                         response_ids=response,
                         response_logprobs=logprobs,
                     )
-                await tool_call(fate, tasks[session_id])
+                await tool_call(fate, tasks[key])
                 reward = problem.reward(response)
                 with clock.ledger():
                     await session.post_reward(reward, acc=reward, level=problem.level)
 
         return runner
 
-    async def one(problem: Problem, index: int, session_id: str) -> Any:
+    async def one(problem: Problem, index: int, key: str) -> Any:
         with clock.ledger():
             return await ledger.run_session(
-                agent(problem, session_id),
-                session_id,
+                agent(problem, key),
+                f"{ledger.run}-{key}",  # session ids are unique in the database, across runs
                 uid=problem.uid,
                 session_index=index,
                 group_size=group_size,
@@ -245,8 +245,8 @@ async def rollouts(
 
     for problem in batch:
         for index in range(group_size):
-            session_id = f"{ledger.run}-{partition}{step}-{problem.uid}-{index}"
-            tasks[session_id] = asyncio.create_task(one(problem, index, session_id))
+            key = f"{partition}{step}-{problem.uid}-{index}"  # what the session meets is drawn from it
+            tasks[key] = asyncio.create_task(one(problem, index, key))
     await asyncio.gather(*tasks.values(), return_exceptions=True)  # cancelled ones included
 
 
