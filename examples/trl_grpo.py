@@ -105,7 +105,7 @@ class Faults:
             attempt = self._attempts[context.session_id] = (
                 self._attempts.get(context.session_id, 0) + 1
             )
-        u = random.Random(f"{self.seed}-{context.global_step}-{context.index}-{attempt}").random()
+        u = random.Random(f"{self.seed}-{context.global_step}-{context.row}-{attempt}").random()
         if u < self.sandbox:
             return "sandbox"
         if u < self.error:

@@ -80,6 +80,7 @@ def test_groups_split_across_ranks_get_one_uid_and_every_index_once() -> None:
         assert "_" not in slot.uid and slot.uid.startswith(slot.key)
     assert sorted(map(sorted, by_uid.values())) == [list(range(GROUP))] * 6
     assert len({s.session_id for s in everything}) == len(prompts)
+    assert [s.row for s in everything] == list(range(len(prompts)))
     # 4 ranks of 6 rows: groups 1 and 4 straddle two ranks, and are named alike on both
     assert [(s.uid, s.session_index) for s in layout(4)] == [
         (s.uid, s.session_index) for s in everything
@@ -182,10 +183,8 @@ def require_trl() -> None:
         pytest.skip(f"trl is not installed ({error}); pip install -e '.[trl]'")
 
 
-@pytest.fixture(scope="module")
-def example() -> Any:
+def load_example() -> Any:
     """examples/trl_grpo.py as a module: its tiny tokenizer, model, dataset and config."""
-    require_trl()
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     spec = importlib.util.spec_from_file_location(
         "trl_grpo_example", ROOT / "examples" / "trl_grpo.py"
@@ -199,9 +198,15 @@ def example() -> Any:
     return module
 
 
-def reward_of(call: int, index: int) -> float:
+@pytest.fixture(scope="module")
+def example() -> Any:
+    require_trl()
+    return load_example()
+
+
+def reward_of(call: int, row: int) -> float:
     """The reward of a successful session: varies within each group, so advantages are not 0."""
-    return ((3 * index + call) % 5) / 4
+    return ((3 * row + call) % 5) / 4
 
 
 class Plan:
@@ -217,14 +222,14 @@ class Plan:
     def fault(self, context: RolloutContext) -> str | None:
         attempt = self.attempts[context.session_id]
         self.attempts[context.session_id] += 1
-        planned = self.faults.get((context.call, context.index), [])
+        planned = self.faults.get((context.call, context.row), [])
         return planned[attempt] if attempt < len(planned) else None
 
     def result(self, prompt: str, context: RolloutContext) -> dict[str, Any]:
         return {
             "prompt_ids": self.tokenizer(prompt)["input_ids"],
-            "completion_ids": [3 + (context.index * 7 + context.call) % 60, 1],
-            "reward": reward_of(context.call, context.index),
+            "completion_ids": [3 + (context.row * 7 + context.call) % 60, 1],
+            "reward": reward_of(context.call, context.row),
         }
 
     async def runner(self, prompt: str, context: RolloutContext) -> dict[str, Any]:
@@ -247,7 +252,9 @@ class Plan:
             raise RuntimeError("malformed tool call")
         return self.result(prompt, context)
 
-    def expected(self, call: int, attempts: int = 1) -> tuple[list[float], Counter[str]]:
+    def expected(
+        self, call: int, attempts: int = 1, rows: int = ROWS
+    ) -> tuple[list[float], Counter[str]]:
         """The successes' rewards and the failures by reason, from the plan alone: only the
         sandbox (an infrastructure failure) is retried, up to `attempts` in all."""
         reasons = {
@@ -258,22 +265,27 @@ class Plan:
         }
         rewards: list[float] = []
         failed: Counter[str] = Counter()
-        for index in range(ROWS):
-            planned = self.faults.get((call, index), [])
+        for row in range(rows):
+            planned = self.faults.get((call, row), [])
             if planned[:1] == ["sandbox"]:
                 tries = planned[:attempts]
                 fault = "sandbox" if len(tries) == attempts and set(tries) == {"sandbox"} else None
             else:
                 fault = planned[0] if planned else None
             if fault is None:
-                rewards.append(reward_of(call, index))
+                rewards.append(reward_of(call, row))
             else:
                 failed[reasons[fault]] += 1
         return rewards, failed
 
 
-def figures(ledger: SyncLedger, partition: str, step: int) -> dict[str, float]:
-    return {r.metric: r.value for r in ledger.metrics(partition, step) if r.data_source is None}
+def figures(
+    ledger: SyncLedger, partition: str, step: int, run: str | None = None
+) -> dict[str, float]:
+    """A step's metric counts over all data sources, by name."""
+    return {
+        r.metric: r.value for r in ledger.metrics(partition, step, run=run) if r.data_source is None
+    }
 
 
 def trainer_for(

@@ -59,6 +59,8 @@ class Slot:
     uid: str
     session_index: int
     key: str
+    #: the completion's row in the generation call, all ranks in rank order (TRL's own order)
+    row: int
 
 
 def slots(
@@ -84,5 +86,5 @@ def slots(
                 "GRPOTrainer's own sampler and dataloader"
             )
         uid = f"{key}-{token}-{call}-{group}"
-        out.append(Slot(f"trl-{uid}-{index}", uid, index, key))
+        out.append(Slot(f"trl-{uid}-{index}", uid, index, key, row))
     return out

@@ -38,8 +38,9 @@ class RolloutContext:
     session_index: int
     partition: str
     global_step: int
-    #: the row's index in this rank's prompts
-    index: int
+    #: the completion's row in the generation call, all ranks in rank order (on one process,
+    #: its index in `prompts`); TRL's groups are rows `g * num_generations` on
+    row: int
     #: which `rollout_func` call this is (0, 1, ... in this launch, the same on every rank)
     call: int
 
@@ -215,7 +216,7 @@ class LedgerRollout:
                 slot.session_index,
                 generation.partition,
                 generation.global_step,
-                i,
+                slot.row,
                 generation.call,
             )
 
