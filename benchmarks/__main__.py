@@ -13,7 +13,8 @@ targets (goals, not assertions) beside them:
 6. batch_ready   one step of sessions recorded with a projector following the log: last terminal
                  append -> ledger.batch returned, vs build_padded alone on the same rows
 7. export        export_dataset to Parquet vs pyarrow's own write of the same table (the floor)
-8. memory        per workload: RSS high-water growth and tracemalloc peak (see benchmarks/common.py)
+8. train_step    examples/train_grpo.py's loop: the ledger's share of each step's wall time (needs verl)
+9. memory        per workload: RSS high-water growth and tracemalloc peak (see benchmarks/common.py)
 
 ``--quick`` is the CI smoke size (< 2 minutes on 2 cores; tests/test_benchmarks_smoke.py runs it),
 ``--full`` the size of the figures in docs/benchmarks.md, ``--tiny`` a few seconds (a check that
@@ -33,7 +34,16 @@ from pathlib import Path
 
 from benchmarks.common import Report, load_average, log, machine_info, machine_lines, preset, table
 
-WORKLOADS = ("append", "projection", "replay", "pg", "overhead", "batch_ready", "export")
+WORKLOADS = (
+    "append",
+    "projection",
+    "replay",
+    "pg",
+    "overhead",
+    "batch_ready",
+    "export",
+    "train_step",
+)
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
@@ -119,7 +129,16 @@ def main(argv: list[str] | None = None) -> int:
         print(line)
     print(flush=True)
 
-    from benchmarks import append, batch_ready, export, overhead, pg, projection, replay_audit
+    from benchmarks import (
+        append,
+        batch_ready,
+        export,
+        overhead,
+        pg,
+        projection,
+        replay_audit,
+        train_step,
+    )
 
     modules = {
         "append": append,
@@ -129,6 +148,7 @@ def main(argv: list[str] | None = None) -> int:
         "overhead": overhead,
         "batch_ready": batch_ready,
         "export": export,
+        "train_step": train_step,
     }
     report = Report()
     for name in WORKLOADS:

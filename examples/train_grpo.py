@@ -9,8 +9,8 @@ timeout (a real asyncio timeout), agent code raises, and the rollout engine pree
 the honest one (failures counted as zeros) as the policy learns. The step's batch comes back
 from the ledger, goes to verl with `to_data_proto`, and verl's own `compute_advantage` (GRPO),
 policy loss (`get_policy_loss_fn`) and `agg_loss` update the policy; a validation step every few
-steps reports verl's `val-core/.../reward/mean@4`. Each step prints a table row, including the
-share of the step's wall time spent in the ledger.
+steps reports verl's `val-core/maxdigit/reward/mean@4`. Each step prints a row of a table,
+with the share of the step's wall time spent in the ledger.
 
 At the end the run is its own evidence: `rollout-ledger audit` checks the log and the stored
 read models, `rollout-ledger replay` rebuilds them into a fresh database, and every figure the
@@ -71,116 +71,187 @@ with warnings.catch_warnings():  # verl warns about engines it has no package fo
     from verl.utils.torch_functional import entropy_from_logits, logprobs_from_logits
     from verl.workers.config import ActorConfig
 
-#: Seconds a tool call may take before it is a timeout; a hung call waits for it (asyncio).
+#: Seconds a tool call may take before it is a timeout; a hung call waits that long (asyncio).
 TOOL_TIMEOUT = 0.05
 #: A session's own deadline (generous: nothing here should reach it).
 SESSION_TIMEOUT = 60.0
+#: verl's max_prompt_length / max_response_length: every step's batch has these widths.
+WIDTHS = dict(max_prompt_length=MAX_PROMPT, max_response_length=MAX_NEW_TOKENS)
 REASONS = ("runner_error", "timeout", "sandbox_error")
 
 
 @dataclass
 class Settings:
-    """What a run is; every field is a flag of `main` (see `docs/training.md`)."""
+    """What a run is. The command line sets the first group; `docs/training.md` says what each
+    changes. The whole object but its paths is the run's fingerprint in the ledger."""
 
-    steps: int = 300
+    steps: int = 250
     fail_rate: float = 0.2
     cancel_rate: float = 0.02
     seed: int = 0
     db: str = "train_grpo.db"
     run: str | None = None
+    val_every: int = 10
+    max_attempts: int = 3
+    tensorboard: str | None = None
+    evidence: bool = True
+    quiet: bool = False
+    # the shape of a step and of the update
     prompts: int = 16
     group_size: int = 8
     val_prompts: int = 32
     val_n: int = 4
-    val_every: int = 10
-    max_attempts: int = 3
     lr: float = 3e-3
     width: int = 64
     ppo_epochs: int = 2
     mini_batches: int = 2
     entropy_coeff: float = 0.001
-    tensorboard: str | None = None
-    evidence: bool = True
-    quiet: bool = False
+
+    def fingerprint(self) -> dict[str, Any]:
+        paths = ("db", "run", "tensorboard", "evidence", "quiet")
+        return {k: v for k, v in vars(self).items() if k not in paths}
 
 
-# ------------------------------------------------------------------------------ the clock
-class Clock:
-    """Splits a step's wall time by what is in flight: the policy's compute, a ledger call being
-    awaited (`ledger`, labelled by phase), or neither (tool waits, this script's own code).
-
-    The policy runs on this thread, so its time is exact. Ledger time is any moment some ledger
-    call is in flight and the policy is not: an upper bound, since the loop may run an agent's
-    own code meanwhile.
-    """
-
-    def __init__(self) -> None:
-        self._in_ledger = 0
-        self._in_policy = 0
-        self._phase = "recording"
-        self._mark = time.perf_counter()
-        self.spent: Counter[str] = Counter()
-
-    def _tick(self) -> None:
-        now = time.perf_counter()
-        if self._in_policy:
-            key = "policy/" + self._policy_phase
-        elif self._in_ledger:
-            key = "ledger/" + self._phase
-        else:
-            key = "other"
-        self.spent[key] += now - self._mark
-        self._mark = now
-
-    @contextlib.contextmanager
-    def ledger(self, phase: str = "recording") -> Iterator[None]:
-        self._tick()
-        self._in_ledger += 1
-        self._phase = phase
-        try:
-            yield
-        finally:
-            self._tick()
-            self._in_ledger -= 1
-            self._phase = "recording"
-
-    @contextlib.contextmanager
-    def away(self) -> Iterator[None]:
-        """Inside a ledger call, the part that is the agent's own (a runner's body)."""
-        self._tick()
-        self._in_ledger -= 1
-        try:
-            yield
-        finally:
-            self._tick()
-            self._in_ledger += 1
-
-    _policy_phase = "sampling"
-
-    @contextlib.contextmanager
-    def policy(self, phase: str = "sampling") -> Iterator[None]:
-        self._tick()
-        self._in_policy += 1
-        self._policy_phase = phase
-        try:
-            yield
-        finally:
-            self._tick()
-            self._in_policy -= 1
-
-    def take(self) -> dict[str, float]:
-        """Seconds per category since the last call."""
-        self._tick()
-        spent, self.spent = dict(self.spent), Counter()
-        return spent
+# ------------------------------------------------------------------------------ the loop
+async def train(settings: Settings) -> RunResult:
+    """The whole run: every step's record and, with `settings.evidence`, audit and replay."""
+    trainer = Trainer(settings)
+    run = settings.run or f"grpo-s{settings.seed}-{uuid.uuid4().hex[:6]}"
+    url = settings.db if "://" in settings.db else f"sqlite+aiosqlite:///{settings.db}"
+    records: list[StepRecord] = []
+    threads = torch.get_num_threads()
+    torch.set_num_threads(
+        1
+    )  # matrices this small gain nothing from threads; SQLite's writer has the other core
+    try:
+        async with Ledger.open(
+            url,
+            run=run,
+            retry_policy=RetryPolicy(max_attempts=settings.max_attempts, on=("infra",)),
+            config=settings.fingerprint(),
+        ) as ledger:
+            print_header(settings, run, url, trainer.parameters)
+            trainer.clock.take()
+            for step in range(settings.steps):
+                record = await trainer.step(ledger, step)
+                records.append(record)
+                if not settings.quiet:
+                    print(table_row(record), flush=True)
+    finally:
+        torch.set_num_threads(threads)
+        trainer.close()
+    evidence = await check_evidence(url, run, records) if settings.evidence else None
+    result = RunResult(settings, run, url, trainer.parameters, records, evidence)
+    if not settings.quiet:
+        print_summary(result)
+    return result
 
 
-def ledger_seconds(spent: dict[str, float]) -> float:
-    return sum(v for k, v in spent.items() if k.startswith("ledger/"))
+class Trainer:
+    """The policy, its optimizer and what a step uses around them."""
 
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        torch.manual_seed(settings.seed)
+        self.policy = Policy(width=settings.width)
+        self.parameters = sum(p.numel() for p in self.policy.parameters())
+        self.optimizer = torch.optim.AdamW(self.policy.parameters(), lr=settings.lr)
+        self.clock = Clock()
+        self.sampler = Sampler(self.policy, timer=self.clock.policy)
+        self.faults = Faults(settings.fail_rate, settings.cancel_rate, settings.seed)
+        self.actor = ActorConfig(
+            strategy="fsdp",
+            rollout_n=settings.group_size,
+            ppo_mini_batch_size=settings.prompts // settings.mini_batches,  # in prompts, as verl's
+            ppo_micro_batch_size_per_gpu=settings.prompts * settings.group_size,
+            ppo_epochs=settings.ppo_epochs,
+            entropy_coeff=settings.entropy_coeff,
+            loss_agg_mode="token-mean",
+        )
+        self.rng = random.Random(settings.seed)
+        self.val_set = problems(random.Random(settings.seed + 1), settings.val_prompts, "v")
+        self.board = None
+        if settings.tensorboard:
+            from sessions.trackers import TensorBoardTracker
 
-def policy_seconds(spent: dict[str, float]) -> float:
-    return sum(v for k, v in spent.items() if k.startswith("policy/"))
+            self.board = TensorBoardTracker(settings.tensorboard)
+
+    def close(self) -> None:
+        if self.board is not None:
+            self.board.close()
+
+    async def step(self, ledger: Ledger, step: int) -> StepRecord:
+        """A training step, a validation step when one is due, and what they logged."""
+        s = self.settings
+        train, actor, verl = await self.train_step(ledger, step)
+        val = val_rows = None
+        if step % s.val_every == 0 or step == s.steps - 1:
+            val, val_rows, val_verl = await self.validate(ledger, step)
+            verl = verl.merged(val_verl)
+        if self.board is not None:
+            await self.log_to_board(ledger, step, val is not None)
+        record = StepRecord(step, train, val, val_rows, actor, self.clock.take(), verl)
+        if self.board is not None:
+            log_own_scalars(self.board, record)
+        return record
+
+    async def train_step(
+        self, ledger: Ledger, step: int
+    ) -> tuple[dict[str, float], dict[str, float], Agreement]:
+        s, clock = self.settings, self.clock
+        # 1. rollouts: every sample an agent run, recorded as a session as it runs
+        batch_problems = problems(self.rng, s.prompts, f"t{step}")
+        await rollouts(
+            ledger, self.sampler, self.faults, clock, batch_problems, "train", step, s.group_size
+        )
+        # 2. the step from the ledger: its batch (verl's columns; a failure is a masked
+        #    reward-0 placeholder row, a cancellation no row) and the figures to log
+        with clock.ledger("projection"):
+            await ledger.project()
+        with clock.ledger("batch"):
+            batch = await ledger.batch(
+                "train", step, prompt_width=MAX_PROMPT, response_width=MAX_NEW_TOKENS
+            )
+            data = sorted_by_group(to_data_proto(batch))  # each placeholder a group of its own
+        with clock.ledger("metrics"):
+            figures = await ledger.metrics_dict("train", step, **WIDTHS)
+        # 3. verl from here on: the reward, the GRPO advantage, the actor's update
+        with clock.policy("update"):
+            reward, _ = extract_reward(data)
+            data.batch["token_level_scores"] = data.batch["token_level_rewards"] = reward
+            data = compute_advantage(data, adv_estimator=AdvantageEstimator.GRPO)
+        actor = ppo_update(self.policy, self.optimizer, data, self.actor, clock)
+        # 4. verl's own figures on the batch it trained on are the ledger's
+        verl = Agreement.of(figures, compute_data_metrics(batch=data, use_critic=False))
+        return figures, actor, verl
+
+    async def validate(
+        self, ledger: Ledger, step: int
+    ) -> tuple[dict[str, float], dict[str, list[Any]], Agreement]:
+        s, clock = self.settings, self.clock
+        await rollouts(ledger, self.sampler, self.faults, clock, self.val_set, "val", step, s.val_n)
+        with clock.ledger("projection"):
+            await ledger.project()
+        with clock.ledger("batch"):
+            data = to_data_proto(await ledger.batch("val", step))  # val: uids kept as they are
+        with clock.ledger("metrics"):
+            figures = await ledger.metrics_dict("val", step)
+        verl = Agreement.of(figures, verl_val_metrics(data), complete=True)
+        rows = {
+            "data_sources": list(data.non_tensor_batch["data_source"]),
+            "uids": list(data.non_tensor_batch["uid"]),
+            "scores": data.batch["rm_scores"].sum(-1).tolist(),
+            "turns": [int(t) for t in data.non_tensor_batch["__num_turns__"]],
+        }
+        return figures, rows, verl
+
+    async def log_to_board(self, ledger: Ledger, step: int, validated: bool) -> None:
+        """The same scalars into TensorBoard, through the ledger's own sink."""
+        from sessions.trackers import log_step
+
+        with self.clock.ledger("trackers"):
+            for partition in ("train", "val") if validated else ("train",):
+                await log_step(ledger, partition, step, trackers=[self.board], **WIDTHS)
 
 
 # ------------------------------------------------------------------------------ rollouts
@@ -212,7 +283,7 @@ async def rollouts(
 
     def agent(problem: Problem, key: str):  # noqa: ANN202 - a runner
         async def runner(session) -> None:  # noqa: ANN001 - a SessionHandle
-            with clock.away():
+            with clock.away():  # the agent's own time, inside run_session
                 fate = faults.fate(key, session.attempt, problem.level)
                 seed = faults.noise_seed(key, session.attempt)
                 response, logprobs = await sampler.generate(problem.prompt_ids, seed)
@@ -250,20 +321,15 @@ async def rollouts(
     await asyncio.gather(*tasks.values(), return_exceptions=True)  # cancelled ones included
 
 
+def sorted_by_group(data: DataProto) -> DataProto:
+    """Rows in (prompt, sample) order: the log's order follows the event loop's, and the
+    mini-batches (and so the run) should not."""
+    keys = list(zip(data.non_tensor_batch["group_uid"], data.non_tensor_batch["session_index"]))
+    data.reorder(torch.tensor(sorted(range(len(keys)), key=keys.__getitem__)))
+    return data
+
+
 # ------------------------------------------------------------------------------ the update
-def actor_config(settings: Settings) -> ActorConfig:
-    rows = settings.prompts * settings.group_size
-    return ActorConfig(
-        strategy="fsdp",
-        rollout_n=settings.group_size,
-        ppo_mini_batch_size=settings.prompts // settings.mini_batches,
-        ppo_micro_batch_size_per_gpu=rows,
-        ppo_epochs=settings.ppo_epochs,
-        entropy_coeff=settings.entropy_coeff,
-        loss_agg_mode="token-mean",
-    )
-
-
 def ppo_update(
     policy: Policy,
     optimizer: torch.optim.Optimizer,
@@ -272,8 +338,8 @@ def ppo_update(
     clock: Clock,
 ) -> dict[str, float]:
     """verl's actor update on one step's batch: old log-probs, then `ppo_epochs` passes over
-    mini-batches (the policy moves between them, so the ratios, clipping and `pg_loss` of all
-    but the first are off-policy), each loss from verl's policy-loss function and `agg_loss`."""
+    mini-batches; the policy moves between them, so all but the first are off-policy (ratios
+    away from 1, clipping). Each loss is verl's policy loss and its `agg_loss` of the entropy."""
     with clock.policy("update"), torch.no_grad():
         data.batch["old_log_probs"] = logprobs_from_logits(
             response_logits(policy, data.batch), data.batch["responses"]
@@ -288,10 +354,9 @@ def ppo_update(
                 if not mask.any():  # no loss token: verl's token-mean would be 0/0
                     continue
                 logits = response_logits(policy, mini.batch)
-                log_prob = logprobs_from_logits(logits, mini.batch["responses"])
                 pg_loss, pg_metrics = policy_loss(
                     old_log_prob=mini.batch["old_log_probs"],
-                    log_prob=log_prob,
+                    log_prob=logprobs_from_logits(logits, mini.batch["responses"]),
                     advantages=mini.batch["advantages"],
                     response_mask=mask,
                     loss_agg_mode=config.loss_agg_mode,
@@ -317,15 +382,6 @@ def ppo_update(
     return {name: statistics.fmean(values) for name, values in seen.items()}
 
 
-def sorted_by_group(data: DataProto) -> DataProto:
-    """Rows in (prompt, sample) order: the log's order follows the event loop's, and the
-    mini-batches (and so the run) should not."""
-    keys = list(zip(data.non_tensor_batch["group_uid"], data.non_tensor_batch["session_index"]))
-    order = sorted(range(len(keys)), key=keys.__getitem__)
-    data.reorder(torch.tensor(order))
-    return data
-
-
 # ------------------------------------------------------------------------------ verl's figures
 def verl_val_metrics(val: DataProto) -> dict[str, float]:
     """verl's validation figures on the val batch, as its V0 `_validate` computes them:
@@ -340,32 +396,123 @@ def verl_val_metrics(val: DataProto) -> dict[str, float]:
     )
 
 
-def disagreements(ours: dict[str, float], verls: dict[str, Any]) -> tuple[int, list[str]]:
-    """How many of verl's names the ledger's dict reports, and which of them differ (> 1e-6)."""
-    shared = sorted(set(ours) & set(verls))
-    differ = [n for n in shared if not math.isclose(ours[n], float(verls[n]), abs_tol=1e-6)]
-    return len(shared), differ
+@dataclass
+class Agreement:
+    """How many of verl's figures the ledger's dict reports, and which differ (> 1e-6)."""
+
+    names: int
+    differ: list[str]
+
+    @classmethod
+    def of(cls, ours: dict[str, float], verls: dict[str, Any], complete: bool = False) -> Agreement:
+        shared = set(ours) & set(verls)
+        differ = [
+            n for n in sorted(shared) if not math.isclose(ours[n], float(verls[n]), abs_tol=1e-6)
+        ]
+        if complete and shared != set(verls):  # val: every one of verl's names is the ledger's too
+            differ.append(f"missing: {sorted(set(verls) - shared)}")
+        return cls(len(shared), differ)
+
+    def merged(self, other: Agreement) -> Agreement:
+        return Agreement(self.names + other.names, self.differ + other.differ)
 
 
-# ------------------------------------------------------------------------------ one step
+# ------------------------------------------------------------------------------ the clock
+class Clock:
+    """Splits wall time by what is in flight: the policy's compute (`policy/<phase>`), a ledger
+    call being awaited (`ledger/<phase>`), or neither (`other`: tool waits, this script's code).
+
+    The policy computes on this thread, so its time is exact. Ledger time is any moment a ledger
+    call is in flight and the policy is not computing: an upper bound, since the loop may run an
+    agent's own code meanwhile.
+    """
+
+    def __init__(self) -> None:
+        self._in_ledger = 0
+        self._in_policy = 0
+        self._ledger_phase = "recording"
+        self._policy_phase = "sampling"
+        self._mark = time.perf_counter()
+        self.spent: Counter[str] = Counter()
+
+    def _tick(self) -> None:
+        now = time.perf_counter()
+        if self._in_policy:
+            key = "policy/" + self._policy_phase
+        elif self._in_ledger:
+            key = "ledger/" + self._ledger_phase
+        else:
+            key = "other"
+        self.spent[key] += now - self._mark
+        self._mark = now
+
+    @contextlib.contextmanager
+    def ledger(self, phase: str = "recording") -> Iterator[None]:
+        self._tick()
+        self._in_ledger += 1
+        self._ledger_phase = phase
+        try:
+            yield
+        finally:
+            self._tick()
+            self._in_ledger -= 1
+            self._ledger_phase = "recording"
+
+    @contextlib.contextmanager
+    def away(self) -> Iterator[None]:
+        """Inside a ledger call, the part that is the caller's own (a runner's body)."""
+        self._tick()
+        self._in_ledger -= 1
+        try:
+            yield
+        finally:
+            self._tick()
+            self._in_ledger += 1
+
+    @contextlib.contextmanager
+    def policy(self, phase: str = "sampling") -> Iterator[None]:
+        self._tick()
+        self._in_policy += 1
+        self._policy_phase = phase
+        try:
+            yield
+        finally:
+            self._tick()
+            self._in_policy -= 1
+
+    def take(self) -> dict[str, float]:
+        """Seconds per category since the last call."""
+        self._tick()
+        spent, self.spent = dict(self.spent), Counter()
+        return spent
+
+
+def ledger_seconds(spent: dict[str, float]) -> float:
+    return sum(v for k, v in spent.items() if k.startswith("ledger/"))
+
+
+def policy_seconds(spent: dict[str, float]) -> float:
+    return sum(v for k, v in spent.items() if k.startswith("policy/"))
+
+
+# ------------------------------------------------------------------------------ records
 @dataclass
 class StepRecord:
     step: int
-    train: dict[str, float]
+    train: dict[str, float]  # metrics_dict("train", step): what a tracker logs
     val: dict[str, float] | None
-    #: what verl reads of the val batch: data sources, uids, scores, turns (for the test)
+    #: what verl reads of the val batch: data sources, uids, scores, turns
     val_rows: dict[str, list[Any]] | None
-    actor: dict[str, float]
-    seconds: dict[str, float]
-    verl_names: int
-    verl_differ: list[str]
+    actor: dict[str, float]  # the update's verl actor/* figures, means over mini-batches
+    seconds: dict[str, float]  # the clock's split of the step's wall time
+    verl: Agreement
 
 
 @dataclass
 class Evidence:
     audit_ok: bool
     audit_output: str
-    figures: int
+    figures: int  # logged figures recomputed from the replayed log
     steps: int
     differ: list[str] = field(default_factory=list)
 
@@ -375,107 +522,9 @@ class RunResult:
     settings: Settings
     run: str
     url: str
+    parameters: int
     records: list[StepRecord]
     evidence: Evidence | None
-
-
-async def train(settings: Settings) -> RunResult:
-    """The whole run; returns every step's record and, with `settings.evidence`, the check."""
-    torch.manual_seed(settings.seed)
-    torch.set_num_threads(
-        1
-    )  # matrices this small gain nothing from threads; the other core is SQLite's writer
-    rng = random.Random(settings.seed)
-    val_set = problems(random.Random(settings.seed + 1), settings.val_prompts, "v")
-    policy = Policy(width=settings.width)
-    optimizer = torch.optim.AdamW(policy.parameters(), lr=settings.lr)
-    clock = Clock()
-    sampler = Sampler(policy, timer=clock.policy)
-    faults = Faults(settings.fail_rate, settings.cancel_rate, settings.seed)
-    config = actor_config(settings)
-    run = settings.run or f"grpo-s{settings.seed}-{uuid.uuid4().hex[:6]}"
-    url = settings.db if "://" in settings.db else f"sqlite+aiosqlite:///{settings.db}"
-    board = None
-    if settings.tensorboard:
-        from sessions.trackers import TensorBoardTracker, log_step
-
-        board = TensorBoardTracker(settings.tensorboard)
-    widths = dict(max_prompt_length=MAX_PROMPT, max_response_length=MAX_NEW_TOKENS)
-    records: list[StepRecord] = []
-    async with Ledger.open(
-        url,
-        run=run,
-        retry_policy=RetryPolicy(max_attempts=settings.max_attempts, on=("infra",)),
-        config={k: v for k, v in vars(settings).items() if k not in ("db", "run", "quiet")},
-    ) as ledger:
-        print_header(settings, run, url, policy)
-        clock.take()
-        for step in range(settings.steps):
-            await rollouts(
-                ledger,
-                sampler,
-                faults,
-                clock,
-                problems(rng, settings.prompts, f"t{step}"),
-                "train",
-                step,
-                settings.group_size,
-            )
-            with clock.ledger("projection"):
-                await ledger.project()
-            with clock.ledger("batch"):
-                batch = await ledger.batch(
-                    "train", step, prompt_width=MAX_PROMPT, response_width=MAX_NEW_TOKENS
-                )
-                data = sorted_by_group(to_data_proto(batch))  # placeholders: groups of one
-            with clock.ledger("metrics"):
-                tracked = await ledger.metrics_dict("train", step, **widths)
-            with clock.policy("update"):
-                reward, _ = extract_reward(data)
-                data.batch["token_level_scores"] = data.batch["token_level_rewards"] = reward
-                data = compute_advantage(data, adv_estimator=AdvantageEstimator.GRPO)
-            actor = ppo_update(policy, optimizer, data, config, clock)
-            names, differ = disagreements(
-                tracked, compute_data_metrics(batch=data, use_critic=False)
-            )
-
-            val = val_rows = None
-            if step % settings.val_every == 0 or step == settings.steps - 1:
-                await rollouts(ledger, sampler, faults, clock, val_set, "val", step, settings.val_n)
-                with clock.ledger("projection"):
-                    await ledger.project()
-                with clock.ledger("batch"):
-                    val_data = to_data_proto(await ledger.batch("val", step))
-                with clock.ledger("metrics"):
-                    val = await ledger.metrics_dict("val", step)
-                verl_val = verl_val_metrics(val_data)
-                val_names, val_differ = disagreements(val, verl_val)
-                names, differ = names + val_names, differ + val_differ
-                if not set(k for k in verl_val) <= set(val):
-                    differ.append(f"val: verl has {sorted(set(verl_val) - set(val))}")
-                val_rows = {
-                    "data_sources": list(val_data.non_tensor_batch["data_source"]),
-                    "uids": list(val_data.non_tensor_batch["uid"]),
-                    "scores": val_data.batch["rm_scores"].sum(-1).tolist(),
-                    "turns": [int(t) for t in val_data.non_tensor_batch["__num_turns__"]],
-                }
-            if board is not None:
-                with clock.ledger("trackers"):
-                    for partition in ("train", "val") if val is not None else ("train",):
-                        await log_step(ledger, partition, step, trackers=[board])
-            record = StepRecord(step, tracked, val, val_rows, actor, clock.take(), names, differ)
-            if board is not None:
-                log_own_scalars(board, record)
-            records.append(record)
-            if not settings.quiet:
-                print(row(record), flush=True)
-    if board is not None:
-        board.close()
-    evidence = await check_evidence(url, run, records) if settings.evidence else None
-    result = RunResult(settings, run, url, records, evidence)
-    if not settings.quiet:
-        print_summary(result)
-    return result
 
 
 def log_own_scalars(board: Any, record: StepRecord) -> None:
@@ -490,18 +539,19 @@ def log_own_scalars(board: Any, record: StepRecord) -> None:
     }
     for name, value in own.items():
         board.writer.add_scalar(name, value, global_step=record.step)
+    board.writer.flush()
 
 
 # ------------------------------------------------------------------------------ the evidence
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
-    """`rollout-ledger ARGS` with this Python."""
+    """`rollout-ledger ARGS`, with this Python."""
     return subprocess.run(
         [sys.executable, "-m", "sessions.cli", *args], capture_output=True, text=True
     )
 
 
 async def check_evidence(url: str, run: str, records: list[StepRecord]) -> Evidence:
-    """audit the log and the stored read models; replay the log into a fresh database and
+    """`audit` the log and the stored read models; `replay` the log into a fresh database and
     compute every logged figure again from there: each must be what the run logged."""
     audit = cli("audit", "--db", url)
     differ: list[str] = []
@@ -512,11 +562,10 @@ async def check_evidence(url: str, run: str, records: list[StepRecord]) -> Evide
         if replay.returncode != 0:
             differ.append(f"replay failed: {replay.stderr.strip()}")
         else:
-            widths = dict(max_prompt_length=MAX_PROMPT, max_response_length=MAX_NEW_TOKENS)
             async with Ledger.open(replayed, run=run, migrate=False) as again:
                 for record in records:
                     for partition, logged, options in (
-                        ("train", record.train, widths),
+                        ("train", record.train, WIDTHS),
                         ("val", record.val, {}),
                     ):
                         if logged is None:
@@ -524,7 +573,7 @@ async def check_evidence(url: str, run: str, records: list[StepRecord]) -> Evide
                         rebuilt = await again.metrics_dict(partition, record.step, **options)
                         figures += len(logged)
                         if rebuilt.keys() != logged.keys():
-                            differ.append(f"{partition} {record.step}: names differ")
+                            differ.append(f"{partition} {record.step}: the names differ")
                         differ += [
                             f"{partition} {record.step} {name}: {value} -> {rebuilt.get(name)}"
                             for name, value in logged.items()
@@ -539,30 +588,40 @@ def same(a: float, b: float | None) -> bool:
 
 
 # ------------------------------------------------------------------------------ printing
-def header_lines() -> list[str]:
-    return [
-        "      |     train      |          val           | failed (train+val)   |         |  ledger  | policy",
-        " step |  mean   succ   |  mean   succ   mean@4  | run  time  sbx  canc  retried | pg_loss | ms  share |   ms",
-    ]
+HEADER = (
+    f"{'':>5} | {'train':^13} | {'val':^21} | {'failed (train + val)':^24} | {'':>8} "
+    f"| {'ledger':^12} | {'policy':>6}\n"
+    f"{'step':>5} | {'mean':>6} {'succ':>6} | {'mean':>6} {'succ':>6} {'mean@4':>7} "
+    f"| {'run':>4} {'time':>4} {'sbx':>4} {'canc':>4} {'retr':>4} | {'pg_loss':>8} "
+    f"| {'ms':>5} {'share':>6} | {'ms':>6}"
+)
+LEGEND = (
+    "mean: reward/mean (failures as zeros); succ: reward/mean_success_only (failures dropped); "
+    f"mean@4: verl's val-core/{DATA_SOURCE}/reward/mean@4\n"
+    "failed: runner_error, timeout, sandbox_error (after retries), cancelled; retr: sessions "
+    "retried; ledger: the step's time in the ledger and its share of the step's wall time"
+)
 
 
-def print_header(settings: Settings, run: str, url: str, policy: Policy) -> None:
+def print_header(settings: Settings, run: str, url: str, parameters: int) -> None:
     if settings.quiet:
         return
-    params = sum(p.numel() for p in policy.parameters())
-    print(
-        f"run {run} in {url}: {settings.steps} steps of {settings.prompts} prompts x "
-        f"{settings.group_size} samples, val {settings.val_prompts} x {settings.val_n} every "
-        f"{settings.val_every}; policy {params:,} parameters; fail rate {settings.fail_rate} "
-        f"(by level {', '.join(f'{k}: {settings.fail_rate * w:.2f}' for k, w in sorted(LEVEL_WEIGHT.items()))}), "
-        f"cancel rate {settings.cancel_rate}, seed {settings.seed}"
+    levels = ", ".join(
+        f"{k}: {settings.fail_rate * w:.2f}" for k, w in sorted(LEVEL_WEIGHT.items())
     )
-    print("mean = reward/mean (failures as zeros); succ = reward/mean_success_only")
-    for line in header_lines():
-        print(line)
+    print(
+        f"run {run} in {url}\n"
+        f"{settings.steps} steps of {settings.prompts} prompts x {settings.group_size} samples; "
+        f"val {settings.val_prompts} x {settings.val_n} every {settings.val_every} steps; policy "
+        f"{parameters:,} parameters; failure rate per attempt by level {levels}; cancel rate "
+        f"{settings.cancel_rate}; infra failures retried up to {settings.max_attempts} attempts; "
+        f"seed {settings.seed}"
+    )
+    print(LEGEND)
+    print(HEADER)
 
 
-def counts(record: StepRecord) -> dict[str, int]:
+def failure_counts(record: StepRecord) -> Counter[str]:
     out: Counter[str] = Counter()
     for partition, figures in (("train", record.train), ("val", record.val)):
         if figures is None:
@@ -575,68 +634,66 @@ def counts(record: StepRecord) -> dict[str, int]:
     return out
 
 
-def row(record: StepRecord) -> str:
+def table_row(record: StepRecord) -> str:
     t, v = record.train, record.val
-    scope = "ledger/train/all/"
-    val = "                      "
+    val = f"{'':>6} {'':>6} {'':>7}"
     if v is not None:
+        headline = v.get(f"val-core/{DATA_SOURCE}/reward/mean@4", math.nan)
         val = (
-            f"{v['ledger/val/all/reward/mean']:.3f}  {v['ledger/val/all/reward/mean_success_only']:.3f}"
-            f"   {v.get(f'val-core/{DATA_SOURCE}/reward/mean@4', float('nan')):.3f} "
+            f"{v['ledger/val/all/reward/mean']:6.3f} "
+            f"{v['ledger/val/all/reward/mean_success_only']:6.3f} {headline:7.3f}"
         )
-    c = counts(record)
-    wall = sum(record.seconds.values())
-    ledger = ledger_seconds(record.seconds)
+    c = failure_counts(record)
+    wall, ledger = sum(record.seconds.values()), ledger_seconds(record.seconds)
     return (
-        f" {record.step:4d} | {t[scope + 'reward/mean']:.3f}  {t[scope + 'reward/mean_success_only']:.3f}  "
-        f"| {val} | {c['runner_error']:3d} {c['timeout']:5d} {c['sandbox_error']:4d} {c['cancelled']:5d} "
-        f"{c['retried']:8d} | {record.actor.get('actor/pg_loss', float('nan')):+.4f} "
-        f"| {ledger * 1000:4.0f} {ledger / wall:5.1%} | {policy_seconds(record.seconds) * 1000:4.0f}"
+        f"{record.step:>5} | {t['ledger/train/all/reward/mean']:6.3f} "
+        f"{t['ledger/train/all/reward/mean_success_only']:6.3f} | {val} "
+        f"| {c['runner_error']:4d} {c['timeout']:4d} {c['sandbox_error']:4d} {c['cancelled']:4d} "
+        f"{c['retried']:4d} | {record.actor.get('actor/pg_loss', math.nan):+8.4f} "
+        f"| {ledger * 1e3:5.0f} {ledger / wall:6.1%} | {policy_seconds(record.seconds) * 1e3:6.0f}"
     )
 
 
-def spread(values: list[float]) -> str:
-    return f"median {statistics.median(values):.1%} (min {min(values):.1%}, max {max(values):.1%})"
+def per_step(total: Counter[str], prefix: str, steps: int) -> str:
+    return ", ".join(
+        f"{k.split('/', 1)[1]} {v / steps * 1e3:.1f}"
+        for k, v in sorted(total.items())
+        if k.startswith(prefix)
+    )
 
 
 def print_summary(result: RunResult) -> None:
     records = result.records
-    shares = [ledger_seconds(r.seconds) / sum(r.seconds.values()) for r in records]
+    shares = sorted(ledger_seconds(r.seconds) / sum(r.seconds.values()) for r in records)
     total: Counter[str] = Counter()
     for r in records:
         total.update(r.seconds)
-    wall = sum(total.values())
-    print()
-    print(f"ledger share of step time: {spread(shares)} over {len(records)} steps")
-    parts = ", ".join(
-        f"{k.split('/', 1)[1]} {v / len(records) * 1000:.1f} ms"
-        for k, v in sorted(total.items())
-        if k.startswith("ledger/")
-    )
-    policy = ", ".join(
-        f"{k.split('/', 1)[1]} {v / len(records) * 1000:.1f} ms"
-        for k, v in sorted(total.items())
-        if k.startswith("policy/")
+    wall, n = sum(total.values()), len(records)
+    print(
+        f"\nledger share of step time: median {statistics.median(shares):.1%} "
+        f"(min {shares[0]:.1%}, max {shares[-1]:.1%}) over {n} steps; of the whole run "
+        f"{ledger_seconds(total) / wall:.1%} ledger, {policy_seconds(total) / wall:.1%} policy"
     )
     print(
-        f"  per step: ledger {parts}; policy {policy}; other {total['other'] / len(records) * 1000:.1f} ms"
+        f"  ms per step: ledger {per_step(total, 'ledger/', n)}; policy "
+        f"{per_step(total, 'policy/', n)}; other {total['other'] / n * 1e3:.1f}"
     )
+    window = max(1, min(10, n // 4))
+    rewards = [r.train["ledger/train/all/reward/mean"] for r in records]
     print(
-        f"  wall {wall:.1f} s: ledger {ledger_seconds(total) / wall:.1%}, policy {policy_seconds(total) / wall:.1%}"
+        f"train reward/mean: first {window} steps {statistics.fmean(rewards[:window]):.3f}, "
+        f"last {window} steps {statistics.fmean(rewards[-window:]):.3f}"
     )
-    first = statistics.fmean(r.train["ledger/train/all/reward/mean"] for r in records[:10])
-    last = statistics.fmean(r.train["ledger/train/all/reward/mean"] for r in records[-10:])
-    print(f"train reward/mean: first 10 steps {first:.3f}, last 10 steps {last:.3f}")
-    names = sum(r.verl_names for r in records)
-    differ = [d for r in records for d in r.verl_differ]
+    names = sum(r.verl.names for r in records)
+    differ = [d for r in records for d in r.verl.differ]
     print(
-        f"verl's compute_data_metrics (train) and _val_metrics_update (val) equal metrics_dict "
-        f"on {names} figures over {len(records)} steps: {'yes' if not differ else differ[:5]}"
+        f"verl's compute_data_metrics (train) and _val_metrics_update (val) equal metrics_dict on "
+        f"{names} figures over {n} steps: {'yes' if not differ else differ[:5]}"
     )
     evidence = result.evidence
     if evidence is not None:
         print(f"rollout-ledger audit: {'ok' if evidence.audit_ok else 'FAILED'}")
-        for line in evidence.audit_output.splitlines()[-3:]:
+        for line in evidence.audit_output.splitlines()[-2:]:
             print(f"  {line}")
         verdict = (
             "every one reproduces"
@@ -644,58 +701,62 @@ def print_summary(result: RunResult) -> None:
             else f"{len(evidence.differ)} differ: {evidence.differ[:5]}"
         )
         print(
-            f"replay: {evidence.figures} logged figures over {evidence.steps} steps recomputed "
-            f"from the replayed log: {verdict}"
+            f"rollout-ledger replay: {evidence.figures} logged figures of {evidence.steps} steps "
+            f"computed again from the replayed log: {verdict}"
         )
-    print(f"figures: rollout-ledger report --db {result.url} --run {result.run} --out report/")
+    print(f"the curves: rollout-ledger report --db {result.url} --run {result.run} --out report/")
 
 
 # ------------------------------------------------------------------------------ command line
 def parse(argv: list[str] | None) -> Settings:
-    defaults = Settings()
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--steps", type=int, default=defaults.steps, help="training steps")
+    d = Settings()
+    parser = argparse.ArgumentParser(
+        prog="train_grpo.py", description=(__doc__ or "").split("\n\n")[0]
+    )
+    parser.add_argument("--steps", type=int, default=d.steps, help="training steps")
     parser.add_argument(
         "--fail-rate",
         type=float,
-        default=defaults.fail_rate,
-        help="failure rate of an attempt at the mean prompt level (level weights 0.25-1.75)",
+        default=d.fail_rate,
+        help="failure rate of an attempt at the mean prompt level; by level x0.25, x0.75, x1.25, x1.75",
     )
     parser.add_argument(
-        "--cancel-rate",
-        type=float,
-        default=defaults.cancel_rate,
-        help="share of sessions the rollout engine preempts",
+        "--cancel-rate", type=float, default=d.cancel_rate, help="sessions preempted, any level"
     )
-    parser.add_argument("--seed", type=int, default=defaults.seed)
+    parser.add_argument("--seed", type=int, default=d.seed, help="everything random follows it")
     parser.add_argument(
-        "--db", default=defaults.db, help="SQLite file or database URL (a new run each time)"
+        "--db", default=d.db, help="SQLite file or database URL; each run adds a run of its own"
     )
-    parser.add_argument("--run", help="run name (default: grpo-s<seed>-<random>)")
-    parser.add_argument("--val-every", type=int, default=defaults.val_every)
+    parser.add_argument("--run", help="the run's name (default: grpo-s<seed>-<random>)")
+    parser.add_argument("--val-every", type=int, default=d.val_every, help="steps between val")
     parser.add_argument(
-        "--max-attempts",
-        type=int,
-        default=defaults.max_attempts,
-        help="attempts per session for infra failures",
+        "--max-attempts", type=int, default=d.max_attempts, help="attempts for infra failures"
     )
-    parser.add_argument("--tensorboard", metavar="DIR", help="also log every step's scalars there")
+    parser.add_argument("--tensorboard", metavar="DIR", help="log every step's scalars there too")
     parser.add_argument(
         "--no-evidence",
         dest="evidence",
         action="store_false",
-        help="skip audit and replay at the end",
+        help="no audit and replay at the end",
     )
-    parser.add_argument("--quiet", action="store_true")
+    parser.add_argument("--quiet", action="store_true", help="print nothing")
     args = parser.parse_args(argv)
-    return Settings(**{k: v for k, v in vars(args).items() if v is not None or k == "run"})
+    if args.steps < 1 or args.val_every < 1 or args.max_attempts < 1:
+        parser.error("--steps, --val-every and --max-attempts must be >= 1")
+    if not (0 <= args.fail_rate <= 1 / max(LEVEL_WEIGHT.values()) and 0 <= args.cancel_rate <= 1):
+        parser.error(
+            f"--fail-rate must be in [0, {1 / max(LEVEL_WEIGHT.values()):.3f}], --cancel-rate in [0, 1]"
+        )
+    return Settings(**vars(args))
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Exit status 1 when a check failed: verl's figures, the audit or the replay."""
     result = asyncio.run(train(parse(argv)))
-    bad = result.evidence is not None and (not result.evidence.audit_ok or result.evidence.differ)
-    bad = bad or any(r.verl_differ for r in result.records)
-    return 1 if bad else 0
+    failed = any(r.verl.differ for r in result.records)
+    if result.evidence is not None:
+        failed = failed or not result.evidence.audit_ok or bool(result.evidence.differ)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

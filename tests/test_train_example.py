@@ -130,7 +130,7 @@ def test_verls_validation_figures_equal_metrics_dict_at_every_validation_step(ru
         checked += 1
     assert checked == 5
     # the train side was checked by the run itself against compute_data_metrics, every step
-    assert all(r.verl_names > 0 and not r.verl_differ for r in run.records)
+    assert all(r.verl.names > 0 and not r.verl.differ for r in run.records)
 
 
 def test_audit_and_replay_reproduce_every_logged_figure(run: Any) -> None:

@@ -1,0 +1,118 @@
+"""The ledger's share of a real training step: `examples/train_grpo.py`'s loop, timed by its clock.
+
+Each step of that loop records 128 agent runs as sessions (16 prompts x 8 samples, failures,
+retries and preemptions included), projects them, reads the step's batch and `metrics_dict`, and
+updates a small transformer with verl's GRPO; every 5th step adds a validation step of 128 more
+sessions. The example's `Clock` splits each step's wall time into the ledger (any moment a ledger
+call is in flight and the policy is not computing: an upper bound), the policy (sampling, update)
+and the rest (tool waits, the loop's own code). Figures: the ledger's share of step time, median
+over the steps after the first (which pays one-time costs), with its min and max; the ledger's
+and the policy's milliseconds per step, and the ledger's by phase.
+
+Baseline: the policy's own time in the same steps. `--full` runs the example's policy (width 64,
+0.1M parameters, where the share is largest) and one 4x as wide, to show the share falling as
+the policy's compute grows; the ledger's time per step stays the same. Needs verl (the example's
+update is verl's); without it the workload is skipped with a note.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+from benchmarks.common import Config, Report, log, scratch_dir
+
+WORKLOAD = "train_step"
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+STEPS = {"tiny": 3, "quick": 12, "full": 60}
+WIDTHS = {"tiny": (64,), "quick": (64,), "full": (64, 256)}
+VAL_EVERY = 5
+GOAL_PERCENT = 5.0
+
+
+def import_example() -> Any | None:
+    """The example's module, or None when verl (which it trains with) is not installed."""
+    sys.path.insert(0, str(EXAMPLES))
+    try:
+        import train_grpo
+    except ImportError as error:
+        if "verl" not in str(error):
+            raise
+        return None
+    finally:
+        sys.path.remove(str(EXAMPLES))
+    return train_grpo
+
+
+def run(cfg: Config, report: Report) -> None:
+    example = import_example()
+    if example is None:
+        report.note(WORKLOAD, "skipped: verl is not installed (pip install -e '.[verl]')")
+        return
+    steps = STEPS[cfg.mode]
+    for width in WIDTHS[cfg.mode]:
+        with scratch_dir(cfg, WORKLOAD) as folder:
+            settings = example.Settings(
+                steps=steps,
+                seed=cfg.seed,
+                db=str(folder / "train.db"),
+                val_every=VAL_EVERY,
+                width=width,
+                evidence=False,
+                quiet=True,
+            )
+            log(f"  {WORKLOAD}: {steps} steps, policy width {width}")
+            result = asyncio.run(example.train(settings))
+        add_figures(example, report, result, width)
+
+
+def add_figures(example: Any, report: Report, result: Any, width: int) -> None:
+    timed = result.records[1:] or result.records  # the first step pays one-time costs
+    walls = [sum(r.seconds.values()) for r in timed]
+    ledger = [example.ledger_seconds(r.seconds) for r in timed]
+    policy = [example.policy_seconds(r.seconds) for r in timed]
+    shares = [100 * lg / wall for lg, wall in zip(ledger, walls)]
+    params = result.parameters
+    label = f"width {width} ({params / 1e6:.2f}M parameters), {len(timed)} steps"
+    report.add(
+        WORKLOAD,
+        f"ledger share of step time, median; {label}",
+        statistics.median(shares),
+        "%",
+        target=f"< {GOAL_PERCENT:g}%",
+        goal=("<=", GOAL_PERCENT),
+    )
+    report.add(WORKLOAD, f"ledger share of step time, min; {label}", min(shares), "%")
+    report.add(WORKLOAD, f"ledger share of step time, max; {label}", max(shares), "%")
+    report.add(
+        WORKLOAD, f"ledger ms per step, median; {label}", 1e3 * statistics.median(ledger), "ms"
+    )
+    report.add(
+        WORKLOAD, f"policy ms per step, median; {label}", 1e3 * statistics.median(policy), "ms"
+    )
+    report.add(WORKLOAD, f"step wall ms, median; {label}", 1e3 * statistics.median(walls), "ms")
+    phases = sorted({k for r in timed for k in r.seconds if k.startswith("ledger/")})
+    for phase in phases:
+        per_step = [r.seconds.get(phase, 0.0) for r in timed]
+        report.add(
+            WORKLOAD,
+            f"{phase} ms per step, median; width {width}",
+            1e3 * statistics.median(per_step),
+            "ms",
+        )
+    sessions = [
+        sum(
+            int(figures.get(f"ledger/{partition}/all/sessions/total", 0))
+            for partition, figures in (("train", r.train), ("val", r.val or {}))
+        )
+        for r in timed
+    ]
+    report.note(
+        WORKLOAD,
+        f"width {width}: {statistics.fmean(sessions):.0f} sessions per step on average; the ledger "
+        f"{1e3 * sum(ledger) / sum(sessions):.2f} ms per session, the policy "
+        f"{1e3 * sum(policy) / sum(sessions):.2f} ms per session",
+    )
