@@ -30,7 +30,12 @@ os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is experi
 import torch  # noqa: E402
 from datasets import Dataset  # noqa: E402
 from tokenizers import Tokenizer, models, pre_tokenizers  # noqa: E402
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast  # noqa: E402
+from transformers import (  # noqa: E402
+    LlamaConfig,
+    LlamaForCausalLM,
+    PreTrainedTokenizerFast,
+    PrinterCallback,
+)
 from transformers.utils import logging as hf_logging  # noqa: E402
 
 from sessions import RetryPolicy, SandboxError, SyncLedger  # noqa: E402
@@ -129,7 +134,7 @@ class Sandbox:
         if self.fault == "error":
             raise RuntimeError("malformed tool call")
         if self.fault == "hang":
-            self.release.wait(2 * TIMEOUT)  # a hung tool call: the session's timeout ends it
+            self.release.wait(60)  # a hung tool call: the session's timeout ends the session
 
 
 def make_runner(tokenizer: PreTrainedTokenizerFast, faults: Faults, max_new_tokens: int = 6) -> Any:
@@ -199,6 +204,7 @@ def with_ledger(url: str, steps: int, seed: int, folder: str) -> list[dict[str, 
             processing_class=tokenizer,
             rollout_func=rollout,
         )
+        trainer.remove_callback(PrinterCallback)  # the table below says what matters
         try:
             trainer.train()
         finally:
@@ -241,6 +247,7 @@ def without_ledger(steps: int, seed: int, folder: str) -> BaseException | None:
         processing_class=tokenizer,
         rollout_func=rollout_func,
     )
+    trainer.remove_callback(PrinterCallback)
     try:
         trainer.train()
     except Exception as error:  # noqa: BLE001 - what the example shows
