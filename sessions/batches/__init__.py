@@ -45,7 +45,12 @@ Decisions recorded here (the contract is silent on them):
 
 * ``rollout_log_probs`` exists iff at least one row carries logprobs; rows without logprobs get
   zeros in it (they are then indistinguishable from logprob 0.0 -- check ``is_placeholder`` or
-  keep logprobs on all rows if that matters).
+  keep logprobs on all rows if that matters). So an empty step (no rows) has no
+  ``rollout_log_probs`` by default: it cannot tell whether its run records logprobs.
+  ``build_padded(..., logprobs=True)`` says it does: the column is there on every batch, ``[0, R]``
+  zeros for an empty one, and the empty step ``torch.cat``-s (and, through ``to_data_proto``,
+  ``DataProto.concat``-s) with its run's other steps; ``logprobs=False`` leaves the column out
+  whatever the rows carry. ``concat_padded`` needs neither (it fills missing logprobs).
 * A row with an empty response (length 0) keeps its reward out of ``rm_scores`` (there is no
   attended response token to put it on). verl reads such a row as "aborted" and excludes it from
   score metrics anyway; the 1+1-token placeholder exists precisely to avoid this case.

@@ -26,6 +26,7 @@ from sessions.batches.flat import (
     lengths_as_index,
 )
 from sessions.batches.non_tensor_stacks import set_non_tensor_columns
+from sessions.errors import InvalidArgument
 
 __all__ = ["build_padded"]
 
@@ -185,6 +186,7 @@ def build_padded(
     truncate: bool = False,
     prompt_width: int | None = None,
     response_width: int | None = None,
+    logprobs: bool | None = None,
 ) -> TensorDict:
     """Rows -> padded section 6 batch (prompts left-, responses right-padded).
 
@@ -195,7 +197,19 @@ def build_padded(
     option it broke) before any tensor is built; with it, prompts keep their last and responses
     their first tokens (mask and logprobs cut alike) and the reward moves to the new last
     response token.
+
+    ``logprobs``: whether the batch has ``rollout_log_probs``. None (default): when a row
+    carries them (docs/design.md §6), so a step without rows has none; True: always (rows
+    without logprobs, and a step without rows, get zeros, ``[0, R]`` for an empty one), which is
+    how an empty step of a run that records logprobs ``torch.cat``-s / ``DataProto.concat``-s
+    with its other steps; False: never (given logprobs are left out).
     """
+    if logprobs not in (None, True, False):
+        raise InvalidArgument(f"logprobs must be None, True or False, got {logprobs!r}")
     limit = limits(max_prompt_length, max_response_length, prompt_width, response_width)
     rows_ = _rows_from_batch_rows(rows, limit, truncate)
+    if logprobs is False:
+        rows_.rollout_log_probs = None
+    elif logprobs and rows_.rollout_log_probs is None:
+        rows_.rollout_log_probs = [None] * rows_.batch_size  # a None entry: zeros
     return _padded_from_rows(rows_, pad_token_id, limit.prompt_width, limit.response_width)
