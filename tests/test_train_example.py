@@ -151,10 +151,14 @@ def test_the_ledgers_time_is_measured_beside_the_policys(run: Any) -> None:
         assert 0 < sum(v for k, v in spent.items() if k.startswith("ledger/")) < sum(spent.values())
 
 
-def test_the_script_prints_its_table_and_checks_as_a_user_runs_it(tmp_path: Path) -> None:
+def test_the_script_prints_its_table_and_logs_the_same_scalars_to_tensorboard(
+    tmp_path: Path,
+) -> None:
+    db, board = tmp_path / "t.db", tmp_path / "board"
     done, seconds = run_script(
         EXAMPLES / "train_grpo.py",
-        "--steps", "3", "--val-every", "2", "--seed", "1", "--db", str(tmp_path / "t.db"),
+        "--steps", "3", "--val-every", "2", "--seed", "1", "--db", str(db), "--run", "cli",
+        "--tensorboard", str(board),
         timeout=300,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
@@ -165,3 +169,28 @@ def test_the_script_prints_its_table_and_checks_as_a_user_runs_it(tmp_path: Path
     assert "rollout-ledger audit: ok" in out
     assert "every one reproduces" in out
     assert "equal metrics_dict" in out and ": yes" in out
+
+    from tensorboard.backend.event_processing import event_accumulator as ea
+
+    from sessions import Ledger
+
+    async def logged() -> dict[tuple[str, int], dict[str, float]]:
+        async with Ledger.open(str(db), run="cli", migrate=False) as ledger:
+            return {
+                ("train", 2): await ledger.metrics_dict("train", 2, **module_widths()),
+                ("val", 2): await ledger.metrics_dict("val", 2),
+            }
+
+    accumulator = ea.EventAccumulator(str(board), size_guidance={ea.SCALARS: 0})
+    accumulator.Reload()
+    tags = set(accumulator.Tags()["scalars"])
+    for (partition, step), figures in asyncio.run(logged()).items():
+        for name, value in figures.items():
+            assert name in tags, (partition, name)
+            (point,) = [e for e in accumulator.Scalars(name) if e.step == step]
+            assert point.value == pytest.approx(np.float32(value), nan_ok=True), name
+    assert {"actor/pg_loss", "timing/ledger_share"} <= tags  # the script's own, beside them
+
+
+def module_widths() -> dict[str, int]:
+    return train_grpo().WIDTHS
