@@ -56,12 +56,12 @@ class LedgerReward:
         **columns: Any,
     ) -> list[float | None]:
         rewards = columns.get(REWARD)
-        if rewards is None or not self._rollout.generations:
+        generation = self._rollout.last
+        if rewards is None or generation is None:
             raise TRLSetupError(
                 "the ledger's reward function got no ledger_reward column: pass its own LedgerRollout as the "
                 "trainer's rollout_func (GRPOTrainer(rollout_func=rollout, reward_funcs=rollout.reward))"
             )
-        generation = self._rollout.generations[-1]
         if log_extra is not None:  # TRL's completions table: why a row is a placeholder
             log_extra(FAILURE, [reason or "" for reason in columns.get(FAILURE, [])])
         if generation.partition == "train" and log_metric is not None:
@@ -80,7 +80,7 @@ def eval_figures_callback(rollout: LedgerRollout, trainer: Any) -> Any:
             self, args: Any, state: Any, control: Any, metrics: Any = None, **_: Any
         ) -> None:
             step = int(state.global_step)
-            if not any(g.partition == "val" and g.global_step == step for g in rollout.generations):
+            if step not in rollout.val_steps:
                 return  # this evaluation recorded nothing through the ledger
             prefix = next(
                 (k[: -len("_runtime")] for k in (metrics or {}) if k.endswith("_runtime")), "eval"

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,6 +22,7 @@ from sessions import RetryPolicy, SessionOutcome, SyncLedger
 from sessions.integrations.trl.completion import Completion, parse_completion, trl_output
 from sessions.integrations.trl.errors import TRLSetupError
 from sessions.integrations.trl.identity import Slot, launch_token, slots
+from sessions.integrations.trl.loss_types import ROW_MEAN_LOSS_TYPES
 from sessions.integrations.trl.reward import LedgerReward, eval_figures_callback, ledger_figures
 from sessions.integrations.trl.runner_loop import RunnerLoop, in_thread
 
@@ -38,8 +40,8 @@ class RolloutContext:
     session_index: int
     partition: str
     global_step: int
-    #: the completion's row in the generation call, all ranks in rank order (on one process,
-    #: its index in `prompts`); TRL's groups are rows `g * num_generations` on
+    #: the completion's row in the generation call over all ranks, in rank order (on one
+    #: process, its index in `prompts`); TRL's group g is rows g*n to g*n + n - 1
     row: int
     #: which `rollout_func` call this is (0, 1, ... in this launch, the same on every rank)
     call: int
@@ -107,8 +109,11 @@ class LedgerRollout:
         self.placeholder_token_id = placeholder_token_id
         #: the companion reward function: the rows' rewards, and the ledger's figures in TRL's log
         self.reward = LedgerReward(self)
-        #: every call so far, in order (the last is the one TRL is scoring now)
-        self.generations: list[Generation] = []
+        #: the latest call (the one TRL is scoring now); older ones are dropped with their errors
+        self.last: Generation | None = None
+        #: calls made so far, and the val steps they recorded (an evaluation's figures wait for them)
+        self.calls = 0
+        self.val_steps: set[int] = set()
         self._token: str | None = None
         self._trainer: Any = None
         self._loop: RunnerLoop | None = None
@@ -120,7 +125,8 @@ class LedgerRollout:
         partition = "train" if trainer.model.training else "val"
         step = int(trainer.state.global_step)
         size = trainer.num_generations if partition == "train" else trainer.num_generations_eval
-        generation = Generation(partition, step, len(self.generations))
+        generation = Generation(partition, step, self.calls)
+        self.calls += 1
         layout = slots(
             prompts,
             process_index=trainer.accelerator.process_index,
@@ -131,7 +137,9 @@ class LedgerRollout:
         completions, generation.outcomes = self._loop.run(
             self._run_all(prompts, layout, trainer, generation, size)
         )
-        self.generations.append(generation)
+        self.last = generation
+        if partition == "val":
+            self.val_steps.add(step)
         failures = [
             None if o.succeeded else (o.failure_reason or o.state) for o in generation.outcomes
         ]
@@ -178,6 +186,17 @@ class LedgerRollout:
                 f"< gradient_accumulation_steps ({args.gradient_accumulation_steps}): TRL would generate several "
                 "times per optimizer step, and the ledger records one train step per generation; set "
                 "steps_per_generation >= gradient_accumulation_steps (TRL's default makes them equal)"
+            )
+        loss_type = getattr(trainer, "loss_type", None)
+        if loss_type in ROW_MEAN_LOSS_TYPES and not getattr(
+            trainer, "averages_trainable_rows", False
+        ):
+            warnings.warn(
+                f"loss_type={loss_type!r} divides by every row of a micro-batch, placeholders included, so "
+                "failed sessions shrink each step's loss and gradient; train with "
+                "sessions.integrations.trl.LedgerGRPOTrainer, or loss_type='dapo' (docs/trl.md)",
+                UserWarning,
+                stacklevel=3,
             )
         self._token = launch_token(trainer)
         if self._loop is None:

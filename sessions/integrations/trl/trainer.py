@@ -24,6 +24,9 @@ class LedgerGRPOTrainer(GRPOTrainer):  # type: ignore[misc]
     """`GRPOTrainer` with `grpo`, `sapo`, `luspo` and `dr_grpo` losses over trainable rows only:
     a failed session's placeholder no longer shrinks the step's loss and gradient by R/G."""
 
+    #: read by `LedgerRollout`, which warns when a row-mean loss type runs on a trainer without it
+    averages_trainable_rows = True
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._ledger_buffer: Any = None
