@@ -31,6 +31,7 @@ import torch
 from tensordict import TensorDictBase
 
 from sessions.batches import non_tensor
+from sessions.errors import InvalidArgument, InvalidArgumentType
 from sessions.events import DEFAULT_MIN_VALID
 
 __all__ = ["grpo_outcome_advantage"]
@@ -40,7 +41,7 @@ def _group_index(uids: Sequence[Any]) -> tuple[torch.Tensor, int]:
     """Dense group ids in first-seen order (one dict lookup per row; no per-token work)."""
     missing = [i for i, uid in enumerate(uids) if uid is None]
     if missing:
-        raise ValueError(f"rows {missing[:5]} have no uid; GRPO needs a group for every row")
+        raise InvalidArgument(f"rows {missing[:5]} have no uid; GRPO needs a group for every row")
     codes: dict[Any, int] = {}
     ids = [codes.setdefault(uid, len(codes)) for uid in uids]
     return torch.tensor(ids, dtype=torch.int64), len(codes)
@@ -76,7 +77,9 @@ def grpo_outcome_advantage(
     """
     rm_scores = batch.get("rm_scores")
     if rm_scores.is_nested:
-        raise TypeError("grpo_outcome_advantage needs a padded batch; densify() the jagged one")
+        raise InvalidArgumentType(
+            "grpo_outcome_advantage needs a padded batch; densify() the jagged one"
+        )
     response_mask = batch.get("response_mask")
     scores = rm_scores.sum(-1).to(torch.float64)
     group, n_groups = _group_index(non_tensor(batch, "uid"))
@@ -85,7 +88,7 @@ def grpo_outcome_advantage(
     else:
         include = torch.ones_like(scores, dtype=torch.bool)
     if isinstance(min_valid, bool) or not isinstance(min_valid, int) or min_valid < 0:
-        raise ValueError(f"min_valid must be an integer >= 0, got {min_valid!r}")
+        raise InvalidArgument(f"min_valid must be an integer >= 0, got {min_valid!r}")
     mean, std = _group_mean_std(scores, group, include, n_groups)
     centred = scores - mean[group]
     scalar = centred / (std[group] + epsilon) if norm_by_std else centred

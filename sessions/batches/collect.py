@@ -20,7 +20,7 @@ from sessions.batches.columns import (
     UNKNOWN_TURNS,
 )
 from sessions.batches.non_tensor_stacks import SCALAR_TYPES
-from sessions.errors import LedgerError
+from sessions.errors import InvalidArgument, LedgerError
 
 __all__ = ["BatchRow", "BatchTooLongError"]
 
@@ -97,9 +97,11 @@ def _plain_column(values: list[Any]) -> list[Any]:
 def _as_1d(array: Any, key: Any, name: str, kinds: str) -> np.ndarray:
     arr = np.asarray(array)
     if arr.ndim != 1:
-        raise ValueError(f"row {key!r}: {name} must be 1-D, got shape {arr.shape}")
+        raise InvalidArgument(f"row {key!r}: {name} must be 1-D, got shape {arr.shape}")
     if arr.size and arr.dtype.kind not in kinds:
-        raise ValueError(f"row {key!r}: {name} has dtype {arr.dtype}, expected kind in {kinds!r}")
+        raise InvalidArgument(
+            f"row {key!r}: {name} has dtype {arr.dtype}, expected kind in {kinds!r}"
+        )
     return arr
 
 
@@ -114,7 +116,7 @@ def _collect(rows: Sequence[BatchRow]) -> tuple[_Rows, list[Any]]:
         response = _as_1d(row.response_ids, key, "response_ids", "iu")
         mask = _as_1d(row.response_mask, key, "response_mask", "iub")
         if mask.shape[0] != response.shape[0]:
-            raise ValueError(
+            raise InvalidArgument(
                 f"row {key!r}: response_mask length {mask.shape[0]} != response length "
                 f"{response.shape[0]}"
             )
@@ -122,7 +124,7 @@ def _collect(rows: Sequence[BatchRow]) -> tuple[_Rows, list[Any]]:
         if row.logprobs is not None:
             lp = _as_1d(row.logprobs, key, "logprobs", "f")
             if lp.shape[0] != response.shape[0]:
-                raise ValueError(
+                raise InvalidArgument(
                     f"row {key!r}: logprobs length {lp.shape[0]} != response length "
                     f"{response.shape[0]}"
                 )
@@ -168,7 +170,9 @@ def _num_turns(values: list[Any], is_placeholder: np.ndarray, keys: list[Any]) -
         if value is None:
             continue
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
-            raise ValueError(f"row {keys[i]!r}: meta num_turns must be an int >= 0, got {value!r}")
+            raise InvalidArgument(
+                f"row {keys[i]!r}: meta num_turns must be an int >= 0, got {value!r}"
+            )
         out[i] = value
     return out
 
@@ -198,7 +202,7 @@ def _check_count(value: int | None, option: str, least: int) -> None:
         bad = True
     if bad:
         kind = "a positive int" if least == 1 else f"an int >= {least}"
-        raise ValueError(f"{option} must be {kind} or None, got {value!r}")
+        raise InvalidArgument(f"{option} must be {kind} or None, got {value!r}")
 
 
 def _binding(max_length: int | None, width: int | None, side: str) -> tuple[int | None, str]:
@@ -306,10 +310,10 @@ def _check_values(rows: _Rows, keys: list[Any]) -> None:
     if flat.size and (flat.max() > 1 or flat.min() < 0):
         first = int(np.flatnonzero((flat != 0) & (flat != 1))[0])
         row = int(np.searchsorted(np.cumsum(rows.response_lengths), first, side="right"))
-        raise ValueError(f"row {keys[row]!r}: response_mask values must be 0 or 1")
+        raise InvalidArgument(f"row {keys[row]!r}: response_mask values must be 0 or 1")
     for i in np.flatnonzero(rows.is_placeholder).tolist():
         if rows.response_mask[i].any():
-            raise ValueError(f"row {keys[i]!r}: a placeholder must have response_mask all 0")
+            raise InvalidArgument(f"row {keys[i]!r}: a placeholder must have response_mask all 0")
 
 
 def check_exact_lengths(lengths: np.ndarray, name: str, keys: list[Any] | None) -> None:
@@ -318,7 +322,7 @@ def check_exact_lengths(lengths: np.ndarray, name: str, keys: list[Any] | None) 
     if over.size:
         i = int(over[0])
         row = keys[i] if keys is not None and keys[i] is not None else f"#{i}"
-        raise ValueError(
+        raise InvalidArgument(
             f"row {row!r}: {name} {int(lengths[i])} exceeds {MAX_EXACT_LENGTH} tokens, the longest "
             f"a float32 {name} column holds exactly; cut the row (truncate=True with a "
             f"max_*_length) or split it"

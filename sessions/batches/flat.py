@@ -23,6 +23,7 @@ from sessions.batches.columns import (
     UNKNOWN_TURNS,
 )
 from sessions.batches.non_tensor_stacks import non_tensor
+from sessions.errors import InvalidArgument, InvalidArgumentType
 
 
 @dataclass(slots=True)
@@ -184,11 +185,11 @@ def lengths_as_index(lengths: torch.Tensor, name: str) -> torch.Tensor:
     if lengths.dtype.is_floating_point:
         whole = torch.isfinite(lengths) & (lengths >= 0) & (lengths == lengths.round())
         if not bool(torch.all(whole)):
-            raise ValueError(
+            raise InvalidArgument(
                 f"column {name!r} holds negative, fractional or infinite lengths; not a batch's"
             )
     elif lengths.numel() and int(lengths.min()) < 0:
-        raise ValueError(f"column {name!r} holds negative lengths; not a batch's")
+        raise InvalidArgument(f"column {name!r} holds negative lengths; not a batch's")
     return lengths.to(torch.int64)
 
 
@@ -203,13 +204,15 @@ def _split_columns(batch: TensorDictBase) -> tuple[dict[str, Any], dict[str, lis
         elif isinstance(value, torch.Tensor):
             tensors[key] = value
         else:
-            raise TypeError(f"column {key!r}: unsupported entry of type {type(value).__name__}")
+            raise InvalidArgumentType(
+                f"column {key!r}: unsupported entry of type {type(value).__name__}"
+            )
     return tensors, non_tensors
 
 
 def _reject_unknown(tensors: dict[str, Any]) -> None:
     unknown = sorted(set(tensors) - LAYOUT_COLUMNS)
     if unknown:
-        raise ValueError(
+        raise InvalidArgument(
             f"unknown tensor columns {unknown}: only section 6 columns are re-laid out"
         )

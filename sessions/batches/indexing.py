@@ -28,6 +28,7 @@ from sessions.batches.jagged import (
     seqlen_bounds,
 )
 from sessions.batches.non_tensor_stacks import non_tensor, set_non_tensor_columns
+from sessions.errors import InvalidArgument, InvalidArgumentType, RowIndexError
 
 __all__ = ["concat_batches", "select_rows", "split_batch"]
 
@@ -36,7 +37,7 @@ RowIndex = int | slice | Sequence[int] | Sequence[bool] | np.ndarray | torch.Ten
 
 def _batch_rows(batch: TensorDictBase) -> int:
     if len(batch.batch_size) != 1:
-        raise ValueError(f"expected a batch with batch_size [B], got {list(batch.batch_size)}")
+        raise InvalidArgument(f"expected a batch with batch_size [B], got {list(batch.batch_size)}")
     return int(batch.batch_size[0])
 
 
@@ -44,25 +45,25 @@ def _row_ids(index: RowIndex, n: int) -> torch.Tensor:
     """Any supported index -> int64 row ids in [0, n), in the order they select rows."""
     if isinstance(index, (int, np.integer)) and not isinstance(index, (bool, np.bool_)):
         if not -n <= int(index) < n:
-            raise IndexError(f"row {int(index)} out of range for a batch of {n} rows")
+            raise RowIndexError(f"row {int(index)} out of range for a batch of {n} rows")
         return torch.tensor([int(index) % n], dtype=torch.int64)
     if isinstance(index, slice):
         return torch.tensor(range(n)[index], dtype=torch.int64)
     ids = index if isinstance(index, torch.Tensor) else torch.as_tensor(np.asarray(index))
     if ids.dim() != 1:
-        raise IndexError(f"a row index must be 1-D, got shape {list(ids.shape)}")
+        raise RowIndexError(f"a row index must be 1-D, got shape {list(ids.shape)}")
     if ids.dtype == torch.bool:
         if ids.numel() != n:
-            raise IndexError(f"a boolean row mask must have {n} entries, got {ids.numel()}")
+            raise RowIndexError(f"a boolean row mask must have {n} entries, got {ids.numel()}")
         return ids.nonzero().flatten()
     if ids.numel() == 0:
         return torch.zeros(0, dtype=torch.int64)
     if ids.dtype.is_floating_point or ids.dtype.is_complex:
-        raise IndexError(f"row indices must be integers or booleans, got {ids.dtype}")
+        raise RowIndexError(f"row indices must be integers or booleans, got {ids.dtype}")
     ids = ids.to(torch.int64)
     bad = (ids < -n) | (ids >= n)
     if bool(bad.any()):
-        raise IndexError(f"row {int(ids[bad][0])} out of range for a batch of {n} rows")
+        raise RowIndexError(f"row {int(ids[bad][0])} out of range for a batch of {n} rows")
     return torch.where(ids < 0, ids + n, ids)
 
 
@@ -76,10 +77,14 @@ def _columns(batch: TensorDictBase) -> tuple[dict[str, torch.Tensor], dict[str, 
             lists[key] = non_tensor(batch, key)
         elif isinstance(value, torch.Tensor):
             if value.is_nested and not is_jagged(value):
-                raise TypeError(f"column {key!r}: only torch.jagged nested tensors are supported")
+                raise InvalidArgumentType(
+                    f"column {key!r}: only torch.jagged nested tensors are supported"
+                )
             tensors[key] = value
         else:
-            raise TypeError(f"column {key!r}: unsupported entry of type {type(value).__name__}")
+            raise InvalidArgumentType(
+                f"column {key!r}: unsupported entry of type {type(value).__name__}"
+            )
     return tensors, lists
 
 
@@ -136,7 +141,7 @@ def _cat_jagged(
 ) -> torch.Tensor:
     parts = [jagged_parts(v) for v in values]
     if len({p[0].shape[1:] for p in parts}) > 1:
-        raise ValueError(f"column {name!r}: inner shapes differ between the batches")
+        raise InvalidArgument(f"column {name!r}: inner shapes differ between the batches")
     key = tuple(_structure_key(v) for v in values)
     if key not in cache:
         starts = np.cumsum([0] + [int(o[-1]) for _, o in parts[:-1]])
@@ -155,7 +160,7 @@ def concat_batches(batches: Sequence[TensorDictBase]) -> TensorDict:
     widths or columns: ``concat_padded`` (re-pads) or ``pad_to_widths`` first.
     """
     if not batches:
-        raise ValueError(
+        raise InvalidArgument(
             "concat_batches needs at least one batch (build_padded([]) makes an empty one)"
         )
     split = [_columns(b) for b in batches]
@@ -163,7 +168,7 @@ def concat_batches(batches: Sequence[TensorDictBase]) -> TensorDict:
     for i, (tensors, lists) in enumerate(split[1:], start=1):
         if set(tensors) != set(tensors0) or set(lists) != set(lists0):
             differ = sorted((set(tensors) | set(lists)) ^ (set(tensors0) | set(lists0)))
-            raise ValueError(
+            raise InvalidArgument(
                 f"batch {i} has other columns than batch 0 (differing: {differ}); "
                 "concat_padded fills missing logprobs and non-tensor columns"
             )
@@ -173,13 +178,13 @@ def concat_batches(batches: Sequence[TensorDictBase]) -> TensorDict:
         values = [tensors[key] for tensors, _ in split]
         jagged = [is_jagged(v) for v in values]
         if any(jagged) and not all(jagged):
-            raise ValueError(f"column {key!r} is jagged in some batches and dense in others")
+            raise InvalidArgument(f"column {key!r} is jagged in some batches and dense in others")
         if all(jagged):
             out[key] = _cat_jagged(key, values, cache)
             continue
         shapes = {tuple(v.shape[1:]) for v in values}
         if len(shapes) > 1:
-            raise ValueError(
+            raise InvalidArgument(
                 f"column {key!r}: widths differ between the batches ({sorted(shapes)}); "
                 "concat_padded re-pads them, pad_to_widths gives batches equal widths"
             )
@@ -200,12 +205,14 @@ def split_batch(batch: TensorDictBase, split_size: int | Sequence[int]) -> tuple
     n = _batch_rows(batch)
     if isinstance(split_size, (int, np.integer)) and not isinstance(split_size, bool):
         if split_size < 1:
-            raise ValueError(f"split_size must be >= 1, got {split_size}")
+            raise InvalidArgument(f"split_size must be >= 1, got {split_size}")
         bounds = list(range(0, n, int(split_size))) or [0]
         sizes = [min(int(split_size), n - start) for start in bounds]
     else:
         sizes = [int(s) for s in split_size]
         if any(s < 0 for s in sizes) or sum(sizes) != n:
-            raise ValueError(f"split sizes {sizes} must be >= 0 and add up to the batch's {n} rows")
+            raise InvalidArgument(
+                f"split sizes {sizes} must be >= 0 and add up to the batch's {n} rows"
+            )
     starts = np.cumsum([0] + sizes[:-1]).tolist()
     return tuple(select_rows(batch, slice(a, a + s)) for a, s in zip(starts, sizes))

@@ -29,6 +29,7 @@ from sessions.batches.flat import (
     _split_columns,
 )
 from sessions.batches.non_tensor_stacks import set_non_tensor_columns
+from sessions.errors import InvalidArgument
 
 __all__ = [
     "build_jagged",
@@ -142,13 +143,13 @@ def _flat_from_jagged(batch: TensorDictBase) -> _Flat:
     parts = {k: jagged_parts(v) for k, v in tensors.items() if is_jagged(v)}
     missing = _REQUIRED - set(parts)
     if missing:
-        raise ValueError(f"not a jagged batch: missing jagged columns {sorted(missing)}")
+        raise InvalidArgument(f"not a jagged batch: missing jagged columns {sorted(missing)}")
     prompt_ids, p_off = parts["prompts"]
     response_ids, r_off = parts["responses"]
     p_len, r_len = p_off.diff(), r_off.diff()
     for name in RESPONSE_COLUMNS:
         if name in parts and not torch.equal(parts[name][1], r_off):
-            raise ValueError(f"column {name!r}: row lengths differ from 'responses'")
+            raise InvalidArgument(f"column {name!r}: row lengths differ from 'responses'")
     lp = parts.get("rollout_log_probs")
     is_placeholder = tensors["is_placeholder"].to(COLUMN_DTYPES["is_placeholder"])
     turns = tensors.get("num_turns")

@@ -21,6 +21,7 @@ import torch
 from tensordict import NonTensorData, NonTensorStack, TensorDict, TensorDictBase
 
 from sessions.batches.tensordict_compat import set_stack
+from sessions.errors import InvalidArgumentType
 from sessions.gc_pause import built_as_old
 
 #: Plain scalars: what ``meta`` columns hold (numpy scalars are turned into these first).
@@ -205,4 +206,6 @@ def non_tensor(batch: TensorDictBase, name: str) -> list[Any]:
         if isinstance(data, list) and len(data) == batch.batch_size[0]:
             return list(data)
         return [data] * batch.batch_size[0]
-    raise TypeError(f"column {name!r} is not a non-tensor column ({type(value).__name__})")
+    raise InvalidArgumentType(
+        f"column {name!r} is not a non-tensor column ({type(value).__name__})"
+    )

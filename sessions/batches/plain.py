@@ -14,6 +14,7 @@ from tensordict import TensorDict, TensorDictBase
 from sessions.batches.flat import _length_column, _split_columns, lengths_as_index
 from sessions.batches.jagged import is_jagged, jagged_from_parts, jagged_parts
 from sessions.batches.non_tensor_stacks import set_non_tensor_columns
+from sessions.errors import InvalidArgumentType
 
 __all__ = ["from_plain_dict", "to_plain_dict"]
 
@@ -48,7 +49,7 @@ def _check_plain(name: str, values: list[Any]) -> None:
         return
     for v in values:
         if not _loadable(v):
-            raise TypeError(
+            raise InvalidArgumentType(
                 f"non-tensor column {name!r} holds a {type(v).__name__}; only None/bool/int/"
                 "float/str, and dicts (str keys) or lists of them or of tensors, survive "
                 "torch.load(weights_only=True)"
@@ -74,7 +75,9 @@ def to_plain_dict(batch: TensorDictBase) -> dict[str, Any]:
             plain[key + _VALUES_SUFFIX] = values.clone()
             plain[key + _OFFSETS_SUFFIX] = offsets.clone()
         elif value.is_nested:
-            raise TypeError(f"column {key!r}: only torch.jagged nested tensors are supported")
+            raise InvalidArgumentType(
+                f"column {key!r}: only torch.jagged nested tensors are supported"
+            )
         else:
             plain[key] = value.clone()
     for key, values in non_tensors.items():

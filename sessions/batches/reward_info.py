@@ -14,6 +14,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from sessions.errors import InvalidArgument
+
 __all__ = ["RESERVED", "add_reward_info", "default_for", "reward_info_columns"]
 
 RESERVED = frozenset({"reward", "finished"})
@@ -50,7 +52,7 @@ def add_reward_info(batch: Any, infos: Sequence[Mapping[str, Any]]) -> list[str]
     taken = set(batch.keys())
     for key in columns:
         if key in taken:
-            raise ValueError(
+            raise InvalidArgument(
                 f"reward_info key {key!r} would shadow the batch's own {key!r} column; post it under another name "
                 "(or build the batch without reward_info=True)"
             )

@@ -27,6 +27,8 @@ from __future__ import annotations
 import torch
 from tensordict import NonTensorStack, TensorDict, TensorDictBase
 
+from sessions.errors import InvalidArgument
+
 __all__ = ["EMPTY_STACK_SET_FAILS", "NATIVE_EMPTY_SELECTION", "NATIVE_JAGGED_ROW_OPS", "set_stack"]
 
 
@@ -100,7 +102,7 @@ def set_stack(batch: TensorDictBase, name: str, stack: NonTensorStack) -> None:
     """``batch.set(name, stack)``, also for an empty stack on a tensordict that refuses one."""
     if EMPTY_STACK_SET_FAILS and not stack.tensordicts and isinstance(batch, TensorDict):
         if tuple(stack.batch_size) != tuple(batch.batch_size):
-            raise ValueError(
+            raise InvalidArgument(
                 f"column {name!r}: {stack.batch_size} rows for a batch of {batch.batch_size}"
             )
         batch._set_str(name, stack, validated=True, inplace=False, non_blocking=False)
