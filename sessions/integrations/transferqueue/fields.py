@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from sessions.errors import InvalidArgument
 from sessions.placeholder import GROUP_UID, isolated_uid
 from sessions.queues.sinks import QueueItem
 
@@ -46,7 +47,7 @@ def rows_to_tensordict(
 
     rows = [item.row for item in items]
     if any(row is None for row in rows):
-        raise ValueError(
+        raise InvalidArgument(
             "rows_to_tensordict takes row items only (QueueItem.row set), not group tags"
         )
     td = build_jagged(rows).exclude(*VERL_NON_TENSOR_COLUMNS)  # type: ignore[arg-type]

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from sessions.errors import InvalidArgument, InvalidArgumentType, NotFound
 from sessions.integrations.transferqueue.runtime import import_transfer_queue
 
 if TYPE_CHECKING:
@@ -80,9 +81,13 @@ def to_padded(
         elif isinstance(value, torch.Tensor):
             extra[name] = value
         else:
-            raise TypeError(f"column {name!r}: unsupported entry of type {type(value).__name__}")
+            raise InvalidArgumentType(
+                f"column {name!r}: unsupported entry of type {type(value).__name__}"
+            )
     if "prompts" not in core or "responses" not in core:
-        raise ValueError(f"not a row batch: columns {sorted(raw.keys())} lack prompts/responses")
+        raise InvalidArgument(
+            f"not a row batch: columns {sorted(raw.keys())} lack prompts/responses"
+        )
     placeholder_dtype = COLUMN_DTYPES["is_placeholder"]
     core.setdefault("is_placeholder", torch.zeros(batch_size, dtype=placeholder_dtype))
     core["is_placeholder"] = core["is_placeholder"].to(placeholder_dtype)
@@ -112,7 +117,7 @@ def to_padded(
             index = {k: i for i, k in enumerate(got)}
             missing = [k for k in keys if k not in index]
             if missing:
-                raise LookupError(f"TransferQueue returned no rows for keys {missing[:5]}")
+                raise NotFound(f"TransferQueue returned no rows for keys {missing[:5]}")
             dense = dense[torch.tensor([index[k] for k in keys], dtype=torch.long)]
     return dense
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
-from sessions.errors import LedgerError
+from sessions.errors import ConfigError, LedgerError, MissingDependency
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +70,7 @@ def import_transfer_queue() -> ModuleType:
     try:
         import transfer_queue
     except ImportError as error:
-        raise ImportError(
+        raise MissingDependency(
             "the TransferQueue adapter needs the optional extra: pip install -e '.[transferqueue]' in the clone "
             f"(TransferQueue=={TQ_VERSION}, import name transfer_queue)"
         ) from error
@@ -182,7 +182,7 @@ def start_transferqueue(
             ray_cpus = max(2, int(num_cpus) if num_cpus is not None else _available_cpus())
         units = min(2, ray_cpus - 1) if storage_units is None else int(storage_units)
         if units < 1 or units + 1 > ray_cpus:
-            raise ValueError(
+            raise ConfigError(
                 f"TransferQueue needs one Ray CPU for its controller and one per storage unit: "
                 f"{units} storage unit(s) need {units + 1} CPUs, Ray has {ray_cpus}"
                 + (" available" if ray.is_initialized() else "")

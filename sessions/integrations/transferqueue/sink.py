@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from sessions.errors import LedgerError
+from sessions.errors import ConfigError, LedgerError
 from sessions.integrations.transferqueue.fields import _row_tags, rows_to_tensordict
 from sessions.integrations.transferqueue.readback import aread_rows, read_rows
 from sessions.integrations.transferqueue.runtime import import_transfer_queue
@@ -66,9 +66,9 @@ class TransferQueueSink:
         isolate_placeholders: bool | None = None,
     ) -> None:
         if timeout_s is not None and timeout_s <= 0:
-            raise ValueError(f"timeout_s must be positive or None, got {timeout_s!r}")
+            raise ConfigError(f"timeout_s must be positive or None, got {timeout_s!r}")
         if max_rows_per_put < 1:
-            raise ValueError(f"max_rows_per_put must be >= 1, got {max_rows_per_put!r}")
+            raise ConfigError(f"max_rows_per_put must be >= 1, got {max_rows_per_put!r}")
         self.timeout_s = timeout_s
         self.partition_ids = dict(partition_ids or {})
         self.write_log_probs = write_log_probs

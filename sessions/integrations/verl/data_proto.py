@@ -31,6 +31,7 @@ from tensordict import NonTensorData, NonTensorStack, TensorDict, TensorDictBase
 
 from sessions.batches import non_tensor, pad_to_widths
 from sessions.batches.columns import NON_TENSOR_COLUMNS
+from sessions.errors import InvalidArgument, InvalidArgumentType, MissingDependency
 from sessions.integrations.verl.filler import IS_PADDING, append_filler_rows
 from sessions.placeholder import GROUP_UID, isolated_uid
 
@@ -51,7 +52,7 @@ def import_data_proto() -> type:
     try:
         from verl.protocol import DataProto
     except ImportError as error:
-        raise ImportError(
+        raise MissingDependency(
             "this needs verl: pip install -e '.[verl]' from a clone of rollout-ledger (verl 0.9.1, which pins tensordict 0.10.0)"
         ) from error
     return DataProto
@@ -70,11 +71,11 @@ def batch_columns(batch: TensorDictBase) -> tuple[dict[str, torch.Tensor], dict[
     (``DataProto.from_tensordict`` would move such a column into ``meta_info``).
     """
     if not isinstance(batch, TensorDictBase):
-        raise TypeError(
+        raise InvalidArgumentType(
             f"expected a ledger batch (a TensorDict from Ledger.batch), got {type(batch).__name__}"
         )
     if len(batch.batch_size) != 1:
-        raise ValueError(
+        raise InvalidArgument(
             f"a ledger batch has one batch dimension, got batch_size={list(batch.batch_size)}"
         )
     tensors: dict[str, torch.Tensor] = {}
@@ -85,13 +86,13 @@ def batch_columns(batch: TensorDictBase) -> tuple[dict[str, torch.Tensor], dict[
             non_tensors[key] = _object_array(non_tensor(batch, key))
         elif isinstance(value, torch.Tensor):
             if value.is_nested:
-                raise TypeError(
+                raise InvalidArgumentType(
                     f"column {key!r} is jagged; verl's trainer takes the padded layout: pass "
                     "sessions.batches.densify(batch) (or take Ledger.batch(..., jagged=False))"
                 )
             tensors[key] = value
         else:
-            raise TypeError(
+            raise InvalidArgumentType(
                 f"column {key!r} is a {type(value).__name__}; a ledger batch holds tensors and non-tensor stacks"
             )
     return tensors, non_tensors
@@ -107,7 +108,7 @@ def isolate_placeholder_uids(
     """
     for name in ("uid", "session_index"):
         if name not in non_tensors:
-            raise ValueError(
+            raise InvalidArgument(
                 f"placeholder uid isolation needs the {name!r} column; the batch has {sorted(non_tensors)}"
             )
     uids = non_tensors["uid"].copy()
@@ -115,7 +116,7 @@ def isolate_placeholder_uids(
     for i in np.flatnonzero(is_placeholder.cpu().numpy()):
         isolated = isolated_uid(uids[i], non_tensors["session_index"][i])
         if isolated in taken:
-            raise ValueError(
+            raise InvalidArgument(
                 f"cannot isolate the placeholder of uid {uids[i]!r}: uid {isolated!r} is already in the batch "
                 "(a uid spelt like an isolated one, or a uid reused across concatenated steps); convert each "
                 "step's batch on its own, or pass isolate_placeholders=False"
@@ -129,7 +130,7 @@ def _isolate_by_default(non_tensors: Mapping[str, np.ndarray]) -> bool:
     """Isolation defaults to on for a train batch, off for a val batch; a mixed batch must choose."""
     partitions = set(non_tensors.get("partition", np.empty(0, dtype=object)).tolist())
     if len(partitions) > 1:
-        raise ValueError(
+        raise InvalidArgument(
             f"the batch mixes partitions {sorted(map(str, partitions))}; pass isolate_placeholders=True "
             "(train: GRPO) or False (val: validation metrics group by uid)"
         )
@@ -169,7 +170,7 @@ def to_data_proto(
     tensors, non_tensors = batch_columns(batch)
     size = int(batch.batch_size[0])
     if "is_placeholder" not in tensors:
-        raise ValueError(
+        raise InvalidArgument(
             "the batch has no 'is_placeholder' column; is it a ledger batch (Ledger.batch)?"
         )
     if "uid" in non_tensors:
@@ -182,7 +183,7 @@ def to_data_proto(
         if isolate:
             non_tensors["uid"] = isolate_placeholder_uids(non_tensors, tensors["is_placeholder"])
     elif isolate_placeholders:
-        raise ValueError("isolate_placeholders=True needs the batch's 'uid' column")
+        raise InvalidArgument("isolate_placeholders=True needs the batch's 'uid' column")
     tensors[IS_PADDING] = torch.zeros(size, dtype=torch.bool)
     if pad_to_multiple is not None:
         tensors, non_tensors, size = append_filler_rows(

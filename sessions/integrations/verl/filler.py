@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 import numpy as np
 import torch
 
+from sessions.errors import InvalidArgument
 from sessions.placeholder import GROUP_UID
 
 if TYPE_CHECKING:
@@ -95,9 +96,9 @@ def append_filler_rows(
     Returns (tensors, non_tensors, new row count). An empty batch stays empty (0 is a multiple).
     """
     if isinstance(multiple, bool) or not isinstance(multiple, int) or multiple < 1:
-        raise ValueError(f"pad_to_multiple must be an integer >= 1, got {multiple!r}")
+        raise InvalidArgument(f"pad_to_multiple must be an integer >= 1, got {multiple!r}")
     if not 0 <= pad_token_id < 2**31:
-        raise ValueError(f"pad_token_id must be in [0, 2**31), got {pad_token_id}")
+        raise InvalidArgument(f"pad_token_id must be in [0, 2**31), got {pad_token_id}")
     size = int(tensors["is_placeholder"].shape[0])
     count = -size % multiple
     if count == 0:
@@ -108,7 +109,7 @@ def append_filler_rows(
     taken = set(non_tensors["uid"].tolist()) if "uid" in non_tensors else set()
     clash = taken.intersection(uids)
     if clash:
-        raise ValueError(
+        raise InvalidArgument(
             f"filler uid(s) {sorted(clash)[:3]} already in the batch (a uid spelt pad-<step>-<i>, or a batch "
             "padded twice); pad each step's batch once, before concatenating"
         )

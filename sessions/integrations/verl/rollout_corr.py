@@ -24,6 +24,7 @@ from __future__ import annotations
 import sys
 from typing import TYPE_CHECKING, Any, Callable
 
+from sessions.errors import MissingDependency
 from sessions.integrations.verl.filler import trainable_rows
 
 if TYPE_CHECKING:
@@ -41,7 +42,7 @@ def _helper() -> Any:
     try:
         import verl.trainer.ppo.rollout_corr_helper as helper
     except ImportError as error:
-        raise ImportError(
+        raise MissingDependency(
             "this needs verl: pip install -e '.[verl]' from a clone of rollout-ledger (verl 0.9.1, which pins tensordict 0.10.0)"
         ) from error
     return helper

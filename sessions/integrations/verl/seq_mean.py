@@ -30,6 +30,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from sessions.errors import InvalidArgument
+
 if TYPE_CHECKING:
     from verl.protocol import DataProto
 
@@ -50,19 +52,19 @@ def seq_mean_weights(
     if loss_agg_mode in TOKEN_MODES:
         return torch.ones(response_mask.shape[0], dtype=torch.float32)
     if loss_agg_mode not in SEQ_MEAN_MODES:
-        raise ValueError(
+        raise InvalidArgument(
             f"unknown loss_agg_mode {loss_agg_mode!r}; verl's are {TOKEN_MODES + SEQ_MEAN_MODES}"
         )
     rows = int(response_mask.shape[0])
     for name, value in (("mini_batch_size", mini_batch_size), ("dp_size", dp_size)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+            raise InvalidArgument(f"{name} must be an integer >= 1, got {value!r}")
     if mini_batch_size % dp_size:
-        raise ValueError(
+        raise InvalidArgument(
             f"mini_batch_size {mini_batch_size} must be a multiple of dp_size {dp_size}, as verl's worker asserts"
         )
     if rows % mini_batch_size:
-        raise ValueError(
+        raise InvalidArgument(
             f"{rows} rows do not split into mini-batches of {mini_batch_size}, and verl's worker would refuse them "
             f"too; pad the batch first: to_data_proto(batch, pad_to_multiple={mini_batch_size})"
         )
@@ -96,7 +98,7 @@ def unbiased_seq_mean(
     Yields the weights.
     """
     if "advantages" not in dp.batch.keys():
-        raise ValueError(
+        raise InvalidArgument(
             "the DataProto has no 'advantages' yet; compute them (e.g. GRPO) before the actor update"
         )
     weights = seq_mean_weights(
