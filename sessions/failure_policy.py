@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from sessions import vocabulary
+from sessions.errors import ConfigError
 from sessions.events import DEFAULT_ORIGINS as _DEFAULT_ORIGINS
 from sessions.events import FAILURE_REASONS
 from sessions.vocabulary import ANY, INFRA, ORIGINS, POLICY, Origin
@@ -83,7 +84,7 @@ def check_rules(
                 key, field=f"{kind}: rules[{partition!r}]", also=(*ORIGINS, ANY)
             )
             if decision not in choices:
-                raise ValueError(
+                raise ConfigError(
                     f"{kind}: rules[{partition!r}][{key!r}] is {decision!r}; use {' or '.join(map(repr, choices))}"
                 )
 
@@ -104,12 +105,14 @@ class MetricPolicy:
 
     def __post_init__(self) -> None:
         if self.default not in ("zero", "exclude"):
-            raise ValueError(f"metric policy: default is {self.default!r}; use 'zero' or 'exclude'")
+            raise ConfigError(
+                f"metric policy: default is {self.default!r}; use 'zero' or 'exclude'"
+            )
         check_rules("metric policy", self.rules, ("zero", "exclude"))
         for reason, origin in self.origins.items():
             vocabulary.check_reason(reason, field="metric policy: origins")
             if origin not in ORIGINS:
-                raise ValueError(
+                raise ConfigError(
                     f"metric policy: origins[{reason!r}] is {origin!r}; use 'infra' or 'policy'"
                 )
 
@@ -149,11 +152,11 @@ class RetryPolicy:
             or not isinstance(self.max_attempts, int)
             or not 1 <= self.max_attempts <= 1000
         ):
-            raise ValueError(
+            raise ConfigError(
                 f"retry policy: max_attempts must be an integer in [1, 1000], got {self.max_attempts!r}"
             )
         if isinstance(self.on, str):
-            raise ValueError(
+            raise ConfigError(
                 f"retry policy: on must be a collection of reasons or origins, got the string {self.on!r}; "
                 f"write on=({self.on!r},)"
             )
@@ -166,7 +169,7 @@ class RetryPolicy:
                 or not isinstance(value, (int, float))
                 or not 0 <= value < float("inf")
             ):
-                raise ValueError(
+                raise ConfigError(
                     f"retry policy: {name} must be a finite number >= 0, got {value!r}"
                 )
         if (
@@ -174,7 +177,7 @@ class RetryPolicy:
             or not isinstance(self.multiplier, (int, float))
             or not 1 <= self.multiplier < float("inf")
         ):
-            raise ValueError(
+            raise ConfigError(
                 f"retry policy: multiplier must be a finite number >= 1, got {self.multiplier!r}"
             )
 

@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
+from sessions.errors import ConfigError
 from sessions.failure_policy import check_rules, match
 
 __all__ = [
@@ -71,7 +72,7 @@ class PlaceholderPolicy:
             or not isinstance(self.token_id, int)
             or not 0 <= self.token_id < 2**31
         ):
-            raise ValueError(
+            raise ConfigError(
                 f"placeholder policy: token_id {self.token_id!r} must be an integer in [0, 2**31)"
             )
         for name in ("prompt_length", "response_length"):
@@ -81,7 +82,7 @@ class PlaceholderPolicy:
                 or not isinstance(value, int)
                 or not 1 <= value <= MAX_PLACEHOLDER_LENGTH
             ):
-                raise ValueError(
+                raise ConfigError(
                     f"placeholder policy: {name} must be an integer in [1, {MAX_PLACEHOLDER_LENGTH}], got {value!r} "
                     "(for context parallelism use at least 2*tp*cp)"
                 )
@@ -101,6 +102,6 @@ class PlaceholderPolicy:
 
 def _check_decision(where: str, decision: str) -> None:
     if decision not in DECISIONS:
-        raise ValueError(
+        raise ConfigError(
             f"placeholder policy: {where} is {decision!r}; use 'emit', 'drop' or 'keep_partial'"
         )

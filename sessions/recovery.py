@@ -11,7 +11,7 @@ import asyncio
 from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING
 
-from sessions.errors import ConcurrencyError, InvalidTransition
+from sessions.errors import ConcurrencyError, InvalidArgument, InvalidTransition
 from sessions.vocabulary import ORPHANED
 from store import read_models as rm
 
@@ -39,16 +39,18 @@ def parse_duration(text: str) -> timedelta:
         else:
             seconds = float(text)
     except ValueError:
-        raise ValueError(f"duration {text!r}: use a number with s, m, h or d, e.g. 30m") from None
+        raise InvalidArgument(
+            f"duration {text!r}: use a number with s, m, h or d, e.g. 30m"
+        ) from None
     if not seconds >= 0 or seconds == float("inf"):  # also rejects nan
-        raise ValueError(f"duration {text!r}: must be a finite number >= 0, e.g. 30m")
+        raise InvalidArgument(f"duration {text!r}: must be a finite number >= 0, e.g. 30m")
     return timedelta(seconds=seconds)
 
 
 async def recover(ledger: Ledger, older_than: timedelta, *, run: str | None = None) -> list[str]:
     """Fail every open session idle for longer than `older_than`; returns their ids."""
     if older_than < timedelta(0):
-        raise ValueError(
+        raise InvalidArgument(
             f"older_than must not be negative, got {older_than}; a negative age would fail live sessions"
         )
     await ledger.project()

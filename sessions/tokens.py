@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from sessions.errors import DamagedData
+
 __all__ = [
     "FLOAT32",
     "INT32",
@@ -64,7 +66,7 @@ def decode(payload: bytes, prompt_len: int, response_len: int, has_logprobs: boo
     """Zero-copy views over the payload; raises ValueError if the sizes disagree."""
     expected = payload_size(prompt_len, response_len, has_logprobs)
     if len(payload) != expected:
-        raise ValueError(
+        raise DamagedData(
             f"token payload is {len(payload)} bytes but prompt_len={prompt_len}, response_len={response_len}, "
             f"logprobs={has_logprobs} need {expected}"
         )

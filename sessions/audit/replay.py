@@ -24,6 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from sessions.errors import InvalidArgument
 from sessions.gc_pause import gc_paused
 from sessions.projection.rebuild import ReadModels, Rebuild
 from store import bulk_copy
@@ -74,7 +75,7 @@ async def copy_events(
     `up_to` stops at that position (inclusive).
     """
     if await bulk.has_events(target):
-        raise ValueError("the target database already has events; replay needs an empty one")
+        raise InvalidArgument("the target database already has events; replay needs an empty one")
     return await bulk_copy.copy_events(
         source, target, up_to=up_to, page_size=page_size, on_page=on_page
     )
@@ -164,7 +165,7 @@ async def _replay(
     up_to: int | None,
 ) -> ReplayReport:
     if await bulk.has_events(target):
-        raise ValueError("the target database already has events; replay needs an empty one")
+        raise InvalidArgument("the target database already has events; replay needs an empty one")
     started = time.perf_counter()
     end: asyncio.Future[int] = asyncio.get_running_loop().create_future()
     marks: dict[str, float] = {}

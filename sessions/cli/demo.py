@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from sessions.errors import SandboxError
+from sessions.errors import ConfigError, SandboxError
 from sessions.failure_policy import MetricPolicy, RetryPolicy
 from sessions.ledger import Ledger
 from sessions.placeholder import PlaceholderPolicy
@@ -55,16 +55,16 @@ class DemoConfig:
     def __post_init__(self) -> None:
         for name in ("steps", "prompts", "group_size", "concurrency", "max_attempts"):
             if getattr(self, name) < 1:
-                raise ValueError(
+                raise ConfigError(
                     f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}"
                 )
         for name in ("fail_rate", "cancel_rate"):
             if not 0.0 <= getattr(self, name) <= 1.0:
-                raise ValueError(
+                raise ConfigError(
                     f"--{name.replace('_', '-')} must be in [0, 1], got {getattr(self, name)}"
                 )
         if self.fail_rate + self.cancel_rate > 1.0:
-            raise ValueError("--fail-rate plus --cancel-rate must not exceed 1")
+            raise ConfigError("--fail-rate plus --cancel-rate must not exceed 1")
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ import numpy as np
 
 from sessions import events as ev
 from sessions import tokens, vocabulary
-from sessions.errors import UnknownEventError
+from sessions.errors import InvalidArgument, UnknownEventError
 from sessions.export.schema import Column, columns_for
 from sessions.export.writers import (
     FORMATS,
@@ -123,7 +123,7 @@ def parse_steps(steps: Any) -> tuple[int | None, int | None]:
     if steps is None:
         return None, None
     if isinstance(steps, bool):
-        raise ValueError(f"steps must be N, (A, B) or 'A:B', got {steps!r}")
+        raise InvalidArgument(f"steps must be N, (A, B) or 'A:B', got {steps!r}")
     if isinstance(steps, int):
         low: Any = steps
         high: Any = steps
@@ -134,20 +134,20 @@ def parse_steps(steps: Any) -> tuple[int | None, int | None]:
             low = int(first) if first.strip() else None
             high = (int(last) if last.strip() else None) if colon else low
         except ValueError:
-            raise ValueError(
+            raise InvalidArgument(
                 f"--steps {steps!r}: expected A:B (both included), A:, :B or N with integer steps, e.g. 0:9"
             ) from None
     elif isinstance(steps, tuple) and len(steps) == 2:
         low, high = steps
     else:
-        raise ValueError(f"steps must be N, (A, B) or 'A:B', got {steps!r}")
+        raise InvalidArgument(f"steps must be N, (A, B) or 'A:B', got {steps!r}")
     for value in (low, high):
         if value is not None and (
             isinstance(value, bool) or not isinstance(value, int) or value < 0
         ):
-            raise ValueError(f"steps {steps!r}: a step is an integer >= 0")
+            raise InvalidArgument(f"steps {steps!r}: a step is an integer >= 0")
     if low is not None and high is not None and low > high:
-        raise ValueError(
+        raise InvalidArgument(
             f"steps {steps!r}: the first step {low} is after the last {high} (A:B includes both ends)"
         )
     return low, high

@@ -36,6 +36,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from sessions.errors import ConfigError, LedgerTimeout
 from sessions.projection import metrics as m
 from sessions.projection.decoding import Decoder
 from sessions.projection.held import Held, HeldStep, hold, page_sources
@@ -197,7 +198,7 @@ class Projector:
             await asyncio.wait({put})  # let it unwind; never raises
             if not put.cancelled():
                 put.exception()  # retrieved: the timeout is the error reported
-            raise TimeoutError(
+            raise LedgerTimeout(
                 f"queue sink {type(sink).__name__}.put of {len(items)} item(s) took longer than "
                 f"sink_timeout={self.sink_timeout}s; the page was rolled back and the checkpoint did not move"
             )
@@ -238,7 +239,7 @@ class Projector:
         going rather than dying. Returns the number of events projected.
         """
         if backoff <= 0 or max_backoff < backoff:
-            raise ValueError(
+            raise ConfigError(
                 f"need 0 < backoff <= max_backoff, got backoff={backoff}, max_backoff={max_backoff}"
             )
         async with follower_leadership(self.engine, stop, poll_interval) as leading:

@@ -12,6 +12,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from sessions.errors import UsageError
 from sessions.gc_pause import gc_paused
 from sessions.projection.decoding import Decoder
 from sessions.projection.rules import Row, Rules, WorkingSet
@@ -54,7 +55,7 @@ class Rebuild:
 
     def feed(self, rows: Sequence[Sequence[Any]]) -> None:
         if self._finished:
-            raise RuntimeError(
+            raise UsageError(
                 "Rebuild.feed() after result(): a rebuild's rules are released with its result"
             )
         if not rows:
@@ -67,7 +68,7 @@ class Rebuild:
     def result(self) -> ReadModels:
         """The read models; call once, after the last `feed` (it derives the means)."""
         if self._finished:
-            raise RuntimeError("Rebuild.result() was already taken")
+            raise UsageError("Rebuild.result() was already taken")
         self._finished = True
         return self._models(copy=False)
 

@@ -13,6 +13,7 @@ from types import EllipsisType
 from typing import TYPE_CHECKING, Any, Protocol
 
 from sessions import vocabulary
+from sessions.errors import InvalidArgumentType
 from store import AsyncEngine
 from store import queue_claims as qc
 from store import read_models as rm
@@ -51,7 +52,7 @@ class QueueConsumer:
             else getattr(ledger_or_engine, "engine", None)
         )
         if not isinstance(engine, AsyncEngine):
-            raise ValueError(
+            raise InvalidArgumentType(
                 f"QueueConsumer needs a Ledger or an AsyncEngine, got {type(ledger_or_engine).__name__}"
             )
         vocabulary.check_run(run)

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
+from sessions.errors import NotFound
 from sessions.vocabulary import PARTITIONS
 from store import AsyncEngine, report_failures, report_positions, report_step_metrics
 from store import read_models as rm
@@ -110,7 +111,7 @@ async def resolve_run(engine: AsyncEngine, requested: str | None) -> str:
         if requested is None:
             latest = await rm.latest_run(conn)
             if latest is None:
-                raise LookupError(
+                raise NotFound(
                     "the database has no events yet, so there is nothing to report; record sessions "
                     "(or run `rollout-ledger demo`) first"
                 )
@@ -122,7 +123,7 @@ async def resolve_run(engine: AsyncEngine, requested: str | None) -> str:
                 if known
                 else "none: the database has no events yet"
             )
-            raise LookupError(
+            raise NotFound(
                 f"run {requested!r} has no events in this database; its runs (most recent first): {named}"
             )
     return requested

@@ -14,6 +14,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from sessions.errors import InvalidArgument
+
 __all__ = ["MAX_POINTS", "Buckets", "bucket_steps", "reduce"]
 
 MAX_POINTS = 200
@@ -35,7 +37,7 @@ class Buckets:
 def bucket_steps(steps: Sequence[int], max_points: int = MAX_POINTS) -> Buckets:
     """Buckets of `ceil(len(steps) / max_points)` consecutive steps (so at most `max_points`)."""
     if max_points < 1:
-        raise ValueError(f"max_points must be >= 1, got {max_points}")
+        raise InvalidArgument(f"max_points must be >= 1, got {max_points}")
     size = max(1, math.ceil(len(steps) / max_points))
     bounds = [(start, min(start + size, len(steps))) for start in range(0, len(steps), size)]
     x = [sum(steps[a:b]) / (b - a) for a, b in bounds]
@@ -45,7 +47,7 @@ def bucket_steps(steps: Sequence[int], max_points: int = MAX_POINTS) -> Buckets:
 def reduce(values: Sequence[float], buckets: Buckets, how: str = "mean") -> list[float]:
     """One value per bucket: the mean (or `max`) of its non-NaN values; NaN when it has none."""
     if how not in ("mean", "max"):
-        raise ValueError(f"how must be 'mean' or 'max', got {how!r}")
+        raise InvalidArgument(f"how must be 'mean' or 'max', got {how!r}")
     out = []
     for a, b in buckets.bounds:
         present = [v for v in values[a:b] if not math.isnan(v)]

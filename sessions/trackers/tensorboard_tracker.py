@@ -14,6 +14,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from sessions.errors import ConfigError
 from sessions.trackers.content import (
     StepContent,
     StepKey,
@@ -34,7 +35,7 @@ class TensorBoardTracker:
 
     def __init__(self, logdir: str | os.PathLike[str] | None = None, *, writer: Any = None) -> None:
         if (logdir is None) == (writer is None):
-            raise ValueError(
+            raise ConfigError(
                 "TensorBoardTracker: give a log directory or an open SummaryWriter (writer=...), one of them"
             )
         self._owned = writer is None

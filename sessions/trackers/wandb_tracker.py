@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from sessions.errors import ConfigError
 from sessions.trackers.content import FAILED_COLUMNS, StepContent, StepKey, failed_table_key
 from sessions.trackers.step_log import LOGGED, require
 
@@ -27,7 +28,7 @@ class WandbTracker:
     def __init__(self, run: Any = None, **init: Any) -> None:
         self._wandb = require("wandb", "WandbTracker")
         if run is not None and init:
-            raise ValueError(
+            raise ConfigError(
                 f"WandbTracker: given an open run, it starts none; drop {sorted(init)}"
             )
         self._owned = run is None
