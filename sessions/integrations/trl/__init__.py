@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from sessions.errors import MissingDependency
 from sessions.integrations.trl.completion import FAILURE, REWARD, SESSION, Completion
 from sessions.integrations.trl.errors import RunnerOutputError, TRLSetupError
 from sessions.integrations.trl.identity import prompt_key
@@ -46,7 +47,7 @@ def __getattr__(name: str) -> Any:
         try:
             from sessions.integrations.trl.trainer import LedgerGRPOTrainer
         except ImportError as error:
-            raise ImportError(
+            raise MissingDependency(
                 f"LedgerGRPOTrainer needs TRL ({error}); install the extra: pip install -e '.[trl]'"
             ) from error
         return LedgerGRPOTrainer

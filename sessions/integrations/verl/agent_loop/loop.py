@@ -37,7 +37,7 @@ import numpy as np
 from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopOutput, register
 
 from sessions.batches.reward_info import RESERVED
-from sessions.errors import ConfigError, InvalidInput
+from sessions.errors import ConfigError, InvalidArgumentType, InvalidInput
 from sessions.integrations.verl.agent_loop.placeholder_output import (
     placeholder_output,
     placeholder_reward_info,
@@ -219,7 +219,7 @@ class LedgerAgentLoop(AgentLoopBase):
             inner = hydra.utils.instantiate(config=self._inner_entry, **self._inner_args)
             output = await inner.run(dict(sampling_params), **dict(kwargs))
             if isinstance(output, list):
-                raise TypeError(
+                raise InvalidArgumentType(
                     f"agent loop {self.inner_agent} returned {len(output)} outputs; the ledger "
                     "agent loop wraps loops that return one AgentLoopOutput"
                 )
