@@ -13,6 +13,7 @@ import os
 from alembic import context
 from sqlalchemy.engine import Connection
 
+from store.dialects import dialect_of
 from store.engine import ENV_VAR, create_engine, normalize_url
 from store.schema.tables import metadata
 
@@ -32,7 +33,7 @@ def _configure(connection: Connection) -> None:
         connection=connection,
         target_metadata=target_metadata,
         compare_type=True,
-        render_as_batch=connection.dialect.name == "sqlite",
+        render_as_batch=dialect_of(connection).alembic_batch,
     )
 
 

@@ -5,21 +5,14 @@ session is. This module is the whole of what `sessions` may use (tests/test_arch
 checks it): the names below, and a few modules used as namespaces because their functions
 belong together (`read_models`, `queue_claims`, `driver`, `bulk_copy`, `bulk_read_models`,
 `console`, `export_reads`).
-Everything that differs between SQLite and PostgreSQL lives in `store.dialects`.
+Everything that differs between SQLite and PostgreSQL is answered by `store.dialects`.
 """
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from store import read_models
 from store.bulk import bulk_copy, bulk_read_models, driver
-from store.engine import (
-    StoredJSONError,
-    create_engine,
-    is_postgres,
-    is_sqlite,
-    load_json,
-    normalize_url,
-)
+from store.engine import create_engine, is_postgres, is_sqlite, normalize_url
 from store.errors import ConcurrencyError, LedgerError, SchemaError, StoreError
 from store.log.append_sql import GroupConflict
 from store.log.event_store import EventStore
@@ -34,6 +27,7 @@ from store.reads.tracker_reads import failed_session_samples
 from store.retry import is_transient, retry_transient
 from store.schema.columns import ColumnSpec, column_spec
 from store.schema.migrate import check_schema, current_revision, head_revision, upgrade
+from store.stored_json import StoredJSONError, load_json
 
 __all__ = [
     "READ_MODEL_KEYS",

@@ -21,7 +21,7 @@ from sqlalchemy import func, select, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from store import read_models as rm
-from store.engine import WRITE_LOCK
+from store.dialects import WRITE_LOCK
 from store.log.records import StoredEvent
 from store.schema.migrate import upgrade
 from store.schema.tables import events, groups, projection_errors, queue_rows

@@ -59,9 +59,9 @@ from sessions.recorder import (
 )
 from sessions.storable import DECLARATION, Field
 from store import column_spec
-from store.engine import StoredJSONError
 from store.schema.tables import events, projection_errors
 from store.schema.tables import sessions as sessions_table
+from store.stored_json import StoredJSONError
 from tests import crash_workers as cw
 from tests.conftest import backend_of, wipe
 from tests.test_recorder import BAD_IDENTITIES, BAD_TRAJECTORIES

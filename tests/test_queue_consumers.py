@@ -23,7 +23,7 @@ from sessions.errors import InvalidInput
 from sessions.queues.consumer import QueueConsumer
 from store import create_engine
 from store import queue_claims as qc
-from store.engine import WRITE_LOCK
+from store.dialects import WRITE_LOCK
 from store.schema.tables import queue_claims, queue_rows
 
 RUN = "default"

@@ -339,7 +339,7 @@ async def test_a_reader_never_sees_a_later_position_before_an_earlier_one(
 ) -> None:
     """While another writer's insert is uncommitted, an append must not become visible past it:
     every snapshot a tailing reader takes is a prefix of the final log (docs/design.md §8)."""
-    from store.engine import WRITE_LOCK
+    from store.dialects import WRITE_LOCK
     from store.log.event_store import insert_events
 
     await store.append("before", 0, batch("before", 0, 1))

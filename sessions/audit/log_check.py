@@ -237,24 +237,11 @@ class _Entry:
 
 
 async def _check_structure(read: driver.Reader, findings: list[Finding]) -> int:
-    data = "data::text" if read.postgres else "data"
-    mark = (lambda i: f"${i}") if read.postgres else (lambda _i: "?")
-    select = (
-        f"SELECT session_id, version, position, type, CASE WHEN type = 'SessionFailed' THEN {data} END, schema_version "
-        "FROM events"
-    )
-    order = f" ORDER BY session_id, version LIMIT {mark(3)}"
     sessions, after = 0, None
     sid: str | None = None
     stream: list[_Entry] = []
     while True:
-        if after is None:
-            rows = await read.fetch(select + order.replace(mark(3), mark(1)), (STRUCTURE_PAGE,))
-        else:
-            rows = await read.fetch(
-                select + f" WHERE (session_id, version) > ({mark(1)}, {mark(2)})" + order,
-                (*after, STRUCTURE_PAGE),
-            )
+        rows = await bulk.stream_order_page(read, after=after, limit=STRUCTURE_PAGE)
         if not rows:
             break
         for row_sid, version, position, type_, failed_data, schema in rows:

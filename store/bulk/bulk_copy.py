@@ -30,6 +30,7 @@ from typing import Any
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from store.bulk import driver
+from store.dialects import dialect_of
 from store.schema.tables import events
 
 COLUMNS = tuple(c.name for c in events.c)
@@ -66,15 +67,8 @@ async def copy_events(
 
 def _attachable(source: AsyncEngine, target: AsyncEngine) -> str | None:
     """The source's file name if the target can ATTACH it: both SQLite, the source a plain file."""
-    if source.dialect.name != "sqlite" or target.dialect.name != "sqlite":
-        return None
-    url = source.url
-    database = url.database
-    if not database or database == ":memory:" or url.query.get("mode") == "memory":
-        return None
-    if str(url.query.get("uri", "")).lower() in ("true", "1"):
-        return None  # a `file:` URI (read-only, immutable…): ATTACH would take it for a file name
-    return database
+    dialect = dialect_of(source)
+    return dialect.attachable_file(source.url) if dialect_of(target) is dialect else None
 
 
 async def _copy_attached(
@@ -89,7 +83,7 @@ async def _copy_attached(
             f"ATTACH DATABASE ? AS {_ALIAS}", (path,)
         )  # outside a transaction, as SQLite needs
         wal = await _leave_wal(db)
-        write = driver.Writer(db, "sqlite")
+        write = driver.Writer(db, dialect_of(target))
         try:
             await write.begin()
             try:
@@ -230,7 +224,7 @@ async def _copy_paged(
 
 def recorded_at_converter(source: AsyncEngine, target: AsyncEngine) -> Callable[[Any], Any] | None:
     """SQLite keeps `recorded_at` as text, PostgreSQL as timestamptz: convert only across backends."""
-    if source.dialect.name == target.dialect.name:
+    if dialect_of(source) is dialect_of(target):
         return None
     column = events.c.recorded_at.type
     read = column.dialect_impl(source.dialect).result_processor(source.dialect, None)

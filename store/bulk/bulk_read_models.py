@@ -87,6 +87,29 @@ async def prefetched_pages(
             await pending
 
 
+async def stream_order_page(
+    read: driver.Reader, *, after: tuple[str, int] | None, limit: int
+) -> list[Any]:
+    """Up to `limit` events in (session_id, version) order after the key `after` (None: from the
+    start), as (session_id, version, position, type, data as JSON text for a SessionFailed and
+    NULL for any other type, schema_version): the audit's structure pass, one stream after
+    another. The unique index on (session_id, version) serves the order without a sort, and the
+    keyset key makes each page start where the last ended."""
+    mark = read.dialect.mark
+    sql = (
+        "SELECT session_id, version, position, type, "
+        f"CASE WHEN type = 'SessionFailed' THEN {read.dialect.json_text('data')} END, schema_version "
+        "FROM events"
+    )
+    if after is None:
+        return await read.fetch(f"{sql} ORDER BY session_id, version LIMIT {mark(1)}", (limit,))
+    return await read.fetch(
+        f"{sql} WHERE (session_id, version) > ({mark(1)}, {mark(2)}) "
+        f"ORDER BY session_id, version LIMIT {mark(3)}",
+        (*after, limit),
+    )
+
+
 @dataclass
 class Prepared:
     """Rebuilt rows as the target's driver takes them: JSON as text, timestamps in its storage form."""

@@ -16,7 +16,10 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-Row = Sequence[Any]
+from store.dialects import Dialect, dialect_of
+from store.dialects.base import Row
+
+__all__ = ["Reader", "Row", "Writer", "driver_connection", "reader", "writer"]
 
 
 @contextlib.asynccontextmanager
@@ -30,18 +33,14 @@ async def driver_connection(engine: AsyncEngine) -> AsyncIterator[Any]:
 class Reader:
     """Keyset-paged reads of `events` as tuples (`data` as JSON text)."""
 
-    def __init__(self, conn: Any, dialect: str) -> None:
+    def __init__(self, conn: Any, dialect: Dialect | str) -> None:
         self.conn = conn
-        self.postgres = dialect == "postgresql"
+        self.dialect = dialect_of(dialect)
+        self._calls = self.dialect.driver
 
     def _select(self, columns: Sequence[str], up_to: bool) -> str:
-        chosen = []
-        for name in columns:
-            if name == "data" and self.postgres:
-                chosen.append("data::text")
-            else:
-                chosen.append(name)
-        mark = (lambda i: f"${i}") if self.postgres else (lambda _i: "?")
+        mark = self.dialect.mark
+        chosen = [self.dialect.json_text(name) if name == "data" else name for name in columns]
         where = f"position > {mark(1)}" + (f" AND position <= {mark(2)}" if up_to else "")
         limit = mark(3 if up_to else 2)
         return (
@@ -58,113 +57,72 @@ class Reader:
         params = (after, limit) if up_to is None else (after, up_to, limit)
         return await self.fetch(self._select(columns, up_to is not None), params)
 
-    async def stream(
+    def stream(
         self, sql: str, params: Sequence[Any] = (), *, chunk: int = 5000
     ) -> AsyncIterator[list[Row]]:
-        """A query's rows in chunks, from one cursor (PostgreSQL: in a read-only transaction)."""
-        if self.postgres:
-            async with self.conn.transaction(readonly=True):
-                cursor = await self.conn.cursor(sql, *params)
-                while records := await cursor.fetch(chunk):
-                    yield [tuple(record) for record in records]
-            return
-        cursor = await self.conn.execute(sql, tuple(params))
-        try:
-            while rows := await cursor.fetchmany(chunk):
-                yield list(rows)
-        finally:
-            await cursor.close()
+        """A query's rows in chunks, from one cursor (PostgreSQL: in a read-only transaction);
+        the driver's own async generator, so closing it closes the cursor."""
+        return self._calls.stream(self.conn, sql, params, chunk)
 
     async def fetch(self, sql: str, params: Sequence[Any] = ()) -> list[Row]:
-        """Any query in the backend's own parameter style (`?` for SQLite, `$n` for PostgreSQL)."""
-        if self.postgres:
-            return [tuple(record) for record in await self.conn.fetch(sql, *params)]
-        cursor = await self.conn.execute(sql, tuple(params))
-        try:
-            return list(await cursor.fetchall())
-        finally:
-            await cursor.close()
+        """Any query in the backend's own parameter style (`self.dialect.mark`)."""
+        return await self._calls.fetch(self.conn, sql, params)
 
 
 @contextlib.asynccontextmanager
 async def reader(engine: AsyncEngine) -> AsyncIterator[Reader]:
     async with driver_connection(engine) as conn:
-        yield Reader(conn, engine.dialect.name)
+        yield Reader(conn, dialect_of(engine))
 
 
 class Writer:
     """One write transaction: bulk inserts of tuples, committed by `commit()` or rolled back."""
 
-    def __init__(self, conn: Any, dialect: str) -> None:
+    def __init__(self, conn: Any, dialect: Dialect | str) -> None:
         self.conn = conn
-        self.postgres = dialect == "postgresql"
+        self.dialect = dialect_of(dialect)
+        self._calls = self.dialect.driver
         self._transaction: Any = None
         self.open = False
 
     async def begin(self) -> None:
-        if self.postgres:
-            self._transaction = self.conn.transaction()
-            await self._transaction.start()
-        else:
-            await self.conn.execute(
-                "BEGIN IMMEDIATE"
-            )  # the write lock up front, as the projector takes it
+        """Open the transaction (SQLite: with the write lock up front, as the projector takes it)."""
+        self._transaction = await self._calls.begin(self.conn)
         self.open = True
 
     async def insert(self, table: str, columns: Sequence[str], rows: Sequence[Row]) -> None:
-        if not rows:
-            return
-        if self.postgres:
-            await self.conn.copy_records_to_table(table, records=rows, columns=list(columns))
-            return
-        marks = ", ".join("?" * len(columns))
-        await self.conn.executemany(
-            f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({marks})", rows
-        )
+        """`executemany` on SQLite, `COPY` on PostgreSQL."""
+        if rows:
+            await self._calls.insert(self.conn, table, columns, rows)
 
     async def execute(self, sql: str, params: Sequence[Any] = ()) -> None:
         """One statement in the backend's own parameter style."""
-        if self.postgres:
-            await self.conn.execute(sql, *params)
-        else:
-            cursor = await self.conn.execute(sql, tuple(params))
-            await cursor.close()
+        await self._calls.execute(self.conn, sql, params)
 
     async def fetch(self, sql: str, params: Sequence[Any] = ()) -> list[Row]:
         """A query inside the transaction, in the backend's own parameter style."""
-        return await Reader(self.conn, "postgresql" if self.postgres else "sqlite").fetch(
-            sql, params
-        )
+        return await self._calls.fetch(self.conn, sql, params)
 
     async def after_explicit_positions(self, table: str, column: str, last: int) -> None:
-        """PostgreSQL: rows inserted with explicit keys bypass the identity; move it past them."""
-        if self.postgres:
-            await self.conn.execute(
-                f"SELECT setval(pg_get_serial_sequence('{table}', '{column}'), $1)", last
-            )
+        """Rows inserted with explicit keys: move the table's identity past them (PostgreSQL)."""
+        await self._calls.after_explicit_keys(self.conn, table, column, last)
 
     async def commit(self) -> None:
-        if self.postgres:
-            await self._transaction.commit()
-        else:
-            await self.conn.execute("COMMIT")
+        await self._calls.commit(self.conn, self._transaction)
         self.open = False
 
     async def rollback(self) -> None:
         if not self.open:
             return
         self.open = False
-        if self.postgres:
-            await self._transaction.rollback()
-        else:
-            await self.conn.execute("ROLLBACK")
+        await self._calls.rollback(self.conn, self._transaction)
 
 
 @contextlib.asynccontextmanager
 async def writer(engine: AsyncEngine) -> AsyncIterator[Writer]:
     """A write transaction on its own connection; rolled back unless committed."""
     async with driver_connection(engine) as conn:
-        write = Writer(conn, engine.dialect.name)
+        write = Writer(conn, dialect_of(engine))
         await write.begin()
         try:
             yield write

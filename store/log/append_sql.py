@@ -7,22 +7,19 @@ import asyncio
 import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import timezone
 from typing import Any
 
-from sqlalchemy import String, any_, bindparam, func, select, text
-from sqlalchemy.dialects.postgresql import ARRAY
-from sqlalchemy.engine import Dialect
+from sqlalchemy import func, select, text
+from sqlalchemy.engine import Dialect as SqlDialect
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from store.dialects import Dialect, dialect_of
 from store.errors import ConcurrencyError, StoreError
 from store.log.records import NewEvent
 from store.schema.tables import events
 
 #: Bound parameters per IN (...) list; well below SQLite's and asyncpg's limits.
 CHUNK = 500
-#: PostgreSQL: give up waiting for the append lock after this long rather than hang forever.
-PG_LOCK_TIMEOUT = "10s"
 
 Outcome = tuple[int, bool] | Exception
 
@@ -38,13 +35,11 @@ class AppendRequest:
 
 
 async def lock_for_append(conn: AsyncConnection) -> None:
-    """Serialise appends so positions become visible in commit order (no skipped events).
-
-    EXCLUSIVE mode blocks other writers but not readers; the lock lives only for the insert
-    transaction, and a lock timeout turns a stuck writer elsewhere into an error, not a hang.
-    """
-    await conn.execute(text(f"SET LOCAL lock_timeout = '{PG_LOCK_TIMEOUT}'"))
-    await conn.execute(text("LOCK TABLE events IN EXCLUSIVE MODE"))
+    """Serialise appends so positions become visible in commit order (no skipped events): the
+    dialect's lock statements, run first in the insert transaction (none on SQLite, whose
+    `BEGIN IMMEDIATE` already holds the file's write lock)."""
+    for statement in dialect_of(conn).append_lock_sql:
+        await conn.execute(text(statement))
 
 
 async def resolve(
@@ -93,7 +88,8 @@ async def resolve(
     slots = await GroupSlots.load(conn, batch)
     outcomes: list[Outcome] = []
     rows: list[tuple[Any, ...]] = []
-    row = _row_for(conn.dialect.name)
+    dialect = dialect_of(conn)
+    row = _row_for(dialect)
     for request in batch:
         current = versions.get(request.session_id, 0)
         if request.expected_version == current and (
@@ -151,6 +147,7 @@ class GroupSlots:
         if not groups:
             return cls({})
         taken: dict[tuple[Any, ...], list[tuple[str, int, int]]] = {group: [] for group in groups}
+        dialect = dialect_of(conn)
         by_run: dict[str, set[str]] = {}
         for run, _partition, _step, uid in groups:
             by_run.setdefault(run, set()).add(uid)
@@ -169,7 +166,7 @@ class GroupSlots:
                     .where(
                         events.c.type == "SessionCreated",
                         events.c.run == run,
-                        _member_of(events.c.uid, ordered[start : start + CHUNK], conn.dialect.name),
+                        dialect.member_of(events.c.uid, ordered[start : start + CHUNK]),
                         events.c.session_index.is_not(None),
                     )
                     .order_by(events.c.position)
@@ -231,20 +228,13 @@ def _foreign_ids(request: AppendRequest, owners: list[str | None]) -> StoreError
     )
 
 
-def _member_of(column: Any, values: list[str], dialect: str) -> Any:
-    """`column IN (…)`; on PostgreSQL `= ANY(array)`: one parameter, one cached plan, whatever the count."""
-    if dialect == "postgresql":
-        return column == any_(bindparam("members", values, type_=ARRAY(String())))
-    return column.in_(values)
-
-
 async def _current_versions(conn: AsyncConnection, session_ids: list[str]) -> dict[str, int]:
     versions: dict[str, int] = {}
     for start in range(0, len(session_ids), CHUNK):
         chunk = session_ids[start : start + CHUNK]
         result = await conn.execute(
             select(events.c.session_id, func.max(events.c.version))
-            .where(_member_of(events.c.session_id, chunk, conn.dialect.name))
+            .where(dialect_of(conn).member_of(events.c.session_id, chunk))
             .group_by(events.c.session_id)
         )
         versions.update({sid: int(version) for sid, version in result})
@@ -257,7 +247,7 @@ async def _known_event_ids(conn: AsyncConnection, event_ids: list[str]) -> dict[
         chunk = event_ids[start : start + CHUNK]
         result = await conn.execute(
             select(events.c.event_id, events.c.session_id).where(
-                _member_of(events.c.event_id, chunk, conn.dialect.name)
+                dialect_of(conn).member_of(events.c.event_id, chunk)
             )
         )
         known.update({event_id: session_id for event_id, session_id in result})
@@ -284,7 +274,7 @@ _INSERT_COLUMNS = (
 
 
 @functools.cache
-def insert_sql(dialect: Dialect) -> str:
+def insert_sql(dialect: SqlDialect) -> str:
     """The multi-row insert as driver SQL, compiled once per dialect by SQLAlchemy itself.
 
     Appends bypass SQLAlchemy's per-row parameter processing: `data` arrives encoded
@@ -298,58 +288,34 @@ def insert_sql(dialect: Dialect) -> str:
 
 async def insert_events(conn: AsyncConnection, new_events: Sequence[NewEvent]) -> None:
     """Insert events as they are, no checks: for the append path and for tests that stage rows."""
-    row = _row_for(conn.dialect.name)
+    row = _row_for(dialect_of(conn))
     await conn.exec_driver_sql(insert_sql(conn.dialect), [row(e) for e in new_events])
 
 
-def _row_for(dialect_name: str) -> Callable[[NewEvent], tuple[Any, ...]]:
-    """A NewEvent as the driver-level insert's parameter tuple."""
-    if dialect_name == "sqlite":
-        return _sqlite_row
-    return _native_row
+def _row_for(dialect: Dialect) -> Callable[[NewEvent], tuple[Any, ...]]:
+    """A NewEvent as the driver-level insert's parameter tuple, its timestamp in the dialect's form."""
+    stamp = dialect.timestamp_param
 
+    def row(e: NewEvent) -> tuple[Any, ...]:
+        index, size = e.slot or _NO_SLOT
+        return (
+            e.event_id,
+            e.session_id,
+            e.version,
+            e.type,
+            e.schema_version,
+            e.run,
+            e.uid,
+            e.partition,
+            e.global_step,
+            e.data_json,
+            e.payload,
+            stamp(e.recorded_at),
+            index,
+            size,
+        )
 
-def _sqlite_row(e: NewEvent) -> tuple[Any, ...]:
-    # SQLAlchemy's SQLite DateTime text form; reads parse it back (as UTC: we only write UTC).
-    t = e.recorded_at.astimezone(timezone.utc) if e.recorded_at.utcoffset() else e.recorded_at
-    stamp = f"{t.year:04d}-{t.month:02d}-{t.day:02d} {t.hour:02d}:{t.minute:02d}:{t.second:02d}.{t.microsecond:06d}"
-    index, size = e.slot or _NO_SLOT
-    return (
-        e.event_id,
-        e.session_id,
-        e.version,
-        e.type,
-        e.schema_version,
-        e.run,
-        e.uid,
-        e.partition,
-        e.global_step,
-        e.data_json,
-        e.payload,
-        stamp,
-        index,
-        size,
-    )
-
-
-def _native_row(e: NewEvent) -> tuple[Any, ...]:
-    index, size = e.slot or _NO_SLOT
-    return (
-        e.event_id,
-        e.session_id,
-        e.version,
-        e.type,
-        e.schema_version,
-        e.run,
-        e.uid,
-        e.partition,
-        e.global_step,
-        e.data_json,
-        e.payload,
-        e.recorded_at,
-        index,
-        size,
-    )
+    return row
 
 
 _NO_SLOT = (None, None)

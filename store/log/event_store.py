@@ -21,7 +21,7 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from store.engine import WRITE_LOCK, sqlite_writer_engine
+from store.dialects import WRITE_LOCK, dialect_of
 from store.errors import ConcurrencyError, StoreError
 from store.log.append_sql import (
     CHUNK,
@@ -69,7 +69,7 @@ class EventStore:
         self._versions: dict[str, int] = {}
         self._conn: AsyncConnection | None = None
         #: File SQLite: the batches' SQL runs on a thread of its own (`store.log.sqlite_writer` says why).
-        sync_twin = sqlite_writer_engine(engine)
+        sync_twin = dialect_of(engine).append_thread_engine(engine)
         self._thread_writer = SqliteWriter(sync_twin) if sync_twin is not None else None
         self._loop: asyncio.AbstractEventLoop | None = None
         self.batches_committed = 0
@@ -230,8 +230,7 @@ class EventStore:
             conn = await self._writer()
             try:
                 async with conn.begin():
-                    if conn.dialect.name == "postgresql":
-                        await lock_for_append(conn)
+                    await lock_for_append(conn)
                     outcomes = await _decide_and_insert(conn, batch, careful, cached)
             except BaseException as error:
                 if not isinstance(

@@ -5,7 +5,7 @@ insert, COMMIT) is a round trip from the caller's loop to aiosqlite's thread by 
 SQLAlchemy's greenlet adapter: futures, callbacks, contexts and greenlet switches on the loop, and
 tracked objects that live until the commit and feed the cyclic collector. Here one thread owns a
 plain synchronous connection to the same file, opened with the same settings
-(`store.engine.sqlite_writer_engine`), and runs a whole batch's transaction; the loop pays one
+(`store.dialects.sqlite_engine.writer_twin`), and runs a whole batch's transaction; the loop pays one
 hand-off per batch. The transaction's logic is written once (`store.log.append_sql`) and runs here
 through `run_now`.
 """
@@ -22,7 +22,7 @@ import sqlalchemy
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
 
-from store.engine import WRITE_LOCK
+from store.dialects import WRITE_LOCK
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

@@ -18,7 +18,7 @@ How several consumers are kept from getting the same row:
   `RETURNING` says which rows this consumer really got. Lost rows are simply not returned and
   the claim goes round again for more (they are visible as claimed to the next statement).
 * SQLite: the transaction begins with the write lock held (`BEGIN IMMEDIATE`, see
-  `store.engine.WRITE_LOCK`), so claimers take turns; the same upsert is used, unchanged.
+  `store.dialects.WRITE_LOCK`), so claimers take turns; the same upsert is used, unchanged.
 
 Clock: on PostgreSQL claim times and lease cut-offs come from the server's clock (`now()`), so
 consumers on hosts with skewed clocks agree; SQLite is one file on one host and uses this
@@ -32,15 +32,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta
 from types import EllipsisType
 from typing import Any
 
-from sqlalchemy import and_, delete, exists, or_, select, text, update
-from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy import and_, delete, exists, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from store.engine import WRITE_LOCK
+from store.dialects import WRITE_LOCK, dialect_of
 from store.read_models.keys import equals
 from store.schema.tables import NAME, queue_claims, queue_rows
 
@@ -102,14 +101,12 @@ def _check_ids(row_ids: Sequence[int]) -> list[int]:
 # ----------------------------------------------------------------------------- helpers
 async def _now(conn: AsyncConnection) -> datetime:
     """The clock leases are measured by: the server's on PostgreSQL, ours (UTC) on SQLite."""
-    if conn.dialect.name == "postgresql":
-        value = (await conn.execute(text("SELECT now()"))).scalar_one()
-        return value
-    return datetime.now(timezone.utc)
+    return await dialect_of(conn).lease_now(conn)
 
 
 def _insert(conn: AsyncConnection) -> Any:
-    return (postgresql.insert if conn.dialect.name == "postgresql" else sqlite.insert)(queue_claims)
+    """The backend's INSERT construct, for its `ON CONFLICT DO UPDATE … RETURNING` form."""
+    return dialect_of(conn).upsert(queue_claims)
 
 
 def _live_claim(cutoff: datetime) -> Any:

@@ -17,8 +17,7 @@ from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from store.dialects import PostgresDialect, dialect_of
-from store.engine import WRITE_LOCK
+from store.dialects import WRITE_LOCK, dialect_of
 from store.retry import is_transient
 
 log = logging.getLogger(__name__)
@@ -43,8 +42,8 @@ async def follower_leadership(
     """Yields True once this follower leads (at once where the backend elects none), or False
     if `stop` was set first. The lead is released on exit."""
     dialect = dialect_of(engine)
-    if not isinstance(dialect, PostgresDialect):
-        yield True
+    if dialect.try_leader_sql is None or dialect.release_leader_sql is None:
+        yield True  # a backend without an election: the page lock alone serialises followers
         return
     async with engine.connect() as conn:
         while not stop.is_set():

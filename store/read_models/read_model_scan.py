@@ -16,7 +16,7 @@ from sqlalchemy import Boolean, DateTime, String
 from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.types import JSON
 
-from store.dialects import PostgresDialect, dialect_of
+from store.dialects import dialect_of
 from store.read_models.keys import GROUP_KEY
 from store.schema.tables import groups, metric_counts, projection_errors, queue_rows, sessions
 
@@ -52,7 +52,7 @@ def scan(engine: AsyncEngine, table_name: str, keys: Sequence[str]) -> TableScan
     """The whole table in key order, NULLs first, strings by code point (= UTF-8 bytes)."""
     table = _TABLES[table_name]
     dialect = engine.dialect
-    postgres = isinstance(dialect_of(engine), PostgresDialect)
+    ours = dialect_of(engine)
     columns = tuple(c.name for c in table.c)
     processors = tuple(
         c.type.dialect_impl(dialect).result_processor(dialect, None)
@@ -60,11 +60,6 @@ def scan(engine: AsyncEngine, table_name: str, keys: Sequence[str]) -> TableScan
         else None
         for c in table.c
     )
-    order = []
-    for name in keys:
-        term = (
-            f'{name} COLLATE "C"' if postgres and isinstance(table.c[name].type, String) else name
-        )
-        order.append(f"{term} NULLS FIRST" if postgres else term)
+    order = [ours.key_order(name, isinstance(table.c[name].type, String)) for name in keys]
     sql = f"SELECT {', '.join(columns)} FROM {table.name} ORDER BY {', '.join(order)}"
     return TableScan(table.name, columns, tuple(keys), processors, sql)

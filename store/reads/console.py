@@ -7,13 +7,13 @@ what `run_query` returns.
 from __future__ import annotations
 
 import re
-import time
 from typing import Any
 
 from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncEngine
 
+from store.dialects import dialect_of
 from store.errors import LedgerError, StoreError
 
 __all__ = [
@@ -132,16 +132,6 @@ async def projector_lag(engine: AsyncEngine) -> int:
         return int(result.scalar_one() or 0)
 
 
-async def _sqlite_deadline(conn: AsyncConnection, seconds: float | None) -> None:
-    """Interrupt the statement after `seconds` (None: remove the handler), checked every 1000 VM steps."""
-    raw = (await conn.get_raw_connection()).driver_connection
-    if seconds is None:
-        await raw.set_progress_handler(None, 0)
-        return
-    deadline = time.monotonic() + seconds
-    await raw.set_progress_handler(lambda: int(time.monotonic() > deadline), 1000)
-
-
 def _timed_out(message: str) -> bool:
     lowered = message.lower()
     return (
@@ -169,17 +159,8 @@ async def run_query(
     statement = check_read_only(statement)
     timeout = timeout or None
     async with engine.connect() as conn:
-        postgres = conn.dialect.name == "postgresql"
-        if postgres:
-            await conn.execute(text("SET TRANSACTION READ ONLY"))
-            if timeout:
-                await conn.exec_driver_sql(
-                    f"SET LOCAL statement_timeout = {max(1, int(timeout * 1000))}"
-                )
-        else:
-            await conn.exec_driver_sql("PRAGMA query_only = ON")
-            if timeout:
-                await _sqlite_deadline(conn, timeout)
+        dialect = dialect_of(conn)
+        await dialect.start_read_only(conn, timeout)
         try:
             # Sent as written: text() would read ` :name` inside a literal as a bind parameter.
             result = await conn.exec_driver_sql(statement)
@@ -202,9 +183,6 @@ async def run_query(
                 raise WriteRefused(f"refused: the statement tries to write ({message})") from None
             raise QueryError(f"query failed: {message}") from None
         finally:
-            if not postgres:
-                if timeout:
-                    await _sqlite_deadline(conn, None)
-                await conn.exec_driver_sql("PRAGMA query_only = OFF")
+            await dialect.end_read_only(conn, timeout)
             await conn.rollback()
     return columns, rows

@@ -7,7 +7,6 @@ that its refusal can say what it found and what to run.
 
 from __future__ import annotations
 
-import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,13 +19,10 @@ from sqlalchemy import inspect, text
 from sqlalchemy.engine import Connection, make_url
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from store.engine import WRITE_LOCK
+from store.dialects import WRITE_LOCK, dialect_of
 from store.errors import SchemaError
 
 MIGRATIONS_DIR = Path(__file__).resolve().parents[2] / "migrations"
-
-#: Serialises concurrent migrators on PostgreSQL (any constant unique to this project).
-_PG_MIGRATION_LOCK = 0x524C4D49  # "RLMI"
 
 
 def alembic_config(url: str | None = None) -> Config:
@@ -78,10 +74,9 @@ async def upgrade(engine: AsyncEngine, target: str = "head") -> None:
     async with engine.connect() as conn:
         conn = await conn.execution_options(**{WRITE_LOCK: True})
         async with conn.begin():
-            if conn.dialect.name == "postgresql":
-                await conn.execute(
-                    text("SELECT pg_advisory_xact_lock(:k)"), {"k": _PG_MIGRATION_LOCK}
-                )
+            lock = dialect_of(conn).migration_lock_sql  # concurrent migrators take turns
+            if lock is not None:
+                await conn.execute(text(lock))
             await conn.run_sync(_upgrade, target)
 
 
@@ -120,15 +115,7 @@ def read_state(conn: Connection) -> SchemaState:
 def describe(url: object) -> tuple[str, str]:
     """How to name the database at `url` in a message, and the `--db` value that reaches it."""
     parsed = make_url(str(url)) if not hasattr(url, "get_backend_name") else url
-    if parsed.get_backend_name() == "sqlite":
-        from store.engine import sqlite_file
-
-        path = sqlite_file(parsed) or ":memory:"
-        return f"SQLite file {path}", shlex.quote(path)
-    shown = parsed.set(drivername="postgresql").render_as_string(
-        hide_password=True
-    )  # as a user would type it
-    return f"PostgreSQL database {shown}", shlex.quote(shown)
+    return dialect_of(parsed).describe(parsed)  # type: ignore[arg-type]
 
 
 def schema_problem(state: SchemaState, where: str, target: str) -> str | None:

@@ -1,0 +1,150 @@
+"""What a backend must answer, asked by the rest of `store` instead of branching on its name.
+
+One subclass per database (`sqlite.py`, `postgresql.py`, as Alembic's `ddl/` has one module per
+dialect); `store.dialects.dialect_of` picks the instance for an engine, a connection or a URL.
+Each question is one concern: lock statements, parameter marks, SQL forms, connection settings,
+the lease clock, the `sql` verb's read-only guard, and the driver-level calls of bulk I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from datetime import datetime
+from typing import Any
+
+import sqlalchemy
+from sqlalchemy.engine import URL
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+__all__ = ["WRITE_LOCK", "Dialect", "DriverCalls", "Row"]
+
+#: Execution option a connection sets to begin its transactions with the write lock held (SQLite:
+#: `BEGIN IMMEDIATE`; PostgreSQL serialises writers with explicit locks and ignores it).
+WRITE_LOCK = "rollout_ledger_write"
+
+Row = Sequence[Any]
+
+
+class DriverCalls:
+    """The driver's own API (aiosqlite or asyncpg) for bulk work: plain tuples in and out, SQL in
+    the backend's parameter style, no SQLAlchemy row or bind processing (`store.bulk.driver`)."""
+
+    async def fetch(self, conn: Any, sql: str, params: Sequence[Any]) -> list[Row]:
+        raise NotImplementedError
+
+    def stream(
+        self, conn: Any, sql: str, params: Sequence[Any], chunk: int
+    ) -> AsyncIterator[list[Row]]:
+        """A query's rows in chunks, from one cursor."""
+        raise NotImplementedError
+
+    async def execute(self, conn: Any, sql: str, params: Sequence[Any]) -> None:
+        raise NotImplementedError
+
+    async def begin(self, conn: Any) -> Any:
+        """Open a write transaction; returns what `commit` and `rollback` need."""
+        raise NotImplementedError
+
+    async def commit(self, conn: Any, transaction: Any) -> None:
+        raise NotImplementedError
+
+    async def rollback(self, conn: Any, transaction: Any) -> None:
+        raise NotImplementedError
+
+    async def insert(
+        self, conn: Any, table: str, columns: Sequence[str], rows: Sequence[Row]
+    ) -> None:
+        raise NotImplementedError
+
+    async def after_explicit_keys(self, conn: Any, table: str, column: str, last: int) -> None:
+        """Rows inserted with explicit keys: move the table's key generator past `last`."""
+
+
+class Dialect:
+    """One backend's answers. Subclasses set the class attributes and override the methods."""
+
+    #: SQLAlchemy's backend name (`engine.dialect.name`, `URL.get_backend_name()`).
+    name: str = ""
+    #: The async driver `normalize_url` maps any driver of this backend to.
+    async_driver: str = ""
+    #: Alembic: alter tables by copying them (`render_as_batch`), for a backend without ALTER.
+    alembic_batch: bool = False
+    #: The statement that serialises projector pages inside their transaction, or None where the
+    #: page transaction's own BEGIN takes the lock (`WRITE_LOCK`).
+    page_lock_sql: str | None = None
+    #: The statement that serialises concurrent migrators, or None (the BEGIN takes the lock).
+    migration_lock_sql: str | None = None
+    #: Statements run first in an append transaction so positions become visible in commit order.
+    append_lock_sql: tuple[str, ...] = ()
+    #: Followers' leader election (a lock held by the leader's session), or None: every follower
+    #: leads (one file on one host: the page lock alone serialises them).
+    try_leader_sql: str | None = None
+    release_leader_sql: str | None = None
+    #: The driver-level calls of bulk I/O.
+    driver: DriverCalls = DriverCalls()
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name}>"
+
+    # ------------------------------------------------------------------ SQL forms
+    def mark(self, index: int) -> str:
+        """The driver's parameter mark for the `index`-th (1-based) parameter."""
+        raise NotImplementedError
+
+    def json_text(self, column: str) -> str:
+        """A JSON column read as its text (what bulk reads hand on without decoding)."""
+        return column
+
+    def member_of(self, column: Any, values: list[Any]) -> Any:
+        """`column IN (values)`, in the form the backend plans best."""
+        return column.in_(values)
+
+    def upsert(self, table: Any) -> Any:
+        """An INSERT construct with `on_conflict_do_update` and `returning`."""
+        raise NotImplementedError
+
+    def timestamp_param(self, value: datetime) -> Any:
+        """A UTC datetime as the driver-level insert binds it."""
+        return value
+
+    def key_order(self, column: str, textual: bool) -> str:
+        """An ORDER BY term that sorts NULLs first and text by code point, as every backend must
+        for two databases' scans to come back in the same order."""
+        return column
+
+    async def lease_now(self, conn: AsyncConnection) -> datetime:
+        """The clock queue leases are measured by."""
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------ the `sql` verb
+    async def start_read_only(self, conn: AsyncConnection, timeout: float | None) -> None:
+        """Make `conn`'s next statements read-only, stopped after `timeout` seconds (None: never)."""
+        raise NotImplementedError
+
+    async def end_read_only(self, conn: AsyncConnection, timeout: float | None) -> None:
+        """Undo `start_read_only` before the connection goes back to the pool."""
+
+    # ------------------------------------------------------------------ engines and URLs
+    def create_engine(
+        self, url: str, parsed: URL, *, sqlite_busy_timeout: float | None, **kwargs: Any
+    ) -> AsyncEngine:
+        """An async engine on a normalised URL, with the settings the ledger relies on."""
+        raise NotImplementedError
+
+    def local_file(self, parsed: URL) -> str | None:
+        """The database file a URL opens on this host, checked read-only before any connection
+        when the caller requires a ledger; None where connecting alters nothing."""
+        return None
+
+    def describe(self, parsed: URL) -> tuple[str, str]:
+        """How to name the database in a message, and the `--db` value that reaches it."""
+        raise NotImplementedError
+
+    def append_thread_engine(self, engine: AsyncEngine) -> sqlalchemy.Engine | None:
+        """A synchronous engine whose own thread runs the group commits, or None (appends run on
+        the async engine's connection)."""
+        return None
+
+    def attachable_file(self, url: URL) -> str | None:
+        """The file another database of this backend may ATTACH to copy from, or None."""
+        return None

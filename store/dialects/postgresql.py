@@ -1,0 +1,139 @@
+"""PostgreSQL's answers: many writer processes on many hosts, asyncpg for the async engine.
+
+Appends serialise on a table lock so positions become visible in commit order (a tailing reader
+never skips an event that commits later, docs/design.md §8); projector pages, migrators and the
+followers' leader serialise on advisory locks; lease times come from the server's clock.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import AsyncIterator, Sequence
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import String, any_, bindparam, text
+from sqlalchemy.dialects import postgresql
+from sqlalchemy.dialects.postgresql import ARRAY
+from sqlalchemy.engine import URL
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
+
+from store.dialects.base import Dialect, DriverCalls, Row
+
+__all__ = [
+    "PG_LEADER_LOCK",
+    "PG_LOCK_TIMEOUT",
+    "PG_MIGRATION_LOCK",
+    "PG_PROJECTOR_LOCK",
+    "PostgresDialect",
+]
+
+#: Advisory lock ids ("RLPR", "RLLD", "RLMI"): one projector page at a time; one leading
+#: follower; one migrator (any constants unique to this project).
+PG_PROJECTOR_LOCK = 0x524C5052
+PG_LEADER_LOCK = 0x524C4C44
+PG_MIGRATION_LOCK = 0x524C4D49
+#: Give up waiting for the append lock after this long rather than hang forever.
+PG_LOCK_TIMEOUT = "10s"
+
+
+class AsyncpgCalls(DriverCalls):
+    """asyncpg's API: `$n` marks, `COPY` for inserts, transactions as objects."""
+
+    async def fetch(self, conn: Any, sql: str, params: Sequence[Any]) -> list[Row]:
+        return [tuple(record) for record in await conn.fetch(sql, *params)]
+
+    async def stream(
+        self, conn: Any, sql: str, params: Sequence[Any], chunk: int
+    ) -> AsyncIterator[list[Row]]:
+        async with conn.transaction(readonly=True):  # asyncpg's cursors live in a transaction
+            cursor = await conn.cursor(sql, *params)
+            while records := await cursor.fetch(chunk):
+                yield [tuple(record) for record in records]
+
+    async def execute(self, conn: Any, sql: str, params: Sequence[Any]) -> None:
+        await conn.execute(sql, *params)
+
+    async def begin(self, conn: Any) -> Any:
+        transaction = conn.transaction()
+        await transaction.start()
+        return transaction
+
+    async def commit(self, conn: Any, transaction: Any) -> None:
+        await transaction.commit()
+
+    async def rollback(self, conn: Any, transaction: Any) -> None:
+        await transaction.rollback()
+
+    async def insert(
+        self, conn: Any, table: str, columns: Sequence[str], rows: Sequence[Row]
+    ) -> None:
+        await conn.copy_records_to_table(table, records=rows, columns=list(columns))
+
+    async def after_explicit_keys(self, conn: Any, table: str, column: str, last: int) -> None:
+        # rows inserted with explicit keys bypass the identity: move it past them
+        await conn.execute(
+            f"SELECT setval(pg_get_serial_sequence('{table}', '{column}'), $1)", last
+        )
+
+
+class PostgresDialect(Dialect):
+    name = "postgresql"
+    async_driver = "postgresql+asyncpg"
+    page_lock_sql = f"SELECT pg_advisory_xact_lock({PG_PROJECTOR_LOCK})"
+    migration_lock_sql = f"SELECT pg_advisory_xact_lock({PG_MIGRATION_LOCK})"
+    # EXCLUSIVE mode blocks other writers but not readers, for the insert transaction only; the
+    # lock timeout turns a stuck writer elsewhere into an error, not a hang.
+    append_lock_sql = (
+        f"SET LOCAL lock_timeout = '{PG_LOCK_TIMEOUT}'",
+        "LOCK TABLE events IN EXCLUSIVE MODE",
+    )
+    try_leader_sql = f"SELECT pg_try_advisory_lock({PG_LEADER_LOCK})"
+    release_leader_sql = f"SELECT pg_advisory_unlock({PG_LEADER_LOCK})"
+    driver = AsyncpgCalls()
+
+    def mark(self, index: int) -> str:
+        return f"${index}"
+
+    def json_text(self, column: str) -> str:
+        return f"{column}::text"  # asyncpg would decode jsonb; bulk reads hand the text on
+
+    def member_of(self, column: Any, values: list[Any]) -> Any:
+        # `= ANY(array)`: one parameter, one cached plan, whatever the count
+        return column == any_(bindparam("members", values, type_=ARRAY(String())))
+
+    def upsert(self, table: Any) -> Any:
+        return postgresql.insert(table)
+
+    def key_order(self, column: str, textual: bool) -> str:
+        # SQLite's order: strings by byte (= code point in UTF-8), NULLs first
+        return f'{column} COLLATE "C" NULLS FIRST' if textual else f"{column} NULLS FIRST"
+
+    async def lease_now(self, conn: AsyncConnection) -> datetime:
+        # the server's clock: consumers on hosts with skewed clocks agree
+        return (await conn.execute(text("SELECT now()"))).scalar_one()  # type: ignore[no-any-return]
+
+    async def start_read_only(self, conn: AsyncConnection, timeout: float | None) -> None:
+        await conn.execute(text("SET TRANSACTION READ ONLY"))
+        if timeout:
+            await conn.exec_driver_sql(
+                f"SET LOCAL statement_timeout = {max(1, int(timeout * 1000))}"
+            )
+
+    async def end_read_only(self, conn: AsyncConnection, timeout: float | None) -> None:
+        """Nothing to undo: both settings end with the transaction the caller rolls back."""
+
+    def create_engine(
+        self, url: str, parsed: URL, *, sqlite_busy_timeout: float | None, **kwargs: Any
+    ) -> AsyncEngine:
+        if sqlite_busy_timeout is not None:
+            raise ValueError(
+                "sqlite_busy_timeout applies to SQLite databases only (PostgreSQL appends use a lock timeout)"
+            )
+        kwargs.setdefault("pool_pre_ping", True)
+        return create_async_engine(url, **kwargs)
+
+    def describe(self, parsed: URL) -> tuple[str, str]:
+        # as a user would type it
+        shown = parsed.set(drivername="postgresql").render_as_string(hide_password=True)
+        return f"PostgreSQL database {shown}", shlex.quote(shown)
