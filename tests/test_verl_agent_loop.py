@@ -57,13 +57,19 @@ def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(autouse=True)
 def fresh_process_state() -> Any:
-    """Each test starts as a fresh worker process would: no reward keys remembered, no tool faults."""
+    """Each test starts as a fresh worker process would: no reward keys remembered, no tool faults,
+    verl's own agent-loop registry (a worker loading the ledger's YAML overrides two names)."""
     require_verl()
+    from verl.experimental.agent_loop.agent_loop import _agent_loop_registry
+
     from sessions.integrations.verl.agent_loop import loop
 
     loop._REWARD_KEYS.clear()
     llm.TOOL_FAULTS.clear()
+    registry = dict(_agent_loop_registry)  # a worker with agent_loop_config_path overrides names
     yield
+    _agent_loop_registry.clear()
+    _agent_loop_registry.update(registry)
     llm.TOOL_FAULTS.clear()
 
 

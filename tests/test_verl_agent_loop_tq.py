@@ -45,6 +45,19 @@ def tq() -> Iterator[Any]:
         handle.close()
 
 
+@pytest.fixture(autouse=True)
+def verl_registry() -> Iterator[None]:
+    """verl's agent-loop registry as a fresh process has it (a worker that loaded the ledger's
+    YAML, in this process, overrides two of its names)."""
+    require_verl()
+    from verl.experimental.agent_loop.agent_loop import _agent_loop_registry
+
+    registry = dict(_agent_loop_registry)
+    yield
+    _agent_loop_registry.clear()
+    _agent_loop_registry.update(registry)
+
+
 @pytest.fixture(scope="module")
 def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     require_verl()
