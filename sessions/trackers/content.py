@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from sessions.report.text import visible
 from store import failed_session_samples
 
 if TYPE_CHECKING:
@@ -151,25 +152,22 @@ async def collect_step(
 _ESCAPED = frozenset("\\|*_`[]")
 
 
-#: What `str.splitlines` (and so a reader of the text) takes for a line end; each becomes `<br>`,
-#: since a table row must stay on one line.
-_LINE_ENDS = frozenset("\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029")
-
-
 def _cell(value: Any) -> str:
+    """A value as one markdown cell: shown as the terminal and the HTML report show it
+    (`sessions.report.text.visible`: every control character, C1 code, line end and bidi override
+    written as an escape, so a row stays on one line and reads as stored), then escaped for
+    markdown (the separator, emphasis, code, links) and for the HTML a renderer lets through."""
     if value is None:
         return ""
-    text = f"{value:.3f}" if isinstance(value, float) else str(value)
+    text = visible(f"{value:.3f}" if isinstance(value, float) else str(value))
     out = []
-    for char in text.replace("\r\n", "\n"):
+    for char in text:
         if char in _ESCAPED:
             out.append("\\" + char)
         elif char == "&":
             out.append("&amp;")
         elif char == "<":
             out.append("&lt;")
-        elif char in _LINE_ENDS:
-            out.append("<br>")
         else:
             out.append(char)
     return "".join(out)
