@@ -55,12 +55,16 @@ class Problem:
 
 
 def problems(rng: random.Random, count: int, prefix: str) -> list[Problem]:
-    """`count` problems, levels in turn (so every level is equally present)."""
+    """`count` problems, levels in turn (so every level is equally present). The answer is
+    uniform over the digits at every level and the others are drawn below it, so guessing a high
+    digit pays nothing: a level-k prompt asks for k - 1 comparisons, and more is harder."""
     out = []
     for i in range(count):
         level = LEVELS[i % len(LEVELS)]
-        digits = tuple(rng.randrange(10) for _ in range(level))
-        out.append(Problem(f"{prefix}-{i}", level, digits))
+        top = rng.randrange(10)
+        digits = [top, *(rng.randint(0, top) for _ in range(level - 1))]
+        rng.shuffle(digits)
+        out.append(Problem(f"{prefix}-{i}", level, tuple(digits)))
     return out
 
 

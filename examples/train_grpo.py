@@ -156,6 +156,10 @@ class Trainer:
         self.policy = Policy(width=settings.width)
         self.parameters = sum(p.numel() for p in self.policy.parameters())
         self.optimizer = torch.optim.AdamW(self.policy.parameters(), lr=settings.lr)
+        # the learning rate falls linearly to a tenth over the run: late steps refine, not jump
+        self.schedule = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda step: 1 - 0.9 * step / settings.steps
+        )
         self.clock = Clock()
         self.sampler = Sampler(self.policy, timer=self.clock.policy)
         self.faults = Faults(settings.fail_rate, settings.cancel_rate, settings.seed)
@@ -221,6 +225,7 @@ class Trainer:
             data.batch["token_level_scores"] = data.batch["token_level_rewards"] = reward
             data = compute_advantage(data, adv_estimator=AdvantageEstimator.GRPO)
         actor = ppo_update(self.policy, self.optimizer, data, self.actor, clock)
+        self.schedule.step()
         # 4. verl's own figures on the batch it trained on are the ledger's
         verl = Agreement.of(figures, compute_data_metrics(batch=data, use_critic=False))
         return figures, actor, verl
