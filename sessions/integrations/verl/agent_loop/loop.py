@@ -195,7 +195,7 @@ class LedgerAgentLoop(AgentLoopBase):
                 sample_index=sample.sample_index,
             )
         except InvalidInput as error:
-            if error.field not in ("session_id", "session_index"):
+            if not _slot_taken(error):
                 raise
             return await self._unrecorded(sample, sampling_params, kwargs, error)
         if outcome.succeeded:
@@ -289,6 +289,15 @@ class LedgerAgentLoop(AgentLoopBase):
             return await self._attempt(sample, sampling_params, kwargs)
         except Exception as failure:  # noqa: BLE001 - the wrapper's promise holds here too
             return await self._placeholder(sample, sampling_params, kwargs, _reason_of(failure))
+
+
+def _slot_taken(error: InvalidInput) -> bool:
+    """Whether the ledger refused a session because its slot is recorded already (its id, or its
+    group's session_index), not because the slot is wrong (an index past the group size)."""
+    text = str(error)
+    return (error.field == "session_id" and "already exists" in text) or (
+        error.field == "session_index" and "is taken" in text
+    )
 
 
 def _reason_of(error: BaseException) -> str:

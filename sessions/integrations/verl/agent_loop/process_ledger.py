@@ -60,5 +60,6 @@ async def close_process_ledgers() -> int:
     """Close the ledgers opened on the running event loop; returns how many were closed."""
     opened = _LEDGERS.pop(asyncio.get_running_loop(), {})
     for entry in opened.values():
-        await entry.stack.aclose()  # only opened ledgers are kept (a failed open is removed)
+        if entry.ready.done() and not entry.ready.cancelled():
+            await entry.stack.aclose()  # a failed open was removed; one still opening is left
     return len(opened)
