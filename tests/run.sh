@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite, in the two environments the project's users run, each set up from scratch:
 #
-#   .venv       the newest releases (tensordict, numpy, ...) with the TransferQueue, bench,
+#   .venv       the newest releases (tensordict, numpy, ...) with the TransferQueue, TRL, bench,
 #               export, trackers and report extras: every test, its files shared out between two
 #               pytest-xdist workers (`--dist loadfile`: a file's module-scoped databases stay in one
 #               worker; every database a test makes has a name of its own, so workers never collide).
@@ -19,7 +19,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 
 python3 -m venv .venv && .venv/bin/pip install -q torch==2.13.0 \
-  && .venv/bin/pip install -q -e '.[test,transferqueue,bench,export,trackers,report]' || exit 1
+  && .venv/bin/pip install -q -e '.[test,transferqueue,bench,export,trackers,report,trl]' || exit 1
 
 verl_log="$(mktemp -t rollout-ledger-verl-XXXXXX.log)"
 (
@@ -36,7 +36,7 @@ lint_status=0
 .venv/bin/ruff format --check --quiet . && .venv/bin/ruff check --quiet . || lint_status=1
 
 echo "== newest releases (.venv): the whole suite"
-.venv/bin/python -m pytest -q -n 2 --dist loadfile
+ROLLOUT_LEDGER_REQUIRE_TRL=1 .venv/bin/python -m pytest -q -n 2 --dist loadfile
 main_status=$?
 
 wait "$verl_pid"
