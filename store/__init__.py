@@ -13,7 +13,15 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from store import read_models
 from store.bulk import bulk_copy, bulk_read_models, driver
 from store.engine import create_engine, is_postgres, is_sqlite, normalize_url
-from store.errors import ConcurrencyError, LedgerError, SchemaError, StoreError
+from store.errors import (
+    ConcurrencyError,
+    DriverError,
+    LedgerError,
+    SchemaError,
+    StoreError,
+    StoreInputError,
+    TargetNotEmpty,
+)
 from store.log.append_sql import GroupConflict
 from store.log.event_store import EventStore
 from store.log.futures import DeferredCancelFuture, deferred_cancel
@@ -35,15 +43,18 @@ __all__ = [
     "ColumnSpec",
     "ConcurrencyError",
     "DeferredCancelFuture",
+    "DriverError",
     "EventStore",
     "GroupConflict",
     "LedgerError",
     "NewEvent",
     "SchemaError",
     "StoreError",
+    "StoreInputError",
     "StoredEvent",
     "StoredJSONError",
     "TableScan",
+    "TargetNotEmpty",
     "bulk_copy",
     "bulk_read_models",
     "check_schema",

@@ -18,9 +18,11 @@ from pathlib import Path
 from typing import Any
 
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from store.dialects import POSTGRES, SQLITE, dialect_of, find_dialect
+from store.errors import StoreInputError
 from store.schema.ledger_file import require_ledger_file
 
 __all__ = [
@@ -53,10 +55,16 @@ def normalize_url(url: str | os.PathLike[str] | None) -> str:
     text = os.fspath(url)
     if "://" not in text:
         return f"sqlite+aiosqlite:///{Path(text)}"
-    parsed = make_url(text)
+    try:
+        parsed = make_url(text)
+    except (ArgumentError, ValueError) as error:
+        raise StoreInputError(
+            f"cannot parse the database URL {text!r} ({error}): use sqlite+aiosqlite:///FILE, a "
+            "bare file path, or postgresql+asyncpg://USER@HOST/DATABASE"
+        ) from error
     dialect = find_dialect(parsed.get_backend_name())
     if dialect is None:
-        raise ValueError(
+        raise StoreInputError(
             f"unsupported database URL {parsed.render_as_string(hide_password=True)!r}: "
             "use sqlite+aiosqlite:///FILE, a bare file path, or postgresql+asyncpg://…"
         )

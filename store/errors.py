@@ -32,3 +32,35 @@ class ConcurrencyError(StoreError):
 
 class SchemaError(StoreError):
     """The database's schema revision is unknown to this version of the library."""
+
+
+class StoreInputError(StoreError, ValueError):
+    """A store call given an argument it cannot use (a database URL of another kind, a queue row
+    id that is not an integer, a stream's events out of order); nothing was done. A `ValueError`
+    too, so callers that checked for one keep working."""
+
+
+class TargetNotEmpty(StoreError, ValueError):
+    """A replay's target already holds read models (a projector checkpoint): a replay rebuilds
+    them into empty tables only."""
+
+
+class DriverError(StoreError):
+    """A database or driver fault during a store call (a lost connection, a lock not had in time,
+    a full disk, a damaged file, a value the driver refused). The message says what failed and what
+    to do; the driver's own error is chained as `__cause__`, where `store.is_transient` and the
+    CLI's one-line printer read it."""
+
+    def __init__(self, message: str, *, what: str = "") -> None:
+        super().__init__(message)
+        #: What the store was doing (`"append to session 's1'"`, `"upgrade"`, …).
+        self.what = what
+
+
+class StoreInvariantError(StoreError, RuntimeError):
+    """The store broke one of its own invariants: a bug in rollout-ledger, not the caller's; the
+    message says what did not hold. Report it with the traceback."""
+
+
+class UnknownColumn(StoreError, KeyError):
+    """A column name (`table.column`) the schema does not declare."""

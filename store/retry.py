@@ -9,6 +9,8 @@ from typing import Any
 
 from sqlalchemy.exc import DBAPIError, IntegrityError
 
+from store.errors import DriverError
+
 log = logging.getLogger(__name__)
 
 __all__ = ["RETRY_ATTEMPTS", "RETRY_BASE_DELAY", "is_transient", "retry_transient"]
@@ -21,9 +23,11 @@ RETRY_BASE_DELAY = 0.05
 def is_transient(error: BaseException) -> bool:
     """Errors worth retrying: the connection dropped, or a lock could not be had in time.
 
-    Retrying an append is safe even when the failure hid a successful commit: the retry finds
-    the event ids stored and becomes an idempotent no-op.
+    A `DriverError` is judged by the driver's error it wraps (its `__cause__`). Retrying an append
+    is safe even when the failure hid a successful commit: the retry finds the event ids stored
+    and becomes an idempotent no-op.
     """
+    error = _driver_cause(error)
     if not isinstance(error, DBAPIError) or isinstance(error, IntegrityError):
         return False
     if error.connection_invalidated:
@@ -44,22 +48,31 @@ def is_transient(error: BaseException) -> bool:
     )
 
 
+def _driver_cause(error: BaseException) -> BaseException:
+    """The driver's error behind a `DriverError`, or `error` itself."""
+    if isinstance(error, DriverError) and error.__cause__ is not None:
+        return error.__cause__
+    return error
+
+
 async def retry_transient(operation: Any, *, what: str, attempts: int = RETRY_ATTEMPTS) -> Any:
-    """Run `operation()` (a coroutine factory), retrying transient database errors with backoff."""
-    for attempt in range(attempts):
+    """Run `operation()` (a coroutine factory), retrying transient database errors with backoff;
+    the last attempt's error (or any error that is not transient) is raised as it is."""
+    for attempt in range(attempts - 1):
         try:
             return await operation()
-        except DBAPIError as error:
-            if attempt == attempts - 1 or not is_transient(error):
+        except (DBAPIError, DriverError) as error:
+            if not is_transient(error):
                 raise
+            cause = _driver_cause(error)
             delay = RETRY_BASE_DELAY * (2**attempt)
             log.warning(
                 "%s failed transiently (%s); retry %d/%d in %.2fs",
                 what,
-                error.orig,
+                getattr(cause, "orig", cause),
                 attempt + 1,
                 attempts - 1,
                 delay,
             )
             await asyncio.sleep(delay)
-    raise AssertionError("unreachable")
+    return await operation()

@@ -694,7 +694,7 @@ async def test_dropped_connections_never_tear_sessions_or_move_the_checkpoint_al
                     follow_totals.append(
                         await projector.follow(stop, poll_interval=0.05, on_leader=lead)
                     )
-                except DBAPIError as error:
+                except StoreError as error:  # a driver fault, wrapped with its cause
                     follow_errors.append((name, leading, stop.is_set(), error))
                     await asyncio.sleep(0.05)
 
@@ -767,7 +767,9 @@ async def test_dropped_connections_never_tear_sessions_or_move_the_checkpoint_al
             assert "failed" in str(error) or "concurrency" in str(error).lower(), error
         assert len(ok) > 0.7 * len(appends), f"only {len(ok)} of {len(appends)} appends succeeded"
         for error in projection_errors:
-            assert isinstance(error, DBAPIError), f"projection failed with {error!r}"
+            assert isinstance(error, StoreError) and isinstance(error.__cause__, DBAPIError), (
+                f"projection failed with {error!r}"
+            )
         # `follow` may give up only as a leader whose page retries ran out mid-storm: a waiting
         # follower outlives dropped connections, and a stop after one still ends it cleanly
         for name, leading, stopping, error in follow_errors:

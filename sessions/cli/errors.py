@@ -25,7 +25,7 @@ from typing import Any
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 
-from store import LedgerError, normalize_url
+from store import DriverError, LedgerError, normalize_url
 
 PROG = "rollout-ledger"
 EXIT_ERROR = 1
@@ -145,6 +145,10 @@ def _reason(error: BaseException, databases: Sequence[str | None]) -> str:
         return "cancelled before the command finished"
     if isinstance(error, ModuleNotFoundError):
         return _missing_module(error)
+    # A store call's driver fault: the driver's own error (its cause) says the most.
+    cause = error.__cause__ if isinstance(error, DriverError) else None
+    if isinstance(cause, (DBAPIError, sqlite3.Error)) or (cause is not None and _is_asyncpg(cause)):
+        return _reason(cause, databases)
     if isinstance(error, LedgerError):
         return str(error)
     if isinstance(error, DBAPIError):

@@ -31,6 +31,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from store.bulk import driver
 from store.dialects import dialect_of
+from store.faults import wraps_faults
 from store.schema.tables import events
 
 COLUMNS = tuple(c.name for c in events.c)
@@ -38,6 +39,7 @@ _ALIAS = "replay_source"
 PAGE = 20_000
 
 
+@wraps_faults()
 async def copy_events(
     source: AsyncEngine,
     target: AsyncEngine,

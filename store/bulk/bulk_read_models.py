@@ -22,6 +22,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from store.bulk import driver
 from store.bulk.bulk_copy import recorded_at_converter
 from store.dialects import dialect_of
+from store.errors import TargetNotEmpty
+from store.faults import wrapped, wraps_faults
 from store.read_models.keys import PROJECTOR
 from store.schema.tables import (
     checkpoints,
@@ -56,9 +58,12 @@ async def event_pages(
     engine: AsyncEngine, *, up_to: int | None = None, page_size: int
 ) -> AsyncIterator[list[tuple[Any, ...]]]:
     """The log (positions <= `up_to`, or all) in pages of decoder tuples (`data` as JSON text)."""
-    async with driver.reader(engine) as read:
-        async for rows in prefetched_pages(read, _REBUILD_SELECT, up_to=up_to, page_size=page_size):
-            yield rows
+    with wrapped("reading the log"):
+        async with driver.reader(engine) as read:
+            async for rows in prefetched_pages(
+                read, _REBUILD_SELECT, up_to=up_to, page_size=page_size
+            ):
+                yield rows
 
 
 async def prefetched_pages(
@@ -79,7 +84,11 @@ async def prefetched_pages(
 
     pending = page(0)
     try:
-        while rows := await pending:
+        while True:
+            with wrapped("reading a page of the log"):
+                rows = await pending
+            if not rows:
+                return
             pending = page(rows[-1][0])
             yield rows
     finally:  # a caller that stops early: let the read in flight finish before the connection goes back
@@ -87,6 +96,7 @@ async def prefetched_pages(
             await pending
 
 
+@wraps_faults()
 async def stream_order_page(
     read: driver.Reader, *, after: tuple[str, int] | None, limit: int
 ) -> list[Any]:
@@ -211,6 +221,7 @@ _TAGS = QUEUE_COLUMNS.index("tags")
 _MEMBERS = GROUP_COLUMNS.index("members")
 
 
+@wraps_faults()
 async def insert_read_models(target: AsyncEngine, rows: Prepared) -> None:
     """Insert the rows and the checkpoint in one transaction (empty read models expected)."""
     if not rows.events:
@@ -220,6 +231,7 @@ async def insert_read_models(target: AsyncEngine, rows: Prepared) -> None:
         await write.commit()
 
 
+@wraps_faults()
 async def claim_read_models(write: driver.Writer, target: AsyncEngine) -> None:
     """Take the projector's lock in `write`'s transaction and refuse a target already projected:
     before any read-model row is written."""
@@ -231,16 +243,19 @@ async def claim_read_models(write: driver.Writer, target: AsyncEngine) -> None:
     if await write.fetch(
         f"SELECT position FROM checkpoints WHERE name = {dialect.mark(1)}", (PROJECTOR,)
     ):
-        raise ValueError(
-            "the target database already has a projector checkpoint; replay needs empty read models"
+        raise TargetNotEmpty(
+            "the target database already has a projector checkpoint; replay needs empty read "
+            "models: replay into a new database, or drop the target's read models first"
         )
 
 
+@wraps_faults()
 async def write_queue_rows(write: driver.Writer, rows: Sequence[tuple[Any, ...]]) -> None:
     """Queue rows (`queue_tuples`) ahead of the rest, once `claim_read_models` has run."""
     await write.insert("queue_rows", QUEUE_COLUMNS, rows)
 
 
+@wraps_faults()
 async def write_read_models(
     write: driver.Writer, rows: Prepared, target: AsyncEngine, *, claimed: bool = False
 ) -> None:
@@ -277,6 +292,7 @@ def sqlite_shape() -> AsyncEngine:
     return create_async_engine("sqlite+aiosqlite://")
 
 
+@wraps_faults()
 async def has_events(engine: AsyncEngine) -> bool:
     async with driver.reader(engine) as read:
         return bool((await read.fetch("SELECT count(*) FROM events"))[0][0])

@@ -16,6 +16,7 @@ from sqlalchemy.engine import URL, make_url
 from store.dialects.base import WRITE_LOCK, Dialect, DriverCalls
 from store.dialects.postgresql import PostgresDialect
 from store.dialects.sqlite import SqliteDialect
+from store.errors import StoreInputError
 
 __all__ = [
     "POSTGRES",
@@ -53,7 +54,8 @@ def dialect_of(bind: Any) -> Dialect:
         name = bind.name
     dialect = _REGISTRY.get(name)
     if dialect is None:
-        raise ValueError(
-            f"unsupported database backend {name!r}: rollout-ledger runs on SQLite and PostgreSQL"
+        raise StoreInputError(
+            f"unsupported database backend {name!r}: rollout-ledger runs on SQLite "
+            "(sqlite+aiosqlite:///FILE) and PostgreSQL (postgresql+asyncpg://…)"
         )
     return dialect

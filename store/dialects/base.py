@@ -8,6 +8,7 @@ the lease clock, the `sql` verb's read-only guard, and the driver-level calls of
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Sequence
 from datetime import datetime
 from typing import Any
@@ -25,42 +26,46 @@ WRITE_LOCK = "rollout_ledger_write"
 Row = Sequence[Any]
 
 
-class DriverCalls:
+class DriverCalls(ABC):
     """The driver's own API (aiosqlite or asyncpg) for bulk work: plain tuples in and out, SQL in
     the backend's parameter style, no SQLAlchemy row or bind processing (`store.bulk.driver`)."""
 
-    async def fetch(self, conn: Any, sql: str, params: Sequence[Any]) -> list[Row]:
-        raise NotImplementedError
+    @abstractmethod
+    async def fetch(self, conn: Any, sql: str, params: Sequence[Any]) -> list[Row]: ...
 
+    @abstractmethod
     def stream(
         self, conn: Any, sql: str, params: Sequence[Any], chunk: int
     ) -> AsyncIterator[list[Row]]:
-        """A query's rows in chunks, from one cursor."""
-        raise NotImplementedError
+        """A query's rows in chunks, from one cursor (an async generator: closing it closes the
+        cursor)."""
 
-    async def execute(self, conn: Any, sql: str, params: Sequence[Any]) -> None:
-        raise NotImplementedError
+    @abstractmethod
+    async def execute(self, conn: Any, sql: str, params: Sequence[Any]) -> None: ...
 
+    @abstractmethod
     async def begin(self, conn: Any) -> Any:
         """Open a write transaction; returns what `commit` and `rollback` need."""
-        raise NotImplementedError
 
-    async def commit(self, conn: Any, transaction: Any) -> None:
-        raise NotImplementedError
+    @abstractmethod
+    async def commit(self, conn: Any, transaction: Any) -> None: ...
 
-    async def rollback(self, conn: Any, transaction: Any) -> None:
-        raise NotImplementedError
+    @abstractmethod
+    async def rollback(self, conn: Any, transaction: Any) -> None: ...
 
+    @abstractmethod
     async def insert(
         self, conn: Any, table: str, columns: Sequence[str], rows: Sequence[Row]
     ) -> None:
-        raise NotImplementedError
+        """Rows (tuples in `columns` order) into `table`, in the open transaction."""
 
     async def after_explicit_keys(self, conn: Any, table: str, column: str, last: int) -> None:
-        """Rows inserted with explicit keys: move the table's key generator past `last`."""
+        """Rows inserted with explicit keys: move the table's key generator past `last` (nothing
+        to do where the next key is taken from the table's largest)."""
+        return None
 
 
-class Dialect:
+class Dialect(ABC):
     """One backend's answers. Subclasses set the class attributes and override the methods."""
 
     #: SQLAlchemy's backend name (`engine.dialect.name`, `URL.get_backend_name()`).
@@ -80,16 +85,16 @@ class Dialect:
     #: leads (one file on one host: the page lock alone serialises them).
     try_leader_sql: str | None = None
     release_leader_sql: str | None = None
-    #: The driver-level calls of bulk I/O.
-    driver: DriverCalls = DriverCalls()
+    #: The driver-level calls of bulk I/O (each subclass sets its driver's).
+    driver: DriverCalls
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name}>"
 
     # ------------------------------------------------------------------ SQL forms
+    @abstractmethod
     def mark(self, index: int) -> str:
         """The driver's parameter mark for the `index`-th (1-based) parameter."""
-        raise NotImplementedError
 
     def json_text(self, column: str) -> str:
         """A JSON column read as its text (what bulk reads hand on without decoding)."""
@@ -99,9 +104,9 @@ class Dialect:
         """`column IN (values)`, in the form the backend plans best."""
         return column.in_(values)
 
+    @abstractmethod
     def upsert(self, table: Any) -> Any:
         """An INSERT construct with `on_conflict_do_update` and `returning`."""
-        raise NotImplementedError
 
     def timestamp_param(self, value: datetime) -> Any:
         """A UTC datetime as the driver-level insert binds it."""
@@ -112,33 +117,35 @@ class Dialect:
         for two databases' scans to come back in the same order."""
         return column
 
+    @abstractmethod
     async def lease_now(self, conn: AsyncConnection) -> datetime:
         """The clock queue leases are measured by."""
-        raise NotImplementedError
 
     # ------------------------------------------------------------------ the `sql` verb
+    @abstractmethod
     async def start_read_only(self, conn: AsyncConnection, timeout: float | None) -> None:
         """Make `conn`'s next statements read-only, stopped after `timeout` seconds (None: never)."""
-        raise NotImplementedError
 
     async def end_read_only(self, conn: AsyncConnection, timeout: float | None) -> None:
-        """Undo `start_read_only` before the connection goes back to the pool."""
+        """Undo `start_read_only` before the connection goes back to the pool (nothing to do where
+        it ends with the transaction)."""
+        return None
 
     # ------------------------------------------------------------------ engines and URLs
+    @abstractmethod
     def create_engine(
         self, url: str, parsed: URL, *, sqlite_busy_timeout: float | None, **kwargs: Any
     ) -> AsyncEngine:
         """An async engine on a normalised URL, with the settings the ledger relies on."""
-        raise NotImplementedError
 
     def local_file(self, parsed: URL) -> str | None:
         """The database file a URL opens on this host, checked read-only before any connection
         when the caller requires a ledger; None where connecting alters nothing."""
         return None
 
+    @abstractmethod
     def describe(self, parsed: URL) -> tuple[str, str]:
         """How to name the database in a message, and the `--db` value that reaches it."""
-        raise NotImplementedError
 
     def append_thread_engine(self, engine: AsyncEngine) -> sqlalchemy.Engine | None:
         """A synchronous engine whose own thread runs the group commits, or None (appends run on

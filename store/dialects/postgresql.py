@@ -19,6 +19,7 @@ from sqlalchemy.engine import URL
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
 from store.dialects.base import Dialect, DriverCalls, Row
+from store.errors import StoreInputError
 
 __all__ = [
     "PG_LEADER_LOCK",
@@ -122,12 +123,13 @@ class PostgresDialect(Dialect):
 
     async def end_read_only(self, conn: AsyncConnection, timeout: float | None) -> None:
         """Nothing to undo: both settings end with the transaction the caller rolls back."""
+        return None
 
     def create_engine(
         self, url: str, parsed: URL, *, sqlite_busy_timeout: float | None, **kwargs: Any
     ) -> AsyncEngine:
         if sqlite_busy_timeout is not None:
-            raise ValueError(
+            raise StoreInputError(
                 "sqlite_busy_timeout applies to SQLite databases only (PostgreSQL appends use a lock timeout)"
             )
         kwargs.setdefault("pool_pre_ping", True)

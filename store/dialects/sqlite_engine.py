@@ -28,7 +28,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.pool import NullPool, StaticPool
 
 from store.dialects.base import WRITE_LOCK
-from store.errors import StoreError
+from store.errors import StoreError, StoreInputError
 from store.stored_json import load_json
 
 __all__ = ["SQLITE_BUSY_TIMEOUT_MS", "in_memory", "sqlite_engine", "sqlite_file", "writer_twin"]
@@ -50,7 +50,9 @@ def _busy_timeout_ms(seconds: float | None) -> int:
         or not isinstance(seconds, (int, float))
         or not 0 <= seconds < 2**31 / 1000
     ):
-        raise ValueError(f"sqlite_busy_timeout must be a number of seconds >= 0, got {seconds!r}")
+        raise StoreInputError(
+            f"sqlite_busy_timeout must be a number of seconds >= 0, got {seconds!r}"
+        )
     return int(round(seconds * 1000))
 
 
@@ -131,7 +133,7 @@ def sqlite_engine(
     else:
         parent = Path(database).expanduser().resolve().parent
         if not parent.is_dir():
-            raise ValueError(
+            raise StoreInputError(
                 f"cannot create SQLite database {database!r}: folder {parent} does not exist"
             )
     kwargs.setdefault("json_deserializer", load_json)

@@ -14,7 +14,7 @@ from sqlalchemy.engine import Dialect as SqlDialect
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from store.dialects import Dialect, dialect_of
-from store.errors import ConcurrencyError, StoreError
+from store.errors import ConcurrencyError, StoreError, StoreInvariantError
 from store.log.records import NewEvent
 from store.schema.tables import events
 
@@ -282,7 +282,10 @@ def insert_sql(dialect: SqlDialect) -> str:
     """
     compiled = events.insert().compile(dialect=dialect, column_keys=list(_INSERT_COLUMNS))
     if tuple(compiled.positiontup or ()) != _INSERT_COLUMNS:
-        raise AssertionError(f"unexpected insert parameter order {compiled.positiontup}")
+        raise StoreInvariantError(
+            f"unexpected insert parameter order {compiled.positiontup}: SQLAlchemy compiled the "
+            "events insert unlike this library expects; report it with the SQLAlchemy version"
+        )
     return compiled.string
 
 

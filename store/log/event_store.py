@@ -22,7 +22,8 @@ from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from store.dialects import WRITE_LOCK, dialect_of
-from store.errors import ConcurrencyError, StoreError
+from store.errors import ConcurrencyError, StoreError, StoreInputError
+from store.faults import driver_error, wraps_faults
 from store.log.append_sql import (
     CHUNK,
     AppendRequest,
@@ -197,12 +198,12 @@ class EventStore:
             return
         except BaseException as error:  # cancelled or interrupted: every waiter must hear about it
             for request in batch:
-                _settle(
-                    request,
-                    StoreError(
-                        f"the append was interrupted ({error!r}); nothing of it is known to be written"
-                    ),
+                interrupted = StoreError(
+                    f"the append to session {request.session_id!r} was interrupted ({error!r}); "
+                    "nothing of it is known to be written: read the stream back before retrying"
                 )
+                interrupted.__cause__ = error
+                _settle(request, interrupted)
             raise
         self.batches_committed += 1
         for request, outcome in zip(batch, outcomes):
@@ -301,6 +302,7 @@ class EventStore:
             await writer.close()
 
     # ------------------------------------------------------------------- reads
+    @wraps_faults("reading a session's stream")
     async def read_stream(
         self, session_id: str, *, at_position: int | None = None
     ) -> list[StoredEvent]:
@@ -312,6 +314,7 @@ class EventStore:
             result = await conn.execute(query.order_by(events.c.version))
             return [to_stored(row) for row in result.mappings()]
 
+    @wraps_faults("reading sessions' streams")
     async def read_streams(self, session_ids: Sequence[str]) -> dict[str, list[StoredEvent]]:
         """Several sessions' streams in one round trip per chunk."""
         out: dict[str, list[StoredEvent]] = {sid: [] for sid in session_ids}
@@ -327,6 +330,7 @@ class EventStore:
                     out[row["session_id"]].append(to_stored(row))
         return out
 
+    @wraps_faults("reading the log")
     async def read_from(self, after_position: int = 0, *, limit: int = 1000) -> list[StoredEvent]:
         """Up to `limit` events with position > after_position, in position order."""
         async with self.engine.connect() as conn:
@@ -344,6 +348,7 @@ class EventStore:
             yield page
             position = page[-1].position
 
+    @wraps_faults("reading the log's last position")
     async def last_position(self) -> int:
         async with self.engine.connect() as conn:
             return int(
@@ -352,6 +357,7 @@ class EventStore:
                 ).scalar_one()
             )
 
+    @wraps_faults("reading a stream's version")
     async def stream_version(self, session_id: str) -> int:
         async with self.engine.connect() as conn:
             query = select(func.coalesce(func.max(events.c.version), 0)).where(
@@ -378,6 +384,7 @@ _PAGE_COLUMNS = [c for c in events.c if c.name != "payload"] + [events.c.payload
 _PAGE_NO_PAYLOAD = _PAGE_COLUMNS[:-1]
 
 
+@wraps_faults("reading a page of the log")
 async def read_page(
     conn: AsyncConnection, after_position: int, limit: int, *, with_payload: bool = True
 ) -> list[StoredEvent]:
@@ -452,16 +459,16 @@ def to_stored(row: Any) -> StoredEvent:
 
 def _check_versions(session_id: str, expected_version: int, new_events: Sequence[NewEvent]) -> None:
     if len({event.event_id for event in new_events}) != len(new_events):
-        raise ValueError(
+        raise StoreInputError(
             f"session {session_id!r}: the appended events repeat an event id; each event needs its own"
         )
     for offset, event in enumerate(new_events, start=1):
         if event.session_id != session_id:
-            raise ValueError(
+            raise StoreInputError(
                 f"event {event.event_id} belongs to session {event.session_id!r}, not {session_id!r}"
             )
         if event.version != expected_version + offset:
-            raise ValueError(
+            raise StoreInputError(
                 f"session {session_id!r}: event {event.event_id} has version {event.version}, "
                 f"expected {expected_version + offset} (versions continue the stream without gaps)"
             )
@@ -477,12 +484,13 @@ def _settle(request: AppendRequest, outcome: int | BaseException) -> None:
 
 
 def _wrap(error: Exception, request: AppendRequest) -> Exception:
+    """What a failed append's caller gets, the database's or driver's error chained as its cause."""
     if isinstance(error, IntegrityError):
         # A concurrent writer in another process took the same version between our read and
         # insert (possible only where the backend did not serialise us).
-        return ConcurrencyError(request.session_id, request.expected_version, -1)
-    # The driver's own message: SQLAlchemy's would repeat the statement and every row's parameters.
-    cause = error.orig if isinstance(error, DBAPIError) and error.orig is not None else error
-    return StoreError(
-        f"append to session {request.session_id!r} failed: {type(cause).__name__}: {cause}"
-    )
+        wrapped: Exception = ConcurrencyError(request.session_id, request.expected_version, -1)
+    else:
+        # The driver's own message: SQLAlchemy's would repeat the statement and every row's parameters.
+        wrapped = driver_error(f"append to session {request.session_id!r}", error)
+    wrapped.__cause__ = error
+    return wrapped

@@ -23,6 +23,7 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
 
 from store.dialects import WRITE_LOCK
+from store.errors import StoreInvariantError
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -109,6 +110,6 @@ def run_now(coroutine: Coroutine[Any, Any, T]) -> T:
     except StopIteration as done:
         return done.value  # type: ignore[no-any-return]
     coroutine.close()
-    raise RuntimeError(
+    raise StoreInvariantError(
         "run_now: the coroutine suspended; only coroutines over ImmediateConnection may run here"
     )

@@ -40,6 +40,8 @@ from sqlalchemy import and_, delete, exists, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from store.dialects import WRITE_LOCK, dialect_of
+from store.errors import StoreInputError
+from store.faults import wraps_faults
 from store.read_models.keys import equals
 from store.schema.tables import NAME, queue_claims, queue_rows
 
@@ -53,9 +55,9 @@ _CHUNK = 500
 def check_consumer(consumer: Any) -> str:
     """A claim belongs to a name; an empty or over-long one would fail late, inside SQL."""
     if not isinstance(consumer, str) or not consumer.strip():
-        raise ValueError(f"queue consumer name must be a non-empty string, got {consumer!r}")
+        raise StoreInputError(f"queue consumer name must be a non-empty string, got {consumer!r}")
     if len(consumer) > NAME:
-        raise ValueError(
+        raise StoreInputError(
             f"queue consumer name {consumer[:20]!r}… is {len(consumer)} characters; at most {NAME}"
         )
     return consumer
@@ -66,15 +68,15 @@ def check_claim_args(run: Any, limit: Any, global_step: Any, lease_seconds: Any)
     partition is only a value to filter by here: what names one is the domain's vocabulary, which
     the one caller (`sessions.queues.consumer`) checks before it claims."""
     if not isinstance(run, str) or not run:
-        raise ValueError(f"run must be a non-empty string, got {run!r}")
+        raise StoreInputError(f"run must be a non-empty string, got {run!r}")
     if isinstance(limit, bool) or not isinstance(limit, int) or limit <= 0:
-        raise ValueError(f"limit must be a positive integer (rows to claim), got {limit!r}")
+        raise StoreInputError(f"limit must be a positive integer (rows to claim), got {limit!r}")
     if (
         global_step is not ...
         and global_step is not None
         and (isinstance(global_step, bool) or not isinstance(global_step, int))
     ):
-        raise ValueError(
+        raise StoreInputError(
             f"global_step must be an int, None (rows without a step) or ... (any step), got {global_step!r}"
         )
     if (
@@ -83,16 +85,18 @@ def check_claim_args(run: Any, limit: Any, global_step: Any, lease_seconds: Any)
         or not math.isfinite(lease_seconds)
         or lease_seconds <= 0
     ):
-        raise ValueError(f"lease_seconds must be a positive finite number, got {lease_seconds!r}")
+        raise StoreInputError(
+            f"lease_seconds must be a positive finite number, got {lease_seconds!r}"
+        )
 
 
 def _check_ids(row_ids: Sequence[int]) -> list[int]:
     if isinstance(row_ids, (str, bytes)):
-        raise ValueError(f"row_ids must be a sequence of queue row ids, got {row_ids!r}")
+        raise StoreInputError(f"row_ids must be a sequence of queue row ids, got {row_ids!r}")
     ids = list(row_ids)
     for row_id in ids:
         if isinstance(row_id, bool) or not isinstance(row_id, int):
-            raise ValueError(
+            raise StoreInputError(
                 f"queue row ids are integers (the `id` of the claimed rows), got {row_id!r}"
             )
     return sorted(set(ids))
@@ -147,6 +151,7 @@ async def _write_conn(engine: AsyncEngine) -> Any:
 
 
 # ------------------------------------------------------------------------------- claim
+@wraps_faults()
 async def claim_in(
     conn: AsyncConnection,
     consumer: str,
@@ -207,6 +212,7 @@ async def claim_in(
     return claimed
 
 
+@wraps_faults()
 async def claim(
     engine: AsyncEngine,
     consumer: str,
@@ -243,6 +249,7 @@ async def claim(
 
 
 # -------------------------------------------------------------------------- ack/release
+@wraps_faults()
 async def ack(engine: AsyncEngine, consumer: str, row_ids: Sequence[int]) -> int:
     """Mark rows done so they are never handed out again; returns how many this call acked.
 
@@ -273,6 +280,7 @@ async def ack(engine: AsyncEngine, consumer: str, row_ids: Sequence[int]) -> int
     return total
 
 
+@wraps_faults()
 async def release(engine: AsyncEngine, consumer: str, row_ids: Sequence[int]) -> int:
     """Give unacked rows back at once (no lease wait); returns how many were released.
 

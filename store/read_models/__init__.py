@@ -20,6 +20,7 @@ from typing import Any
 from sqlalchemy import and_, bindparam, func, literal_column, or_, select, text, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from store.faults import wraps_faults
 from store.read_models.keys import CHUNK, GROUP_KEY, PROJECTOR, MetricScope, as_utc, chunks, equals
 from store.read_models.log_reads import (
     DECODER_COLUMNS,
@@ -54,6 +55,7 @@ from store.schema.tables import (
 _NO_STEP = literal_column("-1")
 
 
+@wraps_faults()
 async def get_checkpoint(conn: AsyncConnection, name: str = PROJECTOR) -> int:
     value = (
         await conn.execute(select(checkpoints.c.position).where(checkpoints.c.name == name))
@@ -61,6 +63,7 @@ async def get_checkpoint(conn: AsyncConnection, name: str = PROJECTOR) -> int:
     return int(value or 0)
 
 
+@wraps_faults()
 async def set_checkpoint(
     conn: AsyncConnection, position: int, *, previous: int, name: str = PROJECTOR
 ) -> datetime:
@@ -83,6 +86,7 @@ async def set_checkpoint(
     return now
 
 
+@wraps_faults()
 async def checkpoint_stamp(conn: AsyncConnection, name: str = PROJECTOR) -> datetime | None:
     """When the checkpoint last moved (UTC), None if it never did: with the position, it tells a
     projector whether the read models are still as its own last page left them."""
@@ -92,6 +96,7 @@ async def checkpoint_stamp(conn: AsyncConnection, name: str = PROJECTOR) -> date
     return None if value is None else as_utc(value)
 
 
+@wraps_faults()
 async def load_sessions(
     conn: AsyncConnection, session_ids: Sequence[str]
 ) -> dict[str, dict[str, Any]]:
@@ -102,6 +107,7 @@ async def load_sessions(
     return out
 
 
+@wraps_faults()
 async def load_groups(
     conn: AsyncConnection, keys: Sequence[tuple[str, str, int | None, str]]
 ) -> dict[tuple[str, str, int | None, str], dict[str, Any]]:
@@ -129,6 +135,7 @@ def _scope_condition(scope: MetricScope) -> Any:
     )
 
 
+@wraps_faults()
 async def load_metrics(
     conn: AsyncConnection, scopes: Sequence[MetricScope]
 ) -> dict[MetricScope, dict[str, float]]:
@@ -144,6 +151,7 @@ async def load_metrics(
     return out
 
 
+@wraps_faults()
 async def save_rows(
     conn: AsyncConnection,
     table: Any,
@@ -198,6 +206,7 @@ def changed_columns(
     return out
 
 
+@wraps_faults()
 async def save_sessions(
     conn: AsyncConnection,
     inserts: list[dict[str, Any]],
@@ -207,6 +216,7 @@ async def save_sessions(
     await save_rows(conn, sessions, inserts, updates, keys=("session_id",), stored=stored)
 
 
+@wraps_faults()
 async def save_groups(
     conn: AsyncConnection,
     inserts: list[dict[str, Any]],
@@ -258,6 +268,7 @@ METRIC_UPSERT = (
 )
 
 
+@wraps_faults()
 async def save_metrics(conn: AsyncConnection, changed: dict[MetricScope, dict[str, float]]) -> None:
     """Upsert metric values by their natural key (one statement for the whole page)."""
     params = [
@@ -276,16 +287,19 @@ async def save_metrics(conn: AsyncConnection, changed: dict[MetricScope, dict[st
         await conn.execute(text(METRIC_UPSERT), params)
 
 
+@wraps_faults()
 async def insert_queue_rows(conn: AsyncConnection, rows: list[dict[str, Any]]) -> None:
     if rows:
         await conn.execute(queue_rows.insert(), rows)
 
 
+@wraps_faults()
 async def insert_projection_errors(conn: AsyncConnection, rows: list[dict[str, Any]]) -> None:
     if rows:
         await conn.execute(projection_errors.insert(), rows)
 
 
+@wraps_faults()
 async def next_queue_id(conn: AsyncConnection) -> int:
     """The id the next queue row takes: queue rows are numbered 1, 2, ... in projection order, by
     the projector itself (not a sequence, which skips values on rollback), so a replay numbers

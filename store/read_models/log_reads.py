@@ -10,6 +10,7 @@ from typing import Any
 from sqlalchemy import Text, cast, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from store.faults import wraps_faults
 from store.read_models.keys import chunks
 from store.schema.tables import events
 
@@ -25,6 +26,7 @@ DECODER_COLUMNS = (
 )
 
 
+@wraps_faults()
 async def events_after(
     conn: AsyncConnection, after: int, limit: int, *, payloads: dict[int, bytes] | None = None
 ) -> list[tuple[Any, ...]]:
@@ -63,6 +65,7 @@ def _utc_row(row: Any) -> tuple[Any, ...]:
     return (*head, recorded_at)
 
 
+@wraps_faults()
 async def trajectory_events(
     conn: AsyncConnection, session_ids: Sequence[str], up_to: int
 ) -> list[tuple[Any, ...]]:
@@ -85,6 +88,7 @@ async def trajectory_events(
 SourceEvent = tuple[str, int, dict[str, Any], "bytes | None"]  # type, schema_version, data, payload
 
 
+@wraps_faults()
 async def source_events(conn: AsyncConnection, positions: Sequence[int]) -> dict[int, SourceEvent]:
     """position -> (type, schema_version, data, payload) for the events queue rows point at."""
     out: dict[int, SourceEvent] = {}
@@ -108,6 +112,7 @@ async def source_events(conn: AsyncConnection, positions: Sequence[int]) -> dict
     return out
 
 
+@wraps_faults()
 async def read_source_events(engine: Any, positions: Sequence[int]) -> dict[int, SourceEvent]:
     """`source_events` on a connection of its own."""
     async with engine.connect() as conn:

@@ -18,6 +18,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from store.dialects import WRITE_LOCK, dialect_of
+from store.faults import wrapped
 from store.retry import is_transient
 
 log = logging.getLogger(__name__)
@@ -26,13 +27,14 @@ log = logging.getLogger(__name__)
 @contextlib.asynccontextmanager
 async def projection_page(engine: AsyncEngine) -> AsyncIterator[AsyncConnection]:
     """A connection inside a transaction that holds the projection lock; commits on a clean exit."""
-    async with engine.connect() as conn:
-        conn = await conn.execution_options(**{WRITE_LOCK: True})
-        async with conn.begin():
-            lock = dialect_of(conn).page_lock_sql
-            if lock is not None:
-                await conn.execute(text(lock))
-            yield conn
+    with wrapped("a projector page"):
+        async with engine.connect() as conn:
+            conn = await conn.execution_options(**{WRITE_LOCK: True})
+            async with conn.begin():
+                lock = dialect_of(conn).page_lock_sql
+                if lock is not None:
+                    await conn.execute(text(lock))
+                yield conn
 
 
 @contextlib.asynccontextmanager
@@ -45,32 +47,33 @@ async def follower_leadership(
     if dialect.try_leader_sql is None or dialect.release_leader_sql is None:
         yield True  # a backend without an election: the page lock alone serialises followers
         return
-    async with engine.connect() as conn:
-        while not stop.is_set():
-            try:
-                got = (await conn.execute(text(dialect.try_leader_sql))).scalar_one()
-                await conn.commit()
-            except DBAPIError as error:
-                if not is_transient(error):
-                    raise
-                # A dropped connection must not end a waiting follower: poll again on a new one.
-                log.warning("leader election: %s; trying again", error.orig)
-                await conn.rollback()
-                got = False
-            if got:
+    with wrapped("the followers' leader election"):
+        async with engine.connect() as conn:
+            while not stop.is_set():
                 try:
-                    yield True
-                finally:
+                    got = (await conn.execute(text(dialect.try_leader_sql))).scalar_one()
+                    await conn.commit()
+                except DBAPIError as error:
+                    if not is_transient(error):
+                        raise
+                    # A dropped connection must not end a waiting follower: poll again on a new one.
+                    log.warning("leader election: %s; trying again", error.orig)
+                    await conn.rollback()
+                    got = False
+                if got:
                     try:
-                        await conn.execute(text(dialect.release_leader_sql))
-                        await conn.commit()
-                    except DBAPIError as error:  # the lock went with the lost connection
-                        if not is_transient(error):
-                            raise
-                        await conn.rollback()
-                return
-            try:
-                await asyncio.wait_for(stop.wait(), poll_interval)
-            except asyncio.TimeoutError:
-                pass
-        yield False
+                        yield True
+                    finally:
+                        try:
+                            await conn.execute(text(dialect.release_leader_sql))
+                            await conn.commit()
+                        except DBAPIError as error:  # the lock went with the lost connection
+                            if not is_transient(error):
+                                raise
+                            await conn.rollback()
+                    return
+                try:
+                    await asyncio.wait_for(stop.wait(), poll_interval)
+                except asyncio.TimeoutError:
+                    pass
+            yield False

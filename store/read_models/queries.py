@@ -11,6 +11,7 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from store.faults import wraps_faults
 from store.read_models.keys import chunks, equals
 from store.schema.tables import (
     events,
@@ -22,6 +23,7 @@ from store.schema.tables import (
 )
 
 
+@wraps_faults()
 async def session_reward_infos(
     conn: AsyncConnection, session_ids: Sequence[str]
 ) -> dict[str, dict[str, Any]]:
@@ -37,6 +39,7 @@ async def session_reward_infos(
     return out
 
 
+@wraps_faults()
 async def projection_error_rows(
     conn: AsyncConnection, *, after: int = 0, limit: int | None = None
 ) -> list[dict[str, Any]]:
@@ -51,6 +54,7 @@ async def projection_error_rows(
     return [dict(row) for row in (await conn.execute(query)).mappings()]
 
 
+@wraps_faults()
 async def queue_rows_for(
     conn: AsyncConnection,
     run: str,
@@ -68,6 +72,7 @@ async def queue_rows_for(
     return [dict(row) for row in result.mappings()]
 
 
+@wraps_faults()
 async def group_status(
     conn: AsyncConnection, run: str, partition: str, global_step: int | None
 ) -> dict[str, int]:
@@ -80,6 +85,7 @@ async def group_status(
     return {status: int(count) for status, count in result}
 
 
+@wraps_faults()
 async def metric_rows(
     conn: AsyncConnection,
     *,
@@ -105,12 +111,14 @@ async def metric_rows(
     return [dict(row) for row in (await conn.execute(query)).mappings()]
 
 
+@wraps_faults()
 async def latest_run(conn: AsyncConnection) -> str | None:
     """The run of the most recent event (the CLI's default --run)."""
     result = await conn.execute(select(events.c.run).order_by(events.c.position.desc()).limit(1))
     return result.scalar_one_or_none()
 
 
+@wraps_faults()
 async def recent_runs(conn: AsyncConnection, *, limit: int = 20) -> list[str]:
     """Run names of the log, most recent event first: what an error names when a run matches none
     (read from the log, so a run the projector has not reached is named too)."""
@@ -121,6 +129,7 @@ async def recent_runs(conn: AsyncConnection, *, limit: int = 20) -> list[str]:
     return [run for (run,) in result]
 
 
+@wraps_faults()
 async def log_end(conn: AsyncConnection) -> int:
     """The log's last position (0 when it is empty)."""
     return int(
@@ -128,6 +137,7 @@ async def log_end(conn: AsyncConnection) -> int:
     )
 
 
+@wraps_faults()
 async def pending_uids(
     conn: AsyncConnection, run: str, partition: str, global_step: int | None, *, limit: int = 10
 ) -> list[str]:
@@ -139,6 +149,7 @@ async def pending_uids(
     return list((await conn.execute(query.order_by(groups.c.uid).limit(limit))).scalars())
 
 
+@wraps_faults()
 async def open_sessions_last_event(
     conn: AsyncConnection, *, run: str | None = None
 ) -> list[tuple[str, datetime]]:

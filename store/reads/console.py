@@ -15,6 +15,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from store.dialects import dialect_of
 from store.errors import LedgerError, StoreError
+from store.faults import wraps_faults
 
 __all__ = [
     "DEFAULT_TIMEOUT_S",
@@ -120,6 +121,7 @@ def check_read_only(statement: str) -> str:
     return statement
 
 
+@wraps_faults("reading the projector's lag")
 async def projector_lag(engine: AsyncEngine) -> int:
     """How many events the log holds past the projector's checkpoint (0: the read models are current)."""
     async with engine.connect() as conn:
@@ -141,6 +143,7 @@ def _timed_out(message: str) -> bool:
     )
 
 
+@wraps_faults("running the query")
 async def run_query(
     engine: AsyncEngine,
     statement: str,

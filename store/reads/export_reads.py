@@ -16,6 +16,7 @@ from typing import Any
 from sqlalchemy import Text, and_, case, cast, column, func, inspect, literal_column, select, tuple_
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from store.faults import wraps_faults
 from store.read_models import get_checkpoint
 from store.read_models.queries import log_end
 from store.schema.tables import events, sessions
@@ -55,16 +56,19 @@ class SessionFilter:
         return conditions
 
 
+@wraps_faults()
 async def snapshot(conn: AsyncConnection) -> tuple[int, int]:
     """(projector checkpoint, last log position): the export reads up to the first."""
     return await get_checkpoint(conn), await log_end(conn)
 
 
+@wraps_faults()
 async def run_has_events(conn: AsyncConnection, run: str) -> bool:
     found = await conn.execute(select(events.c.position).where(events.c.run == run).limit(1))
     return found.first() is not None
 
 
+@wraps_faults()
 async def session_columns(conn: AsyncConnection) -> list[str]:
     """The columns the database's `sessions` table has, in table order."""
     names = await conn.run_sync(
@@ -82,6 +86,7 @@ def _done(up_to: int) -> Any:
     )
 
 
+@wraps_faults()
 async def count_sessions(conn: AsyncConnection, which: SessionFilter, up_to: int) -> dict[str, int]:
     """Sessions of the filter created by the snapshot: state -> count for those terminal by then,
     and 'open' for the rest (still created or running, or ended after the snapshot)."""
@@ -95,6 +100,7 @@ async def count_sessions(conn: AsyncConnection, which: SessionFilter, up_to: int
     return {str(s): int(n) for s, n in await conn.execute(query)}
 
 
+@wraps_faults()
 async def session_page(
     conn: AsyncConnection,
     which: SessionFilter,
@@ -138,6 +144,7 @@ async def session_page(
     return out
 
 
+@wraps_faults()
 async def trajectory_events(
     conn: AsyncConnection, session_ids: Sequence[str], up_to: int
 ) -> list[tuple[int, str, str, int, str]]:
@@ -164,6 +171,7 @@ async def trajectory_events(
     return out
 
 
+@wraps_faults()
 async def payloads(conn: AsyncConnection, positions: Sequence[int]) -> dict[int, bytes | None]:
     """position -> the event's binary payload."""
     out: dict[int, bytes | None] = {}

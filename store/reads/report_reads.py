@@ -12,6 +12,7 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from store.faults import wraps_faults
 from store.read_models.keys import PROJECTOR
 from store.read_models.queries import log_end
 from store.schema.tables import checkpoints, events, metric_counts, sessions
@@ -19,6 +20,7 @@ from store.schema.tables import checkpoints, events, metric_counts, sessions
 __all__ = ["report_failures", "report_positions", "report_step_metrics"]
 
 
+@wraps_faults()
 async def report_step_metrics(
     conn: AsyncConnection, run: str
 ) -> list[tuple[str, int | None, str, float]]:
@@ -33,6 +35,7 @@ async def report_step_metrics(
     return [(p, s, m, float(v)) for p, s, m, v in await conn.execute(query)]
 
 
+@wraps_faults()
 async def report_failures(conn: AsyncConnection, run: str, *, limit: int) -> list[dict[str, Any]]:
     """The run's `limit` most recent failed sessions (by terminal position, newest first), with
     `terminal_at` in UTC (NULL for a session failed by the projector itself)."""
@@ -65,6 +68,7 @@ async def report_failures(conn: AsyncConnection, run: str, *, limit: int) -> lis
     return out
 
 
+@wraps_faults()
 async def report_positions(conn: AsyncConnection, run: str) -> dict[str, int]:
     """`projected` (the projector's checkpoint), `log_end` (the last position of the whole log),
     and the run's own `run_events` and `run_last` (its last position; 0 when it has none)."""

@@ -17,6 +17,8 @@ from typing import Any
 from sqlalchemy import Text, cast, func, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from store.errors import StoreInputError
+from store.faults import wraps_faults
 from store.read_models.keys import equals
 from store.schema.tables import events, sessions
 
@@ -40,6 +42,7 @@ SAMPLE_COLUMNS = (
 )
 
 
+@wraps_faults()
 async def failed_session_samples(
     conn: AsyncConnection,
     run: str,
@@ -59,7 +62,7 @@ async def failed_session_samples(
     `rollout-ledger audit` names such rows).
     """
     if per_reason < 1 or limit < 1:
-        raise ValueError(
+        raise StoreInputError(
             f"per_reason and limit must be >= 1, got per_reason={per_reason}, limit={limit}"
         )
     rank = (

@@ -19,6 +19,7 @@ import sqlalchemy.exc
 from sqlalchemy.pool import NullPool
 
 from store.errors import SchemaError
+from store.faults import driver_error
 from store.schema.migrate import read_state, schema_problem
 
 __all__ = ["SQLITE_HEADER", "require_ledger_file"]
@@ -76,7 +77,8 @@ def require_ledger_file(database: str) -> None:
         with sync.connect() as conn:
             state = read_state(conn)
     except sqlalchemy.exc.DBAPIError as error:
-        raise error.orig from None  # sqlite3's own error ("file is not a database", "malformed", …)
+        # sqlite3's own error ("file is not a database", "malformed", …) is the cause
+        raise driver_error(f"reading SQLite file {database}", error) from error
     finally:
         sync.dispose()
     problem = schema_problem(state, where, target)

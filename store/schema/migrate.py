@@ -20,7 +20,8 @@ from sqlalchemy.engine import Connection, make_url
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from store.dialects import WRITE_LOCK, dialect_of
-from store.errors import SchemaError
+from store.errors import SchemaError, StoreInvariantError
+from store.faults import wraps_faults
 
 MIGRATIONS_DIR = Path(__file__).resolve().parents[2] / "migrations"
 
@@ -36,7 +37,11 @@ def alembic_config(url: str | None = None) -> Config:
 
 def head_revision() -> str:
     head = ScriptDirectory.from_config(alembic_config()).get_current_head()
-    assert head is not None, "no Alembic revisions found"
+    if head is None:
+        raise StoreInvariantError(
+            f"no Alembic revisions found in {MIGRATIONS_DIR}: the installed package is incomplete; "
+            "reinstall rollout-ledger"
+        )
     return head
 
 
@@ -69,6 +74,7 @@ def _upgrade(conn: Connection, target: str) -> None:
     command.upgrade(cfg, target)
 
 
+@wraps_faults("upgrading the schema")
 async def upgrade(engine: AsyncEngine, target: str = "head") -> None:
     """Upgrade the schema in one transaction; a database of unknown revision raises SchemaError."""
     async with engine.connect() as conn:
@@ -80,6 +86,7 @@ async def upgrade(engine: AsyncEngine, target: str = "head") -> None:
             await conn.run_sync(_upgrade, target)
 
 
+@wraps_faults("checking the schema")
 async def check_schema(engine: AsyncEngine) -> None:
     """Raise SchemaError unless the database is exactly at head (used when migrate=False).
 
@@ -164,6 +171,7 @@ def _listing(tables: tuple[str, ...], most: int = 6) -> str:
     return f"{len(tables)} table(s): {shown}"
 
 
+@wraps_faults("reading the schema revision")
 async def current_revision(engine: AsyncEngine) -> str | None:
     async with engine.connect() as conn:
         return await conn.run_sync(_current)
