@@ -9,7 +9,6 @@ import importlib
 import signal
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 from sessions.cli.arguments import integer, number, rate, step, text
@@ -112,24 +111,6 @@ def build_parser() -> argparse.ArgumentParser:
     )
     metrics.add_argument("--json", action="store_true")
 
-    export = verbs.add_parser(
-        "export", parents=[common], help="write one projected batch with torch.save"
-    )
-    export.add_argument("--run", type=text("a run name"), default=None)
-    export.add_argument("--partition", choices=PARTITIONS, required=True)
-    export.add_argument("--step", type=step, required=True)
-    export.add_argument("--out", type=text("a file path"), required=True)
-    export.add_argument(
-        "--force", action="store_true", help="replace an existing file this verb did not write"
-    )
-    export.add_argument("--jagged", action="store_true")
-    export.add_argument(
-        "--timeout",
-        type=number(0.0, 86_400.0, "seconds"),
-        default=0.0,
-        help="seconds to wait for unsettled groups (default: none)",
-    )
-
     history = verbs.add_parser("history", parents=[common], help="a session's events and state")
     history.add_argument("session_id", type=text("a session id"))
     history.add_argument("--at", type=integer(0, 2**63 - 1), default=None, metavar="POSITION")
@@ -198,6 +179,7 @@ def build_parser() -> argparse.ArgumentParser:
 #: the parser (importing nothing heavy), `async run(args) -> int` runs the verb, and an optional
 #: `check(args)` refuses bad arguments before any database is opened.
 VERB_MODULES = {
+    "export": "sessions.cli.export_batch",
     "export-dataset": "sessions.cli.export_dataset",
     "report": "sessions.cli.report",
 }
@@ -246,13 +228,6 @@ def _check_arguments(args: argparse.Namespace) -> None:
         from sessions.recovery import parse_duration
 
         parse_duration(args.older_than)
-    if args.verb == "export":
-        _check_out(args.out)
-        from sessions.export.outputs import check_target
-
-        check_target(
-            args.out, flag="--out", databases=[args.db], force=args.force, made_here=_is_batch_file
-        )
 
 
 async def _require_ledger(db: str | None) -> None:
@@ -422,62 +397,6 @@ async def _cmd_metrics(args: argparse.Namespace) -> int:
     header = f"run '{visible(run)}'{chosen}"
     show(header, metrics_table(rows) if rows else "no metrics for this run with these filters")
     return 0
-
-
-async def _cmd_export(args: argparse.Namespace) -> int:
-    import torch
-
-    from sessions.batches import to_plain_dict
-    from sessions.ledger import Ledger
-
-    async with Ledger.open(args.db, migrate=False) as ledger:
-        run = await _resolve_run(ledger, args.run)
-        batch = await ledger.batch(
-            args.partition, args.step, run=run, timeout=args.timeout, jagged=args.jagged
-        )
-    from sessions.export.outputs import partial_file
-
-    with partial_file(Path(args.out)) as partial, open(partial, "wb") as out:
-        torch.save(
-            to_plain_dict(batch), out
-        )  # open() names the file in an OSError; torch would not
-    placeholders = int(batch["is_placeholder"].sum())
-    print(
-        f"wrote {batch.batch_size[0]} rows ({placeholders} placeholders) of run {run!r} {args.partition} step {args.step} to {args.out}"
-    )
-    return 0
-
-
-def _is_batch_file(path: Path) -> bool:
-    """Whether `path` is an earlier `export` (a plain dict of a batch's columns): `export` may
-    replace its own output without --force."""
-    import zipfile
-
-    if not zipfile.is_zipfile(path):
-        return False
-    import torch
-
-    try:
-        loaded = torch.load(path, weights_only=True, mmap=True)
-    except Exception:  # noqa: BLE001 - anything torch cannot read back is not our export
-        return False
-    return isinstance(loaded, dict) and {"responses", "is_placeholder"} <= set(loaded)
-
-
-def _check_out(out: str) -> None:
-    """Refuse an `--out` that cannot be written: a folder, or a file in a folder that does not exist."""
-    import os
-
-    folder = os.path.dirname(os.path.abspath(out))
-    if os.path.isdir(out):
-        raise ConfigError(
-            f"--out {out} is a directory: pass a file path such as {os.path.join(out, 'batch.pt')}"
-        )
-    if not os.path.isdir(folder):
-        raise ConfigError(
-            f"--out {out}: folder {os.path.dirname(out) or folder} does not exist; create it first "
-            "(mkdir -p) or pass another path"
-        )
 
 
 async def _cmd_history(args: argparse.Namespace) -> int:
