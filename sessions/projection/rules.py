@@ -16,11 +16,20 @@ skipped validation) never stops projection: it is quarantined by a deterministic
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
-from sessions.events import DEFAULT_MIN_VALID
 from sessions.projection import metrics as m
+from sessions.projection.queue_row import batch_row, group_tag
+from sessions.projection.working_set import (
+    TERMINAL_STATES,
+    GroupKey,
+    LogEvent,
+    Row,
+    WorkingSet,
+    group_conflict,
+    group_key,
+    group_min_valid,
+)
 from sessions.storable import IDENTITY, clean_text
 from sessions.vocabulary import UNPROJECTABLE
 
@@ -34,63 +43,8 @@ __all__ = [
     "group_key",
 ]
 
-Row = dict[str, Any]
-#: A group's key: (run, partition, global_step, uid) — a uid that comes back at a later step is a
-#: new group (docs/design.md §2).
-GroupKey = tuple[str, str, "int | None", str]
-#: What the rules read of one event: (position, session_id, version, type, data, recorded_at,
-#: problem). `data` is decoded, upcast to the current schema and checked against
-#: `sessions.storable` (`sessions.projection.decoding`); `problem` is None, or (field, reason)
-#: when the event cannot be projected as it is (then `data` may be None).
-LogEvent = tuple[int, str, int, str, "dict[str, Any] | None", Any, "tuple[str | None, str] | None"]
-
 #: `projection_errors.outcome`: what the rules did with the event.
 FAILED, IGNORED = "session_failed", "ignored"
-
-
-def group_key(row: Row) -> GroupKey:
-    """The group a session (or group) row belongs to."""
-    return (row["run"], row["partition"], row["global_step"], row["uid"])
-
-
-@dataclass
-class WorkingSet:
-    """The read-model rows a run of the rules may read or change, plus what it produced.
-
-    `trajectories` maps a session to its recorded, not yet terminal trajectories
-    (index -> (position, data)); `queue` holds the queue rows made, in queue order, with `id`s
-    counted from `next_queue_id`, so a replay numbers them exactly as the live projector did.
-    """
-
-    sessions: dict[str, Row] = field(default_factory=dict)
-    groups: dict[GroupKey, Row] = field(default_factory=dict)
-    metrics: dict[m.Scope, m.MetricTable] = field(default_factory=dict)
-    trajectories: dict[str, dict[int, tuple[int, dict[str, Any]]]] = field(default_factory=dict)
-    queue: list[Row] = field(default_factory=list)
-    next_queue_id: int = 1
-    #: `projection_errors` rows made: the events quarantined.
-    errors: list[Row] = field(default_factory=list)
-    #: Keys of the sessions and groups the rules created (to insert, not update).
-    new_sessions: set[str] = field(default_factory=set)
-    new_groups: set[GroupKey] = field(default_factory=set)
-    #: Every session and group the rules changed (the others were only read).
-    touched_sessions: set[str] = field(default_factory=set)
-    touched_groups: set[GroupKey] = field(default_factory=set)
-    #: Copies of the rows as stored before the run (the incremental projector's), so only the
-    #: columns the rules changed are written back; the rules never read them.
-    stored_sessions: dict[str, Row] = field(default_factory=dict)
-    stored_groups: dict[GroupKey, Row] = field(default_factory=dict)
-
-    @property
-    def rows_made(self) -> int:
-        return sum(1 for q in self.queue if q["kind"] == "row")
-
-    @property
-    def tags_made(self) -> int:
-        return sum(1 for q in self.queue if q["kind"] == "tag")
-
-    def changed_metrics(self) -> dict[m.Scope, dict[str, float]]:
-        return {scope: table.values for scope, table in self.metrics.items() if table.dirty}
 
 
 class Rules:
@@ -205,7 +159,7 @@ class Rules:
         run, uid, partition, step = e["run"], e["uid"], e["partition"], e["global_step"]
         key = (run, partition, step, uid)
         group = state.groups.get(key)
-        conflict = _group_conflict(group, e) if group is not None else None
+        conflict = group_conflict(group, e) if group is not None else None
         source = (
             None if problem is not None and problem[0] == "data_source" else e.get("data_source")
         )
@@ -268,7 +222,7 @@ class Rules:
                 "settled_position": None,
                 "members": [],
                 "valid_rows": 0,
-                "min_valid": _min_valid(e),
+                "min_valid": group_min_valid(e),
             }
             state.new_groups.add(key)
             _add(self._of(group), m.GROUPS_TOTAL)
@@ -527,40 +481,20 @@ class Rules:
         materialization = (
             materialization_reason if placeholder else data.get("materialization_reason")
         )  # type: ignore[union-attr]
-        uid, step = s["uid"], s["global_step"]
         self._queue(
-            {
-                "run": s["run"],
-                "partition": s["partition"],
-                "global_step": step,
-                "key": f"{uid}_{s['session_index']}_{key_index}",
-                "kind": "row",
-                "uid": uid,
-                "session_id": s["session_id"],
-                "session_index": s["session_index"],
-                "data_source": s["data_source"],
-                "source_position": source_position,
-                "reward": reward,
-                "is_placeholder": placeholder,
-                "is_partial": partial,
-                "failure_reason": failure_reason,
-                "materialization_reason": materialization,
-                "num_turns": 0 if placeholder else int(data["num_turns"]),  # type: ignore[index]
-                "prompt_len": prompt_len,
-                "response_len": response_len,
-                "tags": {
-                    "status": "finished",
-                    "global_steps": step,
-                    "prompt_len": prompt_len,
-                    "response_len": response_len,
-                    "seq_len": prompt_len + response_len,
-                    "uid": uid,
-                    "materialization_reason": materialization,
-                    "is_placeholder": placeholder,
-                    **({"is_partial": True} if partial else {}),
-                },
-                "produced_position": position,
-            }
+            batch_row(
+                s,
+                position,
+                key_index,
+                source_position,
+                reward,
+                placeholder=placeholder,
+                partial=partial,
+                failure_reason=failure_reason,
+                materialization=materialization,
+                num_turns=0 if placeholder else int(data["num_turns"]),  # type: ignore[index]
+                lengths=(prompt_len, response_len),
+            )
         )
         group = self.state.groups[group_key(s)]
         excluded = s.get("metric_policy") == "exclude"
@@ -613,38 +547,9 @@ class Rules:
                     (_UIDS_ALL, 1.0),
                 ):
                     _add(tables, name, amount)
-            self._queue(
-                {
-                    "run": group["run"],
-                    "partition": group["partition"],
-                    "global_step": group["global_step"],
-                    "key": group["uid"],
-                    "kind": "tag",
-                    "uid": group["uid"],
-                    "session_id": None,
-                    "session_index": None,
-                    "data_source": group["data_source"],
-                    "source_position": None,
-                    "reward": None,
-                    "is_placeholder": False,
-                    "is_partial": False,
-                    "failure_reason": None,
-                    "materialization_reason": None,
-                    "num_turns": None,
-                    "prompt_len": None,
-                    "response_len": None,
-                    "tags": {
-                        "is_prompt": True,
-                        "status": group["status"],
-                        "global_steps": group["global_step"],
-                    },
-                    "produced_position": position,
-                }
-            )
+            self._queue(group_tag(group, position))
 
 
-#: A session in one of these states is over: later events of its stream are not projected.
-TERMINAL_STATES = frozenset({"succeeded", "failed", "cancelled"})
 #: Each session event's handler, as plain functions: a table of bound methods on the instance is a
 #: reference cycle through the whole working set, which only a cyclic collection frees (0.4-0.7 s
 #: for a 100k-event rebuild; the projector makes a Rules per page).
@@ -658,24 +563,6 @@ _HANDLERS: dict[str, Callable[[Rules, Row, int, dict[str, Any], Any], None]] = {
     "PlaceholderEmitted": Rules._placeholder,
     "SessionCancelled": Rules._cancelled,
 }
-
-
-def _group_conflict(group: Row, e: dict[str, Any]) -> tuple[str, str] | None:
-    """Why a new session cannot join an existing group: another size, or a taken index."""
-    if e["group_size"] != group["group_size"]:
-        return (
-            "group_size",
-            f"group_size {e['group_size']} differs from its group's {group['group_size']}",
-        )
-    if e["session_index"] in group["members"]:
-        return ("session_index", f"session_index {e['session_index']} is taken in its group")
-    return None
-
-
-def _min_valid(created: dict[str, Any]) -> int:
-    """The group's `min_valid`, from its first session's creation (the default when it names none)."""
-    value = created.get("min_valid")
-    return DEFAULT_MIN_VALID if value is None else int(value)
 
 
 _ROWS, _REWARD_SUM, _ROWS_SUCCEEDED = m.ROWS, m.REWARD_SUM, m.ROWS_SUCCEEDED
