@@ -39,13 +39,13 @@ from sessions.errors import (
     UsageError,
 )
 from sessions.failure_policy import MetricPolicy, RetryPolicy
-from sessions.fingerprint import RunConfigMismatch
 from sessions.ledger import DEFAULT_RUN, Ledger
 from sessions.placeholder import PlaceholderPolicy
 from sessions.projection.metrics import MetricRow
 from sessions.projection.projector import Projector
 from sessions.queues.sinks import InProcessQueue, QueueItem, QueueSink
 from sessions.recorder import SessionHandle, SessionOutcome
+from sessions.runs.fingerprint import RunConfigMismatch
 from sessions.sync import SessionProxy, SyncLedger, SyncSession
 
 _LAZY = {

@@ -19,12 +19,12 @@ from dataclasses import dataclass
 from typing import Any, TypedDict
 
 from sessions import events as ev
-from sessions import fingerprint
 from sessions.errors import ConfigError, InvalidInput
 from sessions.failure_policy import MetricPolicy, RetryPolicy
 from sessions.placeholder import PlaceholderPolicy
 from sessions.queues.sinks import QueueSink
 from sessions.recorder import MAX_EVENT_BYTES, MAX_SESSION_BYTES, MAX_SESSION_EVENTS, Limits
+from sessions.runs import fingerprint
 
 __all__ = [
     "DEFAULT_RUN",
@@ -79,9 +79,30 @@ class LedgerConfig:
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__  # frozen: the defaults and folds are set once, here
-        set_(self, "placeholder_policy", self.placeholder_policy or PlaceholderPolicy())
-        set_(self, "metric_policy", self.metric_policy or MetricPolicy())
-        set_(self, "retry_policy", self.retry_policy or RetryPolicy())
+        for name, kind in (
+            ("placeholder_policy", PlaceholderPolicy),
+            ("metric_policy", MetricPolicy),
+            ("retry_policy", RetryPolicy),
+        ):  # `is None`, not `or`: a wrong value is refused below, never taken for the default
+            if getattr(self, name) is None:
+                set_(self, name, kind())
+        for name, kind in (
+            ("placeholder_policy", PlaceholderPolicy),
+            ("metric_policy", MetricPolicy),
+            ("retry_policy", RetryPolicy),
+        ):
+            if not isinstance(getattr(self, name), kind):
+                raise ConfigError(
+                    f"{name} must be a {kind.__name__} or None (the default), "
+                    f"got {getattr(self, name)!r}",
+                    argument=name,
+                )
+        if isinstance(self.sinks, (str, bytes, Mapping)) or not isinstance(
+            self.sinks, (Sequence, set, frozenset)
+        ):
+            raise ConfigError(
+                f"sinks must be a list of queue sinks, got {self.sinks!r}", argument="sinks"
+            )
         set_(self, "sinks", tuple(self.sinks))
         if self.limits is not None:
             self._fold_limits(self.limits)
@@ -94,12 +115,17 @@ class LedgerConfig:
             raise ConfigError(
                 f"min_valid must be an integer >= 0, got {min_valid!r}", argument="min_valid"
             )
-        if self.resume not in (None, fingerprint.NEW_CONFIG):
+        if self.resume is not None and not (
+            isinstance(self.resume, str) and self.resume == fingerprint.NEW_CONFIG
+        ):
             raise ConfigError(
                 f"resume must be None or {fingerprint.NEW_CONFIG!r}, got {self.resume!r}",
                 argument="resume",
             )
-        if self.trajectory_selection not in TRAJECTORY_SELECTIONS:
+        if (
+            not isinstance(self.trajectory_selection, str)
+            or self.trajectory_selection not in TRAJECTORY_SELECTIONS
+        ):
             raise ConfigError(
                 f"trajectory_selection must be 'all' or 'longest', got {self.trajectory_selection!r}",
                 argument="trajectory_selection",
@@ -137,7 +163,7 @@ class LedgerConfig:
         return Limits(self.max_event_bytes, self.max_session_events, self.max_session_bytes)
 
     def fingerprinted(self) -> dict[str, Any]:
-        """What the run's fingerprint covers (`sessions.fingerprint`): the policies, the selection,
+        """What the run's fingerprint covers (`sessions.runs.fingerprint`): the policies, the selection,
         `min_valid` and your `config`, as plain JSON."""
         assert self.placeholder_policy and self.metric_policy and self.retry_policy
         return {

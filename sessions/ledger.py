@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from sessions import aggregate as agg
 from sessions import events as ev
-from sessions import fingerprint, validation, vocabulary
+from sessions import validation, vocabulary
 from sessions.attempts import Runner, run_attempts, settle_or_note
 from sessions.config import (
     DEFAULT_RUN,
@@ -25,6 +25,7 @@ from sessions.config import (
 from sessions.errors import (
     ConcurrencyError,
     InvalidArgument,
+    InvalidArgumentType,
     InvalidInput,
     UsageError,
 )
@@ -41,6 +42,7 @@ from sessions.recorder import (
     storable_envelopes,
     stored_bytes,
 )
+from sessions.runs import fingerprint
 from store import (
     AsyncEngine,
     EventStore,
@@ -85,7 +87,7 @@ class Ledger:
         self.min_valid = settings.min_valid
         self.resume = settings.resume
         self.trajectory_selection = settings.trajectory_selection
-        #: what the run's fingerprint covers (`sessions.fingerprint`)
+        #: what the run's fingerprint covers (`sessions.runs.fingerprint`)
         self.config = settings.fingerprinted()
         #: runs whose recorded configuration this ledger has checked (or is checking)
         self._configured: dict[str, asyncio.Future[None]] = {}
@@ -257,6 +259,7 @@ class Ledger:
     async def load_session(self, session_id: str) -> SessionHandle:
         """A handle on an existing session, folded from its events (e.g. to fail an orphan)."""
         self._own_loop()
+        vocabulary.check_session_id(session_id)
         try:
             stored = await self.store.read_stream(session_id)
         except StoredJSONError as error:
@@ -339,12 +342,24 @@ class Ledger:
         is recorded (`AttemptFailed`) and superseded, the next starts after the backoff, and
         only the final attempt decides the outcome and the batch rows. `timeout` is per attempt.
 
-        With a `timeout`, the call returns within `timeout + recording_timeout` seconds even when
-        the database keeps the recording waiting (a lock held elsewhere): the outcome then has
-        state `recording` and a `TimeoutError`; the recording goes on in the background and lands
-        when the database frees (or `rollout-ledger recover` fails the session as orphaned).
+        With a `timeout`, the call returns within its time — `timeout` per attempt (plus the retry
+        policy's backoffs), then at most `recording_timeout` seconds (default 10) for recording
+        the session's end — however long the database keeps an append waiting (a lock held
+        elsewhere, SQLite's busy wait): docs/design.md §12, docs/failures.md. When that time runs
+        out first the outcome has state `recording`, reason `timeout` and a `TimeoutError`
+        saying so; the recording goes on in the background, and `await outcome.recorded()` gives
+        the outcome once the end is in the log (`Ledger.close()` waits for it too; should the
+        process die first, `rollout-ledger recover` fails the session as `orphaned`). Without a
+        `timeout` the call waits as long as the runner and the database take.
         """
         self._own_loop()
+        if retry is not None and not isinstance(retry, RetryPolicy):
+            raise InvalidArgumentType(
+                f"retry must be a RetryPolicy or None (the ledger's retry_policy), got {retry!r}",
+                argument="retry",
+            )
+        timeout = validation.seconds(timeout, "timeout", forever=True)
+        recording_timeout = validation.seconds(recording_timeout, "recording_timeout")
         retry = retry or self.retry_policy
         work = asyncio.ensure_future(
             self._run_session(runner, session_id, timeout, retry, identity)
@@ -369,9 +384,12 @@ class Ledger:
             "recording",
             "timeout",
             TimeoutError(
-                f"session {session_id!r}: the runner's {timeout}s ran out and recording its end took longer than "
-                f"recording_timeout={recording_timeout}s (the database is busy); it goes on in the background"
+                f"session {session_id!r}: run_session's {budget + recording_timeout:g}s ran out (timeout={timeout:g}s "
+                f"per attempt, recording_timeout={recording_timeout:g}s) before the session's end was recorded: the "
+                "database kept the append waiting (a lock held elsewhere); the recording goes on in the background — "
+                "await outcome.recorded() for the recorded outcome"
             ),
+            pending=work,
         )
 
     async def _run_session(
@@ -422,6 +440,8 @@ class Ledger:
         (`sessions.batches.reward_info`: a placeholder gets 0.0 for a numeric key), which
         `to_data_proto` names verl's `reward_extra_keys`.
         """
+        jagged = validation.flag(jagged, "jagged")
+        reward_info = validation.flag(reward_info, "reward_info")
         if jagged and (prompt_width is not None or response_width is not None):
             raise InvalidArgument(
                 "prompt_width/response_width fix the padded layout's widths; a jagged batch has "
@@ -538,6 +558,8 @@ class Ledger:
         if partition is not None:
             vocabulary.check_partition(partition)
         run = self.run if run is None else vocabulary.check_run(run)
+        if global_step is not ...:
+            global_step = validation.read_step(global_step)
         if project:
             await self.project()
         async with self.engine.connect() as conn:

@@ -12,7 +12,13 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from store import read_models
 from store.bulk import bulk_copy, bulk_read_models, driver
-from store.engine import create_engine, is_postgres, is_sqlite, normalize_url
+from store.engine import (
+    create_engine,
+    is_postgres,
+    is_sqlite,
+    local_database_file,
+    normalize_url,
+)
 from store.errors import (
     ConcurrencyError,
     DriverError,
@@ -34,6 +40,7 @@ from store.reads.report_reads import report_failures, report_positions, report_s
 from store.reads.tracker_reads import failed_session_samples
 from store.retry import is_transient, retry_transient
 from store.schema.columns import ColumnSpec, column_spec
+from store.schema.ledger_file import holds_ledger
 from store.schema.migrate import check_schema, current_revision, head_revision, upgrade
 from store.stored_json import StoredJSONError, load_json
 
@@ -70,7 +77,9 @@ __all__ = [
     "follower_leadership",
     "head_revision",
     "is_postgres",
+    "holds_ledger",
     "is_sqlite",
+    "local_database_file",
     "is_transient",
     "load_json",
     "normalize_url",

@@ -103,3 +103,9 @@ def create_engine(
         if database is not None:
             require_ledger_file(database)
     return dialect.create_engine(text, parsed, sqlite_busy_timeout=sqlite_busy_timeout, **kwargs)
+
+
+def local_database_file(url: str | os.PathLike[str] | None) -> str | None:
+    """The file behind a database URL or path (a SQLite file), or None (in memory, a server)."""
+    parsed = make_url(normalize_url(url))
+    return dialect_of(parsed).local_file(parsed)

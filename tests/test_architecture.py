@@ -335,3 +335,140 @@ def test_the_architecture_map_names_every_module_and_no_missing_one() -> None:
     assert documented, "no module tables found in docs/architecture.md"
     assert sorted(tree - documented) == [], "modules docs/architecture.md does not name"
     assert sorted(documented - tree) == [], "modules docs/architecture.md names that are gone"
+
+
+# --- The rules docs/architecture.md states (issue 24): each one a test -------------------------
+
+#: The layers of `sessions/`, lowest first: a module may import its own layer and those below,
+#: never one above (the core at the top of `sessions/` knows no subpackage but the projection's
+#: pure rules and metric math, which it uses to answer `metrics`; the CLI imports everything).
+LAYERS: list[set[str]] = [
+    {"sessions.errors", "sessions.tokens", "sessions.projection.gc_pause"},
+    {"sessions"},  # the rest of the torch-free core at the top of sessions/
+    {
+        "sessions.projection",
+        "sessions.queues",
+        "sessions.batches",
+        "sessions.audit",
+        "sessions.runs",
+    },
+    {"sessions.export", "sessions.report", "sessions.trackers"},
+    {"sessions.integrations"},
+    {"sessions.cli"},
+]
+#: Where the core reaches into a subpackage (module, imported package): each says why.
+CORE_REACHES = {
+    "sessions.projection": "the ledger projects, waits for settled steps and reads metrics",
+    "sessions.queues": "the ledger writes projected rows into its sinks",
+    "sessions.batches": "Ledger.batch builds the step's TensorDict (imported on use)",
+    "sessions.audit": "recovery and history read a session's timeline",
+    "sessions.trackers": "SyncLedger exposes log_step_sync beside the async face",
+    "sessions.runs": "the ledger records its run's configuration and sweeps orphans on request",
+}
+
+
+def _layer(module: str) -> int:
+    for depth in range(len(LAYERS) - 1, -1, -1):
+        for prefix in LAYERS[depth]:
+            if prefix != "sessions" and (module == prefix or module.startswith(prefix + ".")):
+                return depth
+    return 1
+
+
+def test_no_module_of_sessions_imports_a_layer_above_its_own() -> None:
+    upward = []
+    for path in modules("sessions"):
+        me = module_name(path)
+        for found in imports(path):
+            if not found.module.startswith("sessions"):
+                continue
+            target = found.module
+            if target == "sessions" and found.names:
+                continue  # `from sessions import X`: the public face, checked elsewhere
+            if _layer(target) <= _layer(me):
+                continue
+            reach = next((p for p in CORE_REACHES if target.startswith(p)), None)
+            if _layer(me) == 1 and reach is not None:
+                continue
+            upward.append(str(found))
+    assert upward == [], "an import climbs a layer (see LAYERS): move the code down, or invert it"
+
+
+def test_no_sessions_module_outside_the_cli_imports_sqlalchemy() -> None:
+    found = [
+        str(i)
+        for path in modules("sessions")
+        if not module_name(path).startswith("sessions.cli")
+        for i in imports(path)
+        if i.module == "sqlalchemy" or i.module.startswith("sqlalchemy.")
+    ]
+    assert found == [], "SQL lives in store/: ask store for what you need"
+
+
+_SQL = __import__("re").compile(
+    r"\b(SELECT\s+.+\s+FROM|INSERT\s+INTO|UPDATE\s+\w+\s+SET|DELETE\s+FROM|CREATE\s+TABLE)\b",
+    __import__("re").IGNORECASE | __import__("re").DOTALL,
+)
+#: Strings of `sessions/` that are SQL on purpose, with why.
+SQL_ALLOWED = {
+    "sessions/cli/demo.py": "the demo prints an example `sql` command for the user to run",
+}
+
+
+def test_no_sql_text_in_sessions() -> None:
+    found = []
+    for path in modules("sessions"):
+        where = str(path.relative_to(ROOT))
+        if where in SQL_ALLOWED:
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        docstrings = {
+            id(node.body[0].value)
+            for node in ast.walk(tree)
+            if isinstance(node, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+            and node.body
+            and isinstance(node.body[0], ast.Expr)
+            and isinstance(node.body[0].value, ast.Constant)
+        }
+        for node in ast.walk(tree):
+            if (
+                isinstance(node, ast.Constant)
+                and isinstance(node.value, str)
+                and id(node) not in docstrings
+                and _SQL.search(node.value)
+            ):
+                found.append(f"{where}:{node.lineno}: {node.value[:60]!r}")
+    assert found == [], "SQL text belongs in store/ (a function there, called from here)"
+    assert all((ROOT / name).exists() for name in SQL_ALLOWED), "drop allowances for gone files"
+
+
+MAX_TOP_MODULES = 15
+
+
+def test_the_top_of_sessions_holds_at_most_15_modules() -> None:
+    top = sorted(p.name for p in (ROOT / "sessions").glob("*.py"))
+    assert len(top) <= MAX_TOP_MODULES, f"{len(top)} modules at the top of sessions/: {top}"
+
+
+def test_store_has_no_import_circle() -> None:
+    graph: dict[str, set[str]] = {}
+    for path in modules("store"):
+        me = module_name(path)
+        graph[me] = {
+            i.module for i in imports(path) if i.module.startswith("store.") and i.module != me
+        }
+    seen: dict[str, int] = {}
+
+    def visit(node: str, trail: list[str]) -> list[str] | None:
+        seen[node] = 1
+        for nxt in sorted(graph.get(node, ())):
+            if seen.get(nxt) == 1:
+                return [*trail, node, nxt]
+            if nxt not in seen and (cycle := visit(nxt, [*trail, node])):
+                return cycle
+        seen[node] = 2
+        return None
+
+    for start in sorted(graph):
+        if start not in seen and (cycle := visit(start, [])):
+            pytest.fail(f"import circle in store/: {' -> '.join(cycle)}")

@@ -42,7 +42,7 @@ from sqlalchemy import text
 
 from sessions import Ledger
 from sessions.audit.auditing import audit
-from sessions.recovery import recover
+from sessions.runs.recovery import recover
 from tests import crash_workers as cw
 
 pytestmark = pytest.mark.slow
@@ -430,7 +430,7 @@ async def test_recover_fails_what_a_killed_writer_left_open_and_releases_the_tra
 
 
 def test_recover_rejects_a_negative_age() -> None:
-    from sessions.recovery import parse_duration
+    from sessions.runs.recovery import parse_duration
 
     for bad in ("-5m", "nan", "inf"):
         with pytest.raises(ValueError, match="duration"):

@@ -25,7 +25,7 @@ from sqlalchemy import event, text
 
 from sessions import InProcessQueue, Ledger, StoreError
 from sessions.audit.auditing import audit
-from sessions.recovery import recover
+from sessions.runs.recovery import recover
 from store import read_models as rm
 from tests import crash_workers as cw
 

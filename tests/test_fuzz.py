@@ -49,7 +49,7 @@ from sessions import (
     StoreError,
 )
 from sessions.audit.auditing import audit
-from sessions.recovery import recover
+from sessions.runs.recovery import recover
 from tests import crash_workers as cw
 from tests.conftest import backend_of, wipe
 

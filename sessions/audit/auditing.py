@@ -23,7 +23,7 @@ from sessions.audit.divergence import Divergence
 from sessions.audit.log_check import check_log
 from sessions.audit.read_model_diff import compare, compare_rows
 from sessions.audit.replay import prepare
-from sessions.gc_pause import gc_paused
+from sessions.projection.gc_pause import gc_paused
 from sessions.projection.rebuild import ReadModels, Rebuild
 from store import AsyncEngine
 from store import bulk_read_models as bulk
@@ -61,7 +61,7 @@ async def audit(
     idle; one that advances meanwhile shows up as divergences. The rebuild reads the log in the
     same pass as the checks.
 
-    The cyclic GC is paused throughout (`sessions.gc_pause`): the audit makes no cycles, and the
+    The cyclic GC is paused throughout (`sessions.projection.gc_pause`): the audit makes no cycles, and the
     read models it folds, then their rows to compare, are a million young objects the collector
     would scan again and again (one full collection cost 0.4 s of an audit's 1.8 s at 100k events).
     """

@@ -225,7 +225,7 @@ def _check_arguments(args: argparse.Namespace) -> None:
             f"--max-backoff {args.max_backoff}"
         )
     if args.verb == "recover":
-        from sessions.recovery import parse_duration
+        from sessions.runs.recovery import parse_duration
 
         parse_duration(args.older_than)
 
@@ -492,7 +492,7 @@ async def _cmd_sql(args: argparse.Namespace) -> int:
 
 async def _cmd_recover(args: argparse.Namespace) -> int:
     from sessions.ledger import Ledger
-    from sessions.recovery import parse_duration, recover
+    from sessions.runs.recovery import parse_duration, recover
 
     older_than = parse_duration(args.older_than)
     async with Ledger.open(args.db, migrate=False) as ledger:

@@ -19,17 +19,17 @@ import os
 import re
 import secrets
 import shutil
-import sqlite3
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 from sessions.errors import LedgerError
+from store import holds_ledger, local_database_file
 
 __all__ = [
     "OutputRefused",
     "check_target",
     "clean_stale",
-    "holds_ledger",
+    "holds_ledger",  # re-exported from store: what counts as a ledger file
     "ledger_files",
     "partial_file",
     "partial_path",
@@ -38,7 +38,6 @@ __all__ = [
 
 #: Files SQLite keeps beside a database; writing over any of them corrupts the ledger.
 SIDECARS = ("", "-wal", "-shm", "-journal")
-_SQLITE_HEADER = b"SQLite format 3\x00"
 
 
 class OutputRefused(LedgerError, ValueError):
@@ -47,48 +46,14 @@ class OutputRefused(LedgerError, ValueError):
 
 def ledger_files(databases: Iterable[str | None]) -> set[Path]:
     """The resolved paths of every SQLite file (and its sidecars) behind these database URLs."""
-    from store import normalize_url
-
     found: set[Path] = set()
     for database in databases:
-        path = _sqlite_path(normalize_url(database))
+        path = local_database_file(database)
         if path is None:
             continue
         resolved = Path(os.path.realpath(path))
         found.update(resolved.with_name(resolved.name + suffix) for suffix in SIDECARS)
     return found
-
-
-def _sqlite_path(url: str) -> str | None:
-    from sqlalchemy.engine import make_url
-
-    parsed = make_url(url)
-    if not parsed.drivername.startswith("sqlite") or parsed.database in (None, "", ":memory:"):
-        return None
-    return parsed.database
-
-
-def holds_ledger(path: Path) -> bool:
-    """True for a SQLite file with a ledger's `events` table (read-only look, nothing created)."""
-    try:
-        with open(path, "rb") as file:
-            if file.read(len(_SQLITE_HEADER)) != _SQLITE_HEADER:
-                return False
-    except OSError:
-        return False
-    try:
-        conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
-    except sqlite3.Error:
-        return True  # a SQLite file we cannot even open read-only: do not gamble on it
-    try:
-        row = conn.execute(
-            "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'events'"
-        ).fetchone()
-        return row is not None
-    except sqlite3.Error:
-        return True
-    finally:
-        conn.close()
 
 
 def check_target(

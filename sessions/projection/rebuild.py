@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sessions.errors import UsageError
-from sessions.gc_pause import gc_paused
 from sessions.projection.decoding import Decoder
+from sessions.projection.gc_pause import gc_paused
 from sessions.projection.rules import Row, Rules, WorkingSet
 
 __all__ = [
@@ -60,7 +60,7 @@ class Rebuild:
             )
         if not rows:
             return
-        with gc_paused():  # the rebuild only allocates rows it keeps (sessions.gc_pause says why)
+        with gc_paused():  # the rebuild only allocates rows it keeps (sessions.projection.gc_pause says why)
             self.rules.apply_all(self.decoder.events(rows))
         self.last_position = rows[-1][0]
         self.events += len(rows)

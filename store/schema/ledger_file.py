@@ -22,7 +22,7 @@ from store.errors import SchemaError
 from store.faults import driver_error
 from store.schema.migrate import read_state, schema_problem
 
-__all__ = ["SQLITE_HEADER", "require_ledger_file"]
+__all__ = ["SQLITE_HEADER", "holds_ledger", "require_ledger_file"]
 
 #: The first 16 bytes of every SQLite database file.
 SQLITE_HEADER = b"SQLite format 3\x00"
@@ -84,3 +84,28 @@ def require_ledger_file(database: str) -> None:
     problem = schema_problem(state, where, target)
     if problem:
         raise SchemaError(problem)
+
+
+def holds_ledger(path: str | os.PathLike[str]) -> bool:
+    """Whether `path` is a SQLite file with a ledger's `events` table: a read-only look that
+    creates nothing (an output path must never be one, docs/design.md §11). A SQLite file that
+    cannot be read counts as one: writing over it is not a gamble to take."""
+    try:
+        with open(path, "rb") as file:
+            if file.read(len(SQLITE_HEADER)) != SQLITE_HEADER:
+                return False
+    except OSError:
+        return False
+    try:
+        conn = sqlite3.connect(f"{Path(path).resolve().as_uri()}?mode=ro", uri=True)
+    except sqlite3.Error:
+        return True
+    try:
+        found = conn.execute(
+            "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'events'"
+        ).fetchone()
+        return found is not None
+    except sqlite3.Error:
+        return True
+    finally:
+        conn.close()
