@@ -7,6 +7,8 @@ validate, append, then apply), so a failed append never leaves the in-memory sta
 
 from __future__ import annotations
 
+import math
+import numbers
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -218,6 +220,16 @@ def decide_retry(
     _check_reason(view.session_id, reason)
     _check_text(view.session_id, "message", message)
     _check_text(view.session_id, "error_type", error_type)
+    if (
+        isinstance(retry_in_s, bool)
+        or not isinstance(retry_in_s, numbers.Real)
+        or not 0 <= retry_in_s < math.inf
+    ):
+        raise InvalidInput(
+            view.session_id,
+            "retry_in_s",
+            f"must be a finite number of seconds >= 0, got {retry_in_s!r}",
+        )
     return [
         ev.AttemptFailed(
             attempt=max(view.attempt, 1),

@@ -54,6 +54,8 @@ def origin_of(
     default; a reason nobody declared is `policy` (a zero, never excused)."""
     if declared is not None:
         return declared
+    if not isinstance(reason, str):
+        return POLICY  # no reason at all: the command's own check refuses it, naming the field
     if overrides and reason in overrides:
         return overrides[reason]
     return DEFAULT_ORIGINS.get(reason, POLICY)
@@ -77,16 +79,25 @@ def check_rules(
     kind: str, rules: Mapping[str, Mapping[str, Any]], choices: Collection[str]
 ) -> None:
     """Refuse a rule table with an unknown partition, reason or decision, naming the bad entry."""
+    _check_mapping(kind, "rules", rules)
     for partition, by_key in rules.items():
         vocabulary.check_partition(partition, field=f"{kind}: rules", also=(ANY,))
+        _check_mapping(kind, f"rules[{partition!r}]", by_key)
         for key, decision in by_key.items():
             vocabulary.check_reason(
                 key, field=f"{kind}: rules[{partition!r}]", also=(*ORIGINS, ANY)
             )
-            if decision not in choices:
+            if not isinstance(decision, str) or decision not in choices:
                 raise ConfigError(
                     f"{kind}: rules[{partition!r}][{key!r}] is {decision!r}; use {' or '.join(map(repr, choices))}"
                 )
+
+
+def _check_mapping(kind: str, name: str, value: object) -> None:
+    if not isinstance(value, Mapping):
+        raise ConfigError(
+            f"{kind}: {name} must be a dict, got {type(value).__name__} {value!r}", argument=name
+        )
 
 
 @dataclass(frozen=True)
@@ -104,14 +115,15 @@ class MetricPolicy:
     origins: Mapping[str, Origin] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if self.default not in ("zero", "exclude"):
+        if not isinstance(self.default, str) or self.default not in ("zero", "exclude"):
             raise ConfigError(
                 f"metric policy: default is {self.default!r}; use 'zero' or 'exclude'"
             )
         check_rules("metric policy", self.rules, ("zero", "exclude"))
+        _check_mapping("metric policy", "origins", self.origins)
         for reason, origin in self.origins.items():
             vocabulary.check_reason(reason, field="metric policy: origins")
-            if origin not in ORIGINS:
+            if not isinstance(origin, str) or origin not in ORIGINS:
                 raise ConfigError(
                     f"metric policy: origins[{reason!r}] is {origin!r}; use 'infra' or 'policy'"
                 )
@@ -159,6 +171,11 @@ class RetryPolicy:
             raise ConfigError(
                 f"retry policy: on must be a collection of reasons or origins, got the string {self.on!r}; "
                 f"write on=({self.on!r},)"
+            )
+        if isinstance(self.on, Mapping) or not isinstance(self.on, Collection):
+            raise ConfigError(
+                f"retry policy: on must be a collection of reasons or origins, got {self.on!r}",
+                argument="on",
             )
         for key in self.on:
             vocabulary.check_reason(key, field="retry policy: on", also=ORIGINS)

@@ -101,7 +101,7 @@ class PlaceholderPolicy:
 
 
 def _check_decision(where: str, decision: str) -> None:
-    if decision not in DECISIONS:
+    if not isinstance(decision, str) or decision not in DECISIONS:
         raise ConfigError(
             f"placeholder policy: {where} is {decision!r}; use 'emit', 'drop' or 'keep_partial'"
         )

@@ -3,18 +3,22 @@
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
 from sessions import vocabulary
-from sessions.errors import InvalidInput
+from sessions.errors import InvalidArgument, InvalidArgumentType, InvalidInput
 from sessions.tokens import TokenArrays
 
 __all__ = [
     "TOKEN_LIMIT",
     "check_identity",
+    "flag",
+    "read_step",
+    "seconds",
     "json_dict",
     "logprob_array",
     "mask_array",
@@ -174,6 +178,53 @@ def reward(session_id: str, field: str, value: Any) -> float | None:
     if not math.isfinite(number):
         raise InvalidInput(session_id, field, f"must be finite, got {number}")
     return number
+
+
+def flag(value: object, name: str) -> bool:
+    """An on/off option as a bool (True/False, numpy's, or 0/1): anything else is refused, since
+    a list or an array given by mistake would pass or fail on its truth value."""
+    if isinstance(value, (bool, np.bool_)) or (
+        isinstance(value, (int, np.integer)) and value in (0, 1)
+    ):
+        return bool(value)
+    raise InvalidArgumentType(f"{name} must be True or False, got {value!r}", argument=name)
+
+
+def read_step(global_step: object) -> int | None:
+    """A step a read asks for, as the query binds it (a numpy integer becomes an int), or a
+    refusal before any query: sessions are recorded with an integer step >= 0, or none."""
+    if global_step is None:
+        return None
+    if (
+        isinstance(global_step, (bool, np.bool_))
+        or not isinstance(global_step, numbers.Integral)
+        or global_step < 0
+    ):
+        raise InvalidArgument(
+            f"global_step must be an integer >= 0 or None (sessions recorded without a step), "
+            f"got {global_step!r}",
+            argument="global_step",
+        )
+    return int(global_step)
+
+
+def seconds(value: object, name: str, *, forever: bool = False) -> float | None:
+    """A duration option (a timeout, a poll interval) as a number the call can count down, or
+    a refusal: NaN would never run out. `forever`: None means "no bound"."""
+    if value is None and forever:
+        return None
+    if (
+        isinstance(value, (bool, np.bool_))
+        or not isinstance(value, numbers.Real)
+        or math.isnan(value)
+    ):
+        raise InvalidArgument(
+            f"{name} must be a number of seconds"
+            + (" or None (no bound)" if forever else "")
+            + f", got {value!r}",
+            argument=name,
+        )
+    return float(value)
 
 
 def json_dict(session_id: str, field: str, value: Mapping[str, Any] | None) -> dict[str, Any]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 
+from sessions import validation
 from sessions.errors import StepNotSettled
 from sessions.projection.projector import Projector
 from sessions.projection.rules import Row
@@ -60,6 +61,7 @@ async def settled_step(
 
     `partition` must be one of the partitions already (the caller checks what a user gave).
     """
+    global_step = validation.read_step(global_step)
     await wait_settled(
         projector,
         store,
@@ -94,6 +96,9 @@ async def wait_settled(
     """Project and look until none of the step's groups is pending; after `timeout` seconds
     (None: no bound) raise `StepNotSettled`, naming some of the open groups. Between looks it
     sleeps until the next commit of `store`, at most `poll_interval` seconds."""
+    global_step = validation.read_step(global_step)
+    validation.seconds(timeout, "timeout", forever=True)
+    validation.seconds(poll_interval, "poll_interval")
     loop = asyncio.get_running_loop()
     deadline = None if timeout is None else loop.time() + timeout
     while True:
