@@ -25,12 +25,15 @@ scores gives exactly 0 rather than float32 rounding noise divided by ``epsilon``
 
 from __future__ import annotations
 
+import math
+import numbers
 from typing import Any, Sequence
 
 import torch
 from tensordict import TensorDictBase
 
 from sessions.batches import non_tensor
+from sessions.batches.collect import check_batch, check_flag
 from sessions.errors import InvalidArgument, InvalidArgumentType
 from sessions.events import DEFAULT_MIN_VALID
 
@@ -75,6 +78,17 @@ def grpo_outcome_advantage(
     Needs ``rm_scores``, ``response_mask``, the ``uid`` non-tensor column and (when excluding)
     ``is_placeholder``. A jagged batch must be ``densify``-ed first.
     """
+    check_batch(batch, "grpo_outcome_advantage")
+    exclude_placeholders = check_flag(exclude_placeholders, "exclude_placeholders")
+    norm_by_std = check_flag(norm_by_std, "norm_by_std")
+    if (
+        isinstance(epsilon, bool)
+        or not isinstance(epsilon, numbers.Real)
+        or not 0 <= epsilon < math.inf
+    ):
+        raise InvalidArgument(
+            f"epsilon must be a finite number >= 0, got {epsilon!r}", argument="epsilon"
+        )
     rm_scores = batch.get("rm_scores")
     if rm_scores.is_nested:
         raise InvalidArgumentType(

@@ -8,10 +8,12 @@ caller's own, or views: truncation slices them), at O(1) Python work per row.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
+from tensordict import TensorDictBase
 
+from sessions import validation
 from sessions.batches.columns import (
     MAX_EXACT_LENGTH,
     META_COLUMNS,
@@ -20,7 +22,7 @@ from sessions.batches.columns import (
     UNKNOWN_TURNS,
 )
 from sessions.batches.non_tensor_stacks import SCALAR_TYPES
-from sessions.errors import InvalidArgument, LedgerError
+from sessions.errors import InvalidArgument, InvalidArgumentType, LedgerError
 
 __all__ = ["BatchRow", "BatchTooLongError"]
 
@@ -110,7 +112,15 @@ def _collect(rows: Sequence[BatchRow]) -> tuple[_Rows, list[Any]]:
     keys, prompts, responses, masks, logprobs = [], [], [], [], []
     metas: list[Mapping[str, Any]] = []
     has_logprobs = False
+    if isinstance(rows, (str, bytes, Mapping)) or not isinstance(rows, Iterable):
+        raise InvalidArgumentType(
+            f"rows must be a list of BatchRow, got {type(rows).__name__}", argument="rows"
+        )
     for i, row in enumerate(rows):
+        if not isinstance(row, BatchRow):
+            raise InvalidArgumentType(
+                f"rows[{i}] is a {type(row).__name__}, not a BatchRow", argument="rows"
+            )
         key = _row_key(row, i)
         prompt = _as_1d(row.prompt_ids, key, "prompt_ids", "iu")
         response = _as_1d(row.response_ids, key, "response_ids", "iu")
@@ -193,16 +203,21 @@ class Limits:
     response_width: int | None = None
 
 
-def _check_count(value: int | None, option: str, least: int) -> None:
+def _check_count(value: int | None, option: str, least: int, most: int | None = None) -> None:
     try:
         bad = value is not None and (
-            isinstance(value, bool) or int(value) != value or value < least
+            isinstance(value, bool)
+            or int(value) != value
+            or value < least
+            or (most is not None and value > most)
         )
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # OverflowError: int(inf)
         bad = True
     if bad:
         kind = "a positive int" if least == 1 else f"an int >= {least}"
-        raise InvalidArgument(f"{option} must be {kind} or None, got {value!r}")
+        if most is not None:
+            kind += f" and <= {most}"
+        raise InvalidArgument(f"{option} must be {kind} or None, got {value!r}", argument=option)
 
 
 def _binding(max_length: int | None, width: int | None, side: str) -> tuple[int | None, str]:
@@ -223,13 +238,14 @@ def limits(
     Limits are positive ints; widths may be 0 too (a batch whose rows all have empty prompts is
     0 wide there). None: no limit / as wide as the longest row.
     """
-    for value, option, least in (
-        (max_prompt_length, "max_prompt_length", 1),
-        (max_response_length, "max_response_length", 1),
-        (prompt_width, "prompt_width", 0),
-        (response_width, "response_width", 0),
+    for value, option, least, most in (
+        (max_prompt_length, "max_prompt_length", 1, None),
+        (max_response_length, "max_response_length", 1, None),
+        # a width is allocated for every row: no wider than a length column holds exactly
+        (prompt_width, "prompt_width", 0, MAX_EXACT_LENGTH),
+        (response_width, "response_width", 0, MAX_EXACT_LENGTH),
     ):
-        _check_count(value, option, least)
+        _check_count(value, option, least, most)
     prompt, prompt_option = _binding(max_prompt_length, prompt_width, "prompt")
     response, response_option = _binding(max_response_length, response_width, "response")
     return Limits(
@@ -290,9 +306,46 @@ def row_keys(rows: _Rows) -> list[Any]:
     return [k if k is not None else f"#{i}" for i, k in enumerate(keys)]
 
 
+def check_batch(batch: object, what: str) -> TensorDictBase:
+    """The batch a function was handed, refused before any column is read unless it is one: a
+    TensorDict with one batch dimension, as `Ledger.batch` and the builders return."""
+    if not isinstance(batch, TensorDictBase):
+        raise InvalidArgumentType(
+            f"{what} takes a batch (a TensorDict from Ledger.batch or build_padded), "
+            f"got {type(batch).__name__}",
+            argument="batch",
+        )
+    if len(batch.batch_size) != 1:
+        raise InvalidArgument(
+            f"{what}: expected a batch with batch_size [B], got {list(batch.batch_size)}",
+            argument="batch",
+        )
+    return batch
+
+
+def check_flag(value: object, option: str) -> bool:
+    """An on/off option as a bool (`sessions.validation.flag`, the one rule for every option)."""
+    return validation.flag(value, option)
+
+
+def check_token_id(value: object, option: str = "pad_token_id") -> int:
+    """A token id option (the padding's) as an int the int64 token columns hold; any such id,
+    -1 included (a pad id that is no token)."""
+    if (
+        isinstance(value, (bool, np.bool_))
+        or not isinstance(value, (int, np.integer))
+        or not -(2**63) <= value < 2**63
+    ):
+        raise InvalidArgument(
+            f"{option} must be an integer the int64 token columns hold, got {value!r}",
+            argument=option,
+        )
+    return int(value)
+
+
 def apply_limits(rows: _Rows, keys: list[Any], limit: Limits, truncate: bool) -> None:
     """Truncate (by slicing) or refuse (naming the row and the option) rows over a limit."""
-    if truncate:
+    if check_flag(truncate, "truncate"):
         _truncate(rows, limit.prompt, limit.response)
         return
     _check_limit(keys, rows.prompt_lengths, limit.prompt, "prompt", limit.prompt_option)

@@ -11,11 +11,18 @@ from typing import Sequence
 import torch
 from tensordict import TensorDict, TensorDictBase
 
-from sessions.batches.collect import apply_limits, limits, row_keys
+from sessions.batches.collect import (
+    apply_limits,
+    check_batch,
+    check_token_id,
+    limits,
+    row_keys,
+)
 from sessions.batches.columns import COLUMN_DTYPES
 from sessions.batches.flat import _Flat, _rows_from_flat
 from sessions.batches.jagged import _flat_from_jagged, is_jagged
 from sessions.batches.padded import _flat_from_padded, _padded_from_rows, build_padded
+from sessions.errors import InvalidArgumentType
 
 __all__ = ["concat_padded", "densify", "pad_to_widths"]
 
@@ -86,7 +93,8 @@ def densify(
     columns; unknown tensor columns raise rather than being silently dropped. Widths and
     ``truncate`` as in ``pad_to_widths``.
     """
-    flat = _flat_from_jagged(jagged_td)
+    pad_token_id = check_token_id(pad_token_id)
+    flat = _flat_from_jagged(check_batch(jagged_td, "densify"))
     return _padded_from_flat(flat, pad_token_id, prompt_width, response_width, truncate)
 
 
@@ -105,11 +113,17 @@ def concat_padded(
     contributes zeros when another has it; missing non-tensor columns become None
     (``multi_modal_inputs``: ``{}``).
     """
+    pad_token_id = check_token_id(pad_token_id)
+    if isinstance(batches, TensorDictBase) or not isinstance(batches, Sequence):
+        raise InvalidArgumentType(
+            f"concat_padded takes a list of batches, got {type(batches).__name__}",
+            argument="batches",
+        )
     if not batches:
         return build_padded(
             [], pad_token_id=pad_token_id, prompt_width=prompt_width, response_width=response_width
         )
-    flat = _concat_flats([_flat_from_batch(b) for b in batches])
+    flat = _concat_flats([_flat_from_batch(check_batch(b, "concat_padded")) for b in batches])
     return _padded_from_flat(flat, pad_token_id, prompt_width, response_width, truncate)
 
 
@@ -133,5 +147,6 @@ def pad_to_widths(
     otherwise those of the input (``num_turns``/``__num_turns__``, ``multi_modal_inputs``
     included); unknown tensor columns are refused, as in ``densify``.
     """
-    flat = _flat_from_batch(batch)
+    pad_token_id = check_token_id(pad_token_id)
+    flat = _flat_from_batch(check_batch(batch, "pad_to_widths"))
     return _padded_from_flat(flat, pad_token_id, prompt_width, response_width, truncate)

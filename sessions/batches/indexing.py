@@ -20,6 +20,7 @@ import numpy as np
 import torch
 from tensordict import NonTensorData, NonTensorStack, TensorDict, TensorDictBase
 
+from sessions.batches.collect import check_batch
 from sessions.batches.jagged import (
     is_jagged,
     jagged_from_parts,
@@ -35,10 +36,8 @@ __all__ = ["concat_batches", "select_rows", "split_batch"]
 RowIndex = int | slice | Sequence[int] | Sequence[bool] | np.ndarray | torch.Tensor
 
 
-def _batch_rows(batch: TensorDictBase) -> int:
-    if len(batch.batch_size) != 1:
-        raise InvalidArgument(f"expected a batch with batch_size [B], got {list(batch.batch_size)}")
-    return int(batch.batch_size[0])
+def _batch_rows(batch: TensorDictBase, what: str) -> int:
+    return int(check_batch(batch, what).batch_size[0])
 
 
 def _row_ids(index: RowIndex, n: int) -> torch.Tensor:
@@ -49,7 +48,12 @@ def _row_ids(index: RowIndex, n: int) -> torch.Tensor:
         return torch.tensor([int(index) % n], dtype=torch.int64)
     if isinstance(index, slice):
         return torch.tensor(range(n)[index], dtype=torch.int64)
-    ids = index if isinstance(index, torch.Tensor) else torch.as_tensor(np.asarray(index))
+    try:
+        ids = index if isinstance(index, torch.Tensor) else torch.as_tensor(np.asarray(index))
+    except (TypeError, ValueError, RuntimeError) as error:
+        raise RowIndexError(
+            f"a row index is an int, a slice, a boolean mask or integer row ids, got {index!r}"
+        ) from error
     if ids.dim() != 1:
         raise RowIndexError(f"a row index must be 1-D, got shape {list(ids.shape)}")
     if ids.dtype == torch.bool:
@@ -124,7 +128,7 @@ def select_rows(batch: TensorDictBase, index: RowIndex) -> TensorDict:
     integer row ids (tensor, array or list; negatives count from the end, repeats repeat).
     Every column follows, non-tensor ones included; jagged columns are copied, not viewed.
     """
-    n = _batch_rows(batch)
+    n = _batch_rows(batch, "select_rows")
     rows = _row_ids(index, n)
     tensors, lists = _columns(batch)
     cache: dict[Any, tuple[torch.Tensor, torch.Tensor]] = {}
@@ -159,10 +163,17 @@ def concat_batches(batches: Sequence[TensorDictBase]) -> TensorDict:
     ``torch.cat`` for batches, on every layout and tensordict version. Batches of different
     widths or columns: ``concat_padded`` (re-pads) or ``pad_to_widths`` first.
     """
+    if isinstance(batches, TensorDictBase) or not isinstance(batches, Sequence):
+        raise InvalidArgumentType(
+            f"concat_batches takes a list of batches, got {type(batches).__name__}",
+            argument="batches",
+        )
     if not batches:
         raise InvalidArgument(
             "concat_batches needs at least one batch (build_padded([]) makes an empty one)"
         )
+    for b in batches:
+        check_batch(b, "concat_batches")
     split = [_columns(b) for b in batches]
     tensors0, lists0 = split[0]
     for i, (tensors, lists) in enumerate(split[1:], start=1):
@@ -190,7 +201,7 @@ def concat_batches(batches: Sequence[TensorDictBase]) -> TensorDict:
             )
         out[key] = torch.cat(values)
     lists = {key: [v for _, batch_lists in split for v in batch_lists[key]] for key in lists0}
-    rows = sum(_batch_rows(b) for b in batches)
+    rows = sum(_batch_rows(b, "concat_batches") for b in batches)
     return _new_batch(out, lists, rows, batches[0])
 
 
@@ -202,13 +213,20 @@ def split_batch(batch: TensorDictBase, split_size: int | Sequence[int]) -> tuple
     up to the batch's rows. A chunk of 0 rows is a proper empty batch (tensordict 0.15.3's own
     split makes its non-tensor columns ``LazyStackedTensorDict``s, which are no columns at all).
     """
-    n = _batch_rows(batch)
+    n = _batch_rows(batch, "split_batch")
     if isinstance(split_size, (int, np.integer)) and not isinstance(split_size, bool):
         if split_size < 1:
             raise InvalidArgument(f"split_size must be >= 1, got {split_size}")
         bounds = list(range(0, n, int(split_size))) or [0]
         sizes = [min(int(split_size), n - start) for start in bounds]
     else:
+        if not isinstance(split_size, Sequence) or not all(
+            isinstance(s, (int, np.integer)) and not isinstance(s, bool) for s in split_size
+        ):
+            raise InvalidArgumentType(
+                f"split_size must be an int or a list of ints, got {split_size!r}",
+                argument="split_size",
+            )
         sizes = [int(s) for s in split_size]
         if any(s < 0 for s in sizes) or sum(sizes) != n:
             raise InvalidArgument(

@@ -14,7 +14,13 @@ import numpy as np
 import torch
 from tensordict import TensorDict, TensorDictBase
 
-from sessions.batches.collect import BatchRow, _Rows, _rows_from_batch_rows, limits
+from sessions.batches.collect import (
+    BatchRow,
+    _Rows,
+    _rows_from_batch_rows,
+    check_token_id,
+    limits,
+)
 from sessions.batches.columns import COLUMN_DTYPES
 from sessions.batches.flat import (
     _default_turns,
@@ -204,8 +210,9 @@ def build_padded(
     how an empty step of a run that records logprobs ``torch.cat``-s / ``DataProto.concat``-s
     with its other steps; False: never (given logprobs are left out).
     """
-    if logprobs not in (None, True, False):
+    if logprobs is not None and not isinstance(logprobs, (bool, np.bool_)):  # not `in`: arrays
         raise InvalidArgument(f"logprobs must be None, True or False, got {logprobs!r}")
+    pad_token_id = check_token_id(pad_token_id)
     limit = limits(max_prompt_length, max_response_length, prompt_width, response_width)
     rows_ = _rows_from_batch_rows(rows, limit, truncate)
     if logprobs is False:

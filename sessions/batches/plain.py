@@ -11,6 +11,7 @@ from typing import Any, Mapping
 import torch
 from tensordict import TensorDict, TensorDictBase
 
+from sessions.batches.collect import check_batch
 from sessions.batches.flat import _length_column, _split_columns, lengths_as_index
 from sessions.batches.jagged import is_jagged, jagged_from_parts, jagged_parts
 from sessions.batches.non_tensor_stacks import set_non_tensor_columns
@@ -22,7 +23,7 @@ __all__ = ["from_plain_dict", "to_plain_dict"]
 _VALUES_SUFFIX = ".values"
 _OFFSETS_SUFFIX = ".offsets"
 
-#: per-row lengths, float32 since docs/design.md §6aid so; older files hold int64
+#: per-row lengths, float32 since docs/design.md §6 said so; older files hold int64
 _LENGTH_COLUMNS = frozenset({"prompt_length", "response_length"})
 
 #: the value types a non-tensor column may hold to stay weights_only-loadable
@@ -67,7 +68,7 @@ def to_plain_dict(batch: TensorDictBase) -> dict[str, Any]:
     readable by any consumer (numpy, other torch versions) without nested-tensor internals
     (torch 2.13 does load jagged tensors with ``weights_only=True``; that is not a stable promise).
     """
-    tensors, non_tensors = _split_columns(batch)
+    tensors, non_tensors = _split_columns(check_batch(batch, "to_plain_dict"))
     plain: dict[str, Any] = {}
     for key, value in tensors.items():
         if is_jagged(value):

@@ -18,7 +18,7 @@ import importlib
 import inspect
 import logging
 import threading
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, Protocol, runtime_checkable
@@ -143,12 +143,30 @@ async def log_step(
 
     This signature is the one declaration of the options: `log_step_sync` takes the same.
     """
+    _check_ledger(ledger, sync=False)  # before locals() is taken: it adds no name
     call = _StepLog.bind(ledger.run, **locals())  # the arguments as declared above
     pending, statuses = call.pending()
     if not pending:
         return _report(call.key, None, statuses)
     content = await collect_step(ledger, partition, global_step, **call.read)
     return call.write(content, pending, statuses)
+
+
+def _check_ledger(ledger: object, *, sync: bool) -> None:
+    """Refuse the wrong ledger before anything is read: `log_step` awaits a `Ledger` on its own
+    loop, `log_step_sync` blocks on a `SyncLedger`."""
+    from sessions.ledger import Ledger  # imported here: the module imports only for typing
+    from sessions.sync import SyncLedger
+
+    wanted, other = (
+        (SyncLedger, "await log_step(ledger, ...)") if sync else (Ledger, "log_step_sync")
+    )
+    if not isinstance(ledger, wanted):
+        raise InvalidArgumentType(
+            f"log_step{'_sync' if sync else ''} takes a {wanted.__name__} (the other ledger goes "
+            f"to {other}), got {type(ledger).__name__}",
+            argument="ledger",
+        )
 
 
 def _face_of(
@@ -172,6 +190,7 @@ def log_step_sync(ledger: SyncLedger, *args: Any, **options: Any) -> LoggedStep:
     """`log_step` for a `SyncLedger` (verl's synchronous `fit`; any thread but the ledger's own),
     with `log_step`'s parameters: the step is read on the ledger's loop, the trackers are written
     in the calling thread, so their file and network I/O never stalls the ledger's recording."""
+    _check_ledger(ledger, sync=True)
     if ledger.closed:
         raise LedgerClosed(
             "log_step_sync: the SyncLedger is closed; log each step before closing it"
@@ -264,6 +283,10 @@ def _pending(
     if not anything:
         raise InvalidArgument(
             "log_step: scalars=False and failed_sessions=False would log nothing; keep one of them"
+        )
+    if isinstance(trackers, (str, bytes, Mapping)) or not isinstance(trackers, Sequence):
+        raise InvalidArgumentType(
+            f"log_step: trackers must be a list of trackers, got {trackers!r}", argument="trackers"
         )
     if not trackers:
         raise InvalidArgument(
