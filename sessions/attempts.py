@@ -2,20 +2,54 @@
 timeout; a failure the retry policy retries recorded (`AttemptFailed`) and the next attempt
 started after its backoff; the last attempt's failure, success or cancellation recorded as the
 session's end. Kept apart from the ledger, which only creates the session and bounds the wait.
+
+Whatever a runner raises ends its session (docs/design.md §12, docs/failures.md): a cancellation
+or the process going down (`ABORTS`) cancels it and propagates; anything else — any `Exception`,
+a `RolloutFailure` whose reason cannot be stored, an error whose `str()` raises, a
+`BaseException` of the runner's own — fails it (`recorder.recorded_failure` makes the reason and
+the text storable) and is reported in the outcome, never raised.
 """
 
 from __future__ import annotations
 
 import asyncio
+import builtins
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from sessions.failure_policy import MetricPolicy, RetryPolicy
-from sessions.recorder import SessionHandle, SessionOutcome, failure_origin, failure_reason
+from sessions.recorder import (
+    RecordedFailure,
+    SessionHandle,
+    SessionOutcome,
+    error_text,
+    recorded_failure,
+    type_name,
+)
 
-__all__ = ["Runner", "abort", "outcome", "run_attempts", "settle_or_note"]
+__all__ = ["ABORTS", "Runner", "abort", "aborts", "outcome", "run_attempts", "settle_or_note"]
 
 Runner = Callable[[SessionHandle], Awaitable[Any]]
+
+#: What a runner may raise that cancels its session (a pure abort, docs/design.md §3) and then
+#: propagates: a cancellation, Ctrl-C, `sys.exit()`, a coroutine being closed. The process (or the
+#: caller) is stopping the work, so it is not the runner's failure, and it must not be swallowed.
+ABORTS: tuple[type[BaseException], ...] = (
+    asyncio.CancelledError,
+    KeyboardInterrupt,
+    SystemExit,
+    GeneratorExit,
+)
+_GROUP: Any = getattr(builtins, "BaseExceptionGroup", None)  # Python 3.11+
+_TIMEOUT: Any = getattr(asyncio, "timeout", None)  # Python 3.11+
+
+
+def aborts(error: BaseException) -> bool:
+    """Whether `error` cancels the session rather than fails it: one of `ABORTS`, or an exception
+    group holding one."""
+    if isinstance(error, ABORTS):
+        return True
+    return _GROUP is not None and isinstance(error, _GROUP) and error.subgroup(ABORTS) is not None
 
 
 async def run_attempts(
@@ -27,56 +61,93 @@ async def run_attempts(
     timeout: float | None,
 ) -> SessionOutcome:
     """Run `runner(handle)` until an attempt ends the session; the outcome. A runner's failure or
-    timeout is recorded and reported, never raised; cancellation is recorded and re-raised."""
+    timeout — whatever it raised but an abort — is recorded and reported, never raised; an abort
+    (`ABORTS`) is recorded as a cancellation and re-raised. Only the ledger's own errors (the
+    database's) propagate otherwise."""
     while True:
         try:
-            if timeout is None:
-                await runner(handle)
-            else:
-                await asyncio.wait_for(runner(handle), timeout)
-        except Exception as error:
+            await _attempt(runner, handle, timeout)
+        except BaseException as error:  # noqa: BLE001 - every one is recorded, aborts re-raised
+            if aborts(error):
+                await abort(handle, error)
+                raise
             if handle.terminal:
                 return outcome(handle, error)
-            reason = failure_reason(error)
-            origin = failure_origin(error)
-            if await _retried(handle, retry, metric_policy, reason, origin, error, timeout):
+            failure = recorded_failure(error)
+            if await _retried(handle, retry, metric_policy, failure, timeout):
                 continue
-            await settle_or_note(handle.fail_with(error), error)
+            await _record_failure(handle, failure, error)
             return outcome(handle, error)
-        except BaseException as error:
-            await abort(handle, error)
-            raise
         if not handle.terminal and not handle.view.trajectories and handle.view.state == "running":
             # complete() would fail it as empty_output: retried like a raised failure, if asked
-            empty = RuntimeError("the runner returned without recording a trajectory")
-            if await _retried(handle, retry, metric_policy, "empty_output", None, empty, timeout):
+            empty = RecordedFailure(
+                "empty_output",
+                None,
+                "the runner returned without recording a trajectory",
+                "RuntimeError",
+            )
+            if await _retried(handle, retry, metric_policy, empty, timeout):
                 continue
         if not handle.terminal:
             await handle.complete()
         return outcome(handle, None)
 
 
+async def _attempt(runner: Runner, handle: SessionHandle, timeout: float | None) -> None:
+    """One attempt, in this task: a timeout cancels the runner and raises `TimeoutError`, and
+    whatever the runner raises (Ctrl-C, `sys.exit()` too) reaches `run_attempts` before the loop
+    sees it (3.11's `wait_for` ran the runner in a task of its own, where those two escape into
+    the event loop before the session's end can be recorded)."""
+    if timeout is None:
+        await runner(handle)
+    elif _TIMEOUT is not None:
+        async with _TIMEOUT(timeout):
+            await runner(handle)
+    else:  # Python 3.10
+        await asyncio.wait_for(runner(handle), timeout)
+
+
+async def _record_failure(
+    handle: SessionHandle, failure: RecordedFailure, error: BaseException
+) -> None:
+    """Fail the session as `failure` says; if the database refuses even that, the ledger's error
+    propagates (the runner's stays its context, and a note names it): `recover` ends the session
+    later."""
+    try:
+        await handle.fail(
+            failure.reason,
+            message=failure.message,
+            error_type=failure.error_type,
+            origin=failure.origin,
+        )
+    except Exception as ledger_error:
+        if hasattr(ledger_error, "add_note"):
+            ledger_error.add_note(
+                f"rollout-ledger could not record session {handle.session_id!r} as failed "
+                f"({failure.reason}) after its runner raised {failure.error_type}"
+            )
+        raise
+
+
 async def _retried(
     handle: SessionHandle,
     retry: RetryPolicy,
     metric_policy: MetricPolicy,
-    reason: str,
-    origin: str | None,
-    error: BaseException,
+    failure: RecordedFailure,
     timeout: float | None,
 ) -> bool:
     """Record the failed attempt and start the next, if the policy retries it; a cancellation
     during the backoff cancels the session (a pure abort) and propagates."""
-    origin = metric_policy.origin(reason, origin)  # type: ignore[arg-type]
+    reason = failure.reason
+    origin = metric_policy.origin(reason, failure.origin)  # type: ignore[arg-type]
     if handle.view.state != "running" or not retry.retries(reason, origin, handle.attempt):
         return False
     wait = retry.backoff(handle.attempt)
-    message = str(error) or repr(error)
     try:
         await handle.retry(
             reason,
-            message=message,
-            error_type=type(error).__qualname__,
+            message=failure.message,
+            error_type=failure.error_type,
             origin=origin,
             retry_in_s=wait,
         )
@@ -95,7 +166,7 @@ async def abort(handle: SessionHandle, error: BaseException) -> None:
     """Record a cancellation (or shutdown) of the session, then let the error propagate."""
     if not handle.terminal:
         await settle_or_note(
-            asyncio.shield(handle.cancel(f"{type(error).__name__}: {error}")), error
+            asyncio.shield(handle.cancel(f"{type_name(error)}: {error_text(error)}")), error
         )
 
 

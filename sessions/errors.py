@@ -165,7 +165,13 @@ class RolloutFailure(LedgerError):
     """Raise from a runner to fail its session with an explicit failure reason, built-in or your
     own (lowercase, e.g. `"tool_quota"`), and optionally its origin: `"infra"` (the model cannot
     have caused it) or `"policy"`. Without an origin the ledger's metric policy, then the
-    defaults, decide (a custom reason nobody declared is `policy`)."""
+    defaults, decide (a custom reason nobody declared is `policy`).
+
+    The reason is checked here, at the raise site (docs/design.md §4): a malformed one, one over 32
+    characters, a reserved one (`infra`, `policy`, `*`, `unprojectable`) or `orphaned` (the
+    recovery sweep's) raises `InvalidInput` naming `reason`, with this failure's message kept in
+    its text. Should a subclass bypass this check, `run_session` still records the failure, as
+    `runner_error` (`sessions.recorder.recorded_failure`)."""
 
     reason = "runner_error"
     origin: str | None = None
@@ -178,7 +184,12 @@ class RolloutFailure(LedgerError):
             self.reason = reason
         from sessions.vocabulary import check_runner_reason  # it imports this module
 
-        check_runner_reason(self.reason)  # at the raise site, not when the session fails
+        try:
+            check_runner_reason(self.reason)  # at the raise site, not when the session fails
+        except InvalidInput as refused:  # the failure it was to record is named, not lost
+            shown = f"{message!r:.200}" if isinstance(message, str) else type(message).__name__
+            refused.args = (f"{refused.args[0]} (raising RolloutFailure({shown}))",)
+            raise
         if origin is not None:
             if origin not in ("infra", "policy"):
                 raise InvalidArgument(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
@@ -12,8 +12,8 @@ import numpy as np
 
 from sessions import aggregate as agg
 from sessions import events as ev
-from sessions import storable, tokens, validation
-from sessions.errors import InvalidInput, LedgerError, RolloutFailure
+from sessions import storable, tokens, validation, vocabulary
+from sessions.errors import ConfigError, InvalidInput, LedgerError, RolloutFailure
 from sessions.failure_policy import MetricPolicy
 from sessions.placeholder import PlaceholderPolicy
 from store import EventStore, encode_data
@@ -24,13 +24,17 @@ __all__ = [
     "MAX_SESSION_BYTES",
     "MAX_SESSION_EVENTS",
     "SessionHandle",
+    "RecordedFailure",
     "SessionOutcome",
     "append_then_apply",
     "storable_envelopes",
+    "error_text",
     "event_bytes",
     "failure_origin",
     "failure_reason",
+    "recorded_failure",
     "stored_bytes",
+    "type_name",
 ]
 
 
@@ -64,7 +68,7 @@ class Limits:
             if value is not None and (
                 isinstance(value, bool) or not isinstance(value, int) or value < 1
             ):
-                raise ValueError(
+                raise ConfigError(
                     f"{name} must be a positive integer or None (no cap), got {value!r}"
                 )
 
@@ -133,20 +137,120 @@ def stored_bytes(stored: Sequence[Any]) -> int:
     return sum(event_bytes(s.data, s.payload) for s in stored)
 
 
-def failure_reason(error: BaseException) -> str:
-    """Map an exception raised inside a session to a failure reason (docs/design.md §4)."""
+@dataclass(frozen=True, slots=True)
+class RecordedFailure:
+    """An exception raised inside a session as the ledger records it: a reason and an origin the
+    log can store, the error's text and its type's name. Built by `recorded_failure`, which never
+    raises, so whatever a runner raises can end its session (docs/design.md §4)."""
+
+    reason: str
+    origin: str | None
+    message: str
+    error_type: str
+
+
+#: The longest note `recorded_failure` adds to a message (why the runner's reason was not kept).
+_NOTE_LIMIT = 300
+
+
+def error_text(error: BaseException) -> str:
+    """What `error` says, without ever raising: `str(error)`; its `repr()` when that is empty or
+    raises (saying so); the type's name when both raise."""
+    broken = None
+    try:
+        text = str(error)
+        if text:
+            return str.__str__(text)  # a str subclass's own methods are not trusted either
+    except Exception as failed:  # noqa: BLE001 - a broken __str__ is the runner's, not ours
+        broken = type(failed).__name__
+    try:
+        text = str.__str__(repr(error))
+    except Exception:  # noqa: BLE001
+        return type_name(error)
+    return text if broken is None else f"{text} (its str() raised {broken})"
+
+
+def type_name(error: BaseException) -> str:
+    """The qualified name of `error`'s type, read from the type itself (a metaclass cannot
+    override it)."""
+    return str.__str__(type.__dict__["__qualname__"].__get__(type(error)))
+
+
+def _shown(value: Any) -> str:
+    """`value` for a message: its repr, cut; its type's name when repr raises."""
+    try:
+        return f"{str.__str__(repr(value)):.40}"
+    except Exception:  # noqa: BLE001
+        return f"a {type.__dict__['__qualname__'].__get__(type(value))}"
+
+
+def recorded_failure(error: BaseException) -> RecordedFailure:
+    """What failing a session because of `error` records (docs/design.md §4): the reason its type
+    maps to, or the one a `RolloutFailure` carries; the origin it declares; `error_text(error)`.
+
+    A reason or origin the log cannot take — one a `RolloutFailure` subclass set without its
+    constructor's check (malformed, over 32 characters, reserved, or `orphaned`, the recovery
+    sweep's), or one that raises when read — becomes `runner_error` (and the reason's default
+    origin), the refusal noted in the message after the error's own text. Never raises.
+    """
+    reason, origin, notes = _mapped_reason(error), None, []
     if isinstance(error, RolloutFailure):
-        return error.reason
+        declared, problem = _declared(error, "reason")
+        if problem is None and not isinstance(declared, str):
+            problem = f"a failure reason is a string, got {_shown(declared)}"
+        problem = problem or vocabulary.reason_problem(declared, runner=True)
+        if problem is None:
+            reason = declared
+        else:
+            notes.append(f"reason refused, runner_error recorded: {problem}")
+        declared, problem = _declared(error, "origin")
+        if problem is None and declared is not None:
+            if not isinstance(declared, str) or declared not in vocabulary.ORIGINS:
+                problem = f"{_shown(declared)} is neither 'infra' nor 'policy'"
+        if problem is None:
+            origin = declared
+        else:
+            notes.append(f"origin refused, the reason's default used: {problem}")
+    text = error_text(error)
+    if notes:
+        note = f" [rollout-ledger: {'; '.join(notes)}"
+        note = (note if len(note) < _NOTE_LIMIT else note[: _NOTE_LIMIT - 2] + "…") + "]"
+        if len(text) + len(note) > ev.MESSAGE_LIMIT:  # the error's own text first, then why
+            text = text[: ev.MESSAGE_LIMIT - len(note) - 1] + "…"
+        text += note
+    return RecordedFailure(reason, origin, text, type_name(error))
+
+
+def _mapped_reason(error: BaseException) -> str:
+    if isinstance(error, RolloutFailure):
+        return "runner_error"  # unless its own reason can be recorded (see recorded_failure)
     if isinstance(error, (TimeoutError, asyncio.TimeoutError)):
         return "timeout"
-    if isinstance(error, InvalidInput):
-        return "invalid_output"
-    return "runner_error"
+    if isinstance(error, InvalidInput) and _declared(error, "session_id")[0] is not None:
+        return "invalid_output"  # a command of the session was refused: its tokens, mask, reward
+    return "runner_error"  # an InvalidInput naming no session refused a name, not the output
+
+
+def _declared(error: BaseException, name: str) -> tuple[Any, str | None]:
+    """`error.<name>` as plain text (a str subclass, such as an enum, as its value) or as found,
+    and None; or None and why it could not be read."""
+    try:
+        value = getattr(error, name)
+        return (str.__str__(value) if isinstance(value, str) else value), None
+    except Exception as failed:  # noqa: BLE001 - a property that raises is the runner's
+        return None, f"reading it raised {type(failed).__name__}"
+
+
+def failure_reason(error: BaseException) -> str:
+    """The failure reason an exception raised inside a session is recorded with
+    (docs/design.md §4); always one the log can store."""
+    return recorded_failure(error).reason
 
 
 def failure_origin(error: BaseException) -> str | None:
-    """The origin a runner declared with its error (`RolloutFailure(origin=...)`), if any."""
-    return error.origin if isinstance(error, RolloutFailure) else None
+    """The origin a runner declared with its error (`RolloutFailure(origin=...)`), if any and
+    valid."""
+    return recorded_failure(error).origin
 
 
 class SessionHandle:
@@ -311,12 +415,14 @@ class SessionHandle:
             )
 
     async def fail_with(self, error: BaseException) -> None:
-        """Fail the session because `error` was raised inside it."""
+        """Fail the session because `error` was raised inside it, whatever it is: its reason,
+        origin and text as `recorded_failure` makes them storable."""
+        failure = recorded_failure(error)
         await self.fail(
-            failure_reason(error),
-            message=str(error) or repr(error),
-            error_type=type(error).__qualname__,
-            origin=failure_origin(error),
+            failure.reason,
+            message=failure.message,
+            error_type=failure.error_type,
+            origin=failure.origin,
         )
 
     async def retry(
@@ -344,12 +450,13 @@ class SessionHandle:
             )
 
     async def retry_with(self, error: BaseException, *, retry_in_s: float = 0.0) -> None:
-        """`retry` because `error` was raised inside the attempt."""
+        """`retry` because `error` was raised inside the attempt (made storable as in `fail_with`)."""
+        failure = recorded_failure(error)
         await self.retry(
-            failure_reason(error),
-            message=str(error) or repr(error),
-            error_type=type(error).__qualname__,
-            origin=failure_origin(error),
+            failure.reason,
+            message=failure.message,
+            error_type=failure.error_type,
+            origin=failure.origin,
             retry_in_s=retry_in_s,
         )
 
@@ -445,7 +552,14 @@ async def append_then_apply(
 
 @dataclass(frozen=True, slots=True)
 class SessionOutcome:
-    """What `run_session` reports: the terminal state and, for failures, why."""
+    """What `run_session` reports: the terminal state and, for failures, why.
+
+    `state` is `succeeded`, `failed` or `cancelled` — or `recording` when `run_session`'s time
+    (its `timeout` per attempt, plus `recording_timeout`) ran out before the session's end was
+    written, because the database kept the append waiting (a lock held elsewhere). The end is
+    then still being recorded in the background: `await outcome.recorded()` gives the outcome
+    once it is (docs/design.md §12, docs/failures.md).
+    """
 
     session_id: str
     state: str
@@ -453,7 +567,18 @@ class SessionOutcome:
     error: BaseException | None = None
     #: attempts made (more than 1 when the retry policy retried it)
     attempts: int = 1
+    #: for a `recording` outcome, the run still under way (await it through `recorded()`)
+    pending: asyncio.Future[SessionOutcome] | None = field(default=None, repr=False, compare=False)
 
     @property
     def succeeded(self) -> bool:
         return self.state == "succeeded"
+
+    async def recorded(self, timeout: float | None = None) -> SessionOutcome:
+        """The outcome once the session's end is in the log: this one if it already was, else the
+        background recording's, awaited (on the ledger's event loop) at most `timeout` seconds
+        (`TimeoutError` after them; the recording goes on). The ledger's own error, if the
+        database refused the recording, is raised here; `Ledger.close()` also waits for it."""
+        if self.pending is None:
+            return self
+        return await asyncio.wait_for(asyncio.shield(self.pending), timeout)
