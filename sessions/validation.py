@@ -190,6 +190,10 @@ def flag(value: object, name: str) -> bool:
     raise InvalidArgumentType(f"{name} must be True or False, got {value!r}", argument=name)
 
 
+#: The largest step the events table's BIGINT column holds: no recorded session is beyond it.
+_MAX_STEP = 2**63 - 1
+
+
 def read_step(global_step: object) -> int | None:
     """A step a read asks for, as the query binds it (a numpy integer becomes an int), or a
     refusal before any query: sessions are recorded with an integer step >= 0, or none."""
@@ -198,10 +202,11 @@ def read_step(global_step: object) -> int | None:
     if (
         isinstance(global_step, (bool, np.bool_))
         or not isinstance(global_step, numbers.Integral)
-        or global_step < 0
+        or not 0 <= global_step <= _MAX_STEP
     ):
         raise InvalidArgument(
-            f"global_step must be an integer >= 0 or None (sessions recorded without a step), "
+            f"global_step must be an integer in [0, 2**63 - 1] (what the log stores) or None "
+            f"(sessions recorded without a step), "
             f"got {global_step!r}",
             argument="global_step",
         )
