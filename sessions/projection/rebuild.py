@@ -60,7 +60,9 @@ class Rebuild:
             )
         if not rows:
             return
-        with gc_paused():  # the rebuild only allocates rows it keeps (sessions.projection.gc_pause says why)
+        with (
+            gc_paused()
+        ):  # the rebuild only allocates rows it keeps (sessions.projection.gc_pause says why)
             self.rules.apply_all(self.decoder.events(rows))
         self.last_position = rows[-1][0]
         self.events += len(rows)
