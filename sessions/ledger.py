@@ -24,6 +24,7 @@ from sessions.config import (
 )
 from sessions.errors import (
     ConcurrencyError,
+    ConfigError,
     InvalidArgument,
     InvalidArgumentType,
     InvalidInput,
@@ -427,6 +428,7 @@ class Ledger:
         truncate: bool = False,
         poll_interval: float = 0.5,
         reward_info: bool = False,
+        logprobs: bool | None = None,
     ) -> Any:
         """The step's batch (a TensorDict) once every group of the step is settled.
 
@@ -438,10 +440,19 @@ class Ledger:
         longer row is an error unless `truncate`. `reward_info=True` adds a non-tensor column per
         key the rows' posted `reward_info` carries, filled on every row
         (`sessions.batches.reward_info`: a placeholder gets 0.0 for a numeric key), which
-        `to_data_proto` names verl's `reward_extra_keys`.
+        `to_data_proto` names verl's `reward_extra_keys`. `logprobs=True` gives the padded batch a
+        `rollout_log_probs` column even when no row carries log-probs (an empty step's batch then
+        concatenates with a normal one); `False` leaves it out; None: only when a row has them.
         """
         jagged = validation.flag(jagged, "jagged")
         reward_info = validation.flag(reward_info, "reward_info")
+        if logprobs is not None:
+            logprobs = validation.flag(logprobs, "logprobs")
+            if jagged:
+                raise ConfigError(
+                    "logprobs= fixes the padded layout's rollout_log_probs column; a jagged batch "
+                    "carries the rows' own: drop logprobs, or jagged"
+                )
         if jagged and (prompt_width is not None or response_width is not None):
             raise InvalidArgument(
                 "prompt_width/response_width fix the padded layout's widths; a jagged batch has "
@@ -475,6 +486,7 @@ class Ledger:
                 prompt_width=prompt_width,
                 response_width=response_width,
                 truncate=truncate,
+                logprobs=logprobs,
             )
         if reward_info:
             from sessions.batches.reward_info import add_reward_info

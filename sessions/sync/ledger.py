@@ -194,6 +194,7 @@ class SyncLedger:
         truncate: bool = False,
         poll_interval: float = 0.5,
         reward_info: bool = False,
+        logprobs: bool | None = None,
     ) -> Any:
         """The step's batch (a TensorDict), as `Ledger.batch`."""
         step = self.ledger.batch(
@@ -210,6 +211,7 @@ class SyncLedger:
             truncate=truncate,
             poll_interval=poll_interval,
             reward_info=reward_info,
+            logprobs=logprobs,
         )
         return self._call(step, "batch")
 
@@ -270,6 +272,7 @@ class SyncLedger:
         truncate: bool = False,
         poll_interval: float = 0.5,
         reward_info: bool = False,
+        logprobs: bool | None = None,
     ) -> Any:
         step = self.ledger.batch(
             partition,
@@ -285,6 +288,7 @@ class SyncLedger:
             truncate=truncate,
             poll_interval=poll_interval,
             reward_info=reward_info,
+            logprobs=logprobs,
         )
         return await self._hop(step, "abatch")
 
