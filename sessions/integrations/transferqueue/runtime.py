@@ -1,7 +1,7 @@
 """Bringing TransferQueue up in this process: the import, torch's thread count, Ray, start and stop.
 
 Sized for small machines (tests, a laptop, a 2-core CI box), where TransferQueue's defaults block
-or fight the trainer for threads; BACKGROUND.md records the facts behind each setting.
+or fight the trainer for threads (docs/transferqueue.md says how it is started and stopped).
 """
 
 from __future__ import annotations
