@@ -10,6 +10,8 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import functools
+import inspect
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator
 from types import EllipsisType
@@ -39,6 +41,18 @@ __all__ = ["SyncLedger"]
 T = TypeVar("T")
 #: A runner for `SyncLedger.run_session`: given the session's awaitable face.
 ProxyRunner = Callable[[SessionProxy], Awaitable[Any]]
+
+
+def _forwarded(method: Callable[..., Any], given: dict[str, Any]) -> dict[str, Any]:
+    """A face's arguments for the `Ledger` method it mirrors, taken from the face's own locals by
+    that method's parameter names: the face declares its (typed) signature, and this forwards
+    every parameter without a third copy of the list (a missing one is a KeyError at once)."""
+    return {name: given[name] for name in _parameter_names(method)}
+
+
+@functools.cache
+def _parameter_names(method: Callable[..., Any]) -> tuple[str, ...]:
+    return tuple(name for name in inspect.signature(method).parameters if name != "self")
 
 
 # ----------------------------------------------------------------------- the ledger
@@ -197,22 +211,7 @@ class SyncLedger:
         logprobs: bool | None = None,
     ) -> Any:
         """The step's batch (a TensorDict), as `Ledger.batch`."""
-        step = self.ledger.batch(
-            partition,
-            global_step,
-            run=run,
-            timeout=timeout,
-            jagged=jagged,
-            pad_token_id=pad_token_id,
-            max_prompt_length=max_prompt_length,
-            max_response_length=max_response_length,
-            prompt_width=prompt_width,
-            response_width=response_width,
-            truncate=truncate,
-            poll_interval=poll_interval,
-            reward_info=reward_info,
-            logprobs=logprobs,
-        )
+        step = self.ledger.batch(**_forwarded(Ledger.batch, locals()))
         return self._call(step, "batch")
 
     def metrics(
@@ -241,15 +240,7 @@ class SyncLedger:
     ) -> dict[str, float]:
         """One step's metrics by name, verl's and the ledger's own (for verl's `Tracking.log`), as
         `Ledger.metrics_dict`."""
-        figures = self.ledger.metrics_dict(
-            partition,
-            global_step,
-            run=run,
-            timeout=timeout,
-            max_prompt_length=max_prompt_length,
-            max_response_length=max_response_length,
-            poll_interval=poll_interval,
-        )
+        figures = self.ledger.metrics_dict(**_forwarded(Ledger.metrics_dict, locals()))
         return self._call(figures, "metrics_dict")
 
     # ------------------------------------------------------------ reading (other loops)
@@ -274,22 +265,7 @@ class SyncLedger:
         reward_info: bool = False,
         logprobs: bool | None = None,
     ) -> Any:
-        step = self.ledger.batch(
-            partition,
-            global_step,
-            run=run,
-            timeout=timeout,
-            jagged=jagged,
-            pad_token_id=pad_token_id,
-            max_prompt_length=max_prompt_length,
-            max_response_length=max_response_length,
-            prompt_width=prompt_width,
-            response_width=response_width,
-            truncate=truncate,
-            poll_interval=poll_interval,
-            reward_info=reward_info,
-            logprobs=logprobs,
-        )
+        step = self.ledger.batch(**_forwarded(Ledger.batch, locals()))
         return await self._hop(step, "abatch")
 
     async def ametrics(
@@ -315,15 +291,7 @@ class SyncLedger:
         max_response_length: int | None = None,
         poll_interval: float = 0.5,
     ) -> dict[str, float]:
-        figures = self.ledger.metrics_dict(
-            partition,
-            global_step,
-            run=run,
-            timeout=timeout,
-            max_prompt_length=max_prompt_length,
-            max_response_length=max_response_length,
-            poll_interval=poll_interval,
-        )
+        figures = self.ledger.metrics_dict(**_forwarded(Ledger.metrics_dict, locals()))
         return await self._hop(figures, "ametrics_dict")
 
     # --------------------------------------------------------- recording (blocking)
