@@ -73,6 +73,13 @@ def fresh_process_state() -> Any:
     llm.TOOL_FAULTS.clear()
 
 
+# Seconds per agent-loop attempt. The stand-in policy samples on the event loop, so 16 runs of a
+# step share one thread: on a loaded 2-core CI machine (two suites side by side) a healthy step
+# took over a second, and a 1-second timeout failed every run. A hang fault sleeps for an hour,
+# so this only has to sit well above a healthy run; each test with a hang waits it out once.
+ATTEMPT_TIMEOUT = 10.0
+
+
 def config(model: Path, url: str | None, *overrides: str) -> Any:
     from sessions.integrations.verl.agent_loop import AGENT_LOOP_CONFIG
 
@@ -82,7 +89,7 @@ def config(model: Path, url: str | None, *overrides: str) -> Any:
         else [
             f"actor_rollout_ref.rollout.agent.agent_loop_config_path={AGENT_LOOP_CONFIG}",
             f"+ledger.url={url}",
-            "+ledger.timeout=1.0",
+            f"+ledger.timeout={ATTEMPT_TIMEOUT}",
         ]
     )
     return llm.verl_config(model, [*ledger, *overrides])

@@ -79,7 +79,7 @@ async def run_v1_step(model: Path, url: str | None, prefix: str) -> dict[str, An
         else [
             f"actor_rollout_ref.rollout.agent.agent_loop_config_path={AGENT_LOOP_CONFIG}",
             f"+ledger.url={url}",
-            "+ledger.timeout=5",
+            "+ledger.timeout=60",  # no hangs here: only a bound on healthy runs
         ]
     )
     cfg = llm.verl_config(model, overrides)
