@@ -201,11 +201,13 @@ class EngineOptions(TypedDict, total=False):
     """How `open` makes the database engine: `sqlite_busy_timeout` (seconds a SQLite write waits
     for another process's lock; default 30), `require_ledger` (refuse a SQLite file that is not
     a ledger at head, before connecting), `engine_options` (any other SQLAlchemy engine keyword,
-    e.g. `{"pool_size": 20}`)."""
+    e.g. `{"pool_size": 20}`), `share_database` (let migrating make the ledger in a database that
+    already holds another application's tables; refused otherwise)."""
 
     sqlite_busy_timeout: float | None
     require_ledger: bool
     engine_options: Mapping[str, Any] | None
+    share_database: bool
 
 
 class OpenOptions(LedgerOptions, EngineOptions, total=False):

@@ -131,7 +131,8 @@ class Ledger:
         keywords beside `settings` replace its fields. They are checked before the database is
         touched (`ConfigError`). Passing `config` or `resume` checks the run's fingerprint at
         open; otherwise at the ledger's first session of the run. `sqlite_busy_timeout`,
-        `require_ledger` and `engine_options` go to the engine (`sessions.config.EngineOptions`).
+        `require_ledger` and `engine_options` go to the engine, `share_database` to the migration
+        (`sessions.config.EngineOptions`).
         """
         engine_options = {key: options.pop(key) for key in ENGINE_OPTIONS & options.keys()}
         settings = resolve(settings, options)
@@ -144,7 +145,8 @@ class Ledger:
         try:
             # A connection dropped while opening (a PostgreSQL restart) is retried like an append.
             if migrate:
-                await retry_transient(lambda: upgrade(engine), what="open (migrate)")
+                share = bool(engine_options.get("share_database", False))
+                await retry_transient(lambda: upgrade(engine, share=share), what="open (migrate)")
             else:
                 await retry_transient(lambda: check_schema(engine), what="open (schema check)")
             ledger = cls(engine, settings=settings)

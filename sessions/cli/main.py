@@ -164,7 +164,17 @@ def build_parser() -> argparse.ArgumentParser:
         "--run", type=text("a run name"), default=None, help="only this run (default: all runs)"
     )
 
-    verbs.add_parser("migrate", parents=[common], help="upgrade the schema to head")
+    migrate = verbs.add_parser(
+        "migrate",
+        parents=[common],
+        help="upgrade the schema to head, in one transaction (all revisions or none)",
+    )
+    migrate.add_argument(
+        "--share-database",
+        action="store_true",
+        help="make the ledger in a database that already holds another application's tables "
+        "(refused without this flag)",
+    )
 
     diagram = verbs.add_parser(
         "diagram", parents=[flags], help="the state machine, drawn from the machine itself"
@@ -511,11 +521,13 @@ async def _cmd_migrate(args: argparse.Namespace) -> int:
     engine = create_engine(args.db)
     try:
         before = await current_revision(engine)
-        await upgrade(engine)
+        await upgrade(engine, share=args.share_database)
         after = await current_revision(engine)
     finally:
         await engine.dispose()
-    print(f"schema at {after}" + ("" if before == after else f" (was {before or 'empty'})"))
+    print(
+        f"schema at {after}" + ("" if before == after else f" (was {before or 'no ledger schema'})")
+    )
     return 0
 
 

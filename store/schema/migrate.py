@@ -22,6 +22,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from store.dialects import WRITE_LOCK, dialect_of
 from store.errors import SchemaError, StoreInvariantError
 from store.faults import wraps_faults
+from store.schema.tables import metadata
+from store.schema.views import VIEWS
 
 MIGRATIONS_DIR = Path(__file__).resolve().parents[2] / "migrations"
 
@@ -66,24 +68,65 @@ def _check_known(conn: Connection, script: ScriptDirectory) -> str | None:
     return revision
 
 
-def _upgrade(conn: Connection, target: str) -> None:
+#: Every table and view a ledger's schema has at head, and Alembic's own: anything else found in
+#: a database that is not a ledger yet belongs to another application.
+LEDGER_NAMES = frozenset({*metadata.tables, *VIEWS, "alembic_version"})
+
+
+def foreign_tables(state: SchemaState) -> tuple[str, ...]:
+    """The tables and views of `state` that are not the ledger's."""
+    return tuple(name for name in state.tables if name not in LEDGER_NAMES)
+
+
+def _refuse_foreign(conn: Connection, share: bool) -> None:
+    """A database that is not a ledger yet gets the ledger's tables only if it holds nothing else,
+    or the caller said to share it: `migrate` on another application's file (a typo in --db) must
+    not add eleven tables beside its own, nor half of them before a name clash stops it."""
+    state = read_state(conn)
+    where, target = describe(conn.engine.url)
+    if state.revision is not None:
+        if not _known(ScriptDirectory.from_config(alembic_config()), state.revision):
+            raise SchemaError(schema_problem(state, where, target))
+        return  # already a ledger: its own extra tables (a user's SQL) were its owner's choice
+    foreign = foreign_tables(state)
+    if foreign and not share:
+        raise SchemaError(
+            f"{where} is not a rollout-ledger database: it holds {_listing(foreign)} of another "
+            "application, so nothing was created; point --db at a new or empty database, or pass "
+            "--share-database (share_database=True) to keep the ledger's tables beside them"
+        )
+    clash = [name for name in state.tables if name in LEDGER_NAMES and name != "alembic_version"]
+    if clash:
+        raise SchemaError(
+            f"{where} already has table(s) named {', '.join(clash)} that are not a rollout-ledger "
+            "schema (no alembic_version), so nothing was created; the ledger cannot share a "
+            "database with them — point --db at another database"
+        )
+
+
+def _upgrade(conn: Connection, target: str, share: bool) -> None:
     cfg = alembic_config()
     script = ScriptDirectory.from_config(cfg)
+    _refuse_foreign(conn, share)
     _check_known(conn, script)
     cfg.attributes["connection"] = conn
     command.upgrade(cfg, target)
 
 
 @wraps_faults("upgrading the schema")
-async def upgrade(engine: AsyncEngine, target: str = "head") -> None:
-    """Upgrade the schema in one transaction; a database of unknown revision raises SchemaError."""
+async def upgrade(engine: AsyncEngine, target: str = "head", *, share: bool = False) -> None:
+    """Upgrade the schema in one transaction (all revisions or none, on SQLite and PostgreSQL).
+
+    A database of unknown revision raises SchemaError, and so does one that is not a ledger yet
+    and holds another application's tables, unless `share` says to keep both in one database.
+    """
     async with engine.connect() as conn:
         conn = await conn.execution_options(**{WRITE_LOCK: True})
         async with conn.begin():
             lock = dialect_of(conn).migration_lock_sql  # concurrent migrators take turns
             if lock is not None:
                 await conn.execute(text(lock))
-            await conn.run_sync(_upgrade, target)
+            await conn.run_sync(_upgrade, target, share)
 
 
 @wraps_faults("checking the schema")
