@@ -82,6 +82,9 @@ events = Table(
     Index(None, "run", "partition", "global_step"),
     Index(None, "run", "uid"),
     Index(None, "type"),
+    # A page of sessions' trajectories, found by session (revision 0006): without it SQLite's
+    # planner took ix_events_type for an IN list of sessions and read the whole log's.
+    Index(None, "session_id", "type"),
     Index(
         "uq_events_group_slot",
         "run",
