@@ -242,6 +242,13 @@ class Figure:
     target: str | None = None
     goal: tuple[str, float] | None = None
     kind: str = "figure"  # figure | ratio | memory
+    #: spread over the repetitions the value is the median of: min, max and how many (1: one
+    #: measurement, no spread); `paired` False when two sample sets of different sizes were
+    #: combined every way (the widest spread they allow, see `Sampled`)
+    low: float | None = None
+    high: float | None = None
+    n: int = 1
+    paired: bool = True
 
     @property
     def met(self) -> bool | None:
@@ -261,6 +268,8 @@ class Report:
     figures: list[Figure] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     seconds: dict[str, float] = field(default_factory=dict)
+    #: per workload run: the 1/5/15-minute load average before and after it
+    loads: dict[str, tuple[list[float] | None, list[float] | None]] = field(default_factory=dict)
 
     def add(
         self,
@@ -272,8 +281,26 @@ class Report:
         target: str | None = None,
         goal: tuple[str, float] | None = None,
         kind: str = "figure",
+        samples: Iterable[float] | None = None,
     ) -> Figure:
+        """One figure; its spread comes from `samples` or, if none are given, from the
+        repetitions a `Sampled` value carries (every `median` of this module returns one)."""
+        paired = True
+        if samples is not None:
+            spread = [float(v) for v in samples]
+        elif isinstance(value, Sampled):
+            spread, paired = list(value.samples), value.paired
+        else:
+            spread = []
         figure = Figure(workload, name, float(value), unit, target, goal, kind)
+        finite = [v for v in spread if math.isfinite(v)]
+        if len(finite) >= 2:
+            figure.low, figure.high, figure.n, figure.paired = (
+                min(finite),
+                max(finite),
+                len(spread),
+                paired,
+            )
         self.figures.append(figure)
         return figure
 
@@ -296,18 +323,63 @@ def fmt_value(value: float, unit: str) -> str:
     return f"{value:,.3g}"
 
 
+TABLE_HEADER = "| workload | measure | value | min | max | reps | unit | target | status |"
+
+
+def reps_label(f: Figure) -> str:
+    """How many measurements the spread is over: "3"; "1" for a single one; "15*" when two
+    sample sets of different sizes were combined every way (the widest spread they allow)."""
+    return f"{f.n}" if f.paired else f"{f.n}*"
+
+
 def table(figures: list[Figure]) -> str:
-    """A GitHub-flavoured Markdown table (readable as plain text too)."""
-    lines = [
-        "| workload | measure | value | unit | target | status |",
-        "| --- | --- | ---: | --- | --- | --- |",
-    ]
+    """A GitHub-flavoured Markdown table (readable as plain text too): each figure's value (the
+    median of the repetitions; a peak's max) with the min and max over them (per-repetition
+    ratios for a ratio; empty: one figure, no spread)."""
+    lines = [TABLE_HEADER, "| --- | --- | ---: | ---: | ---: | ---: | --- | --- | --- |"]
     for f in figures:
         status = {True: "met", False: "**missed**", None: ""}[f.met]
+        low = "" if f.low is None else fmt_value(f.low, f.unit)
+        high = "" if f.high is None else fmt_value(f.high, f.unit)
         lines.append(
-            f"| {f.workload} | {f.name} | {fmt_value(f.value, f.unit)} | {f.unit} | {f.target or ''} | {status} |"
+            f"| {f.workload} | {f.name} | {fmt_value(f.value, f.unit)} | {low} | {high} "
+            f"| {reps_label(f)} | {f.unit} | {f.target or ''} | {status} |"
         )
     return "\n".join(lines)
+
+
+def headline(figures: list[Figure]) -> list[Figure]:
+    """The user-facing figures first: the train_step workload's ledger share of a training step."""
+    return [f for f in figures if f.workload == "train_step" and f.name.startswith("ledger share")]
+
+
+def spread_text(f: Figure) -> str:
+    if f.low is None:
+        return "one measurement"
+    widest = "" if f.paired else ", every pairing"
+    return f"min {fmt_value(f.low, f.unit)}, max {fmt_value(f.high, f.unit)} over {f.n}{widest}"
+
+
+def summary(report: Report, load_start: Any, load_end: Any) -> list[str]:
+    """The summary printed before the whole table: the ledger's share of a training step first
+    (when train_step ran), then every target with its spread and status, then the load."""
+    lines = ["Summary"]
+    for f in headline(report.figures):
+        lines.append(f"- {f.name}: {fmt_value(f.value, f.unit)} {f.unit} ({spread_text(f)})")
+    targeted = [f for f in report.figures if f.met is not None]
+    for f in targeted:
+        status = "met" if f.met else "MISSED"
+        lines.append(
+            f"- {f.workload}: {f.name}: {fmt_value(f.value, f.unit)} {f.unit} ({spread_text(f)}); "
+            f"target {f.target}: {status}"
+        )
+    missed = sum(f.met is False for f in targeted)
+    if targeted:
+        lines.append(f"{missed} of {len(targeted)} targets missed (goals, not assertions)")
+    lines.append(f"load average (1/5/15 min): {load_start} at start, {load_end} at end")
+    for name, (before, after) in report.loads.items():
+        lines.append(f"  {name}: {before} before, {after} after")
+    return lines
 
 
 def machine_lines(info: dict[str, Any]) -> list[str]:
@@ -325,8 +397,83 @@ def machine_lines(info: dict[str, Any]) -> list[str]:
 
 
 # ----------------------------------------------------------------------------------- timing
-def median(values: Iterable[float]) -> float:
-    return statistics.median(values)
+class Sampled(float):
+    """A median that keeps the repetitions it is the median of, so the figure built from it can
+    be printed with its spread.
+
+    Arithmetic with a plain number applies to the median and to every sample; with another
+    `Sampled` of as many samples it pairs them repetition by repetition (subject and baseline run
+    side by side in each repetition, so ``median(build_s) / median(per_row_s)`` keeps the ratio of
+    the medians as its value and gets the per-repetition ratios as its samples). Two `Sampled` of
+    different sizes (e.g. 3 repetitions against a 5-copy speed probe) give every pairing: the
+    spread is then the widest the two allow, marked ``paired=False``.
+    """
+
+    __slots__ = ("samples", "paired")
+
+    samples: tuple[float, ...]
+    paired: bool
+
+    def __new__(cls, value: float, samples: Iterable[float], paired: bool = True) -> Sampled:
+        obj = super().__new__(cls, value)
+        obj.samples = tuple(float(v) for v in samples)
+        obj.paired = paired
+        return obj
+
+    def _apply(self, other: Any, op: Callable[[float, float], float], swap: bool) -> Any:
+        if not isinstance(other, (int, float)) or isinstance(other, bool):
+            return NotImplemented
+        a, b = (float(other), float(self)) if swap else (float(self), float(other))
+        value = op(a, b)
+        mine = self.samples
+        theirs = other.samples if isinstance(other, Sampled) else (float(other),)
+        paired = self.paired and (not isinstance(other, Sampled) or other.paired)
+        if len(theirs) == 1 or len(mine) == len(theirs):
+            pairs = list(zip(mine, theirs * len(mine) if len(theirs) == 1 else theirs))
+        else:
+            pairs = [(x, y) for x in mine for y in theirs]
+            paired = False
+        samples = []
+        for x, y in pairs:
+            with contextlib.suppress(ZeroDivisionError, OverflowError):
+                samples.append(op(y, x) if swap else op(x, y))
+        return Sampled(value, samples, paired)
+
+    def __add__(self, other: Any) -> Any:
+        return self._apply(other, lambda a, b: a + b, False)
+
+    def __radd__(self, other: Any) -> Any:
+        return self._apply(other, lambda a, b: a + b, True)
+
+    def __sub__(self, other: Any) -> Any:
+        return self._apply(other, lambda a, b: a - b, False)
+
+    def __rsub__(self, other: Any) -> Any:
+        return self._apply(other, lambda a, b: a - b, True)
+
+    def __mul__(self, other: Any) -> Any:
+        return self._apply(other, lambda a, b: a * b, False)
+
+    def __rmul__(self, other: Any) -> Any:
+        return self._apply(other, lambda a, b: a * b, True)
+
+    def __truediv__(self, other: Any) -> Any:
+        return self._apply(other, lambda a, b: a / b, False)
+
+    def __rtruediv__(self, other: Any) -> Any:
+        return self._apply(other, lambda a, b: a / b, True)
+
+    def __neg__(self) -> Sampled:
+        return Sampled(-float(self), [-v for v in self.samples], self.paired)
+
+    def __reduce__(self) -> Any:  # pickles (and copies) as the plain number it is
+        return (float, (float(self),))
+
+
+def median(values: Iterable[float]) -> Sampled:
+    """The median of the repetitions, carrying them (see `Sampled`) for the figure's spread."""
+    values = [float(v) for v in values]
+    return Sampled(statistics.median(values), values)
 
 
 def log(message: str) -> None:
@@ -508,6 +655,7 @@ def add_memory(
             max(p.mib for p in rss),
             "MiB",
             kind="memory",
+            samples=[p.mib for p in rss],
         )
     if cfg.tracemalloc and traced is not None:
         report.add(
