@@ -159,3 +159,31 @@ async def test_a_hostile_session_reaches_tensorboard_escaped(db_url: str, tmp_pa
     shown = dict(zip(FAILED_COLUMNS, _cells(row)))
     assert shown["session_id"] == visible(sid) and shown["uid"] == visible("u\x9d\u202ex")
     assert shown["message"] == visible(message) and shown["reason"] == "tool_quota"
+
+
+@settings(max_examples=50, deadline=None)
+@given(texts=st.tuples(hostile_text, hostile_text, hostile_text, hostile_text, hostile_text))
+def test_the_wandb_table_shows_text_as_the_summary_does(
+    texts: tuple[str, str, str, str, str],
+) -> None:
+    """W&B renders a table's cells as given: they get `visible`'s escapes like every other view."""
+    pytest.importorskip("wandb", reason="the trackers extra: pip install -e '.[trackers]'")
+    from sessions.trackers import WandbTracker
+
+    class Run:
+        id, step = "fake", 0
+
+        def __init__(self) -> None:
+            self.logged: list[dict[str, Any]] = []
+
+        def log(self, data: dict[str, Any], step: int) -> None:
+            self.logged.append(data)
+
+    sid, uid, source, error_type, message = texts
+    failed = FailedSession(sid, uid, source, "runner_error", error_type, message, 1, 2, 3, 0.5)
+    run = Run()
+    WandbTracker(run=run).write(_content("r\x1b", [failed]))
+    (table,) = [v for v in run.logged[0].values() if hasattr(v, "data")]
+    (row,) = table.data
+    assert row == failed.shown_row()
+    assert _raw(" ".join(str(cell) for cell in row)) == []

@@ -387,8 +387,10 @@ def _check_sample(
             ("error_type", row["error_type"]),
             ("message", row["message"]),
         ):
-            # the TensorBoard text shows stored text as the terminal does (visible); W&B keeps it
-            wanted = ("" if stored is None else visible(stored)) if as_text else stored
+            # both trackers show stored text as the terminal does (visible); TensorBoard's
+            # markdown cells show an absent value as empty, W&B's table keeps it None
+            shown = None if stored is None else visible(stored)
+            wanted = (shown or "") if as_text else shown
             assert got[column] == wanted, (column, got, row)
         lengths = [got["trajectories"], got["prompt_len"], got["response_len"]]
         expected = [len(row["lengths"]), *(row["lengths"][-1] if row["lengths"] else (0, 0))]

@@ -70,6 +70,11 @@ class FailedSession:
     def row(self) -> list[Any]:
         return [getattr(self, name) for name in FAILED_COLUMNS]
 
+    def shown_row(self) -> list[Any]:
+        """`row()` with every text as the terminal, the report and TensorBoard show it
+        (`visible`: controls and bidi overrides escaped), for a tracker that renders cells."""
+        return [visible(value) if isinstance(value, str) else value for value in self.row()]
+
     @classmethod
     def from_store(cls, row: Mapping[str, Any]) -> FailedSession:
         """From a `store.failed_session_samples` row."""

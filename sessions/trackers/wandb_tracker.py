@@ -2,7 +2,8 @@
 
 Works offline (`WANDB_MODE=offline`: the run is written to `WANDB_DIR` and can be synced later).
 Scalars go in at `step=global_step`, as verl's `Tracking` logs its own, so both land in one row
-of the run's history (values as given, float64); the sample of failed sessions is a `wandb.Table`.
+of the run's history (values as given, float64); the sample of failed sessions is a `wandb.Table`,
+its texts shown as the terminal shows them (controls and bidi overrides escaped).
 W&B drops a log for a step earlier than the run's current one; this tracker does not send it and
 says so (a warning, and the status in `LoggedStep.trackers`) instead of losing it silently.
 """
@@ -59,7 +60,7 @@ class WandbTracker:
             return status
         data: dict[str, Any] = dict(content.scalars) if scalars else {}
         if failed_sessions:
-            rows = [failed.row() for failed in content.failed]
+            rows = [failed.shown_row() for failed in content.failed]
             data[failed_table_key(content.partition)] = self._wandb.Table(
                 columns=list(FAILED_COLUMNS), data=rows
             )
