@@ -16,6 +16,7 @@ from typing import Any
 
 from sessions.config import LedgerConfig
 from sessions.errors import (
+    AppendOutcomeUnknown,
     ConcurrencyError,
     ConfigError,
     DamagedData,
@@ -83,6 +84,7 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
+    "AppendOutcomeUnknown",
     "ConcurrencyError",
     "ConfigError",
     "DEFAULT_RUN",

@@ -19,9 +19,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from store import ConcurrencyError, LedgerError, SchemaError, StoreError
+from store import AppendOutcomeUnknown, ConcurrencyError, LedgerError, SchemaError, StoreError
 
 __all__ = [
+    "AppendOutcomeUnknown",
     "ConcurrencyError",
     "ConfigError",
     "DamagedData",

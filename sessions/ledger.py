@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from functools import partial
 from types import EllipsisType
 from typing import TYPE_CHECKING, Any
 
@@ -45,6 +46,7 @@ from sessions.recorder import (
 )
 from sessions.runs import fingerprint
 from store import (
+    OPEN_ATTEMPTS,
     AsyncEngine,
     EventStore,
     GroupConflict,
@@ -131,7 +133,7 @@ class Ledger:
         keywords beside `settings` replace its fields. They are checked before the database is
         touched (`ConfigError`). Passing `config` or `resume` checks the run's fingerprint at
         open; otherwise at the ledger's first session of the run. `sqlite_busy_timeout`,
-        `require_ledger` and `engine_options` go to the engine, `share_database` to the migration
+        `require_ledger`, `engine_options` and `share_database` go to the engine and its migration
         (`sessions.config.EngineOptions`).
         """
         engine_options = {key: options.pop(key) for key in ENGINE_OPTIONS & options.keys()}
@@ -143,12 +145,11 @@ class Ledger:
             **dict(engine_options.get("engine_options") or {}),
         )
         try:
-            # A connection dropped while opening (a PostgreSQL restart) is retried like an append.
-            if migrate:
-                share = bool(engine_options.get("share_database", False))
-                await retry_transient(lambda: upgrade(engine, share=share), what="open (migrate)")
-            else:
-                await retry_transient(lambda: check_schema(engine), what="open (schema check)")
+            # A connection dropped while opening (a PostgreSQL restart) is retried, longer than a command.
+            share = bool(engine_options.get("share_database"))
+            ready = partial(upgrade, engine, share=share)
+            ready = ready if migrate else partial(check_schema, engine)
+            await retry_transient(ready, what=f"open (migrate={migrate})", attempts=OPEN_ATTEMPTS)
             ledger = cls(engine, settings=settings)
             ledger._loop = asyncio.get_running_loop()
             try:

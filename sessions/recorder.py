@@ -12,11 +12,19 @@ import numpy as np
 
 from sessions import aggregate as agg
 from sessions import events as ev
-from sessions import storable, tokens, validation, vocabulary
-from sessions.errors import ConfigError, InvalidInput, LedgerError, RolloutFailure
-from sessions.failure_policy import MetricPolicy
+from sessions import storable, tokens, validation
+from sessions.errors import ConfigError, InvalidInput, LedgerError
+from sessions.failure_policy import (
+    MetricPolicy,
+    RecordedFailure,
+    error_text,
+    failure_origin,
+    failure_reason,
+    recorded_failure,
+    type_name,
+)
 from sessions.placeholder import PlaceholderPolicy
-from store import EventStore, encode_data
+from store import AppendOutcomeUnknown, ConcurrencyError, EventStore, encode_data
 
 __all__ = [
     "Limits",
@@ -137,122 +145,6 @@ def stored_bytes(stored: Sequence[Any]) -> int:
     return sum(event_bytes(s.data, s.payload) for s in stored)
 
 
-@dataclass(frozen=True, slots=True)
-class RecordedFailure:
-    """An exception raised inside a session as the ledger records it: a reason and an origin the
-    log can store, the error's text and its type's name. Built by `recorded_failure`, which never
-    raises, so whatever a runner raises can end its session (docs/design.md §4)."""
-
-    reason: str
-    origin: str | None
-    message: str
-    error_type: str
-
-
-#: The longest note `recorded_failure` adds to a message (why the runner's reason was not kept).
-_NOTE_LIMIT = 300
-
-
-def error_text(error: BaseException) -> str:
-    """What `error` says, without ever raising: `str(error)`; its `repr()` when that is empty or
-    raises (saying so); the type's name when both raise."""
-    broken = None
-    try:
-        text = str(error)
-        if text:
-            return str.__str__(text)  # a str subclass's own methods are not trusted either
-    except Exception as failed:  # noqa: BLE001 - a broken __str__ is the runner's, not ours
-        broken = type(failed).__name__
-    try:
-        text = str.__str__(repr(error))
-    except Exception:  # noqa: BLE001
-        return type_name(error)
-    return text if broken is None else f"{text} (its str() raised {broken})"
-
-
-def type_name(error: BaseException) -> str:
-    """The qualified name of `error`'s type, read from the type itself (a metaclass cannot
-    override it)."""
-    return str.__str__(type.__dict__["__qualname__"].__get__(type(error)))
-
-
-def _shown(value: Any) -> str:
-    """`value` for a message: its repr, cut; its type's name when repr raises."""
-    try:
-        return f"{str.__str__(repr(value)):.40}"
-    except Exception:  # noqa: BLE001
-        return f"a {type.__dict__['__qualname__'].__get__(type(value))}"
-
-
-def recorded_failure(error: BaseException) -> RecordedFailure:
-    """What failing a session because of `error` records (docs/design.md §4): the reason its type
-    maps to, or the one a `RolloutFailure` carries; the origin it declares; `error_text(error)`.
-
-    A reason or origin the log cannot take — one a `RolloutFailure` subclass set without its
-    constructor's check (malformed, over 32 characters, reserved, or `orphaned`, the recovery
-    sweep's), or one that raises when read — becomes `runner_error` (and the reason's default
-    origin), the refusal noted in the message after the error's own text. Never raises.
-    """
-    reason, origin, notes = _mapped_reason(error), None, []
-    if isinstance(error, RolloutFailure):
-        declared, problem = _declared(error, "reason")
-        if problem is None and not isinstance(declared, str):
-            problem = f"a failure reason is a string, got {_shown(declared)}"
-        problem = problem or vocabulary.reason_problem(declared, runner=True)
-        if problem is None:
-            reason = declared
-        else:
-            notes.append(f"reason refused, runner_error recorded: {problem}")
-        declared, problem = _declared(error, "origin")
-        if problem is None and declared is not None:
-            if not isinstance(declared, str) or declared not in vocabulary.ORIGINS:
-                problem = f"{_shown(declared)} is neither 'infra' nor 'policy'"
-        if problem is None:
-            origin = declared
-        else:
-            notes.append(f"origin refused, the reason's default used: {problem}")
-    text = error_text(error)
-    if notes:
-        note = f" [rollout-ledger: {'; '.join(notes)}"
-        note = (note if len(note) < _NOTE_LIMIT else note[: _NOTE_LIMIT - 2] + "…") + "]"
-        if len(text) + len(note) > ev.MESSAGE_LIMIT:  # the error's own text first, then why
-            text = text[: ev.MESSAGE_LIMIT - len(note) - 1] + "…"
-        text += note
-    return RecordedFailure(reason, origin, text, type_name(error))
-
-
-def _mapped_reason(error: BaseException) -> str:
-    if isinstance(error, RolloutFailure):
-        return "runner_error"  # unless its own reason can be recorded (see recorded_failure)
-    if isinstance(error, (TimeoutError, asyncio.TimeoutError)):
-        return "timeout"
-    if isinstance(error, InvalidInput) and _declared(error, "session_id")[0] is not None:
-        return "invalid_output"  # a command of the session was refused: its tokens, mask, reward
-    return "runner_error"  # an InvalidInput naming no session refused a name, not the output
-
-
-def _declared(error: BaseException, name: str) -> tuple[Any, str | None]:
-    """`error.<name>` as plain text (a str subclass, such as an enum, as its value) or as found,
-    and None; or None and why it could not be read."""
-    try:
-        value = getattr(error, name)
-        return (str.__str__(value) if isinstance(value, str) else value), None
-    except Exception as failed:  # noqa: BLE001 - a property that raises is the runner's
-        return None, f"reading it raised {type(failed).__name__}"
-
-
-def failure_reason(error: BaseException) -> str:
-    """The failure reason an exception raised inside a session is recorded with
-    (docs/design.md §4); always one the log can store."""
-    return recorded_failure(error).reason
-
-
-def failure_origin(error: BaseException) -> str | None:
-    """The origin a runner declared with its error (`RolloutFailure(origin=...)`), if any and
-    valid."""
-    return recorded_failure(error).origin
-
-
 class SessionHandle:
     """Commands on one session. Each validates, appends its events, then applies them.
 
@@ -280,6 +172,7 @@ class SessionHandle:
         self._bytes = stored_bytes  # the stream's size as `Limits` counts it
         self._lock = asyncio.Lock()
         self._loop = asyncio.get_running_loop()
+        self._in_doubt: _Doubt | None = None  # an append whose outcome the store could not learn
 
     def _locked(self) -> asyncio.Lock:
         """The handle's command lock, once it is certain this is the handle's own event loop: a
@@ -469,6 +362,7 @@ class SessionHandle:
         """Append and apply `decided`; `capped` names the field a size cap refusal blames
         (None for start and terminal commands, which caps never refuse)."""
         view = self._view
+        doubt, self._in_doubt = self._in_doubt, None
         decided, envelopes = storable_envelopes(
             decided,
             session_id=view.session_id,
@@ -478,6 +372,13 @@ class SessionHandle:
             partition=view.partition,
             global_step=view.global_step,
         )
+        if doubt is not None:
+            if doubt.version == view.version and list(doubt.decided) == decided:
+                envelopes = (
+                    doubt.envelopes
+                )  # the same command again: the same ids, recognised if stored
+            else:
+                await self._resolve(doubt)
         if capped is not None:
             size = self._limits.check(view.session_id, capped, view.version, self._bytes, envelopes)
         else:
@@ -485,9 +386,45 @@ class SessionHandle:
         before = view.version
         try:
             await append_then_apply(self._store, view, decided, envelopes)
+        except AppendOutcomeUnknown:
+            self._in_doubt = _Doubt(before, decided, envelopes, size)
+            raise
         finally:
             if view.version != before:  # committed (even if the caller was cancelled meanwhile)
                 self._bytes += size
+
+    async def _resolve(self, doubt: _Doubt) -> None:
+        """Before a different command: read back whether the append in doubt landed. If it did,
+        the handle applies it and this command, decided without it, is refused as a version
+        conflict (run it again); if not, the command goes on. Unreadable: the doubt stays."""
+        try:
+            stored = {s.event_id for s in await self._store.read_stream(self.session_id)}
+        except BaseException:
+            self._in_doubt = doubt
+            raise
+        landed = [e.event_id in stored for e in doubt.envelopes]
+        if not all(landed):
+            return
+        for event in doubt.decided:
+            self._view.apply(event)
+        self._bytes += doubt.size
+        conflict = ConcurrencyError(self.session_id, doubt.version, self._view.version)
+        conflict.add_note(
+            "the earlier command whose outcome was unknown had been written after all; the "
+            "handle has applied it — run this command again"
+        )
+        raise conflict
+
+
+@dataclass(frozen=True, slots=True)
+class _Doubt:
+    """An append whose outcome the store could not learn (`AppendOutcomeUnknown`): what the
+    handle decided at `version`, and the envelopes (event ids) it sent."""
+
+    version: int
+    decided: Sequence[ev.Event]
+    envelopes: list[Any]
+    size: int
 
 
 def storable_envelopes(

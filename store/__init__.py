@@ -20,6 +20,7 @@ from store.engine import (
     normalize_url,
 )
 from store.errors import (
+    AppendOutcomeUnknown,
     ConcurrencyError,
     DriverError,
     LedgerError,
@@ -38,18 +39,20 @@ from store.read_models.read_model_scan import READ_MODEL_KEYS, TableScan, scan
 from store.reads import console, export_reads
 from store.reads.report_reads import report_failures, report_positions, report_step_metrics
 from store.reads.tracker_reads import failed_session_samples
-from store.retry import is_transient, retry_transient
+from store.retry import OPEN_ATTEMPTS, is_transient, retry_transient
 from store.schema.columns import ColumnSpec, column_spec
 from store.schema.ledger_file import holds_ledger
 from store.schema.migrate import check_schema, current_revision, head_revision, upgrade
 from store.stored_json import StoredJSONError, load_json
 
 __all__ = [
+    "OPEN_ATTEMPTS",
     "READ_MODEL_KEYS",
     "AsyncEngine",
     "ColumnSpec",
     "ConcurrencyError",
     "DeferredCancelFuture",
+    "AppendOutcomeUnknown",
     "DriverError",
     "EventStore",
     "GroupConflict",

@@ -57,6 +57,21 @@ class DriverError(StoreError):
         self.what = what
 
 
+class AppendOutcomeUnknown(DriverError):
+    """An append whose commit may or may not have landed: the connection dropped while it ran,
+    and the database could not be asked afterwards which of its events it holds. Nothing is
+    applied to the session's handle. Retrying the same command on that handle is safe: it sends
+    the same event ids again, and the store recognises them if the first commit landed (no
+    duplicate); a different command first reads back which it was."""
+
+    def __init__(
+        self, message: str, *, what: str = "", session_id: str, event_ids: tuple[str, ...]
+    ) -> None:
+        super().__init__(message, what=what)
+        self.session_id = session_id
+        self.event_ids = event_ids
+
+
 class StoreInvariantError(StoreError, RuntimeError):
     """The store broke one of its own invariants: a bug in rollout-ledger, not the caller's; the
     message says what did not hold. Report it with the traceback."""

@@ -39,8 +39,14 @@ def driver_error(what: str, error: BaseException) -> DriverError:
     statement and parameters (which can be the whole batch), and what to do."""
     cause = error.orig if isinstance(error, DBAPIError) and error.orig is not None else error
     text = str(cause).split("\n(Background on this error at:")[0].strip()
-    detail = f"{type(cause).__name__}: {text}" if text else type(cause).__name__
-    if is_transient(error):
+    kind = type(cause).__name__
+    detail = f"{text} (the driver's {kind})" if text else kind
+    if "disk is full" in text.lower() or "no space left" in text.lower():
+        advice = (
+            "the disk the database is on is full: free space there, then run the same command "
+            "again (the failed statement wrote nothing)"
+        )
+    elif is_transient(error):
         advice = (
             "the connection dropped or a lock was not had in time (retried already where that "
             "is safe): run it again once the database answers"

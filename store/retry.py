@@ -13,11 +13,35 @@ from store.errors import DriverError
 
 log = logging.getLogger(__name__)
 
-__all__ = ["RETRY_ATTEMPTS", "RETRY_BASE_DELAY", "is_transient", "retry_transient"]
+__all__ = [
+    "RETRY_ATTEMPTS",
+    "OPEN_ATTEMPTS",
+    "RETRY_BASE_DELAY",
+    "connection_lost",
+    "is_transient",
+    "retry_transient",
+]
 
 #: Attempts for an operation that failed transiently (lost connection, lock timeout, busy file).
 RETRY_ATTEMPTS = 4
 RETRY_BASE_DELAY = 0.05
+#: Attempts for opening a database (migrate or schema check): an open happens once per process,
+#: so it waits out a longer outage (≈1.5 s of backoff in all) than a command does.
+OPEN_ATTEMPTS = 6
+
+
+#: Driver texts of a connection that broke: whatever was in flight on it may have committed.
+_CONNECTION_MARKERS = (
+    "connection was closed",
+    "terminating connection",
+    "connection is closed",
+    "connection refused",
+    "server closed the connection",
+    "another operation",  # asyncpg: the protocol was left mid-operation by a dropped connection
+    "cannot switch to state",
+)
+#: Driver texts of a lock not had in time: the statement was refused, nothing of it committed.
+_LOCK_MARKERS = ("database is locked", "lock timeout", "lock_timeout")
 
 
 def is_transient(error: BaseException) -> bool:
@@ -27,25 +51,23 @@ def is_transient(error: BaseException) -> bool:
     is safe even when the failure hid a successful commit: the retry finds the event ids stored
     and becomes an idempotent no-op.
     """
+    return connection_lost(error) or _marked(_driver_cause(error), _LOCK_MARKERS)
+
+
+def connection_lost(error: BaseException) -> bool:
+    """The connection broke under the operation: unlike a refused lock, a commit in flight may
+    have landed, so an append's outcome is unknown until the database is asked."""
     error = _driver_cause(error)
+    if isinstance(error, DBAPIError) and error.connection_invalidated:
+        return not isinstance(error, IntegrityError)
+    return _marked(error, _CONNECTION_MARKERS)
+
+
+def _marked(error: BaseException, markers: tuple[str, ...]) -> bool:
     if not isinstance(error, DBAPIError) or isinstance(error, IntegrityError):
         return False
-    if error.connection_invalidated:
-        return True
     text_ = str(error.orig).lower()
-    return any(
-        marker in text_
-        for marker in (
-            "database is locked",
-            "lock timeout",
-            "lock_timeout",
-            "connection was closed",
-            "terminating connection",
-            "connection is closed",
-            "connection refused",
-            "server closed the connection",
-        )
-    )
+    return any(marker in text_ for marker in markers)
 
 
 def _driver_cause(error: BaseException) -> BaseException:

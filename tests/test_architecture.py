@@ -223,6 +223,7 @@ def test_the_checker_sees_a_submodule_reached_through_the_package(tmp_path: Path
 
 # ------------------------------------------------------------------ the public surface
 PUBLIC = [
+    "AppendOutcomeUnknown",
     "BatchRow",
     "BatchTooLongError",
     "ConcurrencyError",

@@ -107,7 +107,7 @@ async def test_opening_survives_a_connection_dropped_while_migrating(
     real = ledger_module.upgrade
     calls: list[int] = []
 
-    async def flaky(engine: Any) -> None:
+    async def flaky(engine: Any, **options: Any) -> None:
         calls.append(1)
         if len(calls) == 1:
             raise OperationalError(
@@ -115,7 +115,7 @@ async def test_opening_survives_a_connection_dropped_while_migrating(
                 {},
                 ConnectionError("terminating connection due to administrator command"),
             )
-        await real(engine)
+        await real(engine, **options)
 
     monkeypatch.setattr(ledger_module, "upgrade", flaky)
     async with Ledger.open(tmp_path / "ledger.db") as ledger:

@@ -22,12 +22,19 @@ from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from store.dialects import WRITE_LOCK, dialect_of
-from store.errors import ConcurrencyError, StoreError, StoreInputError
+from store.errors import (
+    AppendOutcomeUnknown,
+    ConcurrencyError,
+    StoreError,
+    StoreInputError,
+    StoreInvariantError,
+)
 from store.faults import driver_error, wraps_faults
 from store.log.append_sql import (
     CHUNK,
     AppendRequest,
     Outcome,
+    _known_event_ids,
     insert_events,
     insert_sql,
     lock_for_append,
@@ -36,7 +43,13 @@ from store.log.append_sql import (
 from store.log.futures import DeferredCancelFuture
 from store.log.records import NewEvent, StoredEvent
 from store.log.sqlite_writer import ImmediateConnection, SqliteWriter, run_now
-from store.retry import RETRY_ATTEMPTS, RETRY_BASE_DELAY, is_transient, retry_transient
+from store.retry import (
+    RETRY_ATTEMPTS,
+    RETRY_BASE_DELAY,
+    connection_lost,
+    is_transient,
+    retry_transient,
+)
 from store.schema.tables import events
 
 log = logging.getLogger(__name__)
@@ -163,12 +176,19 @@ class EventStore:
                 lambda: self._commit_together(batch, careful), what="append"
             )
         except DBAPIError as error:  # IntegrityError included
+            if connection_lost(error):
+                # Out of retries with the connection breaking under the commit: whether it landed
+                # is for the database to say, so ask it before telling anyone anything.
+                for request in batch:
+                    self._versions.pop(request.session_id, None)
+                await self._settle_in_doubt(batch, error)
+                return
             if len(batch) == 1 and (careful or not isinstance(error, IntegrityError)):
                 _settle(batch[0], _wrap(error, batch[0]))
                 return
             if is_transient(error):
-                # Out of retries on a lock or a lost connection: every request in the batch would
-                # meet the same wait again, so all of them fail now, within one budget.
+                # Out of retries on a lock: every request in the batch would meet the same wait
+                # again, so all of them fail now, within one budget (nothing was written).
                 for request in batch:
                     self._versions.pop(request.session_id, None)
                     _settle(request, _wrap(error, request))
@@ -213,6 +233,40 @@ class EventStore:
                 version, accepted = outcome
                 self.events_committed += len(request.events) if accepted else 0
                 _settle(request, version)
+        self._committed.set()
+        self._committed = asyncio.Event()
+
+    async def _settle_in_doubt(self, batch: list[AppendRequest], error: DBAPIError) -> None:
+        """Tell each caller of a batch whose commit broke with its connection what the database
+        holds: its events all stored (the append succeeded), none (it failed: a retry is safe),
+        or, if the database cannot be asked either, `AppendOutcomeUnknown`."""
+        ids = [event.event_id for request in batch for event in request.events]
+
+        async def stored() -> set[str]:
+            async with self.engine.connect() as conn:
+                return set(await _known_event_ids(conn, ids))
+
+        try:
+            present = await retry_transient(stored, what="append (asking what was written)")
+        except Exception as lookup_error:  # noqa: BLE001 - the database is still away
+            for request in batch:
+                _settle(request, _in_doubt(error, lookup_error, request))
+            return
+        for request in batch:
+            written = [event.event_id in present for event in request.events]
+            if all(written):
+                self.events_committed += len(request.events)
+                _settle(request, request.expected_version + len(request.events))
+            elif not any(written):
+                _settle(request, _wrap(error, request, written=False))
+            else:  # one transaction per batch: a part can only mean a bug
+                _settle(
+                    request,
+                    StoreInvariantError(
+                        f"session {request.session_id!r}: {sum(written)} of {len(written)} events "
+                        "of one append are stored after a dropped connection; report this"
+                    ),
+                )
         self._committed.set()
         self._committed = asyncio.Event()
 
@@ -483,14 +537,48 @@ def _settle(request: AppendRequest, outcome: int | BaseException) -> None:
         request.future.set_result(outcome)
 
 
-def _wrap(error: Exception, request: AppendRequest) -> Exception:
-    """What a failed append's caller gets, the database's or driver's error chained as its cause."""
+def _wrap(error: Exception, request: AppendRequest, *, written: bool | None = None) -> Exception:
+    """What a failed append's caller gets, the database's or driver's error chained as its cause
+    (`written=False`: the database was asked afterwards and holds none of the append)."""
     if isinstance(error, IntegrityError):
         # A concurrent writer in another process took the same version between our read and
         # insert (possible only where the backend did not serialise us).
         wrapped: Exception = ConcurrencyError(request.session_id, request.expected_version, -1)
     else:
         # The driver's own message: SQLAlchemy's would repeat the statement and every row's parameters.
-        wrapped = driver_error(f"append to session {request.session_id!r}", error)
+        wrapped = driver_error(_what(request), error)
+        if written is False:
+            wrapped.args = (
+                f"{wrapped.args[0]} (none of its events was written: the same command can be "
+                "run again)",
+            )
     wrapped.__cause__ = error
     return wrapped
+
+
+def _what(request: AppendRequest) -> str:
+    """How a message names an append: a session's, or a run's configuration (`@run:<run>`)."""
+    sid = request.session_id
+    if sid.startswith("@run:"):
+        return f"recording the configuration of run {sid[len('@run:') :]!r}"
+    return f"append to session {sid!r}"
+
+
+def _in_doubt(
+    error: Exception, lookup_error: Exception, request: AppendRequest
+) -> AppendOutcomeUnknown:
+    what = _what(request)
+    doubt = AppendOutcomeUnknown(
+        f"{what}: the outcome is unknown — the connection dropped during its commit "
+        f"({driver_error(what, error).args[0].split(' failed: ', 1)[-1].split(';')[0]}) and the "
+        "database could not be asked afterwards which of its events it holds. Nothing was "
+        "applied to the session's handle; once the database answers, run the same command again "
+        "on the same handle: it re-sends the same event ids, so a commit that landed is "
+        "recognised, not duplicated",
+        what=what,
+        session_id=request.session_id,
+        event_ids=tuple(event.event_id for event in request.events),
+    )
+    doubt.__cause__ = lookup_error
+    doubt.__context__ = error
+    return doubt

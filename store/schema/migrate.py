@@ -120,6 +120,10 @@ async def upgrade(engine: AsyncEngine, target: str = "head", *, share: bool = Fa
     A database of unknown revision raises SchemaError, and so does one that is not a ledger yet
     and holds another application's tables, unless `share` says to keep both in one database.
     """
+    if target == "head":
+        async with engine.connect() as conn:  # at head already (every open but the first): one read
+            if await conn.run_sync(_current) == head_revision():
+                return
     async with engine.connect() as conn:
         conn = await conn.execution_options(**{WRITE_LOCK: True})
         async with conn.begin():
