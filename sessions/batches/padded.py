@@ -14,6 +14,7 @@ import numpy as np
 import torch
 from tensordict import TensorDict, TensorDictBase
 
+from sessions.batches.buffers import empty_column
 from sessions.batches.collect import (
     BatchRow,
     _Rows,
@@ -37,7 +38,9 @@ from sessions.errors import InvalidArgument
 __all__ = ["build_padded"]
 
 
-def _empty(shape: tuple[int, ...], dtype: torch.dtype) -> tuple[torch.Tensor, np.ndarray]:
+def _empty(
+    shape: tuple[int, ...], dtype: torch.dtype, column: str | None = None
+) -> tuple[torch.Tensor, np.ndarray]:
     """A new torch tensor and a numpy view of its memory, which the padded writer fills.
 
     numpy rather than torch: the writes are many small slice copies (well under a microsecond
@@ -45,8 +48,12 @@ def _empty(shape: tuple[int, ...], dtype: torch.dtype) -> tuple[torch.Tensor, np
     would split over its intra-op threads, which on a busy 2-core host costs more than it saves.
     The view comes through DLPack: ``Tensor.numpy()`` would mark the storage non-resizable, so
     ``resize_`` on a batch column would fail where it works on tensors torch builds itself.
+    A named ``column`` may get memory an earlier batch's same column no longer uses
+    (``sessions.batches.buffers``: never memory anyone still holds).
     """
-    tensor = torch.empty(shape, dtype=dtype)
+    tensor = (
+        torch.empty(shape, dtype=dtype) if column is None else empty_column(column, shape, dtype)
+    )
     view = np.from_dlpack(tensor)
     if not view.flags.writeable:  # numpy < 2 hands DLPack memory out read-only
         view = tensor.numpy()
@@ -54,10 +61,14 @@ def _empty(shape: tuple[int, ...], dtype: torch.dtype) -> tuple[torch.Tensor, np
 
 
 def _pad_rows_right(
-    arrays: list[np.ndarray | None], lengths: list[int], width: int, dtype: torch.dtype
+    arrays: list[np.ndarray | None],
+    lengths: list[int],
+    width: int,
+    dtype: torch.dtype,
+    column: str | None = None,
 ) -> torch.Tensor:
     """[B, width] zeros with each row's array at its start (a None row stays zeros)."""
-    tensor, out = _empty((len(lengths), width), dtype)
+    tensor, out = _empty((len(lengths), width), dtype, column)
     out.fill(0)
     for i, (values, n) in enumerate(zip(arrays, lengths)):
         if values is not None:
@@ -78,11 +89,11 @@ def _token_columns(
     the left padding, 0..n-1 on the n attended tokens, n-1 (or 0) on the right padding.
     """
     B, T = len(p_len), P + R
-    prompts, prompts_np = _empty((B, P), COLUMN_DTYPES["prompts"])
-    responses, responses_np = _empty((B, R), COLUMN_DTYPES["responses"])
-    attention_mask, attn = _empty((B, T), COLUMN_DTYPES["attention_mask"])
-    position_ids, pos = _empty((B, T), COLUMN_DTYPES["position_ids"])
-    response_mask, mask = _empty((B, R), COLUMN_DTYPES["response_mask"])
+    prompts, prompts_np = _empty((B, P), COLUMN_DTYPES["prompts"], "prompts")
+    responses, responses_np = _empty((B, R), COLUMN_DTYPES["responses"], "responses")
+    attention_mask, attn = _empty((B, T), COLUMN_DTYPES["attention_mask"], "attention_mask")
+    position_ids, pos = _empty((B, T), COLUMN_DTYPES["position_ids"], "position_ids")
+    response_mask, mask = _empty((B, R), COLUMN_DTYPES["response_mask"], "response_mask")
     prompts_np.fill(pad_token_id)
     responses_np.fill(pad_token_id)
     attn.fill(0)
@@ -100,7 +111,7 @@ def _token_columns(
         row[:end] = ramp[T - start : T + a + b]
         row[end:] = a + b - 1 if a + b else 0
         mask[i, :b] = response_mask_i
-    input_ids, ids = _empty((B, T), COLUMN_DTYPES["input_ids"])
+    input_ids, ids = _empty((B, T), COLUMN_DTYPES["input_ids"], "input_ids")
     ids[:, :P] = prompts_np
     ids[:, P:] = responses_np
     return {
@@ -117,8 +128,8 @@ def _scores(rows: _Rows, r_len: list[int], R: int) -> torch.Tensor:
     """rm_scores [B, R]: the given per-row scores, else each reward on its last response token."""
     dtype = COLUMN_DTYPES["rm_scores"]
     if rows.rm_scores is not None:
-        return _pad_rows_right(rows.rm_scores, r_len, R, dtype)
-    tensor, out = _empty((len(r_len), R), dtype)
+        return _pad_rows_right(rows.rm_scores, r_len, R, dtype, "rm_scores")
+    tensor, out = _empty((len(r_len), R), dtype, "rm_scores")
     out.fill(0.0)
     lengths = rows.response_lengths
     has_response = np.flatnonzero(lengths > 0)
@@ -148,7 +159,9 @@ def _padded_from_rows(
     columns["rm_scores"] = _scores(rows, r_len, R)
     if rows.rollout_log_probs is not None:
         dtype = COLUMN_DTYPES["rollout_log_probs"]
-        columns["rollout_log_probs"] = _pad_rows_right(rows.rollout_log_probs, r_len, R, dtype)
+        columns["rollout_log_probs"] = _pad_rows_right(
+            rows.rollout_log_probs, r_len, R, dtype, "rollout_log_probs"
+        )
     columns.update(row_columns)
     batch = TensorDict(columns, batch_size=[rows.batch_size])
     set_non_tensor_columns(batch, _non_tensor_columns(rows.non_tensor, rows.num_turns))
