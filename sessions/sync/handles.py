@@ -3,6 +3,9 @@ from any event loop). Each command runs on the ledger's loop, on the `SessionHan
 
 from __future__ import annotations
 
+import functools
+import inspect
+from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any
 
 from sessions.recorder import SessionHandle
@@ -12,6 +15,25 @@ if TYPE_CHECKING:
     from sessions.sync.ledger import SyncLedger
 
 __all__ = ["SessionProxy", "SyncSession"]
+
+
+def _command(handle: SessionHandle, name: str, given: dict[str, Any]) -> Coroutine[Any, Any, Any]:
+    """`handle.<name>(...)` with the face's arguments, taken from the face's own locals by the
+    command's parameter names (a `**info` spread as keywords): each face keeps its typed
+    signature (tests/test_faces.py holds them equal) without a third copy of every keyword list."""
+    arguments: dict[str, Any] = {}
+    for parameter in _parameters(name):
+        if parameter.kind is inspect.Parameter.VAR_KEYWORD:
+            arguments.update(given[parameter.name])
+        else:
+            arguments[parameter.name] = given[parameter.name]
+    return getattr(handle, name)(**arguments)
+
+
+@functools.cache
+def _parameters(name: str) -> tuple[inspect.Parameter, ...]:
+    signature = inspect.signature(getattr(SessionHandle, name))
+    return tuple(p for p in signature.parameters.values() if p.name != "self")
 
 
 class _Session:
@@ -55,7 +77,7 @@ class SyncSession(_Session):
     """A session's commands as blocking calls (see `SessionHandle` for each command)."""
 
     def start(self, *, attempt: int | None = None, timeout_s: float | None = None) -> None:
-        self._owner._call(self._handle.start(attempt=attempt, timeout_s=timeout_s), "start")
+        self._owner._call(_command(self._handle, "start", locals()), "start")
 
     def record_trajectory(
         self,
@@ -68,24 +90,16 @@ class SyncSession(_Session):
         materialization_reason: str | None = None,
         extra: dict[str, Any] | None = None,
     ) -> int:
-        recording = self._handle.record_trajectory(
-            prompt_ids=prompt_ids,
-            response_ids=response_ids,
-            response_mask=response_mask,
-            response_logprobs=response_logprobs,
-            num_turns=num_turns,
-            materialization_reason=materialization_reason,
-            extra=extra,
-        )
+        recording = _command(self._handle, "record_trajectory", locals())
         return self._owner._call(recording, "record_trajectory")
 
     def post_reward(self, reward: float | None, **info: Any) -> None:
-        self._owner._call(self._handle.post_reward(reward, **info), "post_reward")
+        self._owner._call(_command(self._handle, "post_reward", locals()), "post_reward")
 
     def complete(
         self, *, score: float | None = None, trajectory_selection: str | None = None
     ) -> str:
-        completing = self._handle.complete(score=score, trajectory_selection=trajectory_selection)
+        completing = _command(self._handle, "complete", locals())
         return self._owner._call(completing, "complete")
 
     def fail(
@@ -96,11 +110,11 @@ class SyncSession(_Session):
         error_type: str | None = None,
         origin: str | None = None,
     ) -> None:
-        failing = self._handle.fail(reason, message=message, error_type=error_type, origin=origin)
+        failing = _command(self._handle, "fail", locals())
         self._owner._call(failing, "fail")
 
     def fail_with(self, error: BaseException) -> None:
-        self._owner._call(self._handle.fail_with(error), "fail_with")
+        self._owner._call(_command(self._handle, "fail_with", locals()), "fail_with")
 
     def retry(
         self,
@@ -111,23 +125,21 @@ class SyncSession(_Session):
         origin: str | None = None,
         retry_in_s: float = 0.0,
     ) -> None:
-        retrying = self._handle.retry(
-            reason, message=message, error_type=error_type, origin=origin, retry_in_s=retry_in_s
-        )
+        retrying = _command(self._handle, "retry", locals())
         self._owner._call(retrying, "retry")
 
     def retry_with(self, error: BaseException, *, retry_in_s: float = 0.0) -> None:
-        self._owner._call(self._handle.retry_with(error, retry_in_s=retry_in_s), "retry_with")
+        self._owner._call(_command(self._handle, "retry_with", locals()), "retry_with")
 
     def cancel(self, message: str | None = None) -> None:
-        self._owner._call(self._handle.cancel(message), "cancel")
+        self._owner._call(_command(self._handle, "cancel", locals()), "cancel")
 
 
 class SessionProxy(_Session):
     """A session's commands, awaitable from any event loop (each runs on the ledger's loop)."""
 
     async def start(self, *, attempt: int | None = None, timeout_s: float | None = None) -> None:
-        await self._owner._hop(self._handle.start(attempt=attempt, timeout_s=timeout_s), "start")
+        await self._owner._hop(_command(self._handle, "start", locals()), "start")
 
     async def record_trajectory(
         self,
@@ -140,24 +152,16 @@ class SessionProxy(_Session):
         materialization_reason: str | None = None,
         extra: dict[str, Any] | None = None,
     ) -> int:
-        recording = self._handle.record_trajectory(
-            prompt_ids=prompt_ids,
-            response_ids=response_ids,
-            response_mask=response_mask,
-            response_logprobs=response_logprobs,
-            num_turns=num_turns,
-            materialization_reason=materialization_reason,
-            extra=extra,
-        )
+        recording = _command(self._handle, "record_trajectory", locals())
         return await self._owner._hop(recording, "record_trajectory")
 
     async def post_reward(self, reward: float | None, **info: Any) -> None:
-        await self._owner._hop(self._handle.post_reward(reward, **info), "post_reward")
+        await self._owner._hop(_command(self._handle, "post_reward", locals()), "post_reward")
 
     async def complete(
         self, *, score: float | None = None, trajectory_selection: str | None = None
     ) -> str:
-        completing = self._handle.complete(score=score, trajectory_selection=trajectory_selection)
+        completing = _command(self._handle, "complete", locals())
         return await self._owner._hop(completing, "complete")
 
     async def fail(
@@ -168,11 +172,11 @@ class SessionProxy(_Session):
         error_type: str | None = None,
         origin: str | None = None,
     ) -> None:
-        failing = self._handle.fail(reason, message=message, error_type=error_type, origin=origin)
+        failing = _command(self._handle, "fail", locals())
         await self._owner._hop(failing, "fail")
 
     async def fail_with(self, error: BaseException) -> None:
-        await self._owner._hop(self._handle.fail_with(error), "fail_with")
+        await self._owner._hop(_command(self._handle, "fail_with", locals()), "fail_with")
 
     async def retry(
         self,
@@ -183,13 +187,11 @@ class SessionProxy(_Session):
         origin: str | None = None,
         retry_in_s: float = 0.0,
     ) -> None:
-        retrying = self._handle.retry(
-            reason, message=message, error_type=error_type, origin=origin, retry_in_s=retry_in_s
-        )
+        retrying = _command(self._handle, "retry", locals())
         await self._owner._hop(retrying, "retry")
 
     async def retry_with(self, error: BaseException, *, retry_in_s: float = 0.0) -> None:
-        await self._owner._hop(self._handle.retry_with(error, retry_in_s=retry_in_s), "retry_with")
+        await self._owner._hop(_command(self._handle, "retry_with", locals()), "retry_with")
 
     async def cancel(self, message: str | None = None) -> None:
-        await self._owner._hop(self._handle.cancel(message), "cancel")
+        await self._owner._hop(_command(self._handle, "cancel", locals()), "cancel")
