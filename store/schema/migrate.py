@@ -91,9 +91,9 @@ def _refuse_foreign(conn: Connection, share: bool) -> None:
     foreign = foreign_tables(state)
     if foreign and not share:
         raise SchemaError(
-            f"{where} is not a rollout-ledger database: it holds {_listing(foreign)} of another "
-            "application, so nothing was created; point --db at a new or empty database, or pass "
-            "--share-database (share_database=True) to keep the ledger's tables beside them"
+            f"{where} is not a rollout-ledger database: it holds another application's "
+            f"{_listing(foreign)}, so nothing was created; point --db at a new or empty database, "
+            "or pass --share-database (share_database=True) to keep the ledger's tables beside them"
         )
     clash = [name for name in state.tables if name in LEDGER_NAMES and name != "alembic_version"]
     if clash:
