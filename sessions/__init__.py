@@ -17,6 +17,7 @@ from typing import Any
 from sessions.config import LedgerConfig
 from sessions.errors import (
     AppendOutcomeUnknown,
+    BatchPruned,
     ConcurrencyError,
     ConfigError,
     DamagedData,
@@ -47,6 +48,7 @@ from sessions.projection.projector import Projector
 from sessions.queues.sinks import InProcessQueue, QueueItem, QueueSink
 from sessions.recorder import SessionHandle, SessionOutcome
 from sessions.runs.fingerprint import RunConfigMismatch
+from sessions.runs.retention import PruneReport, RetentionPolicy, prune
 from sessions.sync import SessionProxy, SyncLedger, SyncSession
 
 _LAZY = {
@@ -85,6 +87,7 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "AppendOutcomeUnknown",
+    "BatchPruned",
     "ConcurrencyError",
     "ConfigError",
     "DEFAULT_RUN",
@@ -106,8 +109,10 @@ __all__ = [
     "PlaceholderPolicy",
     "ProjectionError",
     "Projector",
+    "PruneReport",
     "QueueItem",
     "QueueSink",
+    "RetentionPolicy",
     "RetryPolicy",
     "RolloutFailure",
     "RowIndexError",
@@ -123,5 +128,6 @@ __all__ = [
     "SyncSession",
     "UnknownEventError",
     "UsageError",
+    "prune",
     *_LAZY,
 ]

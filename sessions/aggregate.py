@@ -185,6 +185,7 @@ _APPLY: dict[type, Any] = {
     ev.PlaceholderEmitted: _placeholder,
     ev.SessionCancelled: _cancelled,
     ev.RunConfigured: lambda view, e: None,  # a run's stream, not a session's: nothing to fold
+    ev.PayloadsPruned: lambda view, e: None,  # a run's stream too
 }
 
 

@@ -25,6 +25,7 @@ from sessions.placeholder import PlaceholderPolicy
 from sessions.queues.sinks import QueueSink
 from sessions.recorder import MAX_EVENT_BYTES, MAX_SESSION_BYTES, MAX_SESSION_EVENTS, Limits
 from sessions.runs import fingerprint
+from sessions.runs.retention import RetentionPolicy
 
 __all__ = [
     "DEFAULT_RUN",
@@ -60,7 +61,8 @@ class LedgerConfig:
     `max_event_bytes` / `max_session_events` / `max_session_bytes` cap what a session may record
     (None: no cap). `limits` gives the three as one `Limits` instead; it is folded into them (so
     it reads back None) and may not be given with any of them. `sinks` receive the projected
-    rows before each page commits.
+    rows before each page commits. `retention` (a `RetentionPolicy`, or its fields as a dict)
+    is the run's size policy, recorded in its configuration; `prune(policy=True)` applies it.
     """
 
     run: str = DEFAULT_RUN
@@ -76,9 +78,12 @@ class LedgerConfig:
     max_session_events: int | None = MAX_SESSION_EVENTS
     max_session_bytes: int | None = MAX_SESSION_BYTES
     limits: Limits | None = None
+    retention: RetentionPolicy | Mapping[str, Any] | None = None
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__  # frozen: the defaults and folds are set once, here
+        if self.retention is not None and not isinstance(self.retention, RetentionPolicy):
+            set_(self, "retention", RetentionPolicy.from_config(self.retention))
         for name, kind in (
             ("placeholder_policy", PlaceholderPolicy),
             ("metric_policy", MetricPolicy),
@@ -173,6 +178,12 @@ class LedgerConfig:
             "trajectory_selection": self.trajectory_selection,
             "min_valid": self.min_valid,
             "user": fingerprint.canonical(self.config or {}),
+            # Only when set, so the digests of runs recorded without one stay what they were.
+            **(
+                {"retention": self.retention.as_config()}
+                if isinstance(self.retention, RetentionPolicy) and not self.retention.empty
+                else {}
+            ),
         }
 
 
@@ -195,6 +206,7 @@ class LedgerOptions(TypedDict, total=False):
     max_session_events: int | None
     max_session_bytes: int | None
     limits: Limits | None
+    retention: RetentionPolicy | Mapping[str, Any] | None
 
 
 class EngineOptions(TypedDict, total=False):

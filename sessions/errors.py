@@ -11,7 +11,8 @@ meaning suggests as a second base (`StepNotSettled` is a `TimeoutError`, `Invali
 - `StepNotSettled`: `Ledger.batch` / `metrics_dict` waited `timeout` seconds and the step still has
   open groups; `LedgerTimeout`: any other wait that ran out.
 - `LedgerClosed`, `UsageError`: a call in a state or place it cannot run in.
-- `NotFound`: a run or rows the database does not have; `MissingDependency`: an optional extra is
+- `NotFound`: a run or rows the database does not have (`BatchPruned`: a step whose payloads a
+  prune dropped); `MissingDependency`: an optional extra is
   not installed; `DamagedData`: stored data this library cannot have written.
 """
 
@@ -23,6 +24,7 @@ from store import AppendOutcomeUnknown, ConcurrencyError, LedgerError, SchemaErr
 
 __all__ = [
     "AppendOutcomeUnknown",
+    "BatchPruned",
     "ConcurrencyError",
     "ConfigError",
     "DamagedData",
@@ -150,6 +152,32 @@ class LedgerClosed(UsageError):
 class NotFound(LedgerError, LookupError):
     """What the call asked for is not in the database (a run, a step's rows); the message lists
     what there is."""
+
+
+class BatchPruned(NotFound):
+    """The step's token payloads were pruned (`rollout-ledger prune`, `sessions.runs.retention`):
+    its batch cannot be built from this database. The message names the prune (its steps, when,
+    its id); metrics and the audit still cover the step. Read it from the prune's Parquet archive
+    if one was written, or ask for a step the retention kept."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        run: str,
+        partition: str,
+        global_step: int | None,
+        prune_id: str,
+        pruned_at: str,
+        steps: Sequence[int] = (),
+    ) -> None:
+        super().__init__(message)
+        self.run = run
+        self.partition = partition
+        self.global_step = global_step
+        self.prune_id = prune_id
+        self.pruned_at = pruned_at
+        self.steps = tuple(steps)
 
 
 class MissingDependency(LedgerError, ImportError):

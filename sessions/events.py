@@ -34,6 +34,7 @@ __all__ = [
     "Recorded",
     "RUN_STREAM_PREFIX",
     "RewardPosted",
+    "PayloadsPruned",
     "RunConfigured",
     "SessionCancelled",
     "SessionCreated",
@@ -254,6 +255,23 @@ class RunConfigured(Event):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class PayloadsPruned(Event):
+    """Token payloads of settled, consumed steps were pruned (`sessions.runs.retention`), in the
+    run's own stream (`@run:<run>`). Each pruned event keeps its payload's length and SHA-256 in
+    a tombstone in place of the payload; `digest` is the SHA-256 over those tombstones in
+    position order, `events` and `bytes` count them. The steps' queue rows are dropped."""
+
+    TYPE: ClassVar[str] = "PayloadsPruned"
+    prune_id: str
+    partition: str
+    steps: list[int] = field(default_factory=list)
+    events: int = 0
+    bytes: int = 0
+    digest: str = ""
+    bound: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class SessionCancelled(Event):
     TYPE: ClassVar[str] = "SessionCancelled"
     message: str | None = None
@@ -272,6 +290,7 @@ EVENT_TYPES: dict[str, type[Event]] = {
         PlaceholderEmitted,
         SessionCancelled,
         RunConfigured,
+        PayloadsPruned,
     )
 }
 TERMINAL_EVENTS = frozenset({"SessionSucceeded", "SessionFailed", "SessionCancelled"})

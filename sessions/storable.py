@@ -153,6 +153,15 @@ DECLARATION: dict[str, dict[str, Field]] = {
         "config": Field(kind="json"),
         "change": Field(kind="json", nullable=True),
     },
+    "PayloadsPruned": {
+        "prune_id": Field(kind="str"),
+        "partition": Field(kind="str"),
+        "steps": Field(kind="int_list"),
+        "events": Field(kind="int", minimum=0),
+        "bytes": Field(kind="int", minimum=0),
+        "digest": Field(kind="str"),
+        "bound": Field(kind="json"),
+    },
 }
 #: SessionCreated fields a session's read-model rows, group and queue keys are made of.
 IDENTITY = ("run", "uid", "session_index", "group_size", "partition", "global_step")

@@ -4,13 +4,13 @@
 session is. This module is the whole of what `sessions` may use (tests/test_architecture.py
 checks it): the names below, and a few modules used as namespaces because their functions
 belong together (`read_models`, `queue_claims`, `driver`, `bulk_copy`, `bulk_read_models`,
-`console`, `export_reads`).
+`console`, `export_reads`, `retention`).
 Everything that differs between SQLite and PostgreSQL is answered by `store.dialects`.
 """
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from store import read_models
+from store import read_models, retention
 from store.bulk import bulk_copy, bulk_read_models, driver
 from store.engine import (
     create_engine,
@@ -92,6 +92,7 @@ __all__ = [
     "report_failures",
     "report_positions",
     "report_step_metrics",
+    "retention",
     "retry_transient",
     "scan",
     "upgrade",

@@ -224,6 +224,7 @@ def test_the_checker_sees_a_submodule_reached_through_the_package(tmp_path: Path
 # ------------------------------------------------------------------ the public surface
 PUBLIC = [
     "AppendOutcomeUnknown",
+    "BatchPruned",
     "BatchRow",
     "BatchTooLongError",
     "ConcurrencyError",
@@ -250,9 +251,11 @@ PUBLIC = [
     "PlaceholderPolicy",
     "ProjectionError",
     "Projector",
+    "PruneReport",
     "QueueConsumer",
     "QueueItem",
     "QueueSink",
+    "RetentionPolicy",
     "RetryPolicy",
     "RolloutFailure",
     "RowIndexError",
@@ -280,6 +283,7 @@ PUBLIC = [
     "log_step",
     "log_step_sync",
     "pad_to_widths",
+    "prune",
     "select_rows",
     "split_batch",
     "start_transferqueue",

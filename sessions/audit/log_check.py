@@ -7,13 +7,18 @@
 2. Structure, one session's stream at a time (in (session_id, version) order, which the unique
    index serves without sorting): versions 1..n in position order, a SessionCreated first, one
    terminal event, a placeholder after each SessionFailed that emits one, nothing else after the
-   terminal event; a run's configuration stream (`@run:<run>`) holds RunConfigured events only.
+   terminal event; a run's own stream (`@run:<run>`) holds RunConfigured and PayloadsPruned
+   events only.
+3. Prunes: a pruned trajectory's tombstone (`sessions.runs.retention`) states the length its
+   event's lengths give; every tombstone names a recorded `PayloadsPruned`, and each prune's
+   count, bytes and SHA-256 over its tombstones (in position order) are what it recorded.
 
 Findings come back in log order (by position).
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,6 +28,7 @@ from sessions import tokens
 from sessions.audit.divergence import Divergence
 from sessions.errors import UnknownEventError
 from sessions.projection.decoding import CACHED_TEXT, CURRENT, REQUIRED, parse_json
+from sessions.runs import retention
 from store import AsyncEngine, StoredEvent, StoredJSONError, driver, load_json
 from store import bulk_read_models as bulk
 
@@ -70,9 +76,11 @@ async def check_log(
     """
     result = LogCheck()
     findings: list[Finding] = []
+    prunes = _Prunes()
     async with driver.reader(engine) as read:
-        result.events = await _check_content(read, findings, on_progress, on_page)
+        result.events = await _check_content(read, findings, on_progress, on_page, prunes)
         result.sessions = await _check_structure(read, findings)
+    findings.extend(prunes.findings())
     findings.sort(key=lambda f: (f[0], f[1]))  # stable: a stream's findings keep their order
     result.divergences = [d for _p, _r, d in findings]
     return result
@@ -100,6 +108,7 @@ async def _check_content(
     findings: list[Finding],
     on_progress: Callable[[str, int], None] | None,
     on_page: Callable[[list[tuple[Any, ...]]], None] | None,
+    prunes: _Prunes,
 ) -> int:
     count, reported = 0, 0
     clean: dict[tuple[str, int, str], Any] = {}
@@ -109,6 +118,10 @@ async def _check_content(
             short = type(raw) is str and len(raw) <= _REMEMBERED_TEXT
             remembered = (type_, schema, raw) if short else None
             data = clean.get(remembered) if remembered is not None else None
+            if payload is not None and len(payload) == retention.TOMBSTONE_SIZE:
+                prunes.tombstone(position, sid, payload)
+            elif type_ == "PayloadsPruned":
+                prunes.record(position, sid, raw)
             if data is None:
                 data, problems = inspect_event(position, sid, version, type_, schema, raw, payload)
                 for field_, expected, found in problems:
@@ -159,6 +172,9 @@ def inspect_event(
     except StoredJSONError as error:
         return None, [("data", "valid JSON", str(error))]
     payload = None if payload is None else bytes(payload)
+    stone = retention.read_tombstone(payload)
+    if stone is not None:
+        payload = None  # pruned: its length and digest are checked against the prune
     try:
         decoded = data if CURRENT.get(type_) == schema else ev.upcast(type_, schema, data, payload)
     except UnknownEventError as error:
@@ -193,6 +209,8 @@ def inspect_event(
         except UnknownEventError as error:
             return data, [("data", f"the fields of {type_}", str(error))]
         return data, []  # pragma: no cover - decode refuses what lacks a required field
+    if type_ == "TrajectoryRecorded" and stone is not None:
+        return data, list(_tombstone_problems(decoded, stone))
     if type_ == "TrajectoryRecorded":
         return data, list(_payload_problems(decoded, payload))
     return data, []
@@ -225,6 +243,79 @@ def _payload_problems(
     counted = payload.count(1, len(payload) - response_len) if response_len else 0
     if stated is not None and stated != counted:
         yield ("trainable_tokens", counted, stated)
+
+
+def _tombstone_problems(
+    decoded: dict[str, Any], stone: retention.Tombstone
+) -> Iterable[tuple[str, Any, Any]]:
+    try:
+        size = tokens.payload_size(
+            int(decoded["prompt_len"]), int(decoded["response_len"]), bool(decoded["has_logprobs"])
+        )
+    except (ValueError, KeyError, TypeError) as error:
+        yield ("payload", "lengths a pruned payload's size can be checked against", str(error))
+        return
+    if stone.length != size:
+        yield ("pruned payload length", size, stone.length)
+
+
+class _Prunes:
+    """Tombstones tallied per prune id as the content pass meets them, and the recorded prunes."""
+
+    def __init__(self) -> None:
+        self.tally: dict[str, list[Any]] = {}  # id -> [count, bytes, sha256, first position, sid]
+        self.recorded: dict[str, tuple[int, str, dict[str, Any]]] = {}
+
+    def tombstone(self, position: int, sid: str, payload: bytes) -> None:
+        stone = retention.read_tombstone(bytes(payload))
+        if stone is None:
+            return
+        entry = self.tally.setdefault(stone.prune_id, [0, 0, hashlib.sha256(), position, sid])
+        entry[0] += 1
+        entry[1] += stone.length
+        entry[2].update(bytes(payload))
+
+    def record(self, position: int, sid: str, raw: Any) -> None:
+        try:
+            data = raw if isinstance(raw, dict) else parse_json(raw)
+            self.recorded[str(data["prune_id"])] = (position, sid, data)
+        except (StoredJSONError, KeyError, TypeError):
+            return  # the content check names unreadable data
+
+    def findings(self) -> Iterable[Finding]:
+        for prune_id, (_count, _size, _chain, position, sid) in self.tally.items():
+            if prune_id not in self.recorded:
+                yield (
+                    position,
+                    _CONTENT,
+                    Divergence(
+                        "events",
+                        f"session {sid}",
+                        "payload",
+                        "a payload, or the tombstone of a recorded prune",
+                        f"a tombstone of prune {prune_id}, which the log does not record",
+                        sid,
+                        position,
+                    ),
+                )
+        for prune_id, (position, sid, data) in self.recorded.items():
+            count, size, chain = self.tally.get(prune_id, [0, 0, hashlib.sha256()])[:3]
+            found = {"events": count, "bytes": size, "digest": chain.hexdigest()}
+            for name, value in found.items():
+                if data.get(name) != value:
+                    yield (
+                        position,
+                        _CONTENT,
+                        Divergence(
+                            "events",
+                            f"session {sid}",
+                            f"prune {prune_id} {name}",
+                            data.get(name),
+                            value,
+                            sid,
+                            position,
+                        ),
+                    )
 
 
 # -------------------------------------------------------------------------------- structure
@@ -290,9 +381,13 @@ def _check_stream(sid: str, stream: list[_Entry]) -> Iterable[Finding]:
             return
     if sid.startswith(ev.RUN_STREAM_PREFIX):  # a run's configuration stream holds nothing else
         for item in stream:
-            if item.type != "RunConfigured":
+            if item.type not in ("RunConfigured", "PayloadsPruned"):
                 yield div(
-                    item.position, _SHAPE, "type", "RunConfigured (a run's stream)", item.type
+                    item.position,
+                    _SHAPE,
+                    "type",
+                    "RunConfigured or PayloadsPruned (a run's stream)",
+                    item.type,
                 )
         return
     if stream[0].type != "SessionCreated":

@@ -191,6 +191,7 @@ def build_parser() -> argparse.ArgumentParser:
 VERB_MODULES = {
     "export": "sessions.cli.export_batch",
     "export-dataset": "sessions.cli.export_dataset",
+    "prune": "sessions.cli.prune",
     "report": "sessions.cli.report",
 }
 

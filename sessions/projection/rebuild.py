@@ -8,11 +8,13 @@ projector's; only the I/O around them differs.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from sessions.errors import UsageError
+from sessions.events import RUN_STREAM_PREFIX
 from sessions.projection.decoding import Decoder
 from sessions.projection.gc_pause import gc_paused
 from sessions.projection.rules import Row, Rules, WorkingSet
@@ -21,6 +23,7 @@ __all__ = [
     "ReadModels",
     "Rebuild",
     "rebuild_rows",
+    "without_pruned",
 ]
 
 
@@ -51,6 +54,9 @@ class Rebuild:
         self.decoder = Decoder()
         self.last_position = 0
         self.events = 0
+        #: (run, partition, step) of every step a `PayloadsPruned` event in the fed log pruned:
+        #: their queue rows were dropped with their payloads, so the rebuild drops them too.
+        self.pruned: set[tuple[str, str, int]] = set()
         self._finished = False
 
     def feed(self, rows: Sequence[Sequence[Any]]) -> None:
@@ -64,8 +70,19 @@ class Rebuild:
             gc_paused()
         ):  # the rebuild only allocates rows it keeps (sessions.projection.gc_pause says why)
             self.rules.apply_all(self.decoder.events(rows))
+        for row in rows:
+            if row[3] == "PayloadsPruned":
+                self._pruned(row[1], row[5])
         self.last_position = rows[-1][0]
         self.events += len(rows)
+
+    def _pruned(self, sid: str, raw: Any) -> None:
+        try:
+            data = raw if isinstance(raw, dict) else json.loads(raw)
+            run = sid[len(RUN_STREAM_PREFIX) :]
+            self.pruned.update((run, data["partition"], int(s)) for s in data["steps"])
+        except (ValueError, TypeError, KeyError):
+            pass  # the audit's log check reports a prune it cannot read
 
     def result(self) -> ReadModels:
         """The read models; call once, after the last `feed` (it derives the means)."""
@@ -99,7 +116,7 @@ class Rebuild:
             sessions=rows(state.sessions.values()),
             groups=rows(state.groups.values()),
             metrics=metrics,
-            queue=list(state.queue),
+            queue=without_pruned(state.queue, self.pruned),
             errors=list(state.errors),
             last_position=self.last_position,
             events=self.events,
@@ -111,3 +128,10 @@ def rebuild_rows(rows: Iterable[Sequence[Any]]) -> ReadModels:
     rebuilt = Rebuild()
     rebuilt.feed(list(rows))
     return rebuilt.result()
+
+
+def without_pruned(queue: Iterable[Row], pruned: set[tuple[str, str, int]]) -> list[Row]:
+    """The queue rows but those of pruned steps (in order, so the others keep their ids)."""
+    if not pruned:
+        return list(queue)
+    return [q for q in queue if (q["run"], q["partition"], q["global_step"]) not in pruned]

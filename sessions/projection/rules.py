@@ -59,8 +59,8 @@ class Rules:
 
     def apply(self, event: LogEvent) -> None:
         position, sid, version, type_, data, recorded_at, problem = event
-        if type_ == "RunConfigured":
-            return  # a run's configuration stream: read by the ledger, no read model of its own
+        if type_ in ("RunConfigured", "PayloadsPruned"):
+            return  # a run's own stream: read by the ledger (a prune drops its queue rows itself)
         if type_ == "SessionCreated":
             self._created(sid, position, version, data, recorded_at, problem)
             return

@@ -71,6 +71,10 @@ async def settled_step(
         timeout=timeout,
         poll_interval=poll_interval,
     )
+    if sources:  # a pruned step has no payloads to build a batch from: say which prune
+        from sessions.runs.retention import check_pruned
+
+        await check_pruned(projector.engine, run, partition, global_step)
     async with projector.engine.connect() as conn:
         held = await projector.current_held_step(conn, run, partition, global_step)
         if held is not None:

@@ -131,7 +131,9 @@ async def ensure_recorded(
     for _ in range(3):
         stored = await store.read_stream(stream)
         recorded = [ev.decode(s).event for s in stored]
-        current = recorded[-1] if recorded else None
+        # The last configuration: a prune (PayloadsPruned) may follow it in the run's stream.
+        configs = [e for e in recorded if isinstance(e, ev.RunConfigured)]
+        current = configs[-1] if configs else None
         if isinstance(current, ev.RunConfigured) and current.digest == wanted:
             return
         change = None

@@ -185,6 +185,10 @@ def _configure_sqlite(sync_engine: sqlalchemy.Engine, settings: _SqliteSettings)
         cursor = dbapi_connection.cursor()
         # The busy timeout first: switching to WAL may itself wait for another process's lock.
         cursor.execute(f"PRAGMA busy_timeout={busy_ms}")
+        # A new file (no table yet) takes incremental auto_vacuum, so a prune's freed pages can go
+        # back to the OS in slices (store.retention); an existing file keeps its mode until a
+        # one-time VACUUM converts it (`rollout-ledger prune --convert-vacuum`).
+        cursor.execute("PRAGMA auto_vacuum = INCREMENTAL")
         if not in_memory:
             try:
                 _enable_wal(cursor, busy_ms)
