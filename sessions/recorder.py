@@ -12,7 +12,7 @@ import numpy as np
 
 from sessions import aggregate as agg
 from sessions import events as ev
-from sessions import storable, tokens, validation
+from sessions import storable, validation
 from sessions.errors import ConfigError, InvalidInput, LedgerError
 from sessions.failure_policy import (
     MetricPolicy,
@@ -24,7 +24,7 @@ from sessions.failure_policy import (
     type_name,
 )
 from sessions.placeholder import PlaceholderPolicy
-from store import AppendOutcomeUnknown, ConcurrencyError, EventStore, encode_data
+from store import AppendOutcomeUnknown, ConcurrencyError, EventStore, NewEvent, encode_data
 
 __all__ = [
     "Limits",
@@ -233,7 +233,7 @@ class SessionHandle:
     ) -> int:
         """Record one trajectory; returns its index. Mask defaults to all 1 (every token trainable)."""
         sid = self.session_id
-        arrays = validation.trajectory(
+        payload, prompt_len, response_len, has_logprobs, trainable = validation.trajectory_payload(
             sid, prompt_ids, response_ids, response_mask, response_logprobs
         )
         if (
@@ -248,15 +248,13 @@ class SessionHandle:
             event = ev.TrajectoryRecorded(
                 index=self._view.recorded,
                 num_turns=num_turns,
-                prompt_len=arrays.prompt_len,
-                response_len=arrays.response_len,
-                has_logprobs=arrays.logprobs is not None,
-                trainable_tokens=arrays.response_len
-                if response_mask is None
-                else int(arrays.response_mask.sum()),
+                prompt_len=prompt_len,
+                response_len=response_len,
+                has_logprobs=has_logprobs,
+                trainable_tokens=trainable,
                 materialization_reason=materialization_reason,
                 extra=extra,
-                payload=tokens.encode(arrays),
+                payload=payload,
             )
             await self._commit(agg.decide_trajectory(self._view, event), capped="trajectory")
             return event.index
@@ -445,22 +443,35 @@ def storable_envelopes(
     frame, until the commit, long enough for the cyclic collector to promote them.
     """
     now = datetime.now(timezone.utc)
+    problem = storable.session_id_problem(session_id)
+    if problem is not None:
+        raise InvalidInput(None, "session_id", problem)
     cleaned: list[ev.Event] = []
     envelopes: list[Any] = []
-    for offset, event in enumerate(decided, start=1):
-        event, data = storable.clean_event_data(session_id, event)
+    for event in decided:
+        event, data = storable.storable_data(session_id, event)
         cleaned.append(event)
+        version += 1
+        # The store's record, built here at once with its data encoded once (no `ev.envelope`
+        # call, no second `to_data`): every command of every session passes through here.
         envelopes.append(
-            ev.envelope(
-                event,
-                session_id=session_id,
-                version=version + offset,
-                run=run,
-                uid=uid,
-                partition=partition,
-                global_step=global_step,
-                recorded_at=now,
-                data=data,
+            NewEvent(
+                ev.new_event_id(),
+                session_id,
+                version,
+                event.TYPE,
+                event.SCHEMA_VERSION,
+                run,
+                uid,
+                partition,
+                global_step,
+                data,
+                event.to_payload(),
+                now,
+                encode_data(data),
+                (event.session_index, event.group_size)  # the store checks it against the group
+                if type(event) is ev.SessionCreated
+                else None,
             )
         )
     return cleaned, envelopes

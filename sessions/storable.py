@@ -35,6 +35,7 @@ __all__ = [
     "clean_text",
     "problems",
     "session_id_problem",
+    "storable_data",
 ]
 
 #: The JSON-only integer fields' range (no column: the strictest backend's BIGINT).
@@ -224,8 +225,11 @@ def _fast_test(field: Field, spec: ColumnSpec, constants: dict[str, Any]) -> str
         if field.minimum is not None:
             low = max(low, math.ceil(field.minimum) + (1 if field.exclusive_minimum else 0))
         return maybe_none(f"type(v) is int and {low} <= v <= {high}")
-    if spec.kind == "float" and field.minimum is None:
-        return maybe_none("type(v) is float and isfinite(v)")
+    if spec.kind == "float":
+        bound = ""
+        if field.minimum is not None:
+            bound = f" and v {'>' if field.exclusive_minimum else '>='} {float(field.minimum)!r}"
+        return maybe_none(f"type(v) is float and isfinite(v){bound}")
     if spec.kind == "bool":
         return maybe_none("type(v) is bool")
     if spec.kind == "str":
@@ -235,7 +239,7 @@ def _fast_test(field: Field, spec: ColumnSpec, constants: dict[str, Any]) -> str
         return maybe_none(
             f"type(v) is str and {shortest} <= len(v) <= {longest} and v.isascii() and '\\x00' not in v{forbidden}"
         )
-    return "False"  # the rare rest (a float with a minimum): always the full check
+    return "False"  # the rare rest (a run's configuration): always the full check
 
 
 def _compile_fast(
@@ -397,6 +401,12 @@ def clean_event_data(session_id: str, event: ev.Event) -> tuple[ev.Event, dict[s
     problem = session_id_problem(session_id)
     if problem is not None:
         raise InvalidInput(None, "session_id", problem)
+    return storable_data(session_id, event)
+
+
+def storable_data(session_id: str, event: ev.Event) -> tuple[ev.Event, dict[str, Any]]:
+    """`clean_event_data` for a session id already checked (`session_id_problem`): the
+    recorder checks it once per command, not once per event."""
     data = event.to_data()
     if _FAST[event.TYPE](
         data

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from sessions import vocabulary
+from sessions import tokens, vocabulary
 from sessions.errors import InvalidArgument, InvalidArgumentType, InvalidInput
 from sessions.tokens import TokenArrays
 
@@ -25,6 +25,7 @@ __all__ = [
     "reward",
     "token_array",
     "trajectory",
+    "trajectory_payload",
 ]
 
 TOKEN_LIMIT = 2**31
@@ -158,6 +159,66 @@ def trajectory(
         else logprob_array(session_id, response_logprobs, response.shape[0])
     )
     return TokenArrays(prompt, response, mask, logprobs)
+
+
+#: Token id arrays the fast path of `trajectory_payload` takes as they are: native int32 and
+#: int64, each with the unsigned type a range check reads it as.
+_UNSIGNED = {np.dtype("<i4"): np.dtype("<u4"), np.dtype("<i8"): np.dtype("<u8")}
+_max = np.maximum.reduce
+
+
+def trajectory_payload(
+    session_id: str,
+    prompt_ids: Any,
+    response_ids: Any,
+    response_mask: Any | None,
+    response_logprobs: Any | None,
+) -> tuple[bytes, int, int, bool, int]:
+    """A trajectory checked as `trajectory` checks it and encoded as `tokens.encode` lays it out:
+    (payload, prompt_len, response_len, has_logprobs, trainable_tokens).
+
+    The usual input — two 1-D native int32 or int64 numpy arrays, no mask — is checked and laid
+    out in one concatenation and one range check, the mask of ones written as bytes; anything
+    else (lists, tensors, other dtypes, any id out of range) goes through `trajectory`, which
+    also words the problem."""
+    ids = None
+    if type(prompt_ids) is np.ndarray and type(response_ids) is np.ndarray:
+        unsigned = _UNSIGNED.get(prompt_ids.dtype)
+        if (
+            unsigned is not None
+            and prompt_ids.dtype == response_ids.dtype
+            and prompt_ids.ndim == 1
+            and response_ids.ndim == 1
+            and prompt_ids.shape[0]
+            and response_ids.shape[0]
+        ):
+            ids = np.concatenate((prompt_ids, response_ids))
+            if int(_max(ids.view(unsigned))) >= TOKEN_LIMIT:
+                ids = None  # the full check below names the id
+    if ids is None:
+        arrays = trajectory(session_id, prompt_ids, response_ids, response_mask, response_logprobs)
+        trainable = (
+            arrays.response_len if response_mask is None else int(arrays.response_mask.sum())
+        )
+        has_logprobs = arrays.logprobs is not None
+        return (
+            tokens.encode(arrays),
+            arrays.prompt_len,
+            arrays.response_len,
+            has_logprobs,
+            trainable,
+        )
+    prompt_len, response_len = prompt_ids.shape[0], response_ids.shape[0]
+    if response_mask is None:
+        trainable, mask = response_len, b"\x01" * response_len
+    else:
+        checked = mask_array(session_id, response_mask, response_len)
+        trainable, mask = int(checked.sum()), checked.tobytes()
+    parts = [ids.astype(tokens.INT32, copy=False).tobytes()]
+    if response_logprobs is not None:
+        parts.append(logprob_array(session_id, response_logprobs, response_len).tobytes())
+    parts.append(mask)
+    return b"".join(parts), prompt_len, response_len, response_logprobs is not None, trainable
 
 
 def reward(session_id: str, field: str, value: Any) -> float | None:
