@@ -5,15 +5,17 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import func, select, text
+from sqlalchemy import func, literal_column, select, text
 from sqlalchemy.engine import Dialect as SqlDialect
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from store.dialects import Dialect, dialect_of
+from store.dialects import postgresql as pg
 from store.errors import ConcurrencyError, StoreError, StoreInvariantError
 from store.log.records import NewEvent
 from store.schema.tables import events
@@ -48,8 +50,10 @@ async def resolve(
     *,
     check_ids: bool = True,
     cached: dict[str, int] | None = None,
+    build_rows: bool = True,
 ) -> tuple[list[Outcome], list[tuple[Any, ...]]]:
-    """Decide each request's fate against the stored log; return outcomes and rows to insert.
+    """Decide each request's fate against the stored log; return outcomes and rows to insert
+    (none with `build_rows=False`: the caller built them, for the accepted requests' events).
 
     Outcome: (stream version, accepted) — accepted is False for an idempotent re-send — or an
     exception for that request alone.
@@ -102,7 +106,8 @@ async def resolve(
             versions[request.session_id] = current + len(request.events)  # the common case: accept
             for event in request.events:
                 known[event.event_id] = request.session_id
-                rows.append(row(event))
+                if build_rows:
+                    rows.append(row(event))
             outcomes.append((versions[request.session_id], True))
             continue
         ids = [event.event_id for event in request.events]
@@ -148,33 +153,30 @@ class GroupSlots:
             return cls({})
         taken: dict[tuple[Any, ...], list[tuple[str, int, int]]] = {group: [] for group in groups}
         dialect = dialect_of(conn)
-        by_run: dict[str, set[str]] = {}
-        for run, _partition, _step, uid in groups:
-            by_run.setdefault(run, set()).add(uid)
-        for run, uids in by_run.items():
+        by_step: dict[tuple[str, str, int | None], set[str]] = {}
+        for run, partition, step, uid in groups:
+            by_step.setdefault((run, partition, step), set()).add(uid)
+        for (run, partition, step), uids in sorted(by_step.items(), key=repr):
             ordered = sorted(uids)
             for start in range(0, len(ordered), CHUNK):
                 result = await conn.execute(
+                    # No ORDER BY position: SQLite would take `ix_events_type` for the order it
+                    # gives and walk every creation of the log again; sorted here instead.
                     select(
+                        events.c.position,
                         events.c.session_id,
-                        events.c.partition,
-                        events.c.global_step,
                         events.c.uid,
                         events.c.session_index,
                         events.c.group_size,
                     )
+                    .where(*_slot_key(run, partition, step))
                     .where(
-                        events.c.type == "SessionCreated",
-                        events.c.run == run,
                         dialect.member_of(events.c.uid, ordered[start : start + CHUNK]),
                         events.c.session_index.is_not(None),
                     )
-                    .order_by(events.c.position)
                 )
-                for sid, partition, step, uid, index, size in result:
-                    group = (run, partition, step, uid)
-                    if group in taken:
-                        taken[group].append((sid, index, size))
+                for _position, sid, uid, index, size in sorted(result, key=lambda row: row[0]):
+                    taken[(run, partition, step, uid)].append((sid, index, size))
         return cls(taken)
 
     def claim(self, request: AppendRequest) -> StoreError | None:
@@ -200,6 +202,21 @@ class GroupSlots:
         for event in claims:
             self.taken.setdefault(_group_of(event), []).append((event.session_id, *event.slot))  # type: ignore[misc]
         return None
+
+
+def _slot_key(run: str, partition: str, step: int | None) -> tuple[Any, ...]:
+    """The leading columns of `uq_events_group_slot`, spelt as the index declares them, so the
+    planner reads only the creations of the groups asked for (issue 28: with `type = ?` and the
+    run alone, SQLite took `ix_events_type` and walked every creation of the log per batch).
+    `type` is SQL text, not a bound value, so it implies the partial index's WHERE on every
+    backend (PostgreSQL's generic plans cannot prove that from a parameter); the step is
+    `coalesce(global_step, -1)` with -1 as text, the index's own expression."""
+    return (
+        events.c.type == literal_column("'SessionCreated'"),
+        events.c.run == run,
+        events.c.partition == partition,
+        func.coalesce(events.c.global_step, literal_column("-1")) == (-1 if step is None else step),
+    )
 
 
 def _group_of(event: NewEvent) -> tuple[Any, ...]:
@@ -252,6 +269,32 @@ async def _known_event_ids(conn: AsyncConnection, event_ids: list[str]) -> dict[
         )
         known.update({event_id: session_id for event_id, session_id in result})
     return known
+
+
+async def pg_decide_and_insert(
+    conn: AsyncConnection, batch: list[AppendRequest], careful: bool, cached: dict[str, int] | None
+) -> tuple[list[Outcome], float]:
+    """PostgreSQL's batch body, the lock held for as little as the contract allows: every row
+    is built and split into column arrays before `LOCK TABLE`; under it, the batch is decided
+    (the reads the group-slot check needs cannot move out) and inserted by one statement
+    (`postgresql.insert_sql`). Returns the outcomes and when the lock was taken."""
+    row = _row_for(dialect_of(conn))
+    built = [[row(event) for event in request.events] for request in batch]
+    every = pg.insert_params([r for rows in built for r in rows])
+    await lock_for_append(conn)
+    locked = time.perf_counter()
+    outcomes, _ = await resolve(conn, batch, check_ids=careful, cached=cached, build_rows=False)
+    accepted = [isinstance(outcome, tuple) and outcome[1] for outcome in outcomes]
+    if not all(accepted):
+        every = pg.insert_params([r for rows, ok in zip(built, accepted) if ok for r in rows])
+    if every:
+        await conn.exec_driver_sql(_pg_insert_sql(), every)
+    return outcomes, locked
+
+
+@functools.cache
+def _pg_insert_sql() -> str:
+    return pg.insert_sql(_INSERT_COLUMNS)
 
 
 #: The insert's columns, in the order of the tuples `_row_for` builds.

@@ -21,7 +21,16 @@ from sqlalchemy import and_, bindparam, func, literal_column, or_, select, text,
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from store.faults import wraps_faults
-from store.read_models.keys import CHUNK, GROUP_KEY, PROJECTOR, MetricScope, as_utc, chunks, equals
+from store.read_models.keys import (
+    CHUNK,
+    GROUP_KEY,
+    PROJECTOR,
+    MetricScope,
+    as_utc,
+    chunks,
+    equals,
+    step_equals,
+)
 from store.read_models.log_reads import (
     DECODER_COLUMNS,
     SourceEvent,
@@ -112,16 +121,25 @@ async def load_groups(
     conn: AsyncConnection, keys: Sequence[tuple[str, str, int | None, str]]
 ) -> dict[tuple[str, str, int | None, str], dict[str, Any]]:
     """Groups by their key (run, partition, global_step, uid)."""
-    # Select by uid alone (one IN list; a tree of OR-ed ANDs costs more to build than to run),
-    # then keep the wanted keys.
-    wanted = set(keys)
+    # One IN list of uids per (run, partition, step), spelt as `uq_groups_key` is declared so the
+    # planner searches the natural key; a tree of OR-ed ANDs costs more to build than to run, and
+    # by uid alone no index served it (SCAN groups, issue 28).
+    by_step: dict[tuple[str, str, int | None], set[str]] = {}
+    for run, partition, step, uid in keys:
+        by_step.setdefault((run, partition, step), set()).add(uid)
     out: dict[tuple[str, str, int | None, str], dict[str, Any]] = {}
-    for chunk in chunks(sorted({key[3] for key in wanted})):
-        result = await conn.execute(select(groups).where(groups.c.uid.in_(chunk)))
-        for row in result.mappings():
-            key = (row["run"], row["partition"], row["global_step"], row["uid"])
-            if key in wanted:
-                out[key] = dict(row)
+    for (run, partition, step), uids in sorted(by_step.items(), key=repr):
+        for chunk in chunks(sorted(uids)):
+            result = await conn.execute(
+                select(groups).where(
+                    groups.c.run == run,
+                    groups.c.partition == partition,
+                    step_equals(groups.c.global_step, step),
+                    groups.c.uid.in_(chunk),
+                )
+            )
+            for row in result.mappings():
+                out[(run, partition, step, row["uid"])] = dict(row)
     return out
 
 
@@ -130,8 +148,10 @@ def _scope_condition(scope: MetricScope) -> Any:
     return and_(
         metric_counts.c.run == run,
         metric_counts.c.partition == partition,
-        equals(metric_counts.c.global_step, step),
-        equals(metric_counts.c.data_source, source),
+        step_equals(metric_counts.c.global_step, step),
+        # '' as text: `uq_metric_counts_scope`'s own expression, so the whole key is searched
+        func.coalesce(metric_counts.c.data_source, literal_column("''"))
+        == ("" if source is None else source),
     )
 
 

@@ -10,6 +10,8 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime, timezone
 from typing import Any
 
+from sqlalchemy import func, literal_column
+
 #: Bound parameters per IN (...) list.
 CHUNK = 500
 #: The projector's row in `checkpoints`.
@@ -33,6 +35,13 @@ def equals(column: Any, value: Any) -> Any:
     Not `IS NOT DISTINCT FROM`: PostgreSQL cannot use a b-tree index for that.
     """
     return column.is_(None) if value is None else column == value
+
+
+def step_equals(column: Any, step: int | None) -> Any:
+    """`coalesce(global_step, -1) = step` (-1 for None), -1 as SQL text: the very expression the
+    natural-key indexes declare (`store.schema.tables.step_key`), so the planner can use the key
+    past the step. `global_step = ?` cannot be matched to it, and every step was read (issue 28)."""
+    return func.coalesce(column, literal_column("-1")) == (-1 if step is None else step)
 
 
 def as_utc(value: datetime) -> datetime:

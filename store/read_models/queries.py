@@ -12,7 +12,7 @@ from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from store.faults import wraps_faults
-from store.read_models.keys import chunks, equals
+from store.read_models.keys import chunks, equals, step_equals
 from store.schema.tables import (
     events,
     groups,
@@ -100,7 +100,7 @@ async def metric_rows(
     if partition is not None:
         query = query.where(metric_counts.c.partition == partition)
     if global_step is not ...:
-        query = query.where(equals(metric_counts.c.global_step, global_step))
+        query = query.where(step_equals(metric_counts.c.global_step, global_step))
     query = query.order_by(
         metric_counts.c.run,
         metric_counts.c.partition,
