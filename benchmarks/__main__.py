@@ -53,6 +53,7 @@ WORKLOADS = (
     "batch_ready",
     "export",
     "train_step",
+    "scale",
 )
 
 
@@ -159,6 +160,7 @@ def main(argv: list[str] | None = None) -> int:
         "batch_ready": batch_ready,
         "export": export,
         "train_step": train_step,
+        "scale": __import__("benchmarks.scale", fromlist=["run"]),
     }
     report = Report()
     for name in WORKLOADS:
