@@ -197,12 +197,16 @@ async def _write(
                 await handle.post_reward(float(i % 2), acc=float(i % 2))
                 await handle.complete()
 
+        holds = getattr(ledger.store, "lock_holds", None)
+        holds_before = len(holds) if holds is not None else 0
         queue.put(("ready", index, os.getpid()))
         await asyncio.to_thread(go.wait)
         started, cpu = time.monotonic(), time.process_time()
         await asyncio.gather(*(one(i) for i in range(sessions)))
         ended, cpu = time.monotonic(), time.process_time() - cpu
         return {
+            # seconds each timed group commit held the append lock (EventStore.lock_holds)
+            "lock_holds": list(holds)[holds_before:] if holds is not None else [],
             "started": started,
             "ended": ended,
             "sessions": sessions,
@@ -288,6 +292,7 @@ def run_config(
             f"{writers} writers: {events} events reported, {stored} stored, {distinct} sessions of {sessions}"
         )
     tokens = sessions * (prompt_tokens + response_tokens)
+    holds = sorted(h for d in done.values() for h in d["lock_holds"])
     return {
         "writers": writers,
         "sessions": sessions,
@@ -299,6 +304,21 @@ def run_config(
         "sessions_per_s": sessions / seconds,
         "tokens_per_s": tokens / seconds,
         "events_per_transaction": events / transactions if transactions else None,
+        **_lock_figures(holds, seconds),
+    }
+
+
+def _lock_figures(holds: list[float], seconds: float) -> dict[str, Any]:
+    """Per-commit lock hold times (sorted seconds) as ms figures, and the share of the wall time
+    some writer held the lock (near 1: the lock, not the writers, sets the pace)."""
+    if not holds:
+        return {"lock_commits": 0}
+    return {
+        "lock_commits": len(holds),
+        "lock_hold_ms_median": 1000 * statistics.median(holds),
+        "lock_hold_ms_p90": 1000 * holds[min(len(holds) - 1, int(0.9 * len(holds)))],
+        "lock_hold_ms_max": 1000 * holds[-1],
+        "lock_held_share": sum(holds) / seconds,
     }
 
 
@@ -524,7 +544,7 @@ def main(argv: list[str] | None = None) -> int:
     url = admin_url()
     log = lambda message: print(message, file=sys.stderr, flush=True)  # noqa: E731
 
-    load_before = os.getloadavg()[0]
+    load_before = os.getloadavg()
     configs = []
     rows: list[tuple[Any, ...]] | None = None
     for writers in writer_counts:
@@ -551,8 +571,15 @@ def main(argv: list[str] | None = None) -> int:
                     )  # the baseline re-inserts exactly these rows
             finally:
                 asyncio.run(drop_database(url, name))
+            last_rep = runs[-1]
+            held = (
+                f", lock held {last_rep['lock_hold_ms_median']:.2f} ms/commit (median), "
+                f"{100 * last_rep['lock_held_share']:.0f}% of the wall"
+                if last_rep.get("lock_commits")
+                else ""
+            )
             log(
-                f"  rep {rep + 1}: {runs[-1]['events_per_s']:,.0f} events/s in {runs[-1]['seconds']:.2f}s"
+                f"  rep {rep + 1}: {last_rep['events_per_s']:,.0f} events/s in {last_rep['seconds']:.2f}s{held}"
             )
         configs.append(
             {
@@ -565,6 +592,11 @@ def main(argv: list[str] | None = None) -> int:
                 },
                 "events_per_transaction": _median_of(runs, "events_per_transaction"),
                 "cpu_ms_per_session": _median_of(runs, "cpu_ms_per_session"),
+                **{
+                    key: _median_of(runs, key)
+                    for key in ("lock_hold_ms_median", "lock_hold_ms_p90", "lock_held_share")
+                    if all(key in r for r in runs)
+                },
                 "reps": runs,
             }
         )
@@ -578,21 +610,33 @@ def main(argv: list[str] | None = None) -> int:
         parallel = parallel_copy(url, rows, processes, args.reps)
 
     copy_rate, many_rate = base["copy"]["events_per_s"], base["executemany"]["events_per_s"]
-    load = (load_before, os.getloadavg()[0])
+    load_after = os.getloadavg()
+    load = (load_before[0], load_after[0])
+    loads = " / ".join(f"{x:.2f}" for x in load_before), " / ".join(f"{x:.2f}" for x in load_after)
     lines = [
-        f"PostgreSQL {server_version(url)}; {os.cpu_count()} cores (1-min load average {load[0]:.1f} before, "
-        f"{load[1]:.1f} after); {args.sessions} sessions per configuration "
+        f"PostgreSQL {server_version(url)}; {os.cpu_count()} cores (load average 1/5/15 min {loads[0]} before, "
+        f"{loads[1]} after); {args.sessions} sessions per configuration "
         f"({EVENTS_PER_SESSION} events each, {args.prompt_tokens}+{args.response_tokens} tokens), "
-        f"{args.concurrency} in flight per process; median of {args.reps} (fresh database each)",
+        f"{args.concurrency} in flight per process; median of {args.reps} (fresh database each), "
+        "[min-max] of the repetitions; lock hold: per group commit, from LOCK TABLE's return to "
+        "the commit's, median and p90 of the run's commits; lock held: the share of the wall time "
+        "a writer held it",
         "",
-        "| configuration | events/s | sessions/s | events/transaction | writer CPU ms/session | vs raw COPY | vs raw executemany |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| configuration | events/s [min-max] | sessions/s | events/transaction | writer CPU ms/session | lock hold ms/commit (p90) | lock held | vs raw COPY | vs raw executemany |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for c in configs:
+        rates = [r["events_per_s"] for r in c["reps"]]
+        hold = (
+            f"{c['lock_hold_ms_median']:.2f} ({c['lock_hold_ms_p90']:.2f}) | {100 * c['lock_held_share']:.0f}%"
+            if "lock_hold_ms_median" in c
+            else "– | –"
+        )
         lines.append(
-            f"| ledger, {c['writers']} writer process{'es' if c['writers'] > 1 else ''} | {c['events_per_s']:,.0f} | "
+            f"| ledger, {c['writers']} writer process{'es' if c['writers'] > 1 else ''} | {c['events_per_s']:,.0f} "
+            f"[{min(rates):,.0f}-{max(rates):,.0f}] | "
             f"{c['sessions_per_s']:,.0f} | {c['events_per_transaction']:.1f} | {c['cpu_ms_per_session']:.1f} | "
-            f"{c['events_per_s'] / copy_rate:.2f}x | "
+            f"{hold} | {c['events_per_s'] / copy_rate:.2f}x | "
             f"{c['events_per_s'] / many_rate:.2f}x |"
         )
     labels = {
@@ -601,14 +645,18 @@ def main(argv: list[str] | None = None) -> int:
     }
     for method, label in labels.items():
         b = base[method]
+        spread = [b["events"] / s for s in b["reps_seconds"]]
         lines.append(
-            f"| {label} | {b['events_per_s']:,.0f} | {b['sessions_per_s']:,.0f} | {b['events']} | – | "
+            f"| {label} | {b['events_per_s']:,.0f} [{min(spread):,.0f}-{max(spread):,.0f}] | "
+            f"{b['sessions_per_s']:,.0f} | {b['events']} | – | – | – | "
             f"{b['events_per_s'] / copy_rate:.2f}x | {b['events_per_s'] / many_rate:.2f}x |"
         )
     if parallel is not None:
+        spread = [parallel["events"] / s for s in parallel["reps_seconds"]]
         lines.append(
-            f"| raw asyncpg copy_records_to_table, {processes} processes at once | {parallel['events_per_s']:,.0f} | – | "
-            f"{parallel['events']} | – | {parallel['events_per_s'] / copy_rate:.2f}x | {parallel['events_per_s'] / many_rate:.2f}x |"
+            f"| raw asyncpg copy_records_to_table, {processes} processes at once | {parallel['events_per_s']:,.0f} "
+            f"[{min(spread):,.0f}-{max(spread):,.0f}] | – | "
+            f"{parallel['events']} | – | – | – | {parallel['events_per_s'] / copy_rate:.2f}x | {parallel['events_per_s'] / many_rate:.2f}x |"
         )
         last = next(c for c in configs if c["writers"] == processes)
         lines += [
@@ -637,6 +685,7 @@ def main(argv: list[str] | None = None) -> int:
                     "machine": {
                         "cores": os.cpu_count(),
                         "load_average": load,
+                        "load_average_1_5_15": [list(load_before), list(load_after)],
                         "python": platform.python_version(),
                         "postgresql": server_version(url),
                         "asyncpg": asyncpg.__version__,
