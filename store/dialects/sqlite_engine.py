@@ -188,7 +188,11 @@ def _configure_sqlite(sync_engine: sqlalchemy.Engine, settings: _SqliteSettings)
         # A new file (no table yet) takes incremental auto_vacuum, so a prune's freed pages can go
         # back to the OS in slices (store.retention); an existing file keeps its mode until a
         # one-time VACUUM converts it (`rollout-ledger prune --convert-vacuum`).
-        cursor.execute("PRAGMA auto_vacuum = INCREMENTAL")
+        # Only on an empty file: on one with pages the pragma would want the write lock that
+        # another connection (a replay's one transaction) may hold for long.
+        cursor.execute("PRAGMA page_count")
+        if not cursor.fetchone()[0]:
+            cursor.execute("PRAGMA auto_vacuum = INCREMENTAL")
         if not in_memory:
             try:
                 _enable_wal(cursor, busy_ms)
