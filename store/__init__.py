@@ -10,7 +10,7 @@ Everything that differs between SQLite and PostgreSQL is answered by `store.dial
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from store import read_models, retention
+from store import backup, read_models, retention
 from store.bulk import bulk_copy, bulk_read_models, driver
 from store.engine import (
     create_engine,
@@ -65,6 +65,7 @@ __all__ = [
     "StoredJSONError",
     "TableScan",
     "TargetNotEmpty",
+    "backup",
     "bulk_copy",
     "bulk_read_models",
     "check_schema",
