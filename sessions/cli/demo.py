@@ -51,6 +51,8 @@ class DemoConfig:
     exclude_infra: bool = False
     #: A timed-out agent's partial work, verified, goes to the batch (placeholder policy `keep_partial`).
     keep_partial: bool = False
+    #: The first step recorded: a run is grown by `demo --run NAME --start-step N` (steps N..).
+    start_step: int = 0
 
     def __post_init__(self) -> None:
         for name in ("steps", "prompts", "group_size", "concurrency", "max_attempts"):
@@ -103,7 +105,10 @@ def policies(config: DemoConfig) -> dict[str, object]:
     """The ledger options that carry out the demo's flags (all defaults without them)."""
     # the demo's own settings are the run's user config: its fingerprint, checked (and recorded)
     # as the ledger opens, so a rerun of `--run NAME` with other flags is refused, not mixed in
-    options: dict[str, object] = {"config": {"demo": dataclasses.asdict(config)}}
+    # (`steps` and `start_step` say how far, not how: a run grown by --start-step keeps its digest)
+    settings = dataclasses.asdict(config)
+    del settings["steps"], settings["start_step"]
+    options: dict[str, object] = {"config": {"demo": settings}}
     if config.max_attempts > 1:
         options["retry_policy"] = RetryPolicy(
             max_attempts=config.max_attempts, on=("infra",), backoff_s=RETRY_BACKOFF_S
@@ -174,7 +179,9 @@ async def run_demo(
     ledger: Ledger, config: DemoConfig, *, on_session: Callable[[], None] | None = None
 ) -> dict[str, float]:
     """Run all steps; returns timing figures (seconds, events, events per second)."""
-    rng = random.Random(config.seed)
+    rng = random.Random(
+        config.seed if not config.start_step else f"{config.seed}:{config.start_step}"
+    )
     limit = asyncio.Semaphore(config.concurrency)
     run_tag = ledger.run.replace("_", "-")
     started = time.perf_counter()
@@ -199,7 +206,7 @@ async def run_demo(
                 if on_session is not None:
                     on_session()
 
-    for step in range(config.steps):
+    for step in range(config.start_step, config.start_step + config.steps):
         jobs = []
         for partition in ("train", "val"):
             for p in range(config.prompts):
@@ -235,7 +242,7 @@ async def run_demo(
 
 def example_session(run: str, config: DemoConfig) -> str:
     """The id `run_demo` gives the first session of the last val step (one to show with `history`)."""
-    return f"{run.replace('_', '-')}-val{config.steps - 1}-p0-s0"
+    return f"{run.replace('_', '-')}-val{config.start_step + config.steps - 1}-p0-s0"
 
 
 def next_commands(run: str, db: str | None, session_id: str) -> list[str]:

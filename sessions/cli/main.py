@@ -42,6 +42,14 @@ def build_parser() -> argparse.ArgumentParser:
         "demo", parents=[common], help="simulated agent rollouts, recorded and projected"
     )
     demo.add_argument("--steps", type=integer(1, 100_000), default=2)
+    demo.add_argument(
+        "--start-step",
+        type=integer(0, 2**62, "a step"),
+        default=0,
+        metavar="N",
+        help="grow the existing run --run NAME with steps N.. (refused if it has steps >= N "
+        "or other demo settings)",
+    )
     demo.add_argument("--prompts", type=integer(1, 100_000), default=16)
     demo.add_argument("--group-size", type=integer(1, 1024), default=4)
     demo.add_argument("--fail-rate", type=rate, default=0.2)
@@ -189,6 +197,7 @@ def build_parser() -> argparse.ArgumentParser:
 #: the parser (importing nothing heavy), `async run(args) -> int` runs the verb, and an optional
 #: `check(args)` refuses bad arguments before any database is opened.
 VERB_MODULES = {
+    "backup": "sessions.cli.backup",
     "export": "sessions.cli.export_batch",
     "export-dataset": "sessions.cli.export_dataset",
     "prune": "sessions.cli.prune",
@@ -291,13 +300,18 @@ async def _cmd_demo(args: argparse.Namespace) -> int:
         max_attempts=args.max_attempts,
         exclude_infra=args.exclude_infra,
         keep_partial=args.keep_partial,
+        start_step=args.start_step,
     )
+    if args.start_step and not args.run:
+        raise ConfigError("--start-step grows an existing run: name it with --run NAME")
     run = args.run or new_run_name()
     console = make_console()
     total = config.steps * 2 * config.prompts * config.group_size
     from sessions.cli.demo import policies
 
     async with Ledger.open(args.db, run=run, **policies(config)) as ledger:
+        if args.start_step:
+            await _check_start_step(ledger, run, args.start_step)
         with Progress(
             TextColumn("[bold]rollouts"),
             BarColumn(),
@@ -329,6 +343,20 @@ async def _cmd_demo(args: argparse.Namespace) -> int:
     for command in next_commands(run, args.db, example_session(run, config)):
         console.print(Text(f"  {command}"), soft_wrap=True)
     return 0
+
+
+async def _check_start_step(ledger: Any, run: str, start: int) -> None:
+    """Refuse to grow `run` from step `start` unless it exists and every step it has is below."""
+    steps = {row.global_step for row in await ledger.metrics(run=run)} - {None}
+    if not steps:
+        raise NotFound(
+            f"run {run!r} has no steps to grow; run `demo --run {run}` without --start-step first"
+        )
+    if max(steps) >= start:
+        raise ConfigError(
+            f"run {run!r} already has steps up to {max(steps)}; --start-step must be above it "
+            f"(--start-step {max(steps) + 1})"
+        )
 
 
 def _display(db: str | None) -> str:
