@@ -37,6 +37,42 @@ PG_MIGRATION_LOCK = 0x524C4D49
 #: Give up waiting for the append lock after this long rather than hang forever.
 PG_LOCK_TIMEOUT = "10s"
 
+#: The array type each inserted column is bound as (`insert_sql`).
+_ARRAY_TYPES = {
+    "event_id": "varchar[]",
+    "session_id": "varchar[]",
+    "version": "integer[]",
+    "type": "varchar[]",
+    "schema_version": "integer[]",
+    "run": "varchar[]",
+    "uid": "varchar[]",
+    "partition": "varchar[]",
+    "global_step": "bigint[]",
+    "data": "text[]",
+    "payload": "bytea[]",
+    "recorded_at": "timestamptz[]",
+    "session_index": "integer[]",
+    "group_size": "integer[]",
+}
+
+
+def insert_sql(columns: Sequence[str]) -> str:
+    """A group commit's rows as one INSERT: one array per column (`insert_params`), unnested by
+    the server in row order, so positions follow the rows. One Bind/Execute whatever the count,
+    where `executemany` sends one per row: the insert is what the append lock is held for."""
+    arrays = ", ".join(f"${i}::{_ARRAY_TYPES[c]}" for i, c in enumerate(columns, start=1))
+    names = ", ".join(columns)
+    picked = ", ".join(f"r.{c}::jsonb" if c == "data" else f"r.{c}" for c in columns)
+    return (
+        f"INSERT INTO events ({names}) SELECT {picked} "
+        f"FROM unnest({arrays}) WITH ORDINALITY AS r({names}, n) ORDER BY r.n"
+    )
+
+
+def insert_params(rows: Sequence[Row]) -> tuple[list[Any], ...]:
+    """Row tuples as the column arrays `insert_sql` binds."""
+    return tuple(list(column) for column in zip(*rows))
+
 
 class AsyncpgCalls(DriverCalls):
     """asyncpg's API: `$n` marks, `COPY` for inserts, transactions as objects."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import deque
 from collections.abc import AsyncIterator, Sequence
 from datetime import timezone
@@ -38,6 +39,7 @@ from store.log.append_sql import (
     insert_events,
     insert_sql,
     lock_for_append,
+    pg_decide_and_insert,
     resolve,
 )
 from store.log.futures import DeferredCancelFuture
@@ -56,6 +58,8 @@ log = logging.getLogger(__name__)
 
 #: Streams whose version the store remembers between commits (see `_resolve`).
 _VERSION_CACHE_SIZE = 100_000
+#: Lock hold times `EventStore.lock_holds` keeps (the most recent ones).
+_LOCK_HOLDS_KEPT = 10_000
 __all__ = [
     "RETRY_ATTEMPTS",
     "RETRY_BASE_DELAY",
@@ -88,6 +92,9 @@ class EventStore:
         self._loop: asyncio.AbstractEventLoop | None = None
         self.batches_committed = 0
         self.events_committed = 0
+        #: Seconds each recent PostgreSQL group commit held the append lock, from the moment
+        #: `LOCK TABLE` returned to the commit's return (what bounds writers in other processes).
+        self.lock_holds: deque[float] = deque(maxlen=_LOCK_HOLDS_KEPT)
 
     @property
     def append_engine(self) -> sqlalchemy.Engine:
@@ -285,8 +292,16 @@ class EventStore:
             conn = await self._writer()
             try:
                 async with conn.begin():
-                    await lock_for_append(conn)
-                    outcomes = await _decide_and_insert(conn, batch, careful, cached)
+                    if dialect_of(conn).name == "postgresql":
+                        outcomes, locked = await pg_decide_and_insert(conn, batch, careful, cached)
+                    else:
+                        await lock_for_append(conn)
+                        outcomes, locked = (
+                            await _decide_and_insert(conn, batch, careful, cached),
+                            None,
+                        )
+                if locked is not None:
+                    self.lock_holds.append(time.perf_counter() - locked)
             except BaseException as error:
                 if not isinstance(
                     error, IntegrityError
