@@ -1,0 +1,129 @@
+"""The command line starts without the heavy optional libraries (issue 28, "a CLI that starts fast").
+
+Each verb runs in a fresh interpreter, which then prints which of torch, tensordict, pandas,
+matplotlib and pyarrow it imported. Only the verbs in `NEEDS_HEAVY` may import one, and only the
+one named. The verb list is read from the parser, so a new verb fails here until it has sample
+arguments below (and is either light or declared heavy).
+
+Measure start-up by hand (median of 10 runs each):
+
+    python -c "import statistics,subprocess,sys,time; t=[]; [
+        (s:=time.perf_counter(), subprocess.run([sys.executable,'-m','sessions.cli','--help'],
+        stdout=subprocess.DEVNULL), t.append(time.perf_counter()-s)) for _ in range(10)];
+        print(statistics.median(t))"
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+HEAVY = ("torch", "tensordict", "pandas", "matplotlib", "pyarrow")
+
+#: The one declaration of which verbs legitimately need a heavy library, and which.
+NEEDS_HEAVY = {
+    "export": {"torch", "tensordict"},  # a batch written with torch.save
+    "export-dataset": {"pyarrow"},  # Parquet
+    "report": {"matplotlib"},  # the figures
+}
+
+_PROBE = """
+import contextlib, io, json, sys
+from sessions.cli.main import main
+out = io.StringIO()
+with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
+    try:
+        code = main(sys.argv[1:])
+    except SystemExit as exit:
+        code = exit.code
+heavy = {HEAVY!r}
+print(json.dumps({{"code": code, "heavy": sorted({{m.split('.')[0] for m in sys.modules if m.split('.')[0] in heavy}})}}))
+""".format(HEAVY=HEAVY)
+
+
+def _verbs() -> list[str]:
+    from sessions.cli.main import build_parser
+
+    parser = build_parser()
+    (sub,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    return sorted(sub.choices)
+
+
+def _probe(*argv: str, cwd: Path) -> dict:
+    done = subprocess.run(
+        [sys.executable, "-c", _PROBE, *argv],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _sample_arguments(db: str) -> dict[str, list[str]]:
+    """A real run of every light verb against a small ledger (the verb list comes from the parser)."""
+    return {
+        "audit": ["audit", "--db", db],
+        "backup": ["backup", "--db", db, "--out", str(Path(db).with_name("copy.db"))],
+        "demo": ["demo", "--db", db, "--steps", "1", "--prompts", "1", "--group-size", "1"],
+        "diagram": ["diagram"],
+        "history": ["history", "no-such-session", "--db", db],
+        "metrics": ["metrics", "--db", db],
+        "migrate": ["migrate", "--db", db],
+        "project": ["project", "--db", db],
+        "prune": ["prune", "--db", db, "--keep-last", "5", "--dry-run"],
+        "recover": ["recover", "--older-than", "1h", "--db", db],
+        "replay": ["replay", "--db", db, "--into", str(Path(db).with_name("replayed.db"))],
+        "sql": ["sql", "SELECT 1 AS one", "--db", db],
+    }
+
+
+@pytest.fixture(scope="module")
+def small_ledger(tmp_path_factory: pytest.TempPathFactory) -> str:
+    db = str(tmp_path_factory.mktemp("startup") / "ledger.db")
+    result = _probe(
+        "demo",
+        "--db",
+        db,
+        "--steps",
+        "1",
+        "--prompts",
+        "2",
+        "--group-size",
+        "2",
+        "--run",
+        "r",
+        cwd=Path(db).parent,
+    )
+    assert result["code"] == 0
+    return db
+
+
+def test_help_imports_no_heavy_library(tmp_path: Path) -> None:
+    result = _probe("--help", cwd=tmp_path)
+    assert result == {"code": 0, "heavy": []}
+
+
+def test_every_verb_declared() -> None:
+    samples = _sample_arguments("x.db")
+    light = [verb for verb in _verbs() if verb not in NEEDS_HEAVY]
+    assert sorted(samples) == light, "give each new verb sample arguments (or declare it heavy)"
+    assert set(NEEDS_HEAVY) <= set(_verbs())
+
+
+@pytest.mark.parametrize("verb", _verbs())
+def test_verb_help_imports_no_heavy_library(verb: str, tmp_path: Path) -> None:
+    assert _probe(verb, "--help", cwd=tmp_path) == {"code": 0, "heavy": []}
+
+
+@pytest.mark.parametrize("verb", [v for v in _verbs() if v not in NEEDS_HEAVY])
+def test_light_verb_imports_no_heavy_library(verb: str, small_ledger: str) -> None:
+    argv = _sample_arguments(small_ledger)[verb]
+    result = _probe(*argv, cwd=Path(small_ledger).parent)
+    assert result["heavy"] == [], f"{verb} imported {result['heavy']}"
