@@ -190,11 +190,11 @@ def _configure_sqlite(sync_engine: sqlalchemy.Engine, settings: _SqliteSettings)
         # one-time VACUUM converts it (`rollout-ledger prune --convert-vacuum`).
         # Only on an empty file: on one with pages the pragma would want the write lock that
         # another connection (a replay's one transaction) may hold for long.
-        cursor.execute("PRAGMA page_count")
-        if not cursor.fetchone()[0]:
-            cursor.execute("PRAGMA auto_vacuum = INCREMENTAL")
         if not in_memory:
-            try:
+            try:  # the first read of the file: on a read-only filesystem, this is what fails
+                cursor.execute("PRAGMA page_count")
+                if not cursor.fetchone()[0]:
+                    cursor.execute("PRAGMA auto_vacuum = INCREMENTAL")
                 _enable_wal(cursor, busy_ms)
             except sqlite3.OperationalError as error:
                 problem = _unwritable(database)  # type: ignore[arg-type]
