@@ -70,6 +70,9 @@ class Config:
     traced_events_max: int | None = None
     # bandwidth bound: size of the tensor whose copy speed is measured
     copy_mib: int = 256
+    # scale: the log sizes the cost curves are measured at (None: 1e4 x 10 up to
+    # ROLLOUT_LEDGER_SCALE_MAX, default 1e6; benchmarks/scale.py)
+    scale_sizes: tuple[int, ...] | None = None
     # shared
     group_size: int = 4
     fail_rate: float = 0.1
@@ -98,6 +101,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         copy_mib=64,
         batch_ready_sessions=32,
         disk_mib=16,
+        scale_sizes=(1_000, 3_000),
     ),
     # < 2 minutes on 2 cores: the CI smoke run (PostgreSQL: 1 repetition per writer count, since each
     # spawns its writer processes afresh and every process pays ~1.5 s CPU importing the library)
@@ -115,6 +119,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         tracemalloc=True,
         batch_ready_sessions=256,
         disk_mib=64,
+        scale_sizes=(2_000, 20_000),  # the curve's shape only: a smoke run, not the figures
     ),
     # several minutes: the figures in docs/benchmarks.md
     "full": dict(

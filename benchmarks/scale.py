@@ -95,7 +95,7 @@ async def curve(url: str, cfg: Config) -> dict[str, list[tuple[int, float]]]:
     out: dict[str, list[tuple[int, float]]] = {}
     step = 0
     async with Ledger.open(url, run="scale") as ledger:
-        for target in sizes():
+        for target in cfg.scale_sizes or sizes():
             grow_started = time.perf_counter()
             while await ledger.store.last_position() < target:
                 await _record_step(ledger, step, rng)

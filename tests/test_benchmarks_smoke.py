@@ -34,6 +34,8 @@ def test_quick_suite_reports_every_figure(
     for figure in figures:
         value = figure["value"]
         assert math.isfinite(value), figure
+        if figure["unit"] == "slope":
+            continue  # a cost curve's log-log slope may be any sign (flat is about 0)
         if figure["kind"] == "memory" and "RSS growth" in figure["name"] or "GC" in figure["name"]:
             assert value >= 0, figure  # a block may reuse memory, or run no garbage collection
         else:
