@@ -486,7 +486,7 @@ def envelope(
     """Wrap a domain event for the store, with a fresh event id and a UTC timestamp (now, unless
     the caller passes one shared by all the events of a command); `data`: the event's
     `to_data()`, if the caller has it already."""
-    stored = NewEvent(
+    return NewEvent(
         new_event_id(),
         session_id,
         version,
@@ -496,16 +496,13 @@ def envelope(
         uid,
         partition,
         global_step,
-        event.to_data() if data is None else data,
+        event.to_data() if data is None else data,  # encoded once, by NewEvent
         event.to_payload(),
         recorded_at or datetime.now(timezone.utc),
+        slot=(event.session_index, event.group_size)  # the store checks it against the group
+        if type(event) is SessionCreated
+        else None,
     )
-    if type(event) is SessionCreated:
-        stored.slot = (
-            event.session_index,
-            event.group_size,
-        )  # the store checks it against the group
-    return stored
 
 
 def new_event_id() -> str:

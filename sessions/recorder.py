@@ -25,7 +25,7 @@ from sessions.failure_policy import (
     type_name,
 )
 from sessions.placeholder import PlaceholderPolicy
-from store import AppendOutcomeUnknown, ConcurrencyError, EventStore, NewEvent, encode_data
+from store import AppendOutcomeUnknown, ConcurrencyError, EventStore, encode_data
 
 __all__ = [
     "Limits",
@@ -472,26 +472,17 @@ def storable_envelopes(
         event, data = storable.storable_data(session_id, event)
         cleaned.append(event)
         version += 1
-        # The store's record, built here at once with its data encoded once (no `ev.envelope`
-        # call, no second `to_data`): every command of every session passes through here.
         envelopes.append(
-            NewEvent(
-                ev.new_event_id(),
-                session_id,
-                version,
-                event.TYPE,
-                event.SCHEMA_VERSION,
-                run,
-                uid,
-                partition,
-                global_step,
-                data,
-                event.to_payload(),
-                now,
-                encode_data(data),
-                (event.session_index, event.group_size)  # the store checks it against the group
-                if type(event) is ev.SessionCreated
-                else None,
+            ev.envelope(
+                event,
+                session_id=session_id,
+                version=version,
+                run=run,
+                uid=uid,
+                partition=partition,
+                global_step=global_step,
+                recorded_at=now,
+                data=data,  # the storable check's, so `to_data` runs once
             )
         )
     return cleaned, envelopes

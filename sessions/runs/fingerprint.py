@@ -54,6 +54,20 @@ class RunConfigMismatch(LedgerError):
         self.changed = changed
 
 
+def run_envelope(event: ev.Event, run: str, *, version: int) -> Any:
+    """`event` wrapped for the run's own stream (`run_stream`): no group, partition or step; the
+    run's configuration and its prunes (`sessions.runs.retention`) are written this way."""
+    return ev.envelope(
+        event,
+        session_id=run_stream(run),
+        version=version,
+        run=run,
+        uid="",
+        partition="",
+        global_step=None,
+    )
+
+
 def run_stream(run: str) -> str:
     """The id of the run's configuration stream: `@run:<run>`, or `@run:#<sha-256 of run>` for a
     run name too long to fit the 128-character stream id beside the prefix."""
@@ -145,15 +159,7 @@ async def ensure_recorded(
         event = storable.clean_event(
             stream, ev.RunConfigured(digest=wanted, config=dict(config), change=change)
         )
-        envelope = ev.envelope(
-            event,
-            session_id=stream,
-            version=len(stored) + 1,
-            run=run,
-            uid="",
-            partition="",
-            global_step=None,
-        )
+        envelope = run_envelope(event, run, version=len(stored) + 1)
         try:
             await store.submit(stream, len(stored), [envelope])
             return

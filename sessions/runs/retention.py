@@ -33,6 +33,7 @@ from sessions.errors import (
     InvalidArgumentType,
     UsageError,
 )
+from sessions.runs.fingerprint import run_envelope, run_stream
 from store import AsyncEngine, load_json
 from store import read_models as rm
 from store import retention as sql
@@ -127,7 +128,7 @@ class RetentionPolicy:
 async def recorded_policy(engine: AsyncEngine, run: str) -> RetentionPolicy:
     """The retention policy in the run's last recorded configuration (empty if none)."""
     async with engine.connect() as conn:
-        rows = await sql.run_stream_events(conn, ev.RUN_STREAM_PREFIX + run, "RunConfigured")
+        rows = await sql.run_stream_events(conn, run_stream(run), "RunConfigured")
     if not rows:
         return RetentionPolicy()
     data = _json(rows[-1][2])
@@ -155,7 +156,7 @@ def _json(raw: Any) -> dict[str, Any]:
 
 async def prune_records(engine: AsyncEngine, run: str) -> list[PruneRecord]:
     async with engine.connect() as conn:
-        rows = await sql.run_stream_events(conn, ev.RUN_STREAM_PREFIX + run, "PayloadsPruned")
+        rows = await sql.run_stream_events(conn, run_stream(run), "PayloadsPruned")
     out = []
     for position, recorded_at, raw in rows:
         data = _json(raw)
@@ -353,7 +354,7 @@ async def _prune_step(
 ) -> tuple[int, int, int, str]:
     prune_id = str(uuid.uuid4())
     stones, size, digest = await _tombstones(ledger.engine, run, partition, step, prune_id)
-    stream = ev.RUN_STREAM_PREFIX + run
+    stream = run_stream(run)
     stored = await ledger.store.read_stream(stream)
     event = storable.clean_event(
         stream,
@@ -367,15 +368,7 @@ async def _prune_step(
             bound={k: v for k, v in bounds.items() if v is not None},
         ),
     )
-    envelope = ev.envelope(
-        event,
-        session_id=stream,
-        version=len(stored) + 1,
-        run=run,
-        uid="",
-        partition="",
-        global_step=None,
-    )
+    envelope = run_envelope(event, run, version=len(stored) + 1)
     await ledger.store.submit(stream, len(stored), [envelope])
     rows = await sql.apply_prune(ledger.engine, run, partition, [step], stones)
     return len(stones), size, rows, prune_id
