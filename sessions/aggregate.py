@@ -272,7 +272,7 @@ def decide_complete(
 ) -> list[ev.Event]:
     """Success if there is a trajectory; otherwise the session failed with `empty_output`."""
     machine.next_state(view.session_id, view.state, "complete")
-    if selection not in ("all", "longest"):
+    if not isinstance(selection, str) or selection not in ("all", "longest"):
         raise InvalidInput(
             view.session_id,
             "trajectory_selection",

@@ -283,7 +283,7 @@ class SessionHandle:
                 self._view,
                 self._policy,
                 score=score,
-                selection=trajectory_selection or self._selection,
+                selection=self._selection if trajectory_selection is None else trajectory_selection,
                 metrics=self._metrics,
             )
             await self._commit(decided)

@@ -435,13 +435,7 @@ def _parameters(
 # another change right now. The walk draws no bad value for them (only plausible ones); each one's
 # example must still escape (test below), so a closed gap fails until it is deleted here.
 # ----------------------------------------------------------------------------------------------
-PENDING_GAPS: dict[tuple[str, str], tuple[dict[str, Any], str]] = {
-    ("SessionHandle.complete", "trajectory_selection"): (
-        {"trajectory_selection": np.array([1.5, 2.5])},
-        "sessions/recorder.py (its failure recording being reworked) tests the option's truth "
-        "(`trajectory_selection or ...`) before aggregate.decide_complete checks it",
-    ),
-}
+PENDING_GAPS: dict[tuple[str, str], tuple[dict[str, Any], str]] = {}
 
 
 @st.composite
