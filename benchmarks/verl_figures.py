@@ -106,7 +106,32 @@ def grpo(dp: Any) -> Any:
     return dp
 
 
-async def figures(db: str, run: str, steps: list[int], multiple: int) -> None:
+def reference_gap(batch: Any, min_valid: int) -> None:
+    """verl's stock GRPO advantages beside the ledger's reference
+    (`grpo_outcome_advantage(..., exclude_placeholders=True, min_valid=...)`): stock, with the
+    placeholders isolated, and with the groups below `min_valid` zeroed as the trainer side does."""
+    from sessions.batches.advantage import grpo_outcome_advantage
+    from sessions.integrations.verl import to_data_proto
+    from sessions.integrations.verl.grpo import zero_below_min_valid
+
+    reference = grpo_outcome_advantage(batch, exclude_placeholders=True, min_valid=min_valid)
+    stock = grpo(to_data_proto(batch, isolate_placeholders=False)).batch["advantages"]
+    isolated = grpo(to_data_proto(batch, isolate_placeholders=True))
+    alone = isolated.batch["advantages"].clone()
+    zero_below_min_valid(isolated, min_valid)
+    for label, advantages in (
+        ("stock", stock),
+        ("placeholders isolated", alone),
+        (f"isolated + groups below min_valid={min_valid} zeroed", isolated.batch["advantages"]),
+    ):
+        gap = (advantages - reference).abs().amax(-1)
+        print(
+            f"GRPO vs the reference at min_valid={min_valid}, {label}: "
+            f"{int((gap > 1e-4).sum())} rows differ, max |delta| {float(gap.max()):.2g}"
+        )
+
+
+async def figures(db: str, run: str, steps: list[int], multiple: int, min_valid: int) -> None:
     from verl.trainer.ppo.metric_utils import compute_data_metrics
 
     from sessions import Ledger
@@ -135,6 +160,7 @@ async def figures(db: str, run: str, steps: list[int], multiple: int) -> None:
                 f"isolated {sum(isolated.values()) / len(isolated):.4f}; shift (isolated - stock) mean {sum(shift) / len(shift):.4f}, "
                 f"min {min(shift):.4f}, max {max(shift):.4f}, groups moved {moved}"
             )
+            reference_gap(batch, min_valid)
             padded = grpo(to_data_proto(batch, pad_to_multiple=multiple))
             trainable = int((padded.batch["response_mask"].sum(-1) > 0).sum())
             print(
@@ -220,8 +246,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--multiple", type=int, default=64, help="pad_to_multiple (verl's batch multiple)"
     )
+    parser.add_argument("--min-valid", type=int, default=2, help="the run's min_valid")
     args = parser.parse_args(argv)
-    asyncio.run(figures(args.db, args.run, args.steps, args.multiple))
+    asyncio.run(figures(args.db, args.run, args.steps, args.multiple, args.min_valid))
 
 
 if __name__ == "__main__":
