@@ -17,9 +17,9 @@ summary first (the train_step workload's ledger share of a training step, then e
 8. train_step    examples/train_grpo.py's loop: the ledger's share of each step's wall time (needs verl)
 9. memory        per workload: RSS high-water growth and tracemalloc peak (see benchmarks/common.py)
 
-``--quick`` is the CI smoke size (< 2 minutes on 2 cores; tests/test_benchmarks_smoke.py runs it),
-``--full`` the size of the figures in docs/benchmarks.md, ``--tiny`` a few seconds (a check that
-the suite still runs). Size flags override a
+``--quick`` a first look (about a minute on 2 cores), ``--full`` the size of the figures in
+docs/benchmarks.md, ``--tiny`` a few seconds (a check that the suite still runs; CI's smoke run,
+tests/test_benchmarks_smoke.py). Size flags override a
 preset; ``--only append,overhead`` runs a subset.
 """
 
@@ -65,7 +65,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     )
     size = parser.add_mutually_exclusive_group()
     size.add_argument(
-        "--quick", dest="mode", action="store_const", const="quick", help="CI smoke size (default)"
+        "--quick", dest="mode", action="store_const", const="quick", help="a first look, about a minute (default)"
     )
     size.add_argument(
         "--full", dest="mode", action="store_const", const="full", help="the documented figures"

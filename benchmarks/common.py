@@ -85,7 +85,7 @@ class Config:
 
 
 PRESETS: dict[str, dict[str, Any]] = {
-    # a few seconds: for the pytest smoke test
+    # a few seconds: the CI smoke run (tests/test_benchmarks_smoke.py)
     "tiny": dict(
         reps=3,
         append_sessions=24,
@@ -103,7 +103,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         disk_mib=16,
         scale_sizes=(1_000, 3_000),
     ),
-    # < 2 minutes on 2 cores: the CI smoke run (PostgreSQL: 1 repetition per writer count, since each
+    # about a minute on 2 cores: a first look (PostgreSQL: 1 repetition per writer count, since each
     # spawns its writer processes afresh and every process pays ~1.5 s CPU importing the library)
     "quick": dict(
         reps=3,

