@@ -14,8 +14,7 @@ from store import backup, read_models, retention
 from store.bulk import bulk_copy, bulk_read_models, driver
 from store.engine import (
     create_engine,
-    is_postgres,
-    is_sqlite,
+    describe_database,
     local_database_file,
     normalize_url,
 )
@@ -80,10 +79,9 @@ __all__ = [
     "failed_session_samples",
     "follower_leadership",
     "head_revision",
-    "is_postgres",
     "holds_ledger",
-    "is_sqlite",
     "local_database_file",
+    "describe_database",
     "is_transient",
     "load_json",
     "normalize_url",

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from store.dialects import dialect_of
 from store.engine import local_database_file, normalize_url
 from store.errors import StoreInputError
 
@@ -44,8 +45,7 @@ class BackupReport:
 
 def sqlite_file(url: str | os.PathLike[str] | None) -> Path:
     """The SQLite file behind `url`, or `StoreInputError` naming the PostgreSQL way."""
-    text = normalize_url(url)
-    if not text.startswith("sqlite"):
+    if not dialect_of(normalize_url(url)).online_backup:
         raise StoreInputError(f"backup copies SQLite files only; {POSTGRES_WAY}")
     path = local_database_file(url)
     if path is None:

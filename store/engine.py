@@ -21,7 +21,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from store.dialects import POSTGRES, SQLITE, dialect_of, find_dialect
+from store.dialects import dialect_of, find_dialect
 from store.errors import StoreInputError
 from store.schema.ledger_file import require_ledger_file
 
@@ -30,8 +30,7 @@ __all__ = [
     "ENV_VAR",
     "create_engine",
     "default_url",
-    "is_postgres",
-    "is_sqlite",
+    "describe_database",
     "normalize_url",
 ]
 
@@ -73,14 +72,6 @@ def normalize_url(url: str | os.PathLike[str] | None) -> str:
     return parsed.render_as_string(hide_password=False)
 
 
-def is_sqlite(engine_or_url: AsyncEngine | str) -> bool:
-    return dialect_of(engine_or_url) is SQLITE
-
-
-def is_postgres(engine_or_url: AsyncEngine | str) -> bool:
-    return dialect_of(engine_or_url) is POSTGRES
-
-
 def create_engine(
     url: str | os.PathLike[str] | None = None,
     *,
@@ -109,3 +100,10 @@ def local_database_file(url: str | os.PathLike[str] | None) -> str | None:
     """The file behind a database URL or path (a SQLite file), or None (in memory, a server)."""
     parsed = make_url(normalize_url(url))
     return dialect_of(parsed).local_file(parsed)
+
+
+def describe_database(url: str | os.PathLike[str] | None) -> str:
+    """How a message names the database at `url`: its dialect's words ("SQLite file x.db",
+    "PostgreSQL database postgresql://user@host/db", the password hidden)."""
+    parsed = make_url(normalize_url(url))
+    return dialect_of(parsed).describe(parsed)[0]

@@ -15,8 +15,7 @@ from typing import Any
 from sqlalchemy import and_, delete, func, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from store.dialects import WRITE_LOCK
-from store.engine import is_sqlite
+from store.dialects import WRITE_LOCK, dialect_of
 from store.schema.tables import events, queue_claims, queue_rows, sessions
 
 __all__ = [
@@ -177,23 +176,13 @@ async def database_bytes(engine: AsyncEngine) -> int:
     """The database's size: SQLite's pages in use times the page size, PostgreSQL's
     pg_database_size."""
     async with engine.connect() as conn:
-        if is_sqlite(engine.url):
-            count = (await conn.exec_driver_sql("PRAGMA page_count")).scalar_one()
-            free = (await conn.exec_driver_sql("PRAGMA freelist_count")).scalar_one()
-            size = (await conn.exec_driver_sql("PRAGMA page_size")).scalar_one()
-            return int(count - free) * int(size)
-        return int(
-            (await conn.exec_driver_sql("SELECT pg_database_size(current_database())")).scalar_one()
-        )
+        return await dialect_of(engine).bytes_in_use(conn)
 
 
 async def auto_vacuum_mode(engine: AsyncEngine) -> str | None:
     """SQLite's auto_vacuum mode (none / full / incremental); None on PostgreSQL."""
-    if not is_sqlite(engine.url):
-        return None
     async with engine.connect() as conn:
-        mode = (await conn.exec_driver_sql("PRAGMA auto_vacuum")).scalar_one()
-    return {0: "none", 1: "full", 2: "incremental"}.get(int(mode), str(mode))
+        return await dialect_of(engine).auto_vacuum_mode(conn)
 
 
 async def convert_to_incremental(engine: AsyncEngine) -> bool:

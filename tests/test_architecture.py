@@ -6,6 +6,8 @@
   `importlib.import_module` / `__import__` with a literal name.
 - The public surface of `sessions` is frozen here: changing it is a deliberate edit of this file.
 - No module of `sessions/` or `store/` grows past 600 lines.
+- No code outside `store/dialects/` branches on a backend's name (`== "postgresql"`,
+  `.startswith("sqlite")`, …): it asks the backend's `Dialect` object.
 """
 
 from __future__ import annotations
@@ -488,3 +490,70 @@ def test_store_has_no_import_circle() -> None:
     for start in sorted(graph):
         if start not in seen and (cycle := visit(start, [])):
             pytest.fail(f"import circle in store/: {' -> '.join(cycle)}")
+
+
+# ------------------------------------------------------------------ dialect branches
+#: The backends' names as SQLAlchemy spells them (`engine.dialect.name`, a URL's drivername).
+BACKEND_NAMES = ("sqlite", "postgresql", "postgres")
+
+
+def _names_a_backend(node: ast.AST) -> bool:
+    """A string literal naming a backend ("sqlite", "postgresql+asyncpg", …), or a tuple/list/set
+    of them."""
+    if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+        return any(_names_a_backend(element) for element in node.elts)
+    return (
+        isinstance(node, ast.Constant)
+        and isinstance(node.value, str)
+        and node.value.split("+", 1)[0].split(":", 1)[0] in BACKEND_NAMES
+    )
+
+
+def backend_branches(path: Path, root: Path = ROOT) -> list[str]:
+    """Every place in the file that tests which backend it is on: a comparison with a backend's
+    name (`==`, `!=`, `in`), a `startswith`/`endswith` of one, or a `match` case on one."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Compare):
+            hit = any(_names_a_backend(side) for side in (node.left, *node.comparators))
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            hit = node.func.attr in ("startswith", "endswith") and any(
+                _names_a_backend(arg) for arg in node.args
+            )
+        elif isinstance(node, ast.MatchValue):
+            hit = _names_a_backend(node.value)
+        else:
+            continue
+        if hit:
+            found.append(f"{path.relative_to(root)}:{node.lineno}: {ast.unparse(node)[:80]}")
+    return found
+
+
+def test_no_code_outside_store_dialects_branches_on_a_backends_name() -> None:
+    """docs/architecture.md: every dialect branch lives in `store/dialects/`; code elsewhere
+    asks the backend's `Dialect` object a question (a capability, a statement, a method)."""
+    found = [
+        branch
+        for package in ("sessions", "store")
+        for path in modules(package)
+        if not module_name(path).startswith("store.dialects")
+        for branch in backend_branches(path)
+    ]
+    assert found == [], "ask the backend's Dialect (store/dialects/) instead of testing its name"
+
+
+def test_the_branch_scan_sees_each_form(tmp_path: Path) -> None:
+    sample = tmp_path / "sample.py"
+    sample.write_text(
+        "a = engine.dialect.name == 'postgresql'\n"
+        "b = url.startswith('sqlite+aiosqlite')\n"
+        "c = name in ('sqlite', 'mysql')\n"
+        "match backend:\n"
+        "    case 'postgres':\n"
+        "        pass\n"
+        "d = name == 'sqlite_sequence'\n"  # a table of SQLite's, not a backend test
+        "e = kind == 'sqlitefile'\n",
+        encoding="utf-8",
+    )
+    lines = [branch.split(":")[1] for branch in backend_branches(sample, tmp_path)]
+    assert lines == ["1", "2", "3", "5"], lines

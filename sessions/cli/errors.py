@@ -25,7 +25,7 @@ from typing import Any
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 
-from store import DriverError, LedgerError, normalize_url
+from store import DriverError, LedgerError, describe_database, local_database_file, normalize_url
 
 PROG = "rollout-ledger"
 EXIT_ERROR = 1
@@ -338,29 +338,19 @@ def _where(databases: Sequence[str | None]) -> str:
 
 
 def _display(url: str | None) -> str:
+    """The database as its dialect names it ("SQLite file x.db", "PostgreSQL database …")."""
     try:
-        parsed = make_url(normalize_url(url))
-    except (ValueError, SQLAlchemyError):
+        return describe_database(url)
+    except (ValueError, SQLAlchemyError):  # StoreInputError (an unknown backend) is a ValueError
         return "the --db URL"
-    if parsed.get_backend_name() == "sqlite":
-        return f"SQLite file {_sqlite_path(url)}"
-    as_given = make_url(url) if url and "://" in url else parsed
-    return f"PostgreSQL database {as_given.render_as_string(hide_password=True)}"
 
 
 def _sqlite_path(url: str | None) -> str | None:
+    """The local file `url` opens (a SQLite file), or None: in memory, a server, a bad URL."""
     try:
-        parsed = make_url(normalize_url(url))
+        return local_database_file(url)
     except (ValueError, SQLAlchemyError):
         return None
-    if parsed.get_backend_name() != "sqlite" or not parsed.database:
-        return None
-    database = parsed.database
-    if database.startswith("file:") and str(parsed.query.get("uri", "")).lower() in ("true", "1"):
-        database = database[len("file:") :].split("?", 1)[
-            0
-        ]  # a `file:` URI names its path before the query
-    return database
 
 
 def _is_asyncpg(error: BaseException) -> bool:

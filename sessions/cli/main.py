@@ -256,11 +256,11 @@ async def _require_ledger(db: str | None) -> None:
     Reads only: a mistyped path is not created, and another application's file is neither
     migrated nor switched to WAL (the SQLite checks run before any connection is made).
     """
-    from store import check_schema, create_engine, is_sqlite, retry_transient
+    from store import check_schema, create_engine, local_database_file, retry_transient
 
     engine = create_engine(db, require_ledger=True)
     try:
-        if not is_sqlite(engine):  # SQLite was checked, read-only, by create_engine itself
+        if local_database_file(db) is None:  # a local file was checked, read-only, by create_engine
             await retry_transient(lambda: check_schema(engine), what="open (schema check)")
     finally:
         await engine.dispose()

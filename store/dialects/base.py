@@ -81,6 +81,13 @@ class Dialect(ABC):
     migration_lock_sql: str | None = None
     #: Statements run first in an append transaction so positions become visible in commit order.
     append_lock_sql: tuple[str, ...] = ()
+    #: Appends build and encode every row before taking the append lock and insert them with one
+    #: statement under it (a lock other writer processes wait on, so it is held for as little as
+    #: the contract allows), rather than deciding and inserting row by row inside the transaction.
+    append_rows_before_lock: bool = False
+    #: The ledger copies a live database itself (`store.backup`, SQLite's online backup API);
+    #: False where the backend's own tools do it (docs/operations.md).
+    online_backup: bool = False
     #: Followers' leader election (a lock held by the leader's session), or None: every follower
     #: leads (one file on one host: the page lock alone serialises them).
     try_leader_sql: str | None = None
@@ -150,6 +157,15 @@ class Dialect(ABC):
     def append_thread_engine(self, engine: AsyncEngine) -> sqlalchemy.Engine | None:
         """A synchronous engine whose own thread runs the group commits, or None (appends run on
         the async engine's connection)."""
+        return None
+
+    @abstractmethod
+    async def bytes_in_use(self, conn: AsyncConnection) -> int:
+        """The database's size in bytes as a retention budget counts it (space in use)."""
+
+    async def auto_vacuum_mode(self, conn: AsyncConnection) -> str | None:
+        """How freed pages go back to the OS (SQLite's `auto_vacuum`: none / full /
+        incremental), or None where the backend's own vacuum reclaims space."""
         return None
 
     def attachable_file(self, url: URL) -> str | None:

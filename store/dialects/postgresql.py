@@ -125,6 +125,7 @@ class PostgresDialect(Dialect):
         f"SET LOCAL lock_timeout = '{PG_LOCK_TIMEOUT}'",
         "LOCK TABLE events IN EXCLUSIVE MODE",
     )
+    append_rows_before_lock = True
     try_leader_sql = f"SELECT pg_try_advisory_lock({PG_LEADER_LOCK})"
     release_leader_sql = f"SELECT pg_advisory_unlock({PG_LEADER_LOCK})"
     driver = AsyncpgCalls()
@@ -170,6 +171,10 @@ class PostgresDialect(Dialect):
             )
         kwargs.setdefault("pool_pre_ping", True)
         return create_async_engine(url, **kwargs)
+
+    async def bytes_in_use(self, conn: AsyncConnection) -> int:
+        size = await conn.exec_driver_sql("SELECT pg_database_size(current_database())")
+        return int(size.scalar_one())
 
     def describe(self, parsed: URL) -> tuple[str, str]:
         # as a user would type it

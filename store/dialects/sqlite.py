@@ -68,6 +68,7 @@ class SqliteDialect(Dialect):
     name = "sqlite"
     async_driver = "sqlite+aiosqlite"
     alembic_batch = True  # SQLite alters few things in place: Alembic copies the table instead
+    online_backup = True
     driver = AiosqliteCalls()
 
     def mark(self, index: int) -> str:
@@ -105,6 +106,16 @@ class SqliteDialect(Dialect):
     def describe(self, parsed: URL) -> tuple[str, str]:
         path = sqlite_file(parsed) or ":memory:"
         return f"SQLite file {path}", shlex.quote(path)
+
+    async def bytes_in_use(self, conn: AsyncConnection) -> int:
+        count = (await conn.exec_driver_sql("PRAGMA page_count")).scalar_one()
+        free = (await conn.exec_driver_sql("PRAGMA freelist_count")).scalar_one()
+        size = (await conn.exec_driver_sql("PRAGMA page_size")).scalar_one()
+        return int(count - free) * int(size)
+
+    async def auto_vacuum_mode(self, conn: AsyncConnection) -> str | None:
+        mode = (await conn.exec_driver_sql("PRAGMA auto_vacuum")).scalar_one()
+        return {0: "none", 1: "full", 2: "incremental"}.get(int(mode), str(mode))
 
     def append_thread_engine(self, engine: AsyncEngine) -> sqlalchemy.Engine | None:
         return writer_twin(engine)

@@ -292,7 +292,7 @@ class EventStore:
             conn = await self._writer()
             try:
                 async with conn.begin():
-                    if dialect_of(conn).name == "postgresql":
+                    if dialect_of(conn).append_rows_before_lock:
                         outcomes, locked = await pg_decide_and_insert(conn, batch, careful, cached)
                     else:
                         await lock_for_append(conn)
