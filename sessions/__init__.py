@@ -5,53 +5,99 @@ Public API::
     from sessions import Ledger, SandboxError, InvalidTransition, ConcurrencyError
     from sessions import SyncLedger          # the same ledger for synchronous code (verl's trainer loop)
 
-Names that need torch (batch building, the GRPO reference advantage, the TransferQueue sink) are
-imported on first use, so recording sessions never pays torch's import time.
+Every name is imported on first use (PEP 562): recording sessions never pays torch's import time
+(batch building, the GRPO reference advantage, the TransferQueue sink), and a command that needs
+no database (the CLI's `--help`, an argument error) pays none of SQLAlchemy's either.
 """
 
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from sessions.config import LedgerConfig
-from sessions.errors import (
-    AppendOutcomeUnknown,
-    BatchPruned,
-    ConcurrencyError,
-    ConfigError,
-    DamagedData,
-    InvalidArgument,
-    InvalidArgumentType,
-    InvalidInput,
-    InvalidTransition,
-    LedgerClosed,
-    LedgerError,
-    LedgerTimeout,
-    MissingDependency,
-    NotFound,
-    ProjectionError,
-    RolloutFailure,
-    RowIndexError,
-    SandboxError,
-    SchemaError,
-    StepNotSettled,
-    StoreError,
-    UnknownEventError,
-    UsageError,
-)
-from sessions.failure_policy import MetricPolicy, RetryPolicy
-from sessions.ledger import DEFAULT_RUN, Ledger
-from sessions.placeholder import PlaceholderPolicy
-from sessions.projection.metrics import MetricRow
-from sessions.projection.projector import Projector
-from sessions.queues.sinks import InProcessQueue, QueueItem, QueueSink
-from sessions.recorder import SessionHandle, SessionOutcome
-from sessions.runs.fingerprint import RunConfigMismatch
-from sessions.runs.retention import PruneReport, RetentionPolicy, prune
-from sessions.sync import SessionProxy, SyncLedger, SyncSession
+if TYPE_CHECKING:  # what an editor and a type checker see; nothing is imported at run time
+    from sessions.config import LedgerConfig
+    from sessions.errors import (
+        AppendOutcomeUnknown,
+        BatchPruned,
+        ConcurrencyError,
+        ConfigError,
+        DamagedData,
+        InvalidArgument,
+        InvalidArgumentType,
+        InvalidInput,
+        InvalidTransition,
+        LedgerClosed,
+        LedgerError,
+        LedgerTimeout,
+        MissingDependency,
+        NotFound,
+        ProjectionError,
+        RolloutFailure,
+        RowIndexError,
+        SandboxError,
+        SchemaError,
+        StepNotSettled,
+        StoreError,
+        UnknownEventError,
+        UsageError,
+    )
+    from sessions.failure_policy import MetricPolicy, RetryPolicy
+    from sessions.ledger import DEFAULT_RUN, Ledger
+    from sessions.placeholder import PlaceholderPolicy
+    from sessions.projection.metrics import MetricRow
+    from sessions.projection.projector import Projector
+    from sessions.queues.sinks import InProcessQueue, QueueItem, QueueSink
+    from sessions.recorder import SessionHandle, SessionOutcome
+    from sessions.runs.fingerprint import RunConfigMismatch
+    from sessions.runs.retention import PruneReport, RetentionPolicy, prune
+    from sessions.sync import SessionProxy, SyncLedger, SyncSession
 
-_LAZY = {
+#: Each public name -> the module that defines it; loaded on first use.
+_NAMES: dict[str, str] = {
+    "LedgerConfig": "sessions.config",
+    "AppendOutcomeUnknown": "sessions.errors",
+    "BatchPruned": "sessions.errors",
+    "ConcurrencyError": "sessions.errors",
+    "ConfigError": "sessions.errors",
+    "DamagedData": "sessions.errors",
+    "InvalidArgument": "sessions.errors",
+    "InvalidArgumentType": "sessions.errors",
+    "InvalidInput": "sessions.errors",
+    "InvalidTransition": "sessions.errors",
+    "LedgerClosed": "sessions.errors",
+    "LedgerError": "sessions.errors",
+    "LedgerTimeout": "sessions.errors",
+    "MissingDependency": "sessions.errors",
+    "NotFound": "sessions.errors",
+    "ProjectionError": "sessions.errors",
+    "RolloutFailure": "sessions.errors",
+    "RowIndexError": "sessions.errors",
+    "SandboxError": "sessions.errors",
+    "SchemaError": "sessions.errors",
+    "StepNotSettled": "sessions.errors",
+    "StoreError": "sessions.errors",
+    "UnknownEventError": "sessions.errors",
+    "UsageError": "sessions.errors",
+    "MetricPolicy": "sessions.failure_policy",
+    "RetryPolicy": "sessions.failure_policy",
+    "DEFAULT_RUN": "sessions.ledger",
+    "Ledger": "sessions.ledger",
+    "PlaceholderPolicy": "sessions.placeholder",
+    "MetricRow": "sessions.projection.metrics",
+    "Projector": "sessions.projection.projector",
+    "InProcessQueue": "sessions.queues.sinks",
+    "QueueItem": "sessions.queues.sinks",
+    "QueueSink": "sessions.queues.sinks",
+    "SessionHandle": "sessions.recorder",
+    "SessionOutcome": "sessions.recorder",
+    "RunConfigMismatch": "sessions.runs.fingerprint",
+    "PruneReport": "sessions.runs.retention",
+    "RetentionPolicy": "sessions.runs.retention",
+    "prune": "sessions.runs.retention",
+    "SessionProxy": "sessions.sync",
+    "SyncLedger": "sessions.sync",
+    "SyncSession": "sessions.sync",
     "BatchRow": "sessions.batches",
     "BatchTooLongError": "sessions.batches",
     "build_padded": "sessions.batches",
@@ -79,10 +125,12 @@ _LAZY = {
 
 
 def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
+    module = _NAMES.get(name)
     if module is None:
         raise AttributeError(f"module 'sessions' has no attribute {name!r}")
-    return getattr(importlib.import_module(module), name)
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # once loaded, a plain module attribute
+    return value
 
 
 __all__ = [
@@ -129,5 +177,27 @@ __all__ = [
     "UnknownEventError",
     "UsageError",
     "prune",
-    *_LAZY,
+    "BatchRow",
+    "BatchTooLongError",
+    "build_padded",
+    "build_jagged",
+    "concat_batches",
+    "pad_to_widths",
+    "select_rows",
+    "split_batch",
+    "to_data_proto",
+    "densify",
+    "to_plain_dict",
+    "grpo_outcome_advantage",
+    "QueueConsumer",
+    "ExportError",
+    "ExportSummary",
+    "export_dataset",
+    "LoggedStep",
+    "TensorBoardTracker",
+    "WandbTracker",
+    "log_step",
+    "log_step_sync",
+    "TransferQueueSink",
+    "start_transferqueue",
 ]

@@ -18,6 +18,7 @@ from typing import Any, ClassVar
 
 from sessions import tokens
 from sessions.errors import UnknownEventError
+from sessions.vocabulary import FAILURE_REASONS, RUN_STREAM_PREFIX
 from store import NewEvent, StoredEvent
 
 __all__ = [
@@ -57,15 +58,6 @@ MESSAGE_LIMIT = 512
 #: error_type is a class name; the sessions read model stores it in VARCHAR(128).
 ERROR_TYPE_LIMIT = 128
 
-FAILURE_REASONS = (
-    "runner_error",
-    "timeout",
-    "sandbox_error",
-    "empty_output",
-    "finalize_error",
-    "invalid_output",
-    "orphaned",
-)
 #: The built-in reasons' origins (`sessions.failure_policy` says why): `infra` when the model
 #: cannot have caused the failure, `policy` otherwise. A custom reason nobody declared is `policy`.
 DEFAULT_ORIGINS: dict[str, str] = {
@@ -80,9 +72,6 @@ DEFAULT_ORIGINS: dict[str, str] = {
 #: GRPO's default `min_valid`: a group needs two valid (non-placeholder) rows for a baseline, as
 #: NeMo-RL and TRL have it (`SessionCreated.min_valid` None means this).
 DEFAULT_MIN_VALID = 2
-#: The stream a run's configuration fingerprints are recorded in: `@run:<run>` (a session id may
-#: not start with `@run:`).
-RUN_STREAM_PREFIX = "@run:"
 
 
 @functools.cache

@@ -5,7 +5,8 @@ failure reason — follows one rule written here (docs/design.md §2), and every
 takes the name calls that rule: `create_session`, a runner's `RolloutFailure` and `fail`, the
 policies, `QueueConsumer`, `export_dataset`, `batch` and the metrics. So a name is accepted or
 refused the same way wherever it is given, always with `InvalidInput` naming the field, what was
-wrong and what to do. Pure Python: no torch, no SQL, nothing but `errors` and `events` below it.
+wrong and what to do. Pure Python: no torch, no SQL, nothing but `errors` below it (the CLI
+builds its parser from it without loading the rest of the library).
 """
 
 from __future__ import annotations
@@ -14,10 +15,11 @@ import re
 from typing import Literal
 
 from sessions.errors import InvalidInput
-from sessions.events import FAILURE_REASONS, RUN_STREAM_PREFIX
 
 __all__ = [
     "ALL_SOURCES",
+    "FAILURE_REASONS",
+    "RUN_STREAM_PREFIX",
     "ANY",
     "INFRA",
     "MAX_NAME_LENGTH",
@@ -42,6 +44,20 @@ __all__ = [
     "check_uid",
     "reason_problem",
 ]
+
+#: The built-in failure reasons (`sessions.failure_policy` gives each its origin).
+FAILURE_REASONS = (
+    "runner_error",
+    "timeout",
+    "sandbox_error",
+    "empty_output",
+    "finalize_error",
+    "invalid_output",
+    "orphaned",
+)
+#: The stream a run's configuration fingerprints are recorded in: `@run:<run>` (a session id may
+#: not start with `@run:`).
+RUN_STREAM_PREFIX = "@run:"
 
 #: The two queues every session belongs to: what it trains on and what it is measured on.
 PARTITIONS: tuple[str, ...] = ("train", "val")

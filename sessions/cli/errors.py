@@ -22,10 +22,10 @@ import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Any
 
-from sqlalchemy.engine import make_url
-from sqlalchemy.exc import DBAPIError, SQLAlchemyError
+from store import DriverError, LedgerError
 
-from store import DriverError, LedgerError, describe_database, local_database_file, normalize_url
+# SQLAlchemy and the engine helpers are imported where an error is explained, not here: a command
+# that fails before opening a database (`--help`, a bad argument) never loads them.
 
 PROG = "rollout-ledger"
 EXIT_ERROR = 1
@@ -145,6 +145,8 @@ def _reason(error: BaseException, databases: Sequence[str | None]) -> str:
         return "cancelled before the command finished"
     if isinstance(error, ModuleNotFoundError):
         return _missing_module(error)
+    from sqlalchemy.exc import DBAPIError, SQLAlchemyError
+
     # A store call's driver fault: the driver's own error (its cause) says the most.
     cause = error.__cause__ if isinstance(error, DriverError) else None
     if isinstance(cause, (DBAPIError, sqlite3.Error)) or (cause is not None and _is_asyncpg(cause)):
@@ -296,6 +298,11 @@ def _sqlite_file_problem(databases: Sequence[str | None], message: str) -> str |
 
 
 def _opened_read_only(url: str | None) -> bool:
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from store import normalize_url
+
     try:
         query = make_url(normalize_url(url)).query
     except (ValueError, SQLAlchemyError):
@@ -339,6 +346,10 @@ def _where(databases: Sequence[str | None]) -> str:
 
 def _display(url: str | None) -> str:
     """The database as its dialect names it ("SQLite file x.db", "PostgreSQL database …")."""
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from store import describe_database
+
     try:
         return describe_database(url)
     except (ValueError, SQLAlchemyError):  # StoreInputError (an unknown backend) is a ValueError
@@ -347,6 +358,10 @@ def _display(url: str | None) -> str:
 
 def _sqlite_path(url: str | None) -> str | None:
     """The local file `url` opens (a SQLite file), or None: in memory, a server, a bad URL."""
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from store import local_database_file
+
     try:
         return local_database_file(url)
     except (ValueError, SQLAlchemyError):

@@ -15,8 +15,9 @@ from sessions.cli.arguments import integer, number, rate, step, text
 from sessions.cli.errors import EXIT_ERROR, drained, guarded, terminate_as_interrupt
 from sessions.errors import ConfigError, NotFound
 from sessions.vocabulary import PARTITIONS
-from store import normalize_url
-from store import read_models as rm
+
+# Each verb imports what it needs when it runs: building the parser (and `--help`) loads no
+# database, array or tensor library (tests/test_cli_startup.py holds the start-up time).
 
 _DEBUG_HELP = "on failure, show the traceback instead of the one-line reason"
 
@@ -362,11 +363,14 @@ async def _check_start_step(ledger: Any, run: str, start: int) -> None:
 def _display(db: str | None) -> str:
     from sqlalchemy.engine import make_url
 
+    from store import normalize_url
+
     return make_url(normalize_url(db)).render_as_string(hide_password=True)
 
 
 async def _cmd_project(args: argparse.Namespace) -> int:
     from sessions.ledger import Ledger
+    from store import read_models as rm
 
     async with Ledger.open(args.db, migrate=False) as ledger:
         if not args.follow:
@@ -406,6 +410,8 @@ async def _cmd_project(args: argparse.Namespace) -> int:
 
 async def _report_quarantined(ledger: Any, *, after: int) -> None:
     """Name every event this projection quarantined (docs/design.md §7), a line each, on stdout."""
+    from store import read_models as rm
+
     async with ledger.engine.connect() as conn:
         errors = await rm.projection_error_rows(conn, after=after)
     if not errors:
