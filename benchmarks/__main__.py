@@ -65,7 +65,11 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     )
     size = parser.add_mutually_exclusive_group()
     size.add_argument(
-        "--quick", dest="mode", action="store_const", const="quick", help="a first look, about a minute (default)"
+        "--quick",
+        dest="mode",
+        action="store_const",
+        const="quick",
+        help="a first look, about a minute (default)",
     )
     size.add_argument(
         "--full", dest="mode", action="store_const", const="full", help="the documented figures"
