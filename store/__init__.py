@@ -50,7 +50,8 @@ if TYPE_CHECKING:  # what an editor and a type checker see; nothing is imported 
     from store.retry import OPEN_ATTEMPTS, is_transient, retry_transient
     from store.schema.columns import ColumnSpec, column_spec
     from store.schema.ledger_file import holds_ledger
-    from store.schema.migrate import check_schema, current_revision, head_revision, upgrade
+    from store.schema.migrate import current_revision, upgrade
+    from store.schema.state import check_schema, head_revision
     from store.stored_json import StoredJSONError, load_json
 
 #: Each exported name -> (the module that defines it, its attribute there; None: the module).
@@ -99,9 +100,9 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     "ColumnSpec": ("store.schema.columns", "ColumnSpec"),
     "column_spec": ("store.schema.columns", "column_spec"),
     "holds_ledger": ("store.schema.ledger_file", "holds_ledger"),
-    "check_schema": ("store.schema.migrate", "check_schema"),
+    "check_schema": ("store.schema.state", "check_schema"),
     "current_revision": ("store.schema.migrate", "current_revision"),
-    "head_revision": ("store.schema.migrate", "head_revision"),
+    "head_revision": ("store.schema.state", "head_revision"),
     "upgrade": ("store.schema.migrate", "upgrade"),
     "StoredJSONError": ("store.stored_json", "StoredJSONError"),
     "load_json": ("store.stored_json", "load_json"),

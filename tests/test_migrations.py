@@ -98,6 +98,54 @@ async def schema_state(url: str) -> tuple[str | None, set[str], list]:
         await engine.dispose()
 
 
+def test_the_revisions_read_without_alembic_are_alembics() -> None:
+    """store.schema.state reads the history from the revision files' own lines (no Alembic on a
+    reader's start-up): every revision and the head must be what Alembic itself finds there."""
+    from alembic.script import ScriptDirectory
+
+    from store.schema.migrate import alembic_config
+    from store.schema.state import known_revisions
+
+    script = ScriptDirectory.from_config(alembic_config())
+    revisions, head = known_revisions()
+    assert head == script.get_current_head() == head_revision()
+    assert sorted(revisions) == sorted(r.revision for r in script.walk_revisions())
+
+
+def test_a_reader_checks_the_schema_without_importing_alembic(tmp_path: Path) -> None:
+    """A read verb's open (create_engine(require_ledger=True) + check_schema) loads no Alembic."""
+    db = tmp_path / "ledger.db"
+    probe = (
+        "import asyncio, sys\n"
+        "from store import check_schema, create_engine, upgrade\n"
+        "from sqlalchemy.ext.asyncio import create_async_engine\n"
+        "async def main():\n"
+        "    e = create_engine(sys.argv[1], require_ledger=True)\n"
+        "    await check_schema(e)\n"
+        "    await e.dispose()\n"
+        "asyncio.run(main())\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'alembic'))\n"
+    )
+    made = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import asyncio, sys\nfrom store import create_engine, upgrade\n"
+            "e = create_engine(sys.argv[1])\nasyncio.run(upgrade(e))\nasyncio.run(e.dispose())",
+            str(db),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert made.returncode == 0, made.stderr
+    done = subprocess.run(
+        [sys.executable, "-c", probe, str(db)], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == "[]"
+
+
 async def test_alembic_cli_upgrades_an_empty_database_without_drift(db_url: str) -> None:
     revision, tables, _ = await schema_state(db_url)
     assert revision is None and not (tables & TABLES)

@@ -20,7 +20,7 @@ from sqlalchemy.pool import NullPool
 
 from store.errors import SchemaError
 from store.faults import driver_error
-from store.schema.migrate import read_state, schema_problem
+from store.schema.state import read_state, schema_problem
 
 __all__ = ["SQLITE_HEADER", "holds_ledger", "require_ledger_file"]
 
