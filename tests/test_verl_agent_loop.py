@@ -335,12 +335,41 @@ async def test_retries_follow_the_run_retry_policy(model: Path, sqlite_url: str)
     assert metrics["ledger/train/all/sessions/succeeded"] == 15
 
 
+async def until_recorded(
+    url: str,
+    partition: str,
+    step: int,
+    *,
+    succeeded: int,
+    task: asyncio.Future,
+    within: float = 120,
+) -> None:
+    """Wait until `succeeded` sessions of the step are recorded as succeeded (projected from the
+    log), while `task` is still running; fail after `within` seconds."""
+    deadline = asyncio.get_running_loop().time() + within
+    async with Ledger.open(url, run=RUN) as ledger:
+        while asyncio.get_running_loop().time() < deadline:
+            assert not task.done(), "the step ended before it could be cancelled"
+            await ledger.project()
+            rows = {
+                r.metric: r.value
+                for r in await ledger.metrics(partition, step)
+                if r.data_source is None
+            }
+            if rows.get("sessions/succeeded", 0) >= succeeded:
+                return
+            await asyncio.sleep(0.1)
+    raise AssertionError(f"{succeeded} sessions were not recorded as succeeded in {within} s")
+
+
 async def test_cancellation_is_a_pure_abort(model: Path, sqlite_url: str) -> None:
     from sessions.integrations.verl.agent_loop import close_process_ledgers
 
     cfg = config(model, sqlite_url, "ledger.timeout=null")
     task = asyncio.ensure_future(generate(cfg, model, {3: "hang", 12: "hang"}, step=6))
-    await asyncio.sleep(1.5)
+    # Cancel once the 14 healthy runs are recorded, however long a loaded machine takes for them
+    # (a fixed sleep of 1.5 s cancelled all 16 in CI, where the two suites share 2 cores).
+    await until_recorded(sqlite_url, "train", 6, succeeded=14, task=task)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
