@@ -35,8 +35,8 @@ echo "== ruff: format and lint (settings in pyproject.toml)"
 lint_status=0
 .venv/bin/ruff format --check --quiet . && .venv/bin/ruff check --quiet . || lint_status=1
 
-echo "== newest releases (.venv): the whole suite"
-ROLLOUT_LEDGER_REQUIRE_TRL=1 .venv/bin/python -m pytest -q -n 2 --dist loadfile
+echo "== newest releases (.venv): the whole suite (its 25 slowest tests listed at the end, to keep CI in budget)"
+ROLLOUT_LEDGER_REQUIRE_TRL=1 .venv/bin/python -m pytest -q -n 2 --dist loadfile --durations=25
 main_status=$?
 
 wait "$verl_pid"

@@ -89,7 +89,7 @@ class _Fresh:
 
 
 @settings(
-    max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
 @given(seed=st.integers(0, 2**16), page_size=st.integers(1, 9))
 def test_held_rows_project_what_reading_every_page_back_projects(
@@ -313,7 +313,7 @@ async def _all_queue(conn: Any) -> list[dict[str, Any]]:
 
 
 @settings(
-    max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
 @given(seed=st.integers(0, 2**16), page_size=st.integers(1, 40))
 def test_held_batch_rows_are_the_rows_read_back(tmp_path: Path, seed: int, page_size: int) -> None:

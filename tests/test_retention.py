@@ -97,7 +97,7 @@ async def _check(url: str, steps: int, keep_last: int, replica: str) -> None:
 
 
 @settings(
-    max_examples=4,
+    max_examples=3,
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
