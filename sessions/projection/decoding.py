@@ -7,11 +7,8 @@ logs with the same message. Payloads are never read: the rules need only the JSO
 from __future__ import annotations
 
 import dataclasses
-import re
 from collections.abc import Sequence
 from typing import Any
-
-import orjson
 
 from sessions import events as ev
 from sessions import storable
@@ -123,25 +120,8 @@ class Decoder:
         return result
 
 
-#: An integer literal beyond 64 bits has 19 digits or more; orjson turns one into a float instead
-#: of refusing it, so a text with such a run of digits (in a string too, rarely) goes to the stdlib.
-_LONG_DIGITS = re.compile(r"[0-9]{19}").search
-_ORJSON_ERROR = orjson.JSONDecodeError
-
-
-def parse_json(raw: str | bytes) -> Any:
-    """`json.loads`, decoded by orjson (3-4x faster) wherever the two agree.
-
-    orjson refuses what json.loads reads as NaN / Infinity, a lone surrogate or an out-of-range
-    float (inf), and reads an integer beyond 64 bits as a float: those texts go through the stdlib
-    (`load_json`, which also words the error of a text neither reads), so old logs read as before.
-    """
-    if type(raw) is str and _LONG_DIGITS(raw) is None:
-        try:
-            return orjson.loads(raw)
-        except _ORJSON_ERROR:
-            pass
-    return load_json(raw)
+#: `json.loads` by orjson where the two agree (store.stored_json): one decoder for every reader.
+parse_json = load_json
 
 
 def _raise_decode_error(row: Sequence[Any], data: dict[str, Any]) -> None:
