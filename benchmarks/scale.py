@@ -10,7 +10,12 @@ Measured at each size (median of `cfg.reps`, each on the log as grown so far):
 * `project one step`  `Ledger.project()` of that new step (the projector's pages of it)
 * `batch`             `Ledger.batch` of the latest step
 * `metrics`           `Ledger.metrics(partition, step)` of one step
-* `open`              `Ledger.open` + close of the grown database
+* `history`           `session_history` of one session of the latest step (the `history` verb)
+* `export-dataset`    `export_dataset` of the latest step to Parquet (needs the `export` extra)
+* `recover`           `recover(ledger, 1 h)`: the sweep for sessions left open (none here)
+* `report data`       the report's reads of the whole run (`sessions.report.data.gather`): a
+                      whole-run read, expected to grow with the run's steps, not to be flat
+* `open`              `Ledger.open` + close of the grown database (at every size)
 * `db size / session` the database's size over its sessions
 
 The log is grown by the recorder itself (valid events by construction) in steps of small token
@@ -88,8 +93,20 @@ async def _db_bytes(ledger: Any, url: str) -> int:
         )
 
 
-async def curve(url: str, cfg: Config) -> dict[str, list[tuple[int, float]]]:
+async def curve(url: str, cfg: Config, folder: Path) -> dict[str, list[tuple[int, float]]]:
+    from datetime import timedelta
+
     from sessions import Ledger
+    from sessions.audit.history import session_history
+    from sessions.report.data import gather
+    from sessions.runs.recovery import recover
+
+    try:
+        import pyarrow  # noqa: F401 - export_dataset writes Parquet with it
+
+        from sessions.export import export_dataset
+    except ImportError:
+        export_dataset = None
 
     rng = np.random.default_rng(cfg.seed)
     out: dict[str, list[tuple[int, float]]] = {}
@@ -115,6 +132,25 @@ async def curve(url: str, cfg: Config) -> dict[str, list[tuple[int, float]]]:
                 figures.setdefault("batch of the latest step (s)", []).append(t)
                 t, _r = await atimed(lambda s=step: ledger.metrics("train", s, project=False))
                 figures.setdefault("metrics of one step (s)", []).append(t)
+                t, _r = await atimed(lambda s=step: session_history(ledger.store, f"s{s}-0"))
+                figures.setdefault("history of one session (s)", []).append(t)
+                if export_dataset is not None:
+                    parquet = folder / f"step{step}.parquet"
+                    t, _r = await atimed(
+                        lambda s=step, o=parquet: export_dataset(
+                            ledger, o, partition="train", steps=s
+                        )
+                    )
+                    parquet.unlink(missing_ok=True)
+                    figures.setdefault("export-dataset of one step (s)", []).append(t)
+                t, _r = await atimed(lambda: recover(ledger, timedelta(hours=1)))
+                figures.setdefault("recover (s)", []).append(t)
+                t, _r = await atimed(lambda: gather(ledger.engine, "scale"))
+                figures.setdefault("report data of the whole run (s)", []).append(t)
+                started = time.perf_counter()
+                async with Ledger.open(url, run="scale"):
+                    pass
+                figures.setdefault("Ledger.open (s)", []).append(time.perf_counter() - started)
                 step += 1
             sessions_now = step * STEP_SESSIONS
             for name, values in figures.items():
@@ -122,13 +158,6 @@ async def curve(url: str, cfg: Config) -> dict[str, list[tuple[int, float]]]:
             out.setdefault("db size per session (KB)", []).append(
                 (events, await _db_bytes(ledger, url) / sessions_now / 1000)
             )
-    opens = []
-    for _ in range(cfg.reps):
-        started = time.perf_counter()
-        async with Ledger.open(url, run="scale"):
-            pass
-        opens.append(time.perf_counter() - started)
-    out["Ledger.open at the largest size (s)"] = [(events, median(opens))]
     return out
 
 
@@ -161,7 +190,9 @@ async def _pg_database(admin_url: str, sql: str) -> None:
 def run(cfg: Config, report: Report) -> None:
     with scratch_dir(cfg, WORKLOAD) as folder:
         _report(
-            report, "sqlite", asyncio.run(curve(f"sqlite+aiosqlite:///{folder / 'scale.db'}", cfg))
+            report,
+            "sqlite",
+            asyncio.run(curve(f"sqlite+aiosqlite:///{folder / 'scale.db'}", cfg, folder)),
         )
     from benchmarks import pg
 
@@ -179,6 +210,7 @@ def run(cfg: Config, report: Report) -> None:
             .set(drivername="postgresql+asyncpg", database=name)
             .render_as_string(hide_password=False)
         )
-        _report(report, "postgres", asyncio.run(curve(url, cfg)))
+        with scratch_dir(cfg, WORKLOAD) as folder:
+            _report(report, "postgres", asyncio.run(curve(url, cfg, folder)))
     finally:
         asyncio.run(_pg_database(pg.pg_url(), f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
