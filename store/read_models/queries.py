@@ -80,7 +80,7 @@ async def group_status(
     query = select(groups.c.status, func.count()).where(
         groups.c.run == run, groups.c.partition == partition
     )
-    query = query.where(equals(groups.c.global_step, global_step))
+    query = query.where(step_equals(groups.c.global_step, global_step))
     result = await conn.execute(query.group_by(groups.c.status))
     return {status: int(count) for status, count in result}
 
@@ -145,7 +145,7 @@ async def pending_uids(
     query = select(groups.c.uid).where(
         groups.c.run == run, groups.c.partition == partition, groups.c.status == "pending"
     )
-    query = query.where(equals(groups.c.global_step, global_step))
+    query = query.where(step_equals(groups.c.global_step, global_step))
     return list((await conn.execute(query.order_by(groups.c.uid).limit(limit))).scalars())
 
 

@@ -81,9 +81,9 @@ events = Table(
     UniqueConstraint("session_id", "version"),
     Index(None, "run", "partition", "global_step"),
     Index(None, "run", "uid"),
-    Index(None, "type"),
-    # A page of sessions' trajectories, found by session (revision 0006): without it SQLite's
-    # planner took ix_events_type for an IN list of sessions and read the whole log's.
+    # A page of sessions' trajectories, found by session (revision 0006). No index on `type`
+    # alone (dropped in 0007): planners without statistics took it for that IN list of sessions
+    # and read every trajectory of the log.
     Index(None, "session_id", "type"),
     Index(
         "uq_events_group_slot",
@@ -159,7 +159,9 @@ groups = Table(
     Column("members", Json, nullable=False),
     Column("valid_rows", Integer, nullable=True),  # non-placeholder rows (revision 0005)
     Column("min_valid", Integer, nullable=True),
-    Index(None, "run", "partition", "global_step"),
+    # Only the natural key (revision 0007 dropped the plain (run, partition, global_step) index):
+    # reads by step spell `coalesce(global_step, -1)` (store.read_models.keys.step_equals), so
+    # this is the one index that can serve them, with or without the planner's statistics.
     Index("uq_groups_key", "run", "partition", step_key(), "uid", unique=True),
 )
 
