@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -495,28 +496,36 @@ def envelope(
 
 
 def new_event_id() -> str:
-    """A random (version 4) UUID in its canonical text form, as `str(uuid.uuid4())` gives.
+    """A version 7 UUID (RFC 9562) in canonical text form: 48 bits of Unix time in milliseconds,
+    then 74 random bits.
 
-    The recorder makes one per event, and a system call per id cost about 4 µs here (a fifth of
-    a session's envelope time), so the random bytes are read from the OS for `_ID_BATCH` ids at a
-    time. A forked child drops its parent's unused ids, so no two processes share one.
+    Time-ordered, not version 4: `uq_events_event_id` is a B-tree, and random keys sent every
+    insert to a random leaf of it. At 10^6 events on PostgreSQL that made inserting a step's
+    1,280 events 192-257 ms against 46-52 ms for ordered keys (issue 28); ids that begin with the
+    clock land at the index's right edge. The random bits keep ids unique across processes.
+
+    The recorder makes one per event, and a system call per id cost about 4 µs here, so the
+    random bits are read from the OS for `_ID_BATCH` ids at a time (only the clock is read per
+    id). A forked child drops its parent's unused random bits, so no two processes share them.
     """
+    millis = f"{time.time_ns() // 1_000_000:012x}"
     while True:
         try:
-            return _unused_ids.pop()
+            return f"{millis[:8]}-{millis[8:]}-{_unused_ids.pop()}"
         except IndexError:  # empty (another thread may have taken the last one): read more
-            _unused_ids.extend(_random_ids(_ID_BATCH))
+            _unused_ids.extend(_random_tails(_ID_BATCH))
 
 
-def _random_ids(count: int) -> list[str]:
+def _random_tails(count: int) -> list[str]:
+    """`count` random UUID tails after the time: version 7, 12 bits, variant, 62 bits."""
     h = os.urandom(16 * count).hex()
     return [
-        f"{h[i : i + 8]}-{h[i + 8 : i + 12]}-4{h[i + 13 : i + 16]}-{_VARIANT[h[i + 16]]}{h[i + 17 : i + 20]}-{h[i + 20 : i + 32]}"
+        f"7{h[i + 13 : i + 16]}-{_VARIANT[h[i + 16]]}{h[i + 17 : i + 20]}-{h[i + 20 : i + 32]}"
         for i in range(0, 32 * count, 32)
     ]
 
 
-#: Ids read from the OS per system call (`new_event_id`).
+#: Random tails read from the OS per system call (`new_event_id`).
 _ID_BATCH = 256
 _unused_ids: list[str] = []
 os.register_at_fork(after_in_child=_unused_ids.clear)

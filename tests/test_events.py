@@ -6,6 +6,7 @@ import dataclasses
 import json
 import os
 import struct
+import time
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -452,12 +453,25 @@ async def test_events_and_tokens_round_trip_through_the_store(ledger) -> None:
     ]
 
 
-def test_event_ids_are_distinct_version_4_uuids_in_canonical_form() -> None:
-    ids = [ev.new_event_id() for _ in range(3 * 256 + 7)]  # across several reads from the OS
+def test_event_ids_are_distinct_version_7_uuids_that_begin_with_the_clock() -> None:
+    """Time-ordered ids keep the event-id index's inserts at its right edge (issue 28): each id's
+    first 48 bits are the milliseconds when it was made, so ids sort in the order they were made
+    (to the millisecond), and the random rest keeps them distinct across several OS reads."""
+    before = time.time_ns() // 1_000_000
+    ids = []
+    for _ in range(3 * 256 + 7):  # across several reads from the OS
+        ids.append(ev.new_event_id())
+        if len(ids) % 200 == 0:
+            time.sleep(0.002)  # let the clock move within the run
+    after = time.time_ns() // 1_000_000
     assert len(set(ids)) == len(ids)
+    stamps = []
     for event_id in ids:
         parsed = uuid.UUID(event_id)
-        assert str(parsed) == event_id and parsed.version == 4 and parsed.variant == uuid.RFC_4122
+        assert str(parsed) == event_id and parsed.version == 7 and parsed.variant == uuid.RFC_4122
+        stamps.append(parsed.int >> 80)
+    assert before <= stamps[0] and stamps[-1] <= after
+    assert stamps == sorted(stamps) and stamps[-1] > stamps[0]
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
