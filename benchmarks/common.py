@@ -487,9 +487,12 @@ def log(message: str) -> None:
 
 @contextlib.contextmanager
 def scratch_dir(cfg: Config, name: str) -> Iterator[Path]:
-    """A fresh directory for one workload's database files, removed afterwards."""
+    """A fresh directory for one workload's database files, removed afterwards (`--workdir` is
+    made if it does not exist yet)."""
     import tempfile
 
+    if cfg.workdir is not None:
+        Path(cfg.workdir).mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=f"bench-{name}-", dir=cfg.workdir) as tmp:
         yield Path(tmp)
 

@@ -104,7 +104,15 @@ def run(cfg: Config, report: Report) -> None:
             data_mb / f,
             "MB/s",
         )
-        report.add(WORKLOAD, "ratio export time / pyarrow floor time", s / f, "x", kind="ratio")
+        report.add(
+            WORKLOAD,
+            "ratio export time / pyarrow floor time",
+            s / f,
+            "x",
+            target="<= 2x (issue 30)",
+            goal=("<=", 2.0),
+            kind="ratio",
+        )
         report.add(
             WORKLOAD,
             f"export to Parquet, per trajectory ({trajectory_rows} rows)",
