@@ -19,7 +19,7 @@ Findings come back in log order (by position).
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -67,7 +67,7 @@ async def check_log(
     engine: AsyncEngine,
     *,
     on_progress: Callable[[str, int], None] | None = None,
-    on_page: Callable[[list[tuple[Any, ...]]], None] | None = None,
+    on_page: Callable[[list[tuple[Any, ...]]], Awaitable[None] | None] | None = None,
 ) -> LogCheck:
     """Both passes over the whole log; divergences sorted by position.
 
@@ -107,7 +107,7 @@ async def _check_content(
     read: driver.Reader,
     findings: list[Finding],
     on_progress: Callable[[str, int], None] | None,
-    on_page: Callable[[list[tuple[Any, ...]]], None] | None,
+    on_page: Callable[[list[tuple[Any, ...]]], Awaitable[None] | None] | None,
     prunes: _Prunes,
 ) -> int:
     count, reported = 0, 0
@@ -154,7 +154,9 @@ async def _check_content(
                 )
             )
         if on_page is not None:
-            on_page(folded)
+            fed = on_page(folded)
+            if fed is not None:
+                await fed
         count += len(rows)
         if on_progress is not None and count - reported >= PROGRESS_EVERY:
             on_progress("checked", count - reported)

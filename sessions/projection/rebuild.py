@@ -17,7 +17,7 @@ from sessions.errors import UsageError
 from sessions.events import RUN_STREAM_PREFIX
 from sessions.projection.decoding import Decoder
 from sessions.projection.gc_pause import gc_paused
-from sessions.projection.rules import Row, Rules, WorkingSet
+from sessions.projection.rules import NO_CREATION, TERMINAL_STATES, Row, Rules, WorkingSet
 
 __all__ = [
     "ReadModels",
@@ -57,6 +57,13 @@ class Rebuild:
         #: (run, partition, step) of every step a `PayloadsPruned` event in the fed log pruned:
         #: their queue rows were dropped with their payloads, so the rebuild drops them too.
         self.pruned: set[tuple[str, str, int]] = set()
+        #: (run, partition, step) of every step `evict_closed` took out of memory, and whether a
+        #: later event may have reached one of them (a creation in the step, or an event of a
+        #: session the rules no longer hold: `suspects`, to be looked up in the log). Either
+        #: makes the evicted rows possibly stale; the audit then folds again without evicting.
+        self.evicted_steps: set[tuple[str, str, int]] = set()
+        self.late_creation = False
+        self.suspects: set[str] = set()
         self._finished = False
 
     def feed(self, rows: Sequence[Sequence[Any]]) -> None:
@@ -66,15 +73,84 @@ class Rebuild:
             )
         if not rows:
             return
+        errors_before = len(self.state.errors)
         with (
             gc_paused()
         ):  # the rebuild only allocates rows it keeps (sessions.projection.gc_pause says why)
             self.rules.apply_all(self.decoder.events(rows))
+        if self.evicted_steps:
+            self._watch_evicted(errors_before)
+        # What the incremental projector writes back; a rebuild writes every row it holds, and
+        # these sets would otherwise hold every session and group of the log.
+        for done in ("new_sessions", "touched_sessions", "new_groups", "touched_groups"):
+            getattr(self.state, done).clear()
         for row in rows:
             if row[3] == "PayloadsPruned":
                 self._pruned(row[1], row[5])
         self.last_position = rows[-1][0]
         self.events += len(rows)
+
+    def _watch_evicted(self, errors_before: int) -> None:
+        state = self.state
+        for sid in state.new_sessions:
+            row = state.sessions.get(sid)
+            if row is not None and _step_of(row) in self.evicted_steps:
+                self.late_creation = True
+        for error in state.errors[errors_before:]:
+            if error["reason"] == NO_CREATION:
+                self.suspects.add(error["session_id"])
+
+    def evict_closed(self, before: int) -> ReadModels:
+        """Take out of memory, and return, the rows of every step that looks done: all its
+        sessions terminal by a position before `before`, none of its groups pending. Queue rows
+        keep the ids they were given; metrics are derived first. Sessions without a step stay.
+
+        A step that looks done can still get events (a late creation, an event after the end);
+        `evicted_steps`, `late_creation` and `suspects` record what a caller needs to tell."""
+        state = self.state
+        done: dict[tuple[str, str, int], bool] = {}
+        for row in state.sessions.values():
+            key = _step_of(row)
+            if key[2] is None:
+                continue
+            ended = row["terminal_position"]
+            ok = row["state"] in TERMINAL_STATES and ended is not None and ended < before
+            done[key] = done.get(key, True) and ok  # type: ignore[index]
+        for row in state.groups.values():
+            key = _step_of(row)
+            if row["status"] == "pending" and key in done:
+                done[key] = False  # type: ignore[index]
+        closed = {key for key, ok in done.items() if ok}
+        if not closed:
+            return ReadModels(last_position=self.last_position, events=self.events)
+        self.evicted_steps |= closed
+        sids = [sid for sid, row in state.sessions.items() if _step_of(row) in closed]
+        out_sessions = [state.sessions.pop(sid) for sid in sids]
+        for sid in sids:
+            state.trajectories.pop(sid, None)
+            self.rules.forget_session(sid)
+        group_keys = [k for k, row in state.groups.items() if _step_of(row) in closed]
+        out_groups = [state.groups.pop(k) for k in group_keys]
+        scopes = [scope for scope in state.metrics if scope[:3] in closed]
+        metrics = []
+        for scope in scopes:
+            table = state.metrics.pop(scope)
+            if table.dirty:
+                table.derive()
+            metrics.extend(_metric_rows(scope, table.values))
+        self.rules.forget_steps(closed)
+        kept, out_queue = [], []
+        for q in state.queue:
+            (out_queue if _step_of(q) in closed else kept).append(q)
+        state.queue = kept
+        return ReadModels(
+            sessions=out_sessions,
+            groups=out_groups,
+            metrics=metrics,
+            queue=out_queue,
+            last_position=self.last_position,
+            events=self.events,
+        )
 
     def _pruned(self, sid: str, raw: Any) -> None:
         try:
@@ -100,16 +176,9 @@ class Rebuild:
         self.rules.finish()
         state = self.state
         metrics = [
-            {
-                "run": run,
-                "partition": partition,
-                "global_step": step,
-                "data_source": source,
-                "metric": name,
-                "value": value,
-            }
-            for (run, partition, step, source), table in state.metrics.items()
-            for name, value in table.values.items()
+            row
+            for scope, table in state.metrics.items()
+            for row in _metric_rows(scope, table.values)
         ]
         rows = (lambda values: [dict(row) for row in values]) if copy else list
         return ReadModels(
@@ -121,6 +190,25 @@ class Rebuild:
             last_position=self.last_position,
             events=self.events,
         )
+
+
+def _step_of(row: Row) -> tuple[Any, Any, Any]:
+    return (row["run"], row["partition"], row["global_step"])
+
+
+def _metric_rows(scope: tuple[Any, ...], values: dict[str, float]) -> list[Row]:
+    run, partition, step, source = scope
+    return [
+        {
+            "run": run,
+            "partition": partition,
+            "global_step": step,
+            "data_source": source,
+            "metric": name,
+            "value": value,
+        }
+        for name, value in values.items()
+    ]
 
 
 def rebuild_rows(rows: Iterable[Sequence[Any]]) -> ReadModels:

@@ -36,6 +36,7 @@ from sessions.vocabulary import UNPROJECTABLE
 __all__ = [
     "GroupKey",
     "LogEvent",
+    "NO_CREATION",
     "Row",
     "Rules",
     "TERMINAL_STATES",
@@ -47,6 +48,10 @@ __all__ = [
 FAILED, IGNORED = "session_failed", "ignored"
 
 
+#: Why an event of a session the rules do not hold is quarantined.
+NO_CREATION = "its session has no projected SessionCreated before it"
+
+
 class Rules:
     """Apply events, in log order, to one working set; `finish()` derives the means after."""
 
@@ -56,6 +61,15 @@ class Rules:
         self._touched = state.touched_sessions
         self._tables: dict[tuple[Any, ...], list[m.MetricTable]] = {}
         self._session_tables: dict[str, list[m.MetricTable]] = {}
+
+    def forget_session(self, sid: str) -> None:
+        """Drop what is cached for a session a rebuild took out of memory."""
+        self._session_tables.pop(sid, None)
+
+    def forget_steps(self, steps: set[tuple[Any, Any, Any]]) -> None:
+        """Drop the cached metric tables of steps a rebuild took out of memory."""
+        for key in [k for k in self._tables if k[:3] in steps]:
+            del self._tables[key]
 
     def apply(self, event: LogEvent) -> None:
         position, sid, version, type_, data, recorded_at, problem = event
@@ -71,7 +85,7 @@ class Rules:
                 sid,
                 type_,
                 None,
-                "its session has no projected SessionCreated before it",
+                NO_CREATION,
                 IGNORED,
             )
             return

@@ -284,6 +284,31 @@ async def write_read_models(
     )
 
 
+@wraps_faults()
+async def add_read_model_rows(write: driver.Writer, rows: Prepared) -> None:
+    """Insert rebuilt rows into `write`'s open transaction, no checkpoint and no claim: a scratch
+    database filled part by part (the audit's fold moves finished steps there as it goes)."""
+    await write.insert("sessions", SESSION_COLUMNS, rows.sessions)
+    await write.insert("groups", GROUP_COLUMNS, rows.groups)
+    await write.insert("metric_counts", METRIC_COLUMNS, rows.metrics)
+    await write.insert("queue_rows", QUEUE_COLUMNS, rows.queue)
+    await write.insert("projection_errors", ERROR_COLUMNS, rows.errors)
+
+
+@wraps_faults()
+async def drop_queue_rows_of_steps(
+    write: driver.Writer, steps: Sequence[tuple[str, str, int]]
+) -> None:
+    """Delete the queue rows of some (run, partition, step): a prune dropped them."""
+    mark = write.dialect.mark
+    for run, partition, step in steps:
+        await write.execute(
+            f"DELETE FROM queue_rows WHERE run = {mark(1)} AND partition = {mark(2)} "
+            f"AND global_step = {mark(3)}",
+            (run, partition, step),
+        )
+
+
 @functools.cache
 def sqlite_shape() -> AsyncEngine:
     """An engine that never connects, only for its dialect: `prepare` for it gives rows as a

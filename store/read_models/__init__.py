@@ -34,6 +34,7 @@ from store.read_models.keys import (
 from store.read_models.log_reads import (
     DECODER_COLUMNS,
     SourceEvent,
+    created_sessions,
     events_after,
     read_source_events,
     source_events,
@@ -368,4 +369,5 @@ __all__ = [
     "set_checkpoint",
     "source_events",
     "trajectory_events",
+    "created_sessions",
 ]

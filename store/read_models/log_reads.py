@@ -85,6 +85,21 @@ async def trajectory_events(
     return out
 
 
+@wraps_faults()
+async def created_sessions(conn: AsyncConnection, session_ids: Sequence[str]) -> set[str]:
+    """Those of the sessions whose stream holds a SessionCreated (found by session, as the
+    trajectory reads are)."""
+    out: set[str] = set()
+    for chunk in chunks(sorted(set(session_ids))):
+        result = await conn.execute(
+            select(events.c.session_id).where(
+                events.c.session_id.in_(chunk), events.c.type == "SessionCreated"
+            )
+        )
+        out.update(result.scalars())
+    return out
+
+
 SourceEvent = tuple[str, int, dict[str, Any], "bytes | None"]  # type, schema_version, data, payload
 
 
