@@ -1,14 +1,20 @@
-"""Retention at scale (issue 28): a long run with a keep-last-K policy, pruned, then audited.
+"""Retention at scale (issue 28): a long run grown step by step under a keep-last-K policy.
 
     python -m benchmarks.retention --steps 1000 --keep-last 50            # the issue's run
     python -m benchmarks.retention --steps 60 --keep-last 10 --prompts 8  # a quick one
 
-Records `--steps` steps of `--prompts` groups of `--group-size` demo sessions into a fresh SQLite
-file (or `--db URL`) with `RetentionPolicy(keep_last_steps=K)`, prunes by the recorded policy;
-prints the database size before and after, the
-file's size on disk, the audit's result and time, the metrics compared before and after the
-audit, and this process's peak RSS. Also `--audit-only URL`: audit an existing ledger and print its
-peak RSS (run it in a fresh process per size to compare).
+Grows one run of `--prompts` groups of `--group-size` demo sessions a step (train and val) in a
+fresh SQLite file (or `--db URL`) with `RetentionPolicy(keep_last_steps=K)`, `--prune-every`
+steps at a time (`demo --start-step`'s path), pruning by the recorded policy after each chunk, as
+a long run would. The size budget is what the policy promises: payloads of at most
+K + prune-every steps, every other step down to its tombstones. Prints the database in use per
+chunk (peak, final, and the unpruned size of the first chunk scaled to the run), the payload
+bytes held against the budget, the audit's result, time and peak RSS, and whether every step's
+metrics and report figures of a replay into a fresh database equal the live ones (the pruned
+steps' batches excepted: asking for one is `BatchPruned`).
+
+Also `--audit-only URL`: audit an existing ledger and print its peak RSS (run it in a fresh process
+per size to compare).
 """
 
 from __future__ import annotations
@@ -20,69 +26,143 @@ import resource
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 
 def _peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-async def _metrics(ledger: object, run: str) -> dict[tuple[object, ...], float]:
-    rows = await ledger.metrics(run=run)  # type: ignore[attr-defined]
-    return {(m.partition, m.global_step, m.data_source, m.metric): m.value for m in rows}
+async def _figures(ledger: Any, run: str) -> tuple[dict[tuple[Any, ...], float], Any, Any]:
+    """Every step's metric counts and the report's per-step tables of the run."""
+    from sessions.report.data import gather
+
+    rows = await ledger.metrics(run=run)
+    counts = {(m.partition, m.global_step, m.data_source, m.metric): m.value for m in rows}
+    page = await gather(ledger.engine, run)
+    return counts, page.tables, page.stepless
+
+
+async def _payload_steps(ledger: Any, run: str, pruned: set[int]) -> tuple[list[int], int, int]:
+    """(steps not pruned, their payload bytes, the largest one step holds)."""
+    from store import retention as sql
+
+    held: set[int] = set()
+    total = largest = 0
+    async with ledger.engine.connect() as conn:
+        for partition in ("train", "val"):
+            for step, _open, size in await sql.step_sizes(conn, run, partition):
+                if step not in pruned:
+                    held.add(step)
+                    total += size
+                    largest = max(largest, size)
+    return sorted(held), total, largest
 
 
 async def _run(args: argparse.Namespace) -> None:
-    from sessions import Ledger, RetentionPolicy, prune
+    from sessions import BatchPruned, Ledger, RetentionPolicy, prune
     from sessions.audit.auditing import audit
+    from sessions.audit.replay import replay
     from sessions.cli.demo import DemoConfig, run_demo
+    from store import create_engine, upgrade
     from store import retention as sql
 
     folder = tempfile.mkdtemp(prefix="rl-retention-")
     url = args.db or f"sqlite+aiosqlite:///{Path(folder) / 'ledger.db'}"
+    replica_url = args.replica or f"sqlite+aiosqlite:///{Path(folder) / 'replica.db'}"
     policy = RetentionPolicy(keep_last_steps=args.keep_last)
     started = time.perf_counter()
+    sizes: list[int] = []
+    first_chunk = pruned_events = pruned_bytes = 0
+    pruned_steps: set[int] = set()
     async with Ledger.open(url, run="long", retention=policy) as ledger:
-        # One demo run: it cannot extend a run at a later step yet (issue 28's `demo
-        # --start-step`), so the run is recorded whole and pruned by its policy once.
-        await run_demo(
-            ledger, DemoConfig(steps=args.steps, prompts=args.prompts, group_size=args.group_size)
-        )
-        await ledger.project()
-        unpruned = await sql.database_bytes(ledger.engine)
-        pruned = None
-        if not args.no_prune:
-            t0 = time.perf_counter()
-            pruned = await prune(ledger, run="long", policy=True)
-            prune_s = time.perf_counter() - t0
+        for start in range(0, args.steps, args.prune_every):
+            steps = min(args.prune_every, args.steps - start)
+            # The chunk's steps side by side: each demo step waits out its timed-out sessions,
+            # which is wall time, not work (one step at a time, 1,000 steps took half an hour).
+            await asyncio.gather(
+                *(
+                    run_demo(
+                        ledger,
+                        DemoConfig(
+                            steps=1, prompts=args.prompts, group_size=args.group_size, start_step=s
+                        ),
+                    )
+                    for s in range(start, start + steps)
+                )
+            )
+            await ledger.project()
+            if start == 0:
+                first_chunk = await sql.database_bytes(ledger.engine)
+            report = await prune(ledger, run="long", policy=True)
+            pruned_events += report.events
+            pruned_bytes += report.payload_bytes
+            pruned_steps.update(report.pruned_steps)
+            sizes.append(await sql.database_bytes(ledger.engine))
+            print(
+                f"  steps {start}-{start + steps - 1}: {sizes[-1]:,} bytes in use, pruned "
+                f"{len(report.pruned_steps)} steps ({report.payload_bytes:,} payload bytes)",
+                flush=True,
+            )
         recorded = time.perf_counter() - started
-        size = await sql.database_bytes(ledger.engine)
-        before = await _metrics(ledger, "long")
+        held, held_bytes, largest = await _payload_steps(ledger, "long", pruned_steps)
         t0 = time.perf_counter()
-        report = await audit(ledger.engine)
+        checked = await audit(ledger.engine)
         audit_s = time.perf_counter() - t0
-        after = await _metrics(ledger, "long")
-        async with ledger.engine.connect() as conn:
-            sizes = await sql.step_sizes(conn, "long", "train")
+        live = await _figures(ledger, "long")
+        replica = create_engine(replica_url)
+        try:
+            await upgrade(replica)
+            t0 = time.perf_counter()
+            await replay(ledger.engine, replica)
+            replay_s = time.perf_counter() - t0
+        finally:
+            await replica.dispose()
+    async with Ledger.open(replica_url, run="long", retention=policy) as again:
+        replayed = await _figures(again, "long")
+        try:
+            await again.batch("train", 0)
+            pruned_batch = "returned a batch (WRONG: step 0 was pruned)"
+        except BatchPruned as error:
+            pruned_batch = f"BatchPruned: {error}"
     on_disk = os.path.getsize(Path(folder) / "ledger.db") if args.db is None else float("nan")
-    kept = [s for s, _o, b in sizes if b > 0]
+    budget_steps = args.keep_last + args.prune_every
     print(
-        f"steps {args.steps} x {args.prompts} groups x {args.group_size}: recorded in "
-        f"{recorded:.1f}s, {report.events} events, {report.sessions} sessions"
+        f"steps {args.steps} x {args.prompts} groups x {args.group_size} (train and val), "
+        f"keep the last {args.keep_last}, prune every {args.prune_every}: recorded in "
+        f"{recorded:.1f}s, {checked.events} events, {checked.sessions} sessions"
     )
-    print(f"database in use before pruning: {unpruned} bytes")
-    if pruned is not None:
+    scaled = first_chunk * args.steps / min(args.prune_every, args.steps)
+    print(
+        f"database in use: peak {max(sizes):,} bytes, final {sizes[-1]:,} (file {on_disk:,} "
+        f"on disk); unpruned, the first chunk scaled to the run: {scaled:,.0f}"
+    )
+    growth = sorted(b - a for a, b in zip(sizes, sizes[1:]))
+    if growth:
         print(
-            f"pruned {len(pruned.pruned_steps)} steps in {prune_s:.1f}s: {pruned.events} payloads, "
-            f"{pruned.payload_bytes} payload bytes, {pruned.queue_rows} queue rows, "
-            f"{pruned.pages_freed} pages freed"
+            f"growth per chunk of {args.prune_every} steps after pruning: median "
+            f"{growth[len(growth) // 2]:,} bytes (min {growth[0]:,}, max {growth[-1]:,}); the "
+            f"first chunk unpruned: {first_chunk:,} (what stays is the log without payloads: "
+            "events, sessions, metrics)"
         )
-    print(f"after the last prune: {size} bytes in use, file {on_disk} bytes on disk")
-    print(f"steps with payload bytes (tombstones count): {len(kept)}")
     print(
-        f"audit: {'passed' if report.ok else 'FAILED'} in {audit_s:.2f}s "
-        f"({len(report.divergences)} divergences); metrics equal after audit: {before == after}"
+        f"payloads held: {len(held)} steps per partition at most {budget_steps} "
+        f"(policy {args.keep_last} + prune-every {args.prune_every}): "
+        f"{'within' if len(held) <= budget_steps else 'OVER'} budget; {held_bytes:,} bytes "
+        f"(<= {budget_steps} x the largest step's {largest:,}: "
+        f"{'yes' if held_bytes <= 2 * budget_steps * largest else 'NO'}); pruned "
+        f"{len(pruned_steps)} steps, {pruned_events:,} payloads, {pruned_bytes:,} bytes"
     )
-    print(f"peak RSS of this process: {_peak_rss_mb():.0f} MB")
+    print(
+        f"audit: {'passed' if checked.ok else 'FAILED'} in {audit_s:.2f}s "
+        f"({len(checked.divergences)} divergences); peak RSS {_peak_rss_mb():.0f} MB"
+    )
+    same = [name for name, a, b in zip(("metrics", "report", "stepless"), live, replayed) if a == b]
+    print(
+        f"replay in {replay_s:.1f}s: {len(live[0]):,} metric counts over every step; equal to the "
+        f"live ones: {'yes' if len(same) == 3 else 'NO (' + ', '.join(same) + ' equal)'}; "
+        f"a pruned step's batch: {pruned_batch}"
+    )
 
 
 async def _audit_only(url: str) -> None:
@@ -108,8 +188,9 @@ def main() -> None:
     parser.add_argument("--keep-last", type=int, default=10)
     parser.add_argument("--prompts", type=int, default=8)
     parser.add_argument("--group-size", type=int, default=4)
-    parser.add_argument("--no-prune", action="store_true")
+    parser.add_argument("--prune-every", type=int, default=10, metavar="STEPS")
     parser.add_argument("--db", default=None)
+    parser.add_argument("--replica", default=None, metavar="URL", help="replay target (empty)")
     parser.add_argument("--audit-only", default=None, metavar="URL")
     args = parser.parse_args()
     if args.audit_only:
