@@ -165,21 +165,34 @@ async def _run(args: argparse.Namespace) -> None:
     )
 
 
-async def _audit_only(url: str) -> None:
+async def _audit_only(url: str, memory_sessions: int | None) -> None:
     from sessions.audit.auditing import audit
     from store import create_engine
 
     engine = create_engine(url)
     try:
         t0 = time.perf_counter()
-        report = await audit(engine)
+        report = await audit(engine, memory_sessions=memory_sessions)
         print(
-            f"audit {'passed' if report.ok else 'FAILED'}: {report.events} events, "
+            f"audit (memory bound {memory_sessions} sessions) "
+            f"{'passed' if report.ok else 'FAILED'}: {report.events} events, "
             f"{report.sessions} sessions, {time.perf_counter() - t0:.2f}s, peak RSS "
             f"{_peak_rss_mb():.0f} MB"
         )
     finally:
         await engine.dispose()
+
+
+def _bound(text: str) -> int | None:
+    if text == "none":
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"a number of sessions >= 0 or none, got {text!r}")
+    return value
 
 
 def main() -> None:
@@ -192,9 +205,16 @@ def main() -> None:
     parser.add_argument("--db", default=None)
     parser.add_argument("--replica", default=None, metavar="URL", help="replay target (empty)")
     parser.add_argument("--audit-only", default=None, metavar="URL")
+    parser.add_argument(
+        "--memory-sessions",
+        type=_bound,
+        default=50_000,
+        metavar="N|none",
+        help="with --audit-only: the audit's memory bound in sessions (none: unbounded)",
+    )
     args = parser.parse_args()
     if args.audit_only:
-        asyncio.run(_audit_only(args.audit_only))
+        asyncio.run(_audit_only(args.audit_only, args.memory_sessions))
         return
     asyncio.run(_run(args))
 
