@@ -136,7 +136,7 @@ async def _both(url: str, bound: int, project: bool) -> auditing.AuditReport:
 
 
 @settings(
-    max_examples=12,
+    max_examples=30,
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture],
 )

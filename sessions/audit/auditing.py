@@ -123,11 +123,13 @@ async def _audit(
             upto = [row for row in rows if row[0] <= through]
             rebuilt.feed(upto)
             at_checkpoint.append(rebuilt.snapshot())
-            if scratch is not None:
+            if scratch is not None and not rebuilt.late_creation:
                 await scratch.add(at_checkpoint[0])
             rebuilt.feed(rows[len(upto) :])
         else:
             rebuilt.feed(rows)
+        if rebuilt.late_creation:  # this fold's moved rows are stale: it will be done again
+            check_at = None
         if check_at is not None and len(rebuilt.state.sessions) > check_at:
             moved = rebuilt.evict_closed(before=rows[-1][0] - SETTLE_MARGIN)
             if not at_checkpoint and moved.sessions:  # past the checkpoint: nothing to compare

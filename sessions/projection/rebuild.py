@@ -128,7 +128,6 @@ class Rebuild:
         out_sessions = [state.sessions.pop(sid) for sid in sids]
         for sid in sids:
             state.trajectories.pop(sid, None)
-            self.rules.forget_session(sid)
         group_keys = [k for k, row in state.groups.items() if _step_of(row) in closed]
         out_groups = [state.groups.pop(k) for k in group_keys]
         scopes = [scope for scope in state.metrics if scope[:3] in closed]
@@ -138,7 +137,7 @@ class Rebuild:
             if table.dirty:
                 table.derive()
             metrics.extend(_metric_rows(scope, table.values))
-        self.rules.forget_steps(closed)
+        self.rules.forget(sids, closed)
         kept, out_queue = [], []
         for q in state.queue:
             (out_queue if _step_of(q) in closed else kept).append(q)

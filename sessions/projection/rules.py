@@ -62,12 +62,10 @@ class Rules:
         self._tables: dict[tuple[Any, ...], list[m.MetricTable]] = {}
         self._session_tables: dict[str, list[m.MetricTable]] = {}
 
-    def forget_session(self, sid: str) -> None:
-        """Drop what is cached for a session a rebuild took out of memory."""
-        self._session_tables.pop(sid, None)
-
-    def forget_steps(self, steps: set[tuple[Any, Any, Any]]) -> None:
-        """Drop the cached metric tables of steps a rebuild took out of memory."""
+    def forget(self, sids: list[str], steps: set[tuple[Any, Any, Any]]) -> None:
+        """Drop the cached metric tables of sessions and steps a rebuild took out of memory."""
+        for sid in sids:
+            self._session_tables.pop(sid, None)
         for key in [k for k in self._tables if k[:3] in steps]:
             del self._tables[key]
 
