@@ -2,11 +2,9 @@
 # The whole test suite, in the two environments the project's users run, each set up from scratch:
 #
 #   .venv       the newest releases (tensordict, numpy, ...) with the TransferQueue, TRL, bench,
-#               export, trackers and report extras: every test, its files shared out between three
-#               pytest-xdist workers on the 2 cores (`--dist loadfile`: a file's module-scoped
-#               databases stay in one worker; every database a test makes has a name of its own, so
-#               workers never collide). Three, not two: with two, about one core was busy, the
-#               rest of the time the workers waited on subprocesses, PostgreSQL and Ray.
+#               export, trackers and report extras: every test, its files shared out between two
+#               pytest-xdist workers (`--dist loadfile`: a file's module-scoped databases stay in one
+#               worker; every database a test makes has a name of its own, so workers never collide).
 #   .venv-verl  verl 0.9.1 and its pins (tensordict 0.10.0, see tests/environments/verl-pins.txt),
 #               with TransferQueue as verl's V1 trainer has it, and the data-out extras (so every
 #               test module collects there, none skipped at collection): the tests marked `verl_env`
@@ -38,7 +36,7 @@ lint_status=0
 .venv/bin/ruff format --check --quiet . && .venv/bin/ruff check --quiet . || lint_status=1
 
 echo "== newest releases (.venv): the whole suite (its 25 slowest tests listed at the end, to keep CI in budget)"
-ROLLOUT_LEDGER_REQUIRE_TRL=1 .venv/bin/python -m pytest -q -n 3 --dist loadfile --durations=25
+ROLLOUT_LEDGER_REQUIRE_TRL=1 .venv/bin/python -m pytest -q -n 2 --dist loadfile --durations=25
 main_status=$?
 
 wait "$verl_pid"
