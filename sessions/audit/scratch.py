@@ -12,7 +12,6 @@ from __future__ import annotations
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any
 
 from sessions.audit.replay import prepare
 from sessions.projection.rebuild import ReadModels
@@ -30,7 +29,6 @@ class Scratch:
         self._folder = Path(tempfile.mkdtemp(prefix="rollout-ledger-audit-"))
         self.engine: AsyncEngine = create_engine(f"sqlite+aiosqlite:///{self._folder / 'fold.db'}")
         self._ready = False
-        self.sessions = 0
 
     async def add(self, models: ReadModels) -> None:
         """Add rebuilt rows (queue rows keep their ids), in one transaction."""
@@ -41,7 +39,6 @@ class Scratch:
         async with driver.writer(self.engine) as write:
             await bulk.add_read_model_rows(write, rows)
             await write.commit()
-        self.sessions += len(models.sessions)
 
     async def drop_queue_rows(self, steps: set[tuple[str, str, int]]) -> None:
         """Drop the queue rows of pruned steps, as their prune did."""
@@ -50,6 +47,6 @@ class Scratch:
                 await bulk.drop_queue_rows_of_steps(write, sorted(steps))
                 await write.commit()
 
-    async def close(self, *_: Any) -> None:
+    async def close(self) -> None:
         await self.engine.dispose()
         shutil.rmtree(self._folder, ignore_errors=True)

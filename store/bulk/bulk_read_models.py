@@ -270,11 +270,7 @@ async def write_read_models(
     now = datetime.now(timezone.utc)
     if not claimed:
         await claim_read_models(write, target)
-    await write.insert("sessions", SESSION_COLUMNS, rows.sessions)
-    await write.insert("groups", GROUP_COLUMNS, rows.groups)
-    await write.insert("metric_counts", METRIC_COLUMNS, rows.metrics)
-    await write_queue_rows(write, rows.queue)
-    await write.insert("projection_errors", ERROR_COLUMNS, rows.errors)
+    await add_read_model_rows(write, rows)
     if rows.last_queue_id is not None:
         await write.after_explicit_positions("queue_rows", "id", rows.last_queue_id)
     await write.insert(
@@ -286,12 +282,13 @@ async def write_read_models(
 
 @wraps_faults()
 async def add_read_model_rows(write: driver.Writer, rows: Prepared) -> None:
-    """Insert rebuilt rows into `write`'s open transaction, no checkpoint and no claim: a scratch
-    database filled part by part (the audit's fold moves finished steps there as it goes)."""
+    """Insert rebuilt rows into `write`'s open transaction, no checkpoint and no claim: the rows
+    of `write_read_models`, and a scratch database filled part by part (the audit's fold moves
+    finished steps there as it goes)."""
     await write.insert("sessions", SESSION_COLUMNS, rows.sessions)
     await write.insert("groups", GROUP_COLUMNS, rows.groups)
     await write.insert("metric_counts", METRIC_COLUMNS, rows.metrics)
-    await write.insert("queue_rows", QUEUE_COLUMNS, rows.queue)
+    await write_queue_rows(write, rows.queue)
     await write.insert("projection_errors", ERROR_COLUMNS, rows.errors)
 
 

@@ -341,6 +341,7 @@ __all__ = [
     "changed_columns",
     "checkpoint_stamp",
     "chunks",
+    "created_sessions",
     "equals",
     "events_after",
     "get_checkpoint",
@@ -369,5 +370,4 @@ __all__ = [
     "set_checkpoint",
     "source_events",
     "trajectory_events",
-    "created_sessions",
 ]
