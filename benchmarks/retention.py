@@ -149,7 +149,7 @@ async def _run(args: argparse.Namespace) -> None:
         f"payloads held: {len(held)} steps per partition at most {budget_steps} "
         f"(policy {args.keep_last} + prune-every {args.prune_every}): "
         f"{'within' if len(held) <= budget_steps else 'OVER'} budget; {held_bytes:,} bytes "
-        f"(<= {budget_steps} x the largest step's {largest:,}: "
+        f"(<= 2 partitions x {budget_steps} steps x the largest step's {largest:,}: "
         f"{'yes' if held_bytes <= 2 * budget_steps * largest else 'NO'}); pruned "
         f"{len(pruned_steps)} steps, {pruned_events:,} payloads, {pruned_bytes:,} bytes"
     )
