@@ -26,6 +26,7 @@ __all__ = [
     "PG_LOCK_TIMEOUT",
     "PG_MIGRATION_LOCK",
     "PG_PROJECTOR_LOCK",
+    "SERVER_SETTINGS",
     "PostgresDialect",
 ]
 
@@ -36,6 +37,15 @@ PG_LEADER_LOCK = 0x524C4C44
 PG_MIGRATION_LOCK = 0x524C4D49
 #: Give up waiting for the append lock after this long rather than hang forever.
 PG_LOCK_TIMEOUT = "10s"
+
+#: Settings every ledger connection starts with (a caller's own `server_settings` win).
+#: `plan_cache_mode`: asyncpg prepares and caches each statement per connection; after five runs
+#: PostgreSQL keeps a generic plan whose cost it estimated when the table was small, and with
+#: no fresh statistics (autovacuum off, or a table growing faster than autoanalyze) it never
+#: replans. On a growing log that plan was a sequential scan of `sessions` for the projector's
+#: `session_id IN (...)`: 2 ms became 0.2-2 s a page (issue 28). A custom plan per execution
+#: costs well under a millisecond here and always sees the table as it is.
+SERVER_SETTINGS = {"plan_cache_mode": "force_custom_plan"}
 
 #: The array type each inserted column is bound as (`insert_sql`).
 _ARRAY_TYPES = {
@@ -170,7 +180,12 @@ class PostgresDialect(Dialect):
                 "sqlite_busy_timeout applies to SQLite databases only (PostgreSQL appends use a lock timeout)"
             )
         kwargs.setdefault("pool_pre_ping", True)
-        return create_async_engine(url, **kwargs)
+        connect_args = dict(kwargs.pop("connect_args", None) or {})
+        connect_args["server_settings"] = {
+            **SERVER_SETTINGS,
+            **(connect_args.get("server_settings") or {}),
+        }
+        return create_async_engine(url, connect_args=connect_args, **kwargs)
 
     async def bytes_in_use(self, conn: AsyncConnection) -> int:
         size = await conn.exec_driver_sql("SELECT pg_database_size(current_database())")
