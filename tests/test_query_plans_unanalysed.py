@@ -34,6 +34,7 @@ SESSIONS = 20_000  # five events each
 SESSIONS_PER_STEP = 256
 GROUPS = 50_000
 GROUPS_PER_STEP = 64
+OPEN_EVERY = 499  # odd, so both runs have open sessions
 
 _SETTINGS = settings(
     max_examples=4, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
@@ -55,6 +56,14 @@ _FILL = [
        SELECT 'r', 'g' || g, 'train', g / {GROUPS_PER_STEP}, NULL, 4, 4, g % 2, 0, 0, 0, 0.0, 0,
               CASE WHEN g % 2 = 0 THEN 'pending' ELSE 'finished' END, NULL, '[0, 1, 2, 3]', 4, 2
        FROM generate_series(0, {GROUPS - 1}) g""",
+    # every session of the events above, one in OPEN_EVERY still running (what `recover` sweeps)
+    f"""INSERT INTO sessions (session_id, run, uid, session_index, group_size, partition,
+           global_step, state, version, num_trajectories, selected_rows, reward_info, placeholder,
+           created_position, created_at)
+       SELECT 's' || s, 'r' || (s % 2), 'u' || (s / 4), s % 4, 4, 'train', s / {SESSIONS_PER_STEP},
+              CASE WHEN s % {OPEN_EVERY} = 0 THEN 'running' ELSE 'succeeded' END, 5, 1, 1, '{{}}',
+              false, s * 5 + 1, now()
+       FROM generate_series(0, {SESSIONS - 1}) s""",
 ]
 
 
@@ -71,7 +80,8 @@ def unanalysed() -> Iterator[str]:
                         await conn.execute(text(statement))
                     analysed = await conn.execute(
                         text(
-                            "SELECT count(*) FROM pg_stats WHERE tablename IN ('events', 'groups')"
+                            "SELECT count(*) FROM pg_stats "
+                            "WHERE tablename IN ('events', 'groups', 'sessions')"
                         )
                     )
                     assert analysed.scalar() == 0, "the tables must have no statistics"
@@ -129,3 +139,27 @@ def test_a_steps_groups_are_read_by_the_natural_key(unanalysed: str, step: int, 
     for read in reads:
         plans = asyncio.run(_plans(unanalysed, read, "groups"))
         _assert_index(plans, ("uq_groups_key",), "COALESCE(global_step")
+
+
+@_SETTINGS
+@given(run=st.sampled_from([None, "r0", "r1"]))
+def test_the_open_sessions_are_found_by_state_and_their_events_by_session(
+    unanalysed: str, run: str | None
+) -> None:
+    """`recover`'s sweep reads the few open sessions and each one's own events, never a run's
+    sessions or the whole log (a join had PostgreSQL hash a scan of every event)."""
+    found: list[tuple[str, object]] = []
+
+    async def sweep(conn: object) -> None:
+        found.extend(await queries.open_sessions_last_event(conn, run=run))
+
+    plans = asyncio.run(_plans(unanalysed, sweep, "sessions"))
+    scans = _index_scans(plans)
+    where = "\n".join(f"{statement}\nplan: {plan}" for statement, plan in plans)
+    assert any(" ix_sessions_state:" in scan for scan in scans), where
+    for scan in scans:
+        assert " ix_sessions_state:" in scan or (
+            any(f" {name}:" in scan for name in _BY_SESSION) and "session_id" in scan
+        ), where
+    expected = {f"s{i}" for i in range(0, SESSIONS, OPEN_EVERY) if run in (None, f"r{i % 2}")}
+    assert {session_id for session_id, _ in found} == expected

@@ -154,17 +154,24 @@ async def open_sessions_last_event(
     conn: AsyncConnection, *, run: str | None = None
 ) -> list[tuple[str, datetime]]:
     """(session_id, recorded_at of its latest event) for every projected session still open
-    (created or running), in one run or all; timestamps in UTC."""
-    query = (
-        select(sessions.c.session_id, func.max(events.c.recorded_at))
-        .join(events, events.c.session_id == sessions.c.session_id)
-        .where(sessions.c.state.in_(("created", "running")))
-        .group_by(sessions.c.session_id)
+    (created or running), in one run or all; timestamps in UTC.
+
+    Bounded by the open sessions, not the log (issue 28): each one's events are read through its
+    own key (a correlated subquery, where a join let PostgreSQL hash-join a scan of every event),
+    and the run is compared here, not in SQL, where an unanalysed planner AND-ed the whole run's
+    index into the few open sessions `ix_sessions_state` finds."""
+    latest = (
+        select(func.max(events.c.recorded_at))
+        .where(events.c.session_id == sessions.c.session_id)
+        .scalar_subquery()
     )
-    if run is not None:
-        query = query.where(sessions.c.run == run)
+    query = select(sessions.c.session_id, sessions.c.run, latest).where(
+        sessions.c.state.in_(("created", "running"))
+    )
     out = []
-    for session_id, last in await conn.execute(query):
+    for session_id, session_run, last in await conn.execute(query):
+        if last is None or (run is not None and session_run != run):
+            continue
         out.append(
             (session_id, last if last.tzinfo is not None else last.replace(tzinfo=timezone.utc))
         )
