@@ -15,12 +15,14 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
-from sessions import tokens
 from sessions.errors import UnknownEventError
 from sessions.vocabulary import FAILURE_REASONS, RUN_STREAM_PREFIX
 from store import NewEvent, StoredEvent
+
+if TYPE_CHECKING:
+    from sessions.tokens import TokenArrays
 
 __all__ = [
     "AttemptFailed",
@@ -167,7 +169,9 @@ class TrajectoryRecorded(Event):
         event = Event.from_data.__func__(cls, data, None)  # type: ignore[attr-defined]
         return dataclasses.replace(event, payload=payload or b"")
 
-    def arrays(self) -> tokens.TokenArrays:
+    def arrays(self) -> TokenArrays:
+        from sessions import tokens  # numpy, loaded only when token arrays are read (issue 28)
+
         return tokens.decode(self.payload, self.prompt_len, self.response_len, self.has_logprobs)
 
 
@@ -355,6 +359,8 @@ def count_trainable(
     """Tokens with response_mask == 1 in a trajectory payload; None if it is absent or malformed."""
     if payload is None:
         return None
+    from sessions import tokens  # numpy, loaded only when token arrays are read (issue 28)
+
     try:
         arrays = tokens.decode(payload, prompt_len, response_len, has_logprobs)
     except ValueError:
