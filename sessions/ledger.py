@@ -578,23 +578,8 @@ class Ledger:
         if project:
             await self.project()
         async with self.engine.connect() as conn:
-            rows = await rm.metric_rows(
-                conn,
-                run=run,
-                partition=partition,
-                global_step=global_step,
-            )
-        return [
-            MetricRow(
-                r["run"],
-                r["partition"],
-                r["global_step"],
-                r["data_source"],
-                r["metric"],
-                r["value"],
-            )
-            for r in rows
-        ]
+            rows = await rm.metric_rows(conn, run=run, partition=partition, global_step=global_step)
+        return [MetricRow.from_row(row) for row in rows]
 
 
 __all__ = ["DEFAULT_RUN", "RECORDING_TIMEOUT", "Ledger", "Runner", "failure_reason"]

@@ -30,6 +30,12 @@ HEAVY = ("torch", "tensordict", "pandas", "matplotlib", "pyarrow")
 #: What a command that opens no database does not need: ~1 s of imports on 2 cores.
 STACK = ("sqlalchemy", "alembic", "aiosqlite", "asyncpg", "numpy", "transitions", "orjson")
 
+#: The ledger's own engine, which a verb that only looks at a run does not start.
+LEDGER_PARTS = ("sessions.ledger", "sessions.recorder", "sessions.projection.projector", "numpy")
+#: The verbs a user types to look at a run: with the projector at the log's end they read the
+#: tables (or fold one session's events) and start none of `LEDGER_PARTS`.
+READ_VERBS = ("history", "metrics", "sql")
+
 #: The one declaration of which verbs legitimately need a heavy library, and which.
 NEEDS_HEAVY = {
     "export": {"torch", "tensordict"},  # a batch written with torch.save
@@ -48,8 +54,9 @@ with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
         code = exit.code
 loaded = {{m.split('.')[0] for m in sys.modules}}
 print(json.dumps({{"code": code, "heavy": sorted(loaded & set({HEAVY!r})),
-                  "stack": sorted(loaded & set({STACK!r}))}}))
-""".format(HEAVY=HEAVY, STACK=STACK)
+                  "stack": sorted(loaded & set({STACK!r})),
+                  "parts": sorted(set(sys.modules) & set({PARTS!r})), "out": out.getvalue()}}))
+""".format(HEAVY=HEAVY, STACK=STACK, PARTS=LEDGER_PARTS)
 
 
 def _verbs() -> list[str]:
@@ -113,12 +120,12 @@ def small_ledger(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 def test_help_imports_no_heavy_library_and_no_database_stack(tmp_path: Path) -> None:
     result = _probe("--help", cwd=tmp_path)
-    assert result == {"code": 0, "heavy": [], "stack": []}
+    assert (result["code"], result["heavy"], result["stack"], result["parts"]) == (0, [], [], [])
 
 
 def test_an_argument_error_loads_no_database_stack(tmp_path: Path) -> None:
     result = _probe("report", "--dpi", "100000", cwd=tmp_path)
-    assert result == {"code": 2, "heavy": [], "stack": []}
+    assert (result["code"], result["heavy"], result["stack"], result["parts"]) == (2, [], [], [])
 
 
 def test_every_verb_declared() -> None:
@@ -130,7 +137,8 @@ def test_every_verb_declared() -> None:
 
 @pytest.mark.parametrize("verb", _verbs())
 def test_verb_help_imports_no_heavy_library(verb: str, tmp_path: Path) -> None:
-    assert _probe(verb, "--help", cwd=tmp_path) == {"code": 0, "heavy": [], "stack": []}
+    result = _probe(verb, "--help", cwd=tmp_path)
+    assert (result["code"], result["heavy"], result["stack"], result["parts"]) == (0, [], [], [])
 
 
 @pytest.mark.parametrize("verb", [v for v in _verbs() if v not in NEEDS_HEAVY])
@@ -138,3 +146,32 @@ def test_light_verb_imports_no_heavy_library(verb: str, small_ledger: str) -> No
     argv = _sample_arguments(small_ledger)[verb]
     result = _probe(*argv, cwd=Path(small_ledger).parent)
     assert result["heavy"] == [], f"{verb} imported {result['heavy']}"
+
+
+@pytest.mark.parametrize("verb", READ_VERBS)
+def test_a_read_verb_starts_no_ledger_engine(verb: str, small_ledger: str) -> None:
+    argv = _sample_arguments(small_ledger)[verb]
+    result = _probe(*argv, cwd=Path(small_ledger).parent)
+    assert result["parts"] == [], f"{verb} started {result['parts']}"
+
+
+def test_metrics_behind_the_log_projects_first_and_prints_what_the_fast_path_reads(
+    tmp_path: Path,
+) -> None:
+    """Behind the log, `metrics` opens a Ledger and projects; at its end it reads the table
+    straight: the two must print the same rows."""
+    from tests.test_cli_errors import _recorded_db
+
+    db = str(_recorded_db(tmp_path / "ledger.db", 9, 12, project=False))
+    behind = _probe("metrics", "--db", db, "--json", cwd=tmp_path)
+    current = _probe("metrics", "--db", db, "--json", cwd=tmp_path)
+    assert behind["code"] == current["code"] == 0
+    assert "sessions.projection.projector" in behind["parts"]
+    assert current["parts"] == []
+    rows = json.loads(behind["out"])
+    assert rows and json.loads(current["out"]) == rows
+    assert {"metric": "sessions/total", "value": 9} in [
+        {"metric": r["metric"], "value": r["value"]}
+        for r in rows
+        if r["data_source"] is None and r["partition"] == "val"
+    ]

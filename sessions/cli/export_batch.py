@@ -79,7 +79,7 @@ async def run(args: argparse.Namespace) -> int:
     from sessions.ledger import Ledger
 
     async with Ledger.open(args.db, migrate=False) as ledger:
-        run_name = await _resolve_run(ledger, args.run)
+        run_name = await _resolve_run(ledger.engine, args.run)
         batch = await ledger.batch(
             args.partition, args.step, run=run_name, timeout=args.timeout, jagged=args.jagged
         )

@@ -127,7 +127,7 @@ async def run(args: argparse.Namespace) -> int:
 
     steps = getattr(args, "steps_range", None) or args.steps
     async with Ledger.open(args.db, migrate=False) as ledger:
-        run_name = await _resolve_run(ledger, args.run)
+        run_name = await _resolve_run(ledger.engine, args.run)
         with Progress(
             TextColumn("[bold]exporting"),
             BarColumn(),

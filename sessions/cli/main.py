@@ -11,10 +11,9 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from sessions.cli.arguments import integer, number, rate, step, text
+from sessions.cli.arguments import integer, number, rate, text
 from sessions.cli.errors import EXIT_ERROR, drained, guarded, terminate_as_interrupt
 from sessions.errors import ConfigError, NotFound
-from sessions.vocabulary import PARTITIONS
 
 # Each verb imports what it needs when it runs: building the parser (and `--help`) loads no
 # database, array or tensor library (tests/test_cli_startup.py holds the start-up time).
@@ -107,23 +106,6 @@ def build_parser() -> argparse.ArgumentParser:
         help="longest wait between retries of a failed page",
     )
 
-    metrics = verbs.add_parser("metrics", parents=[common], help="metric counts")
-    metrics.add_argument(
-        "--run", type=text("a run name"), default=None, help="default: the most recent run"
-    )
-    metrics.add_argument("--partition", choices=PARTITIONS)
-    metrics.add_argument(
-        "--step",
-        type=step,
-        default=...,
-        help="one step; 'none' for sessions without a step (default: all)",
-    )
-    metrics.add_argument("--json", action="store_true")
-
-    history = verbs.add_parser("history", parents=[common], help="a session's events and state")
-    history.add_argument("session_id", type=text("a session id"))
-    history.add_argument("--at", type=integer(0, 2**63 - 1), default=None, metavar="POSITION")
-
     replay = verbs.add_parser(
         "replay",
         parents=[common],
@@ -198,6 +180,8 @@ def build_parser() -> argparse.ArgumentParser:
 #: the parser (importing nothing heavy), `async run(args) -> int` runs the verb, and an optional
 #: `check(args)` refuses bad arguments before any database is opened.
 VERB_MODULES = {
+    "metrics": "sessions.cli.metrics",
+    "history": "sessions.cli.history",
     "backup": "sessions.cli.backup",
     "export": "sessions.cli.export_batch",
     "export-dataset": "sessions.cli.export_dataset",
@@ -267,12 +251,16 @@ async def _require_ledger(db: str | None) -> None:
         await engine.dispose()
 
 
-async def _resolve_run(ledger: Any, requested: str | None) -> str:
+async def _resolve_run(engine: Any, requested: str | None, *, conn: Any = None) -> str:
+    """`--run`, or the run of the log's most recent event (on `conn` when one is open)."""
     from store import read_models as rm
 
     if requested:
         return requested
-    async with ledger.engine.connect() as conn:
+    if conn is None:
+        async with engine.connect() as own:
+            latest = await rm.latest_run(own)
+    else:
         latest = await rm.latest_run(conn)
     if latest is None:
         raise NotFound(
@@ -426,38 +414,6 @@ async def _report_quarantined(ledger: Any, *, after: int) -> None:
             f"  position {error['position']} {error['type']} of session {error['session_id']!r}:{where} "
             f"{error['reason']} -> {error['outcome']}"
         )
-
-
-async def _cmd_metrics(args: argparse.Namespace) -> int:
-    from sessions.cli.render import metrics_table, print_json, show, visible
-    from sessions.ledger import Ledger
-
-    async with Ledger.open(args.db, migrate=False) as ledger:
-        run = await _resolve_run(ledger, args.run)
-        rows = await ledger.metrics(args.partition, args.step, run=run)
-    if args.json:
-        print_json([row.as_json() for row in rows])
-        return 0
-    chosen = "" if args.run else " (the most recent; --run NAME for another)"
-    header = f"run '{visible(run)}'{chosen}"
-    show(header, metrics_table(rows) if rows else "no metrics for this run with these filters")
-    return 0
-
-
-async def _cmd_history(args: argparse.Namespace) -> int:
-    from sessions.audit.history import session_history
-    from sessions.cli.render import history_table, print_table
-    from sessions.ledger import Ledger
-
-    async with Ledger.open(args.db, migrate=False) as ledger:
-        rows, view = await session_history(ledger.store, args.session_id, at_position=args.at)
-    print_table(history_table(args.session_id, rows))
-    where = "now" if args.at is None else f"as of position {args.at}"
-    reason = f" ({view.failure_reason})" if view.failure_reason else ""
-    print(
-        f"state {where}: {view.state}{reason}; version {view.version}; trajectories {len(view.trajectories)}; reward {view.reward}"
-    )
-    return 0
 
 
 async def _cmd_replay(args: argparse.Namespace) -> int:

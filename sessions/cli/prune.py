@@ -90,7 +90,7 @@ async def run(args: argparse.Namespace) -> int:
     from store import retention
 
     async with Ledger.open(args.db, migrate=False) as ledger:
-        run_name = await _resolve_run(ledger, args.run)
+        run_name = await _resolve_run(ledger.engine, args.run)
         if args.convert_vacuum and await retention.convert_to_incremental(ledger.engine):
             print("converted the file to incremental auto_vacuum (one-time VACUUM)")
         report = await prune(

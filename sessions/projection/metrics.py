@@ -40,8 +40,9 @@ from __future__ import annotations
 
 import math
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 __all__ = [
     "ATTEMPTS",
@@ -252,6 +253,18 @@ class MetricRow:
     data_source: str | None
     metric: str
     value: float
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> MetricRow:
+        """From a `metric_counts` row as the store reads it (`store.read_models.metric_rows`)."""
+        return cls(
+            row["run"],
+            row["partition"],
+            row["global_step"],
+            row["data_source"],
+            row["metric"],
+            row["value"],
+        )
 
     def as_json(self) -> dict[str, object]:
         return {
