@@ -15,7 +15,10 @@ summary first (the train_step workload's ledger share of a training step, then e
                  append -> ledger.batch returned, vs build_padded alone on the same rows
 7. export        export_dataset to Parquet vs pyarrow's own write of the same table (the floor)
 8. train_step    examples/train_grpo.py's loop: the ledger's share of each step's wall time (needs verl)
-9. memory        per workload: RSS high-water growth and tracemalloc peak (see benchmarks/common.py)
+9. scale         cost curves as one log grows 10^4 -> 10^6 events, with their log-log slopes
+10. startup      each read verb's wall time in a fresh interpreter, beside the interpreter alone
+                 and the import of the database stack (the floor)
+11. memory       per workload: RSS high-water growth and tracemalloc peak (see benchmarks/common.py)
 
 ``--quick`` a first look (about a minute on 2 cores), ``--full`` the size of the figures in
 docs/benchmarks.md, ``--tiny`` a few seconds (a check that the suite still runs; CI's smoke run,
@@ -54,6 +57,7 @@ WORKLOADS = (
     "export",
     "train_step",
     "scale",
+    "startup",
 )
 
 
@@ -165,6 +169,7 @@ def main(argv: list[str] | None = None) -> int:
         "export": export,
         "train_step": train_step,
         "scale": __import__("benchmarks.scale", fromlist=["run"]),
+        "startup": __import__("benchmarks.startup", fromlist=["run"]),
     }
     report = Report()
     for name in WORKLOADS:
