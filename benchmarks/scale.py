@@ -12,7 +12,9 @@ Measured at each size (median of `cfg.reps`, each on the log as grown so far):
 * `metrics`           `Ledger.metrics(partition, step)` of one step
 * `history`           `session_history` of one session of the latest step (the `history` verb)
 * `export-dataset`    `export_dataset` of the latest step to Parquet (needs the `export` extra)
-* `recover`           `recover(ledger, 1 h)`: the sweep for sessions left open (none here)
+* `recover`           `recover(ledger, 1 h)`: the sweep for sessions left open, over `OPEN`
+                      sessions created (and started) at the start and never ended, in a step of
+                      their own; none is an hour idle, so the sweep reads them all and fails none
 * `report data`       the report's reads of the whole run (`sessions.report.data.gather`): a
                       whole-run read, expected to grow with the run's steps, not to be flat
 * `open`              `Ledger.open` + close of the grown database (at every size)
@@ -42,6 +44,9 @@ WORKLOAD = "scale"
 STEP_SESSIONS = 256
 GROUP = 4
 TOKENS = 32
+#: Sessions left open for `recover` to sweep (their step, `OPEN_STEP`, is no other figure's).
+OPEN = 256
+OPEN_STEP = 10**9
 
 
 def sizes() -> list[int]:
@@ -112,6 +117,15 @@ async def curve(url: str, cfg: Config, folder: Path) -> dict[str, list[tuple[int
     out: dict[str, list[tuple[int, float]]] = {}
     step = 0
     async with Ledger.open(url, run="scale") as ledger:
+        for i in range(OPEN):
+            await ledger.create_session(
+                f"open-{i}",
+                uid=f"open{i // GROUP}",
+                session_index=i % GROUP,
+                group_size=GROUP,
+                partition="train",
+                global_step=OPEN_STEP,
+            )
         for target in cfg.scale_sizes or sizes():
             grow_started = time.perf_counter()
             while await ledger.store.last_position() < target:
@@ -143,8 +157,10 @@ async def curve(url: str, cfg: Config, folder: Path) -> dict[str, list[tuple[int
                     )
                     parquet.unlink(missing_ok=True)
                     figures.setdefault("export-dataset of one step (s)", []).append(t)
-                t, _r = await atimed(lambda: recover(ledger, timedelta(hours=1)))
-                figures.setdefault("recover (s)", []).append(t)
+                t, failed = await atimed(lambda: recover(ledger, timedelta(hours=1)))
+                if failed:
+                    raise RuntimeError(f"recover failed {len(failed)} sessions that were not idle")
+                figures.setdefault(f"recover, {OPEN} sessions open (s)", []).append(t)
                 t, _r = await atimed(lambda: gather(ledger.engine, "scale"))
                 figures.setdefault("report data of the whole run (s)", []).append(t)
                 started = time.perf_counter()
