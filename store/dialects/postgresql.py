@@ -45,7 +45,11 @@ PG_LOCK_TIMEOUT = "10s"
 #: replans. On a growing log that plan was a sequential scan of `sessions` for the projector's
 #: `session_id IN (...)`: 2 ms became 0.2-2 s a page (issue 28). A custom plan per execution
 #: costs well under a millisecond here and always sees the table as it is.
-SERVER_SETTINGS = {"plan_cache_mode": "force_custom_plan"}
+#: `jit`: the same missing statistics inflate row estimates past `jit_above_cost`, and PostgreSQL
+#: then JIT-compiles a query that runs in a millisecond: `recover`'s sweep of 256 open sessions
+#: at 10^6 events took 71 ms (128 ms cold), ~100 ms of it compiling, against 1.5-2 ms without.
+#: The ledger's statements are short, and the report's whole-run reads ran no faster with it.
+SERVER_SETTINGS = {"plan_cache_mode": "force_custom_plan", "jit": "off"}
 
 #: The array type each inserted column is bound as (`insert_sql`).
 _ARRAY_TYPES = {
