@@ -40,7 +40,8 @@ PAGES = [REPO / "README.md", REPO / "examples" / "README.md", *sorted((REPO / "d
 #: Lines in files other engineers own that still break a rule below; reported, to be reworded by
 #: their owners (then drop the entry). Matched as exact substrings, so any new offence still fails.
 PENDING: dict[str, list[str]] = {}  # file -> exact fragments still allowed (none left)
-OUTSIDE_THE_CLONE = re.compile(r"DESIGN\.md|BACKGROUND\.md|\.\./shared|\bDESIGN §")
+#: `\xa7` is the section sign, spelt as an escape so this rule is not itself a citation.
+OUTSIDE_THE_CLONE = re.compile(r"DESIGN\.md|BACKGROUND\.md|\.\./shared|\bDESIGN \xa7")
 FROM_PYPI = re.compile(r"pip install (?:-\S+ )*['\"]?rollout-ledger\b")
 
 
