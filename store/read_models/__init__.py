@@ -52,6 +52,7 @@ from store.read_models.queries import (
     recent_runs,
     session_reward_infos,
 )
+from store.read_models.row_writes import execute_rows, insert_rows, plan_for, update_rows
 from store.schema.tables import (
     checkpoints,
     groups,
@@ -188,20 +189,10 @@ async def save_rows(
     written, one statement per set of changed columns (a settling page changes a handful of a
     session's ~30 columns, and binding the others cost most of its write).
     """
-    if inserts:
-        await conn.execute(table.insert(), inserts)
+    await insert_rows(conn, table, inserts)
     columns = [c.name for c in table.columns if c.name not in keys]
     for changed, rows in changed_columns(updates, stored, columns).items():
-        statement = (
-            update(table)
-            .where(and_(*(table.c[k] == bindparam(f"k_{k}") for k in keys)))
-            .values({c: bindparam(f"v_{c}") for c in changed})
-        )
-        params = [
-            {**{f"k_{k}": row[k] for k in keys}, **{f"v_{c}": row[c] for c in changed}}
-            for row in rows
-        ]
-        await conn.execute(statement.execution_options(synchronize_session=False), params)
+        await update_rows(conn, table, keys, changed, rows)
 
 
 def changed_columns(
@@ -245,16 +236,11 @@ async def save_groups(
     stored: Sequence[dict[str, Any] | None] | None = None,
 ) -> None:
     """As `save_rows`, matching a group by its natural key (see `group_update`)."""
-    if inserts:
-        await conn.execute(groups.insert(), inserts)
+    await insert_rows(conn, groups, inserts)
     columns = [c.name for c in groups.columns if c.name not in GROUP_KEY]
     for changed, rows in changed_columns(updates, stored, columns).items():
-        params = [
-            {**{f"k_{k}": row[k] for k in GROUP_KEY}, **{f"v_{c}": row[c] for c in changed}}
-            for row in rows
-        ]
-        await conn.execute(
-            group_update(changed).execution_options(synchronize_session=False), params
+        await update_rows(
+            conn, groups, GROUP_KEY, changed, rows, build=lambda c=changed: group_update(c)
         )
 
 
@@ -304,20 +290,26 @@ async def save_metrics(conn: AsyncConnection, changed: dict[MetricScope, dict[st
         for (run, partition, step, source), values in changed.items()
         for metric, value in values.items()
     ]
-    if params:
-        await conn.execute(text(METRIC_UPSERT), params)
+    await execute_rows(conn, plan_for(conn.dialect, "metric upsert", _metric_upsert), params)
+
+
+def _metric_upsert() -> Any:
+    return text(METRIC_UPSERT).bindparams(
+        *(bindparam(name, type_=metric_counts.c[name].type) for name in _METRIC_BINDS)
+    )
+
+
+_METRIC_BINDS = ("run", "partition", "global_step", "data_source", "metric", "value")
 
 
 @wraps_faults()
 async def insert_queue_rows(conn: AsyncConnection, rows: list[dict[str, Any]]) -> None:
-    if rows:
-        await conn.execute(queue_rows.insert(), rows)
+    await insert_rows(conn, queue_rows, rows)
 
 
 @wraps_faults()
 async def insert_projection_errors(conn: AsyncConnection, rows: list[dict[str, Any]]) -> None:
-    if rows:
-        await conn.execute(projection_errors.insert(), rows)
+    await insert_rows(conn, projection_errors, rows)
 
 
 @wraps_faults()
