@@ -51,13 +51,12 @@ class Plan:
             tuples = [pick(row) for row in rows]
         if not self.processors:
             return tuples
-        out = []
-        for values in tuples:
-            changed = list(values)
-            for index, process in self.processors:  # None too: JSON's is "null" text
-                changed[index] = process(changed[index])
-            out.append(tuple(changed))
-        return out
+        # column by column, so the loops run in C (`zip`, `map`) but for the processors' own
+        # calls; None goes through them too (JSON's makes it the text "null")
+        columns: list[Any] = list(zip(*tuples))
+        for index, process in self.processors:
+            columns[index] = map(process, columns[index])
+        return list(zip(*columns))
 
 
 #: Plans per dialect object (an engine's), so a dialect's own settings (its JSON serializer)
