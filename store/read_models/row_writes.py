@@ -2,10 +2,10 @@
 
 The projector writes thousands of read-model rows a page. An `execute(statement, [dicts])`
 makes SQLAlchemy process every row's parameters in Python (`construct_params`, then a bind
-processor per value); on a 4,096-session step that was two thirds of the projector's write
-time and a third of projecting the step (docs/benchmarks.md, "Projector writes"). Here each
+processor per value): the largest Python cost of a page's writes, and without it the projection
+benchmark's `Projector.run` is 13% faster (docs/benchmarks.md, section 5). Here each
 statement is compiled once per dialect and set of columns, rows become tuples in its parameter
-order, and only the values whose type has a bind processor (JSON, SQLite's timestamps) pass
+order, and only the values whose type has a bind processor (JSON, floats, SQLite's timestamps) pass
 through it: the processors SQLAlchemy itself would apply, so the stored values are the same
 (`tests/test_row_writes.py` writes generated rows both ways and compares). The statements run
 through `exec_driver_sql`: in the caller's transaction, past the engine's cursor events.
