@@ -235,9 +235,11 @@ def measure(url: str, writers: int, transactions: int, reps: int) -> dict[str, A
         "writers": writers,
         "events": len(rows),
         "copy_events_per_s": copy["events_per_s"],
+        "copy_reps_events_per_s": [len(rows) / s for s in copy["reps_seconds"]],
     }
     for mode, reps_ in runs.items():
         out[f"{mode}_events_per_s"] = statistics.median(r["events_per_s"] for r in reps_)
+        out[f"{mode}_reps_events_per_s"] = [r["events_per_s"] for r in reps_]
         out[f"{mode}_position_reader_skipped"] = max(r["position_reader"]["skipped"] for r in reps_)
         out[f"{mode}_xid_reader_skipped"] = max(r["xid_reader"]["skipped"] for r in reps_)
         out[f"{mode}_repeated"] = max(
