@@ -126,7 +126,7 @@ def run(cfg: Config, report: Report) -> None:
         copy = result.get("copy")
         if copy:
             p = copy["processes"]
-            copy_eps = median(copy["events"] / s for s in copy["reps_seconds"])
+            copy_eps = median(copy["reps_events_per_s"])
             report.add(
                 WORKLOAD,
                 f"raw asyncpg COPY of the same {copy['events']} rows from {p} processes",

@@ -416,6 +416,7 @@ def parallel_copy(
         "seconds": median,
         "reps_seconds": seconds,
         "events_per_s": len(rows) / median,
+        "reps_events_per_s": [len(rows) / s for s in seconds],
     }
 
 

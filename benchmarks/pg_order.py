@@ -235,7 +235,7 @@ def measure(url: str, writers: int, transactions: int, reps: int) -> dict[str, A
         "writers": writers,
         "events": len(rows),
         "copy_events_per_s": copy["events_per_s"],
-        "copy_reps_events_per_s": [len(rows) / s for s in copy["reps_seconds"]],
+        "copy_reps_events_per_s": copy["reps_events_per_s"],
     }
     for mode, reps_ in runs.items():
         out[f"{mode}_events_per_s"] = statistics.median(r["events_per_s"] for r in reps_)
