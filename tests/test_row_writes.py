@@ -33,9 +33,9 @@ SETTINGS = settings(
 EXAMPLES = {"sqlite": 30, "postgres": 12}
 TABLES = [sessions, groups, queue_rows, projection_errors]
 
-_text = st.text(
-    st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), max_size=12
-)
+#: characters both backends store as text (no lone surrogates, no NUL)
+_chars = st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00")
+_text = st.text(_chars, max_size=12)
 _finite = st.floats(allow_nan=False, allow_infinity=False)
 _json = st.recursive(
     st.none() | st.booleans() | st.integers(-(2**53), 2**53) | _finite | _text,
@@ -48,10 +48,7 @@ def _values(table: Table, name: str) -> st.SearchStrategy[Any]:
     """Any value the column can store, from its declaration."""
     spec = column_spec(f"{table.name}.{name}")
     base = {
-        "str": st.text(
-            st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"),
-            max_size=min(spec.max_length or 40, 40),
-        ),
+        "str": st.text(_chars, max_size=min(spec.max_length or 40, 40)),
         "int": st.integers(*(spec.int_range or (-(2**63), 2**63 - 1))),
         "float": _finite,
         "bool": st.booleans(),
@@ -95,7 +92,7 @@ def table_rows(draw: Any, table: Table) -> list[dict[str, Any]]:
 
 @st.composite
 def updates(draw: Any, table: Table, rows: list[dict[str, Any]]) -> tuple[list[str], list[dict]]:
-    keys = GROUP_KEY if table is groups else tuple(c.name for c in table.primary_key.columns)
+    keys = _key_columns(table)
     settable = [c.name for c in table.columns if c.name not in keys]
     columns = draw(st.lists(st.sampled_from(settable), min_size=1, max_size=4, unique=True))
     changed = [
