@@ -16,7 +16,6 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # what an editor and a type checker see; nothing is imported at run time
-    from sessions.config import LedgerConfig
     from sessions.errors import (
         AppendOutcomeUnknown,
         BatchPruned,
@@ -44,18 +43,20 @@ if TYPE_CHECKING:  # what an editor and a type checker see; nothing is imported 
     )
     from sessions.failure_policy import MetricPolicy, RetryPolicy
     from sessions.ledger import DEFAULT_RUN, Ledger
+    from sessions.ledger.config import LedgerConfig
+    from sessions.ledger.sync import SessionProxy, SyncLedger, SyncSession
     from sessions.placeholder import PlaceholderPolicy
     from sessions.projection.metrics import MetricRow
     from sessions.projection.projector import Projector
     from sessions.queues.sinks import InProcessQueue, QueueItem, QueueSink
     from sessions.recorder import SessionHandle, SessionOutcome
     from sessions.runs.fingerprint import RunConfigMismatch
-    from sessions.runs.retention import PruneReport, RetentionPolicy, prune
-    from sessions.sync import SessionProxy, SyncLedger, SyncSession
+    from sessions.runs.pruning import PruneReport, prune
+    from sessions.runs.retention import RetentionPolicy
 
 #: Each public name -> the module that defines it; loaded on first use.
 _NAMES: dict[str, str] = {
-    "LedgerConfig": "sessions.config",
+    "LedgerConfig": "sessions.ledger.config",
     "AppendOutcomeUnknown": "sessions.errors",
     "BatchPruned": "sessions.errors",
     "ConcurrencyError": "sessions.errors",
@@ -92,12 +93,12 @@ _NAMES: dict[str, str] = {
     "SessionHandle": "sessions.recorder",
     "SessionOutcome": "sessions.recorder",
     "RunConfigMismatch": "sessions.runs.fingerprint",
-    "PruneReport": "sessions.runs.retention",
+    "PruneReport": "sessions.runs.pruning",
     "RetentionPolicy": "sessions.runs.retention",
-    "prune": "sessions.runs.retention",
-    "SessionProxy": "sessions.sync",
-    "SyncLedger": "sessions.sync",
-    "SyncSession": "sessions.sync",
+    "prune": "sessions.runs.pruning",
+    "SessionProxy": "sessions.ledger.sync",
+    "SyncLedger": "sessions.ledger.sync",
+    "SyncSession": "sessions.ledger.sync",
     "BatchRow": "sessions.batches",
     "BatchTooLongError": "sessions.batches",
     "build_padded": "sessions.batches",

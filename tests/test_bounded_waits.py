@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from sqlalchemy.exc import OperationalError
 
-import sessions.ledger as ledger_module
+import sessions.ledger.ledger as ledger_module
 from sessions import Ledger, LedgerError
 from tests.test_faults import write_lock_held
 

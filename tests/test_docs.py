@@ -254,7 +254,10 @@ def test_no_file_of_the_repo_refers_to_files_a_clone_lacks() -> None:
     """Modules, tests, scripts and config too, not only the pages: a docstring that sends a reader
     to a file outside the clone is a dead end for everyone but its author."""
     checked = [p for p in text_files() if p not in PAGES]  # the pages have a test each, above
-    assert any(p.suffix == ".py" for p in checked) and REPO / "sessions" / "ledger.py" in checked
+    assert (
+        any(p.suffix == ".py" for p in checked)
+        and REPO / "sessions" / "ledger" / "ledger.py" in checked
+    )
     found = [line for path in checked for line in offences(path, OUTSIDE_THE_CLONE)]
     assert found == [], "reword: describe the rule, or cite docs/design.md §N"
 

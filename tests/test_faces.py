@@ -28,7 +28,8 @@ from sessions import (
     SyncLedger,
     SyncSession,
 )
-from sessions.config import (
+from sessions.errors import ConfigError
+from sessions.ledger.config import (
     ENGINE_OPTIONS,
     EngineOptions,
     LedgerOptions,
@@ -36,7 +37,6 @@ from sessions.config import (
     RunSessionOptions,
     SessionOptions,
 )
-from sessions.errors import ConfigError
 from sessions.recorder import Limits
 
 

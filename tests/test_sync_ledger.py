@@ -591,7 +591,7 @@ def test_close_cancels_calls_under_way_and_records_their_cancellation(db_url: st
 # ------------------------------------------------------------------------ interruption
 INTERRUPTED = r"""
 import asyncio, signal, sys, threading, time
-from sessions.sync import SyncLedger
+from sessions.ledger.sync import SyncLedger
 
 def interrupt_soon(delay):
     main = threading.main_thread().ident

@@ -25,7 +25,7 @@ from sessions.audit.log_check import check_log
 from sessions.audit.read_model_diff import compare, compare_rows
 from sessions.audit.replay import prepare
 from sessions.audit.scratch import Scratch
-from sessions.projection.gc_pause import gc_paused
+from sessions.gc_pause import gc_paused
 from sessions.projection.rebuild import ReadModels, Rebuild, without_pruned
 from store import AsyncEngine
 from store import bulk_read_models as bulk
@@ -88,7 +88,7 @@ async def audit(
     it was moved out (a late creation, an event after its sessions ended) makes those rows
     stale; the audit then folds the log again with no bound, so its verdict never depends on it.
 
-    The cyclic GC is paused throughout (`sessions.projection.gc_pause`): the audit makes no cycles, and the
+    The cyclic GC is paused throughout (`sessions.gc_pause`): the audit makes no cycles, and the
     read models it folds, then their rows to compare, are a million young objects the collector
     would scan again and again (one full collection cost 0.4 s of an audit's 1.8 s at 100k events).
     """

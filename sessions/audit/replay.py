@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sessions.errors import InvalidArgument
-from sessions.projection.gc_pause import gc_paused
+from sessions.gc_pause import gc_paused
 from sessions.projection.rebuild import ReadModels, Rebuild
 from store import bulk_copy
 from store import bulk_read_models as bulk
@@ -148,7 +148,7 @@ async def replay(
     The fold reads the source while the copy writes the target, up to the position the copy goes
     to, so both see the same events (the copy is verbatim).
 
-    The cyclic GC is paused throughout (`sessions.projection.gc_pause`): the fold's read models and their
+    The cyclic GC is paused throughout (`sessions.gc_pause`): the fold's read models and their
     prepared rows are a million young objects, no cycles among them, that the collector would
     scan again and again (0.5-1 s of full collections at 100k events).
     """

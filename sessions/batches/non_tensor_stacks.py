@@ -22,7 +22,7 @@ from tensordict import NonTensorData, NonTensorStack, TensorDict, TensorDictBase
 
 from sessions.batches.tensordict_compat import set_stack
 from sessions.errors import InvalidArgumentType
-from sessions.projection.gc_pause import built_as_old
+from sessions.gc_pause import built_as_old
 
 #: Plain scalars: what ``meta`` columns hold (numpy scalars are turned into these first).
 SCALAR_TYPES = frozenset((str, int, float, bool, bytes, type(None)))
@@ -146,7 +146,7 @@ def set_non_tensor_columns(batch: TensorDict, columns: Mapping[str, list[Any]]) 
     promote them to the oldest generation, which then triggers full collections of the whole
     heap (torch alone is ~350k objects): in the projection benchmark (5 passes over 16 batches
     of ~490 rows) build_padded set off 12 full collections costing 2.5 s without the pause, 2
-    costing 0.35 s with it. Why the promotion (``sessions.projection.gc_pause.built_as_old``): left young,
+    costing 0.35 s with it. Why the promotion (``sessions.gc_pause.built_as_old``): left young,
     the first young collection after the build scans every member and the next middle one the
     survivors again, ~40% of the columns' cost in that benchmark (0.05 s of 0.13 s a pass). The block runs no user
     code and makes no cycles. The switch is process-wide: for the few milliseconds of the block

@@ -17,7 +17,7 @@ from sessions import events as ev
 from sessions import tokens
 from sessions.batches import BatchRow
 from sessions.errors import ProjectionError
-from sessions.projection.gc_pause import gc_paused
+from sessions.gc_pause import gc_paused
 from store import read_models as rm
 
 META_COLUMNS = (
@@ -61,7 +61,7 @@ def materialise(
 ) -> list[BatchRow]:
     """Build one BatchRow per queue row of kind 'row', in the given order.
 
-    With the cyclic collector paused (`sessions.projection.gc_pause`): the rows and their meta dicts are
+    With the cyclic collector paused (`sessions.gc_pause`): the rows and their meta dicts are
     long-lived and acyclic, and a full collection that their allocations set off mid-loop scans
     every object of a trainer's process (a few hundred ms at a 4,096-row step) for nothing.
     """

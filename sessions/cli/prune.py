@@ -86,7 +86,7 @@ def check(args: argparse.Namespace) -> None:
 async def run(args: argparse.Namespace) -> int:
     from sessions.cli.main import _resolve_run
     from sessions.ledger import Ledger
-    from sessions.runs.retention import prune
+    from sessions.runs.pruning import prune
     from store import retention
 
     async with Ledger.open(args.db, migrate=False) as ledger:

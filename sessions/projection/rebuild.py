@@ -15,8 +15,8 @@ from typing import Any
 
 from sessions.errors import UsageError
 from sessions.events import RUN_STREAM_PREFIX
+from sessions.gc_pause import gc_paused
 from sessions.projection.decoding import Decoder
-from sessions.projection.gc_pause import gc_paused
 from sessions.projection.rules import NO_CREATION, TERMINAL_STATES, Row, Rules, WorkingSet
 
 __all__ = [
@@ -74,9 +74,7 @@ class Rebuild:
         if not rows:
             return
         errors_before = len(self.state.errors)
-        with (
-            gc_paused()
-        ):  # the rebuild only allocates rows it keeps (sessions.projection.gc_pause says why)
+        with gc_paused():  # the rebuild only allocates rows it keeps (sessions.gc_pause says why)
             self.rules.apply_all(self.decoder.events(rows))
         if self.evicted_steps:
             self._watch_evicted(errors_before)

@@ -19,6 +19,7 @@ from sessions import validation
 from sessions.errors import StepNotSettled
 from sessions.projection.projector import Projector
 from sessions.projection.rules import Row
+from sessions.runs.retention import check_pruned
 from store import EventStore
 from store import read_models as rm
 
@@ -72,8 +73,6 @@ async def settled_step(
         poll_interval=poll_interval,
     )
     if sources:  # a pruned step has no payloads to build a batch from: say which prune
-        from sessions.runs.retention import check_pruned
-
         await check_pruned(projector.engine, run, partition, global_step)
     async with projector.engine.connect() as conn:
         held = await projector.current_held_step(conn, run, partition, global_step)

@@ -9,14 +9,11 @@ from __future__ import annotations
 
 import asyncio
 from datetime import datetime, timedelta, timezone
-from typing import TYPE_CHECKING
 
 from sessions.errors import ConcurrencyError, InvalidArgument, InvalidTransition
+from sessions.runs.parts import LedgerParts
 from sessions.vocabulary import ORPHANED
 from store import read_models as rm
-
-if TYPE_CHECKING:
-    from sessions.ledger import Ledger
 
 __all__ = [
     "RECOVER_CONCURRENCY",
@@ -47,7 +44,9 @@ def parse_duration(text: str) -> timedelta:
     return timedelta(seconds=seconds)
 
 
-async def recover(ledger: Ledger, older_than: timedelta, *, run: str | None = None) -> list[str]:
+async def recover(
+    ledger: LedgerParts, older_than: timedelta, *, run: str | None = None
+) -> list[str]:
     """Fail every open session idle for longer than `older_than`; returns their ids."""
     if older_than < timedelta(0):
         raise InvalidArgument(

@@ -34,7 +34,7 @@ from sessions.trackers.content import FailedSession, StepContent, StepKey, colle
 
 if TYPE_CHECKING:
     from sessions.ledger import Ledger
-    from sessions.sync import SyncLedger
+    from sessions.ledger.sync import SyncLedger
 
 __all__ = [
     "ALREADY_LOGGED",
@@ -156,7 +156,7 @@ def _check_ledger(ledger: object, *, sync: bool) -> None:
     """Refuse the wrong ledger before anything is read: `log_step` awaits a `Ledger` on its own
     loop, `log_step_sync` blocks on a `SyncLedger`."""
     from sessions.ledger import Ledger  # imported here: the module imports only for typing
-    from sessions.sync import SyncLedger
+    from sessions.ledger.sync import SyncLedger
 
     wanted, other = (
         (SyncLedger, "await log_step(ledger, ...)") if sync else (Ledger, "log_step_sync")

@@ -48,7 +48,7 @@ class LedgerTrainerHook:
     def ledger(self) -> Any:
         """The job's ledger, opened once (a ``SyncLedger``: verl's V0 loop is synchronous)."""
         if self._ledger is None:
-            from sessions.sync import SyncLedger
+            from sessions.ledger.sync import SyncLedger
 
             self._ledger = SyncLedger.open(self.settings.url, **self.settings.ledger_options())
         return self._ledger

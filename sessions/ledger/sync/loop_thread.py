@@ -17,11 +17,11 @@ from collections.abc import Coroutine
 from typing import Any, TypeVar
 
 from sessions.errors import LedgerClosed
-from sessions.ledger import RECORDING_TIMEOUT, Ledger
+from sessions.ledger.ledger import RECORDING_TIMEOUT, Ledger
 
 __all__ = ["CANCEL_GRACE", "JOIN_TIMEOUT", "Remote", "Runtime", "closed_meanwhile", "shutdown"]
 
-log = logging.getLogger("sessions.sync")
+log = logging.getLogger("sessions.ledger.sync")
 T = TypeVar("T")
 
 #: Seconds an interrupted caller waits for its cancelled call to finish on the ledger's loop (a

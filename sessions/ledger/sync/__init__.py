@@ -23,8 +23,8 @@ interrupted (Ctrl-C, cancellation, `call_timeout`) cancels its call on the ledge
 bounded, until the cancellation has been recorded, so the loop is never left stuck.
 """
 
-from sessions.sync.handles import SessionProxy, SyncSession
-from sessions.sync.ledger import SyncLedger
-from sessions.sync.loop_thread import CANCEL_GRACE
+from sessions.ledger.sync.handles import SessionProxy, SyncSession
+from sessions.ledger.sync.ledger import SyncLedger
+from sessions.ledger.sync.loop_thread import CANCEL_GRACE
 
 __all__ = ["CANCEL_GRACE", "SessionProxy", "SyncLedger", "SyncSession"]

@@ -12,7 +12,7 @@ from sessions.recorder import SessionHandle
 
 if TYPE_CHECKING:
     from sessions.aggregate import SessionView
-    from sessions.sync.ledger import SyncLedger
+    from sessions.ledger.sync.ledger import SyncLedger
 
 __all__ = ["SessionProxy", "SyncSession"]
 

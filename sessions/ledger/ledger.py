@@ -12,17 +12,6 @@ from typing import TYPE_CHECKING, Any
 from sessions import aggregate as agg
 from sessions import events as ev
 from sessions import validation, vocabulary
-from sessions.attempts import Runner, run_attempts, settle_or_note
-from sessions.config import (
-    DEFAULT_RUN,
-    ENGINE_OPTIONS,
-    LedgerConfig,
-    LedgerOptions,
-    OpenOptions,
-    RunSessionOptions,
-    SessionOptions,
-    resolve,
-)
 from sessions.errors import (
     ConcurrencyError,
     ConfigError,
@@ -32,6 +21,17 @@ from sessions.errors import (
     UsageError,
 )
 from sessions.failure_policy import RetryPolicy
+from sessions.ledger.attempts import Runner, run_attempts, settle_or_note
+from sessions.ledger.config import (
+    DEFAULT_RUN,
+    ENGINE_OPTIONS,
+    LedgerConfig,
+    LedgerOptions,
+    OpenOptions,
+    RunSessionOptions,
+    SessionOptions,
+    resolve,
+)
 from sessions.projection import verl_metrics
 from sessions.projection.metrics import MetricRow
 from sessions.projection.projector import Projector
@@ -40,7 +40,6 @@ from sessions.recorder import (
     SessionHandle,
     SessionOutcome,
     append_then_apply,
-    failure_reason,
     storable_envelopes,
     stored_bytes,
 )
@@ -78,7 +77,7 @@ class Ledger:
         **options: Unpack[LedgerOptions],
     ) -> None:
         """A ledger on `engine` with `settings` (a `LedgerConfig`) or its fields as keywords
-        (`sessions.config`; keywords beside `settings` replace its fields)."""
+        (`sessions.ledger.config`; keywords beside `settings` replace its fields)."""
         settings = resolve(settings, options)
         self.settings = settings
         self.engine = engine
@@ -134,7 +133,7 @@ class Ledger:
         touched (`ConfigError`). Passing `config` or `resume` checks the run's fingerprint at
         open; otherwise at the ledger's first session of the run. `sqlite_busy_timeout`,
         `require_ledger`, `engine_options` and `share_database` go to the engine and its migration
-        (`sessions.config.EngineOptions`).
+        (`sessions.ledger.config.EngineOptions`).
         """
         engine_options = {key: options.pop(key) for key in ENGINE_OPTIONS & options.keys()}
         settings = resolve(settings, options)
@@ -582,4 +581,4 @@ class Ledger:
         return [MetricRow.from_row(row) for row in rows]
 
 
-__all__ = ["DEFAULT_RUN", "RECORDING_TIMEOUT", "Ledger", "Runner", "failure_reason"]
+__all__ = ["DEFAULT_RUN", "RECORDING_TIMEOUT", "Ledger", "Runner"]

@@ -1,4 +1,4 @@
-"""`SyncLedger`: a `Ledger` on an event loop thread of its own (`sessions.sync`).
+"""`SyncLedger`: a `Ledger` on an event loop thread of its own (`sessions.ledger.sync`).
 
 Each method is the async `Ledger`'s of the same name, with its parameters (`tests/test_faces.py`
 holds them equal): blocking from any other thread, or `a`-prefixed and awaitable from any other
@@ -17,7 +17,9 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Itera
 from types import EllipsisType
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from sessions.config import (
+from sessions.errors import InvalidArgumentType, LedgerError, LedgerTimeout, UsageError
+from sessions.failure_policy import RetryPolicy
+from sessions.ledger.config import (
     ENGINE_OPTIONS,
     LedgerConfig,
     OpenOptions,
@@ -25,13 +27,17 @@ from sessions.config import (
     SessionOptions,
     resolve,
 )
-from sessions.errors import InvalidArgumentType, LedgerError, LedgerTimeout, UsageError
-from sessions.failure_policy import RetryPolicy
-from sessions.ledger import RECORDING_TIMEOUT, Ledger
+from sessions.ledger.ledger import RECORDING_TIMEOUT, Ledger
+from sessions.ledger.sync.handles import SessionProxy, SyncSession
+from sessions.ledger.sync.loop_thread import (
+    CANCEL_GRACE,
+    Remote,
+    Runtime,
+    closed_meanwhile,
+    shutdown,
+)
 from sessions.projection.metrics import MetricRow
 from sessions.recorder import SessionHandle, SessionOutcome
-from sessions.sync.handles import SessionProxy, SyncSession
-from sessions.sync.loop_thread import CANCEL_GRACE, Remote, Runtime, closed_meanwhile, shutdown
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack  # typing's own from Python 3.11
