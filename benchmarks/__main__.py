@@ -22,7 +22,7 @@ summary first (the train_step workload's ledger share of a training step, then e
 
 ``--quick`` a first look (about a minute on 2 cores), ``--full`` the size of the figures in
 docs/benchmarks.md, ``--tiny`` a few seconds (a check that the suite still runs; CI's smoke run,
-tests/test_benchmarks_smoke.py). Size flags override a
+tests/benchmarks/test_smoke.py). Size flags override a
 preset; ``--only append,overhead`` runs a subset.
 """
 

@@ -85,7 +85,7 @@ class Config:
 
 
 PRESETS: dict[str, dict[str, Any]] = {
-    # a few seconds: the CI smoke run (tests/test_benchmarks_smoke.py)
+    # a few seconds: the CI smoke run (tests/benchmarks/test_smoke.py)
     "tiny": dict(
         reps=3,
         append_sessions=24,

@@ -4,7 +4,7 @@
 from the "Results (`--full`)" section of docs/benchmarks.md: the run's command, date, source and
 load, then the train_step workload's ledger share of a training step (when the run has it) and
 every figure with a target, each with its spread. ``--check`` only compares, exiting 1 when the
-README differs; tests/test_benchmark_tables.py holds the two equal, so the README cannot quote
+README differs; tests/benchmarks/test_tables.py holds the two equal, so the README cannot quote
 a run the docs no longer show.
 """
 

@@ -6,7 +6,7 @@ figures docs/verl.md's "What it changes in verl's numbers" quotes. Needs the ver
 
 verl 0.9.1's own ``AgentLoopWorker.generate_sequences`` runs in this process on CPU over 4
 prompts x 4 runs with ``single_turn_agent``, verl's reward worker and the tests' stand-in LLM
-server (a tiny local torch policy, ``tests/verl_llm_server.py``; nothing is downloaded). The
+server (a tiny local torch policy, ``tests/integrations/verl/llm_server.py``; nothing is downloaded). The
 server crashes on rows 0, 6 and 13 and hangs on row 9. Printed: what ``generate_sequences`` does
 without the ledger loop (the exception) and with it (rows, placeholders and their reasons), then
 verl's ``compute_data_metrics`` on verl's rows beside the ledger's ``metrics_dict`` for the same
@@ -34,7 +34,7 @@ SHOWN = (
 
 async def run(db: Path, timeout: float) -> int:
     from tests import test_verl_agent_loop as t
-    from tests import verl_llm_server as llm
+    from tests.integrations.verl import llm_server as llm
 
     model = llm.build_model_folder(Path(tempfile.mkdtemp(prefix="tiny-policy-")))
     url = f"sqlite+aiosqlite:///{db}"

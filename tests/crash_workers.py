@@ -1,4 +1,4 @@
-"""Worker processes for the crash tests (tests/test_crash.py).
+"""Worker processes for the crash tests (tests/runs/test_crash_recovery.py).
 
 A *zygote* process, spawned once per test, imports everything a worker needs (SQLAlchemy, the
 drivers, torch for the sink's rows) and then forks one child per job, so a child is ready in
@@ -390,7 +390,7 @@ def zygote(conn: Any) -> None:
 
 
 # ------------------------------------------------------------------------------- invariants
-# Shared by tests/test_crash.py and tests/test_fuzz.py: what must hold of any database, whatever
+# Shared by tests/runs/test_crash_recovery.py and tests/test_fuzz.py: what must hold of any database, whatever
 # killed or faulted its writers and projectors. Each raises AssertionError naming what broke.
 TERMINAL = ("SessionSucceeded", "SessionFailed", "SessionCancelled")
 SETTLING = ("SessionSucceeded", "SessionCancelled", "PlaceholderEmitted")

@@ -53,7 +53,7 @@ EXPECTED_METRICS = (
 #: The newest golden log's version, and the schema of every event type that had moved past 1 when
 #: it was recorded. A schema bump without a new golden log (and a new entry here) fails
 #: `test_the_newest_golden_log_is_what_todays_recorder_writes`.
-#: v1: the seed's events; v2: TrajectoryRecorded gained `trainable_tokens`; v3 (issue 16):
+#: v1: the seed's events; v2: TrajectoryRecorded gained `trainable_tokens`; v3:
 #: SessionFailed gained origin / metric / partial selection, PlaceholderEmitted its lengths, and
 #: the log gained AttemptFailed and RunConfigured.
 LOG_VERSION = 3

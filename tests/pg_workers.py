@@ -1,4 +1,4 @@
-"""Worker processes for the PostgreSQL scale-out tests (tests/test_postgres.py).
+"""Worker processes for the PostgreSQL scale-out tests (tests/store/test_postgres_scale_out.py).
 
 multiprocessing's 'spawn' context imports its targets by name, so every worker is a top-level
 function here. Each opens its own engine or `Ledger` (its own connections, its own event loop),

@@ -355,7 +355,7 @@ def test_the_architecture_map_names_every_module_and_no_missing_one() -> None:
     assert sorted(documented - tree) == [], "modules docs/architecture.md names that are gone"
 
 
-# --- The rules docs/architecture.md states (issue 24): each one a test -------------------------
+# --- The rules docs/architecture.md states: each one a test -------------------------
 
 #: The layers of `sessions/`, lowest first: a module may import its own layer and those below,
 #: never one above (the core at the top of `sessions/` knows no subpackage but the projection's

@@ -624,13 +624,13 @@ PUBLIC_SKIP = {
     "Projector": "internal machinery the ledger builds; its follow options are ConfigError's",
     "QueueSink": "a Protocol: Python itself refuses to instantiate one",
     "TensorBoardTracker": "writes event files where it is pointed; its option check is tested in "
-    "tests/test_trackers.py",
-    "WandbTracker": "starts a W&B run; its option check is tested in tests/test_trackers.py",
+    "tests/trackers/test_trackers.py",
+    "WandbTracker": "starts a W&B run; its option check is tested in tests/trackers/test_trackers.py",
     "start_transferqueue": "starts Ray and TransferQueue in this process",
     "TransferQueueSink": "connects to TransferQueue; its option checks are tested in "
-    "tests/test_transferqueue.py",
+    "tests/integrations/transferqueue/test_transferqueue.py",
     "export_dataset": "writes files where it is pointed; its argument checks are tested in "
-    "tests/test_export_dataset.py",
+    "tests/export/test_dataset.py",
     "log_step_sync": "walked as log_step, the same checks (it needs a SyncLedger)",
 }
 

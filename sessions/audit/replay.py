@@ -13,7 +13,7 @@ Three steps, timed apart because different things bound them:
    and its read models together, and an interrupted one leaves the target empty.
 
 The result equals what the incremental `Projector` stores for the same log, row for row; the
-audit relies on that, and tests/test_replay_equivalence.py checks it on random logs.
+audit relies on that, and tests/audit/test_replay_equivalence.py checks it on random logs.
 """
 
 from __future__ import annotations

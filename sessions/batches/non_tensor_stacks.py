@@ -8,7 +8,7 @@ after checking once that they match this tensordict version's own.
 The column stays one ``NonTensorData`` per row: verl 0.9.1 reads a per-row column only from a
 ``NonTensorStack`` (``DataProto.from_tensordict`` reads each member's ``.data``, and puts a
 ``NonTensorData`` in ``meta_info``), and tensordict reads a ``NonTensorData`` of batch size [B]
-as one value shared by every row (``tests/test_batches_non_tensor_build.py``).
+as one value shared by every row (``tests/batches/test_non_tensor_stacks.py``).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Argument types for every verb: each number has bounds and each name must be non-empty.
 
 Every option that takes a value is declared with one of these types (or `choices`), and
-`tests/test_cli_arguments.py` walks the whole parser to hold that: a new flag without bounds is a
+`tests/cli/test_arguments.py` walks the whole parser to hold that: a new flag without bounds is a
 failing test, not a `MemoryError` or a draw that runs for minutes.
 """
 

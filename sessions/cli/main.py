@@ -16,7 +16,7 @@ from sessions.cli.errors import EXIT_ERROR, drained, guarded, terminate_as_inter
 from sessions.errors import ConfigError, NotFound
 
 # Each verb imports what it needs when it runs: building the parser (and `--help`) loads no
-# database, array or tensor library (tests/test_cli_startup.py holds the start-up time).
+# database, array or tensor library (tests/cli/test_startup.py holds the start-up time).
 
 _DEBUG_HELP = "on failure, show the traceback instead of the one-line reason"
 

@@ -10,7 +10,7 @@ sits in `projection/` beside the ledger's own metrics and not in the verl adapte
 `Ledger.metrics_dict` uses it, and the ledger imports no adapter.
 
 Written from verl's algorithm, checked key for key against verl's own code in
-tests/test_verl_metrics.py:
+tests/projection/test_verl_metrics.py:
 
 * validation: the rows grouped by (data source, uid); per uid with k rows `mean@k`, `std@k`
   (k > 1) and, for each n of 2, 4, 8, ... below k and k itself, bootstrapped `best@n` / `worst@n`

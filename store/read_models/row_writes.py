@@ -7,7 +7,7 @@ benchmark's `Projector.run` is 13% faster (docs/benchmarks.md, section 5). Here 
 statement is compiled once per dialect and set of columns, rows become tuples in its parameter
 order, and only the values whose type has a bind processor (JSON, floats, SQLite's timestamps) pass
 through it: the processors SQLAlchemy itself would apply, so the stored values are the same
-(`tests/test_row_writes.py` writes generated rows both ways and compares). The statements run
+(`tests/store/test_row_writes.py` writes generated rows both ways and compares). The statements run
 through `exec_driver_sql`: in the caller's transaction, past the engine's cursor events.
 """
 

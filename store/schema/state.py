@@ -6,7 +6,7 @@ that its refusal can say what it found and what to run. Every read verb and ever
 `Ledger.open(migrate=False)` asks it first, so it stays cheap: the revision is one query of
 `alembic_version`, and the revisions this package knows are read from the revision files' own
 `revision = ...` / `down_revision = ...` lines (the one declaration of the history;
-`tests/test_migrations.py` holds the head equal to Alembic's). Importing Alembic costs a third of
+`tests/store/test_migrations.py` holds the head equal to Alembic's). Importing Alembic costs a third of
 a CLI command's start-up; only `store.schema.migrate`, which changes a schema, loads it.
 """
 

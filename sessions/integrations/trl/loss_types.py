@@ -14,7 +14,7 @@ With R rows that have a loss token among the G rows of an optimizer step (all ra
 micro-batch of its gradient accumulation), the row-mean types give R/G times the loss over the
 trainable rows, and so the gradient. Scaling the advantages (and the KL coefficient) of the
 step by G/R gives exactly the loss over trainable rows (`trainer.py`, tested in
-`tests/test_trl.py`). A row TRL masks itself (`mask_truncated_completions`) has no loss token
+`tests/integrations/trl/test_trl.py`). A row TRL masks itself (`mask_truncated_completions`) has no loss token
 either, and so leaves the denominator too.
 """
 

@@ -12,7 +12,7 @@
 * ``step_metrics(partition, step)``: the ledger's own figures of the step (``ledger/...`` of
   ``metrics_dict``: failures by reason, coverage, the success-only reward beside the honest one)
   for verl's tracker. verl's own names stay verl's: the ledger's are equal on the same rows
-  (``tests/test_verl_agent_loop.py``).
+  (``tests/integrations/verl/test_agent_loop.py``).
 
 The run, database and ``min_valid`` come from the ``ledger`` config section the rollout side
 reads too (``agent_loop.settings``), so both sides open the run with the same configuration.

@@ -14,7 +14,7 @@ whole life (`loop_thread`). Every call hops onto that loop and the ledger's obje
 
 Each call has the parameters of the async `Ledger`'s, and each session face (`SyncSession`,
 blocking; `SessionProxy`, awaitable) every command of `SessionHandle` with its parameters, so an
-editor shows them (`tests/test_faces.py` holds them equal).
+editor shows them (`tests/ledger/test_faces.py` holds them equal).
 
 Errors raised on the ledger's loop re-raise in the caller as the same object (type, message and
 attributes intact). A call after `close()` raises `LedgerClosed` at once; a blocking call from the

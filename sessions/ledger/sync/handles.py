@@ -20,7 +20,7 @@ __all__ = ["SessionProxy", "SyncSession"]
 def _command(handle: SessionHandle, name: str, given: dict[str, Any]) -> Coroutine[Any, Any, Any]:
     """`handle.<name>(...)` with the face's arguments, taken from the face's own locals by the
     command's parameter names (a `**info` spread as keywords): each face keeps its typed
-    signature (tests/test_faces.py holds them equal) without a third copy of every keyword list."""
+    signature (tests/ledger/test_faces.py holds them equal) without a third copy of every keyword list."""
     arguments: dict[str, Any] = {}
     for parameter in _parameters(name):
         if parameter.kind is inspect.Parameter.VAR_KEYWORD:

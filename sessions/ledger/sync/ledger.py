@@ -1,6 +1,6 @@
 """`SyncLedger`: a `Ledger` on an event loop thread of its own (`sessions.ledger.sync`).
 
-Each method is the async `Ledger`'s of the same name, with its parameters (`tests/test_faces.py`
+Each method is the async `Ledger`'s of the same name, with its parameters (`tests/ledger/test_faces.py`
 holds them equal): blocking from any other thread, or `a`-prefixed and awaitable from any other
 event loop.
 """

@@ -1,0 +1,1 @@
+"""Audit and replay: rebuilding the log, comparing read models, golden logs."""

@@ -1,0 +1,1 @@
+"""Batches: rows to verl-convention torch batches, the GRPO reference advantage."""

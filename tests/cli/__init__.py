@@ -1,0 +1,1 @@
+"""The `rollout-ledger` command, verb by verb, as a user runs it."""

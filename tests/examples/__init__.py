@@ -1,0 +1,1 @@
+"""The example scripts, run as a user runs them."""

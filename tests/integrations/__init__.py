@@ -1,0 +1,1 @@
+"""The integrations: verl, TRL, TransferQueue, against the real packages."""

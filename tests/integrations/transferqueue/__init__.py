@@ -1,0 +1,1 @@
+"""A real local TransferQueue on Ray."""

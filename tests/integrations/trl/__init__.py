@@ -1,0 +1,1 @@
+"""TRL's GRPOTrainer with the ledger behind its rollouts."""

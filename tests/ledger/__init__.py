@@ -1,0 +1,1 @@
+"""The facade: `Ledger.run_session`'s bounds, the synchronous faces."""

@@ -1,0 +1,1 @@
+"""Projection: the rules, the projector, held rows, settled steps, metrics."""

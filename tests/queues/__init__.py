@@ -1,0 +1,1 @@
+"""Queues: the durable queue's consumers."""

@@ -1,0 +1,1 @@
+"""Runs: retention and prunes, recovery of orphaned sessions."""

@@ -1,0 +1,1 @@
+"""TensorBoard and W&B logging of each step."""
