@@ -7,7 +7,9 @@ Public API::
 
 Every name is imported on first use (PEP 562): recording sessions never pays torch's import time
 (batch building, the GRPO reference advantage, the TransferQueue sink), and a command that needs
-no database (the CLI's `--help`, an argument error) pays none of SQLAlchemy's either.
+no database (the CLI's `--help`, an argument error) pays none of SQLAlchemy's either. Editors and
+type checkers read the names' types from `__init__.pyi`, which `python -m sessions.ledger.stubgen`
+writes from the same table.
 """
 
 from __future__ import annotations

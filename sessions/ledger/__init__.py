@@ -3,7 +3,8 @@ the synchronous faces (`sessions.ledger.sync`).
 
 It sits above every room it drives (projection, batches, queues, audit, runs) and below the
 rooms that drive it (export, report, trackers, integrations, cli). Its names load on first use,
-so importing one of its modules (`sessions.ledger.config`) starts no recorder or projector.
+so importing one of its modules (`sessions.ledger.config`) starts no recorder or projector; their
+types are in the generated `__init__.pyi` (`python -m sessions.ledger.stubgen`).
 """
 
 from __future__ import annotations

@@ -16,6 +16,8 @@ from typing import Any
 import pytest
 
 from sessions import Ledger, SessionHandle, SessionProxy, SyncLedger, SyncSession
+from sessions.errors import InvalidArgument
+from sessions.ledger.stubgen import Imports, class_stub
 from sessions.ledger.sync.faces import OWN, derive
 
 
@@ -112,14 +114,30 @@ class _Tallying(Ledger):
         return asyncio.get_running_loop() is self._loop, partition, scale
 
 
-def test_a_method_added_to_the_ledger_is_on_both_faces(tmp_path: Path) -> None:
+def test_a_method_added_to_the_ledger_is_on_both_faces_and_in_the_stub(tmp_path: Path) -> None:
     """Adding a public `async def` to `Ledger` is the one edit: the derivation, run on the
-    class, gives it to the blocking face and the awaitable face."""
+    class, gives it to the blocking face, the awaitable face and the generated stub."""
     face = derive(_Tallying, awaitable="a", own=OWN)(type("TallyingLedger", (SyncLedger,), {}))
     assert_derived(vars(face)["tally"], _Tallying.tally, awaits=False, session=SyncSession)
     assert_derived(vars(face)["atally"], _Tallying.tally, awaits=True, session=SessionProxy)
     assert not hasattr(SyncLedger, "tally"), "deriving a subclass left SyncLedger as it was"
+    stub = class_stub(face, Imports([]))
+    signature = "(self, partition: str, *, scale: float = 2.0) -> tuple[bool, str, float]:"
+    docstring = (
+        '\n        """Whether it ran on the ledger\'s own loop, and the arguments it was given."""'
+    )
+    assert f"\n    def tally{signature}{docstring}" in stub
+    assert f"\n    async def atally{signature}{docstring}" in stub
     with face.open(str(tmp_path / "tally.db"), call_timeout=60) as sync:
         assert type(sync.ledger) is _Tallying
         assert sync.tally("train") == (True, "train", 2.0)
         assert asyncio.run(sync.atally("val", scale=0.5)) == (True, "val", 0.5)
+
+
+def test_an_annotation_the_stub_cannot_import_is_refused_naming_the_fix() -> None:
+    class Odd:
+        def odd(self) -> None: ...
+
+    Odd.odd.__annotations__["return"] = "Elsewhere"
+    with pytest.raises(InvalidArgument, match="imports or defines 'Elsewhere'.*import it there"):
+        class_stub(Odd, Imports([]))

@@ -16,6 +16,7 @@ The faces are derived from the async originals, not written out (`faces`): each 
 `Ledger` is a blocking method and an `a`-prefixed awaitable one of `SyncLedger`, each command of
 `SessionHandle` a blocking one of `SyncSession` and an awaitable one of `SessionProxy`, with the
 original's signature and docstring; `faces.OWN` lists what `SyncLedger` writes itself, and why.
+Editors see them typed in `faces.pyi` (`python -m sessions.ledger.stubgen` writes it).
 
 Errors raised on the ledger's loop re-raise in the caller as the same object (type, message and
 attributes intact). A call after `close()` raises `LedgerClosed` at once; a blocking call from the

@@ -3,7 +3,8 @@
 `derive` gives a face every public `async def` of its original as a method that runs it on the
 ledger's loop (blocking, or awaitable from another loop), with the original's signature and
 docstring, and every property read through; a `SessionHandle` a method returns comes back as the
-face's session. `OWN` names what `SyncLedger` writes itself instead, and why.
+face's session. `OWN` names what `SyncLedger` writes itself instead, and why. Editors read the
+faces' types from `faces.pyi`, written by `python -m sessions.ledger.stubgen`.
 """
 
 from __future__ import annotations
