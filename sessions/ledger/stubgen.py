@@ -145,7 +145,7 @@ def _wrapped(
     end: str,
     indent: str,
     *,
-    brackets: str = "()",
+    brackets: tuple[str, str] = ("(", ")"),
     inline: bool = True,
 ) -> str:
     """`start(item, item)end` on one line if it fits (`inline=False`: no brackets there), else
@@ -194,8 +194,8 @@ def _parameters(
         if kind is parameter.KEYWORD_ONLY and not starred:
             out.append("*")
             starred = True
-        text = {parameter.VAR_POSITIONAL: "*", parameter.VAR_KEYWORD: "**"}.get(kind, "")
-        text += parameter.name
+        stars = {"VAR_POSITIONAL": "*", "VAR_KEYWORD": "**"}.get(kind.name, "")
+        text = stars + parameter.name
         if parameter.annotation is not parameter.empty:
             text += f": {imports.use(_annotation(parameter.annotation), where=where)}"
         if parameter.default is not parameter.empty:
@@ -302,7 +302,7 @@ def _join(
     type_variables: list[str],
     blocks: list[str],
 ) -> str:
-    exported = _wrapped("__all__ = ", [f'"{name}"' for name in public], "", "", brackets="[]")
+    exported = _wrapped("__all__ = ", [f'"{name}"' for name in public], "", "", brackets=("[", "]"))
     parts = [_header(path) + (_docstring(doc, "") or "")] + imports.lines() + [exported]
     parts += ["\n".join(type_variables)] if type_variables else []
     return "\n\n".join(parts + blocks) + "\n"

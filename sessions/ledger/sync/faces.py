@@ -76,7 +76,7 @@ def derive(
                 faces += [] if awaitable is None else [(awaitable + name, True)]
                 for face_name, awaits in faces:
                     setattr(face, face_name, _method(face, face_name, member, awaits))
-        face._original = original
+        face._original = original  # type: ignore[attr-defined]
         return face
 
     return give
