@@ -7,52 +7,14 @@ Public API::
 
 Every name is imported on first use (PEP 562): recording sessions never pays torch's import time
 (batch building, the GRPO reference advantage, the TransferQueue sink), and a command that needs
-no database (the CLI's `--help`, an argument error) pays none of SQLAlchemy's either.
+no database (the CLI's `--help`, an argument error) pays none of SQLAlchemy's either. Editors and
+type checkers read the names' types from `__init__.pyi`, which `python -m sessions.ledger.stubgen`
+writes from the same table.
 """
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:  # what an editor and a type checker see; nothing is imported at run time
-    from sessions.errors import (
-        AppendOutcomeUnknown,
-        BatchPruned,
-        ConcurrencyError,
-        ConfigError,
-        DamagedData,
-        InvalidArgument,
-        InvalidArgumentType,
-        InvalidInput,
-        InvalidTransition,
-        LedgerClosed,
-        LedgerError,
-        LedgerTimeout,
-        MissingDependency,
-        NotFound,
-        ProjectionError,
-        RolloutFailure,
-        RowIndexError,
-        SandboxError,
-        SchemaError,
-        StepNotSettled,
-        StoreError,
-        UnknownEventError,
-        UsageError,
-    )
-    from sessions.failure_policy import MetricPolicy, RetryPolicy
-    from sessions.ledger import DEFAULT_RUN, Ledger
-    from sessions.ledger.config import LedgerConfig
-    from sessions.ledger.sync import SessionProxy, SyncLedger, SyncSession
-    from sessions.placeholder import PlaceholderPolicy
-    from sessions.projection.metrics import MetricRow
-    from sessions.projection.projector import Projector
-    from sessions.queues.sinks import InProcessQueue, QueueItem, QueueSink
-    from sessions.recorder import SessionHandle, SessionOutcome
-    from sessions.runs.fingerprint import RunConfigMismatch
-    from sessions.runs.pruning import PruneReport, prune
-    from sessions.runs.retention import RetentionPolicy
+from sessions.lazy import lazy_names
 
 #: Each public name -> the module that defines it; loaded on first use.
 _NAMES: dict[str, str] = {
@@ -124,81 +86,4 @@ _NAMES: dict[str, str] = {
     "start_transferqueue": "sessions.integrations.transferqueue",
 }
 
-
-def __getattr__(name: str) -> Any:
-    module = _NAMES.get(name)
-    if module is None:
-        raise AttributeError(f"module 'sessions' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value  # once loaded, a plain module attribute
-    return value
-
-
-__all__ = [
-    "AppendOutcomeUnknown",
-    "BatchPruned",
-    "ConcurrencyError",
-    "ConfigError",
-    "DEFAULT_RUN",
-    "DamagedData",
-    "InProcessQueue",
-    "InvalidArgument",
-    "InvalidArgumentType",
-    "InvalidInput",
-    "InvalidTransition",
-    "Ledger",
-    "LedgerConfig",
-    "LedgerClosed",
-    "LedgerError",
-    "LedgerTimeout",
-    "MetricPolicy",
-    "MetricRow",
-    "MissingDependency",
-    "NotFound",
-    "PlaceholderPolicy",
-    "ProjectionError",
-    "Projector",
-    "PruneReport",
-    "QueueItem",
-    "QueueSink",
-    "RetentionPolicy",
-    "RetryPolicy",
-    "RolloutFailure",
-    "RowIndexError",
-    "RunConfigMismatch",
-    "SandboxError",
-    "SchemaError",
-    "SessionHandle",
-    "SessionOutcome",
-    "SessionProxy",
-    "StepNotSettled",
-    "StoreError",
-    "SyncLedger",
-    "SyncSession",
-    "UnknownEventError",
-    "UsageError",
-    "prune",
-    "BatchRow",
-    "BatchTooLongError",
-    "build_padded",
-    "build_jagged",
-    "concat_batches",
-    "pad_to_widths",
-    "select_rows",
-    "split_batch",
-    "to_data_proto",
-    "densify",
-    "to_plain_dict",
-    "grpo_outcome_advantage",
-    "QueueConsumer",
-    "ExportError",
-    "ExportSummary",
-    "export_dataset",
-    "LoggedStep",
-    "TensorBoardTracker",
-    "WandbTracker",
-    "log_step",
-    "log_step_sync",
-    "TransferQueueSink",
-    "start_transferqueue",
-]
+__getattr__, __dir__, __all__ = lazy_names(globals(), _NAMES)

@@ -359,6 +359,8 @@ class SessionHandle:
         )
 
     async def cancel(self, message: str | None = None) -> None:
+        """End the session as cancelled, `message` saying why: a pure abort, which leaves no row
+        (no placeholder) and lets its group settle."""
         async with self._locked():
             await self._commit(agg.decide_cancel(self._view, message=message))
 

@@ -68,6 +68,10 @@ ALLOWED: dict[tuple[str, str, str], str] = {
         "the demo's simulated agent crashing as real agent code does; the recorder turns it into "
         "a runner_error failure, which is what the demo shows"
     ),
+    ("sessions.lazy", "lazy_names.__getattr__", "AttributeError"): (
+        "the `__getattr__` lazy_names builds for each lazy package of sessions: PEP 562, as "
+        "LAZY_GETATTR (hasattr() and `from package import x` rely on AttributeError)"
+    ),
     ("sessions.cli.render", "_Console.on_broken_pipe", "BrokenPipeError"): (
         "rich's hook for a closed stdout: the CLI's handler (sessions/cli/errors.py) knows the "
         "OSError by its errno and exits 141 quietly, as a shell expects of `| head`"

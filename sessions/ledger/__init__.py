@@ -3,13 +3,13 @@ the synchronous faces (`sessions.ledger.sync`).
 
 It sits above every room it drives (projection, batches, queues, audit, runs) and below the
 rooms that drive it (export, report, trackers, integrations, cli). Its names load on first use,
-so importing one of its modules (`sessions.ledger.config`) starts no recorder or projector.
+so importing one of its modules (`sessions.ledger.config`) starts no recorder or projector; their
+types are in the generated `__init__.pyi` (`python -m sessions.ledger.stubgen`).
 """
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from sessions.lazy import lazy_names
 
 #: Each name -> the module that defines it; loaded on first use.
 _NAMES: dict[str, str] = {
@@ -19,13 +19,4 @@ _NAMES: dict[str, str] = {
     "Runner": "sessions.ledger.attempts",
 }
 
-__all__ = sorted(_NAMES)
-
-
-def __getattr__(name: str) -> Any:
-    module = _NAMES.get(name)
-    if module is None:
-        raise AttributeError(f"module 'sessions.ledger' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__, __dir__, __all__ = lazy_names(globals(), _NAMES)

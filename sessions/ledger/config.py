@@ -8,7 +8,7 @@ The checks run when the config is built, before anything is opened, and raise `C
 `session`, `run_session` and the sync faces pass on.
 
 `LedgerOptions` repeats the dataclass's fields as a `TypedDict` (the keywords' types; a
-`TypedDict` cannot hold defaults, the dataclass does): `tests/ledger/test_faces.py` checks the two agree.
+`TypedDict` cannot hold defaults, the dataclass does): `tests/ledger/test_config.py` checks the two agree.
 """
 
 from __future__ import annotations

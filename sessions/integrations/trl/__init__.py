@@ -14,41 +14,35 @@ first use.
 
 from __future__ import annotations
 
-from typing import Any
+# Public through `__all__`, which `lazy_names` builds with the lazy names below.
+from sessions.integrations.trl.completion import FAILURE, REWARD, SESSION, Completion  # noqa: F401
+from sessions.integrations.trl.errors import RunnerOutputError, TRLSetupError  # noqa: F401
+from sessions.integrations.trl.identity import prompt_key  # noqa: F401
+from sessions.integrations.trl.loss_types import ROW_MEAN_LOSS_TYPES, TOKEN_MEAN_LOSS_TYPES  # noqa: F401
+from sessions.integrations.trl.reward import LedgerReward  # noqa: F401
+from sessions.integrations.trl.rollout import Generation, LedgerRollout, RolloutContext  # noqa: F401
+from sessions.lazy import lazy_names
 
-from sessions.errors import MissingDependency
-from sessions.integrations.trl.completion import FAILURE, REWARD, SESSION, Completion
-from sessions.integrations.trl.errors import RunnerOutputError, TRLSetupError
-from sessions.integrations.trl.identity import prompt_key
-from sessions.integrations.trl.loss_types import ROW_MEAN_LOSS_TYPES, TOKEN_MEAN_LOSS_TYPES
-from sessions.integrations.trl.reward import LedgerReward
-from sessions.integrations.trl.rollout import Generation, LedgerRollout, RolloutContext
+#: TRL (and torch) load only when the trainer is asked for.
+_LAZY = {"LedgerGRPOTrainer": "sessions.integrations.trl.trainer"}
 
-__all__ = [
-    "FAILURE",
-    "REWARD",
-    "ROW_MEAN_LOSS_TYPES",
-    "SESSION",
-    "TOKEN_MEAN_LOSS_TYPES",
-    "Completion",
-    "Generation",
-    "LedgerGRPOTrainer",
-    "LedgerReward",
-    "LedgerRollout",
-    "RolloutContext",
-    "RunnerOutputError",
-    "TRLSetupError",
-    "prompt_key",
-]
-
-
-def __getattr__(name: str) -> Any:
-    if name == "LedgerGRPOTrainer":  # TRL (and torch) load only when the trainer is asked for
-        try:
-            from sessions.integrations.trl.trainer import LedgerGRPOTrainer
-        except ImportError as error:
-            raise MissingDependency(
-                f"LedgerGRPOTrainer needs TRL ({error}); install the extra: pip install -e '.[trl]'"
-            ) from error
-        return LedgerGRPOTrainer
-    raise AttributeError(f"module 'sessions.integrations.trl' has no attribute {name!r}")
+__getattr__, __dir__, __all__ = lazy_names(
+    globals(),
+    _LAZY,
+    eager=[
+        "FAILURE",
+        "REWARD",
+        "ROW_MEAN_LOSS_TYPES",
+        "SESSION",
+        "TOKEN_MEAN_LOSS_TYPES",
+        "Completion",
+        "Generation",
+        "LedgerReward",
+        "LedgerRollout",
+        "RolloutContext",
+        "RunnerOutputError",
+        "TRLSetupError",
+        "prompt_key",
+    ],
+    extra="trl",
+)

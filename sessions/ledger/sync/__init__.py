@@ -12,9 +12,11 @@ whole life (`loop_thread`). Every call hops onto that loop and the ledger's obje
 - awaitable calls (`arun_session`, `async with ledger.asession(...)`, `abatch`, ...) from any
   other event loop, whose runner code runs on the caller's loop, never on the ledger's.
 
-Each call has the parameters of the async `Ledger`'s, and each session face (`SyncSession`,
-blocking; `SessionProxy`, awaitable) every command of `SessionHandle` with its parameters, so an
-editor shows them (`tests/ledger/test_faces.py` holds them equal).
+The faces are derived from the async originals, not written out (`faces`): each `async def` of
+`Ledger` is a blocking method and an `a`-prefixed awaitable one of `SyncLedger`, each command of
+`SessionHandle` a blocking one of `SyncSession` and an awaitable one of `SessionProxy`, with the
+original's signature and docstring; `faces.OWN` lists what `SyncLedger` writes itself, and why.
+Editors see them typed in `faces.pyi` (`python -m sessions.ledger.stubgen` writes it).
 
 Errors raised on the ledger's loop re-raise in the caller as the same object (type, message and
 attributes intact). A call after `close()` raises `LedgerClosed` at once; a blocking call from the
@@ -23,8 +25,7 @@ interrupted (Ctrl-C, cancellation, `call_timeout`) cancels its call on the ledge
 bounded, until the cancellation has been recorded, so the loop is never left stuck.
 """
 
-from sessions.ledger.sync.handles import SessionProxy, SyncSession
-from sessions.ledger.sync.ledger import SyncLedger
+from sessions.ledger.sync.faces import SessionProxy, SyncLedger, SyncSession
 from sessions.ledger.sync.loop_thread import CANCEL_GRACE
 
 __all__ = ["CANCEL_GRACE", "SessionProxy", "SyncLedger", "SyncSession"]

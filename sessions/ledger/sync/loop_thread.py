@@ -16,7 +16,7 @@ import threading
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
-from sessions.errors import LedgerClosed
+from sessions.errors import LedgerClosed, LedgerTimeout
 from sessions.ledger.ledger import RECORDING_TIMEOUT, Ledger
 
 __all__ = ["CANCEL_GRACE", "JOIN_TIMEOUT", "Remote", "Runtime", "closed_meanwhile", "shutdown"]
@@ -90,6 +90,21 @@ class Remote:
 
         with contextlib.suppress(RuntimeError):  # the loop is closed: the task is over already
             self._loop.call_soon_threadsafe(stop)
+
+    def block(self, timeout: float | None, timed_out: str) -> None:
+        """Block this thread until the task has ended. An interruption here (Ctrl-C) or `timeout`
+        seconds cancel the task and wait, bounded, for the cancellation to land before raising
+        (`LedgerTimeout(timed_out)` for the timeout)."""
+        try:
+            done, _ = concurrent.futures.wait([self.future], timeout=timeout)
+        except BaseException:  # KeyboardInterrupt (or SystemExit) in this thread
+            self.cancel()
+            concurrent.futures.wait([self.future], timeout=CANCEL_GRACE)
+            raise
+        if not done:
+            self.cancel()
+            concurrent.futures.wait([self.future], timeout=CANCEL_GRACE)
+            raise LedgerTimeout(timed_out)
 
     async def wait(self, grace: float | None = CANCEL_GRACE) -> Any:
         """Await the task from the caller's own loop; cancelling the caller cancels the task and

@@ -19,15 +19,15 @@ section). The loop classes import verl when first used; the rest needs only the 
 
 from __future__ import annotations
 
-import importlib
 from pathlib import Path
-from typing import Any
 
-from sessions.integrations.verl.agent_loop.process_ledger import (
+# Public through `__all__`, which `lazy_names` builds with the lazy names below.
+from sessions.integrations.verl.agent_loop.process_ledger import (  # noqa: F401
     close_process_ledgers,
     process_ledger,
 )
-from sessions.integrations.verl.agent_loop.settings import CONFIG_SECTION, LedgerSettings
+from sessions.integrations.verl.agent_loop.settings import CONFIG_SECTION, LedgerSettings  # noqa: F401
+from sessions.lazy import lazy_names
 
 #: The agent-loop config file to give verl (``agent.agent_loop_config_path``).
 AGENT_LOOP_CONFIG = str(Path(__file__).with_name("agent_loops.yaml"))
@@ -42,18 +42,14 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(module), name)
-
-
-__all__ = [
-    "AGENT_LOOP_CONFIG",
-    "CONFIG_SECTION",
-    "LedgerSettings",
-    "close_process_ledgers",
-    "process_ledger",
-    *_LAZY,
-]
+__getattr__, __dir__, __all__ = lazy_names(
+    globals(),
+    _LAZY,
+    eager=[
+        "AGENT_LOOP_CONFIG",
+        "CONFIG_SECTION",
+        "LedgerSettings",
+        "close_process_ledgers",
+        "process_ledger",
+    ],
+)
