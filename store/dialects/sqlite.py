@@ -2,12 +2,14 @@
 
 Writers take the file's write lock up front (`BEGIN IMMEDIATE` under `WRITE_LOCK`), so no lock
 statement serialises appends, projector pages or migrators; a follower needs no election. The
-connection settings (WAL, busy timeout, our own BEGIN) are `sqlite_engine.py`'s.
+connection settings (WAL, busy timeout, our own BEGIN) are `sqlite_engine.py`'s, what its errors
+look like `sqlite_errors.py`'s.
 """
 
 from __future__ import annotations
 
 import shlex
+import sqlite3
 import time
 from collections.abc import AsyncIterator, Sequence
 from datetime import datetime, timezone
@@ -20,6 +22,13 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from store.dialects.base import Dialect, DriverCalls, Row
 from store.dialects.sqlite_engine import in_memory, sqlite_engine, sqlite_file, writer_twin
+from store.dialects.sqlite_errors import (
+    DISK_FULL_TEXTS,
+    FILE_PROBLEM_TEXTS,
+    HINTS,
+    LOCK_TIMEOUT_TEXTS,
+    describe,
+)
 
 __all__ = ["SqliteDialect"]
 
@@ -70,6 +79,18 @@ class SqliteDialect(Dialect):
     alembic_batch = True  # SQLite alters few things in place: Alembic copies the table instead
     online_backup = True
     driver = AiosqliteCalls()
+    driver_modules = ("sqlite3", "aiosqlite")  # aiosqlite raises sqlite3's errors
+    lock_timeout_texts = LOCK_TIMEOUT_TEXTS
+    disk_full_texts = DISK_FULL_TEXTS
+    hint_texts = tuple(fragment for fragment, _ in HINTS) + FILE_PROBLEM_TEXTS
+
+    def owns(self, error: BaseException) -> bool:
+        return isinstance(error, sqlite3.Error)
+
+    def describe_error(
+        self, error: BaseException | None, message: str, where: str, urls: Sequence[URL]
+    ) -> str | None:
+        return describe(message, where, urls, self.local_file)
 
     def mark(self, index: int) -> str:
         return "?"
