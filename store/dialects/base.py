@@ -3,8 +3,8 @@
 One subclass per database (`sqlite.py`, `postgresql.py`, as Alembic's `ddl/` has one module per
 dialect); `store.dialects.dialect_of` picks the instance for an engine, a connection or a URL.
 Each question is one concern: lock statements, parameter marks, SQL forms, connection settings,
-the lease clock, the `sql` verb's read-only guard, the driver-level calls of bulk I/O, and what
-the driver's errors look like (transient or not, what to tell a user).
+the lease clock, the `sql` verb's read-only guard, the driver-level calls of bulk I/O and of the
+append's insert, and what the driver's errors look like (transient or not, what to tell a user).
 """
 
 from __future__ import annotations
@@ -193,6 +193,17 @@ class Dialect(ABC):
     def attachable_file(self, url: URL) -> str | None:
         """The file another database of this backend may ATTACH to copy from, or None."""
         return None
+
+    # ------------------------------------------------------------------ the append's insert
+    def append_insert(self, columns: tuple[str, ...]) -> str | None:
+        """One driver-level statement inserting a group commit's rows (built before the append
+        lock, `append_rows_before_lock`) with `append_params(rows)` as its parameters, positions
+        in row order; None: the events insert SQLAlchemy compiles, one parameter tuple per row."""
+        return None
+
+    def append_params(self, rows: Sequence[Row]) -> Any:
+        """Row tuples (in `columns` order) as the parameters `append_insert` binds."""
+        return list(rows)
 
     # ------------------------------------------------------------------ the driver's errors
     def owns(self, error: BaseException) -> bool:

@@ -1,9 +1,10 @@
 """PostgreSQL's answers: many writer processes on many hosts, asyncpg for the async engine.
 
 Appends serialise on a table lock so positions become visible in commit order (a tailing reader
-never skips an event that commits later, docs/design.md §8); projector pages, migrators and the
-followers' leader serialise on advisory locks; lease times come from the server's clock. Errors
-are judged by asyncpg's texts and the server's SQLSTATE.
+never skips an event that commits later, docs/design.md §8), and insert a group commit's rows
+with one statement of column arrays; projector pages, migrators and the followers' leader
+serialise on advisory locks; lease times come from the server's clock. Errors are judged by
+asyncpg's texts and the server's SQLSTATE.
 """
 
 from __future__ import annotations
@@ -189,6 +190,12 @@ class PostgresDialect(Dialect):
 
     def mark(self, index: int) -> str:
         return f"${index}"
+
+    def append_insert(self, columns: tuple[str, ...]) -> str | None:
+        return insert_sql(columns)
+
+    def append_params(self, rows: Sequence[Row]) -> Any:
+        return insert_params(rows)
 
     def describe_error(
         self, error: BaseException | None, message: str, where: str, urls: Sequence[URL]

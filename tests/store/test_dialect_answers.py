@@ -1,4 +1,4 @@
-"""What the dialects answer for the rest of `store`: what a driver's error means.
+"""What the dialects answer for the rest of `store`: what a driver's error means, the append's insert.
 
 An error names no backend, so `store` asks each registered dialect: is it this driver's own error,
 is it transient (a dropped connection, a lock not had in time), is the disk full, what does the
@@ -137,6 +137,18 @@ def test_a_missing_driver_is_named_by_its_dialect() -> None:
     assert driver_install_hint("asyncpg") == ("the PostgreSQL driver asyncpg", "postgres")
     assert driver_install_hint("aiosqlite") is None  # always installed: no extra to name
     assert driver_install_hint("numpy") is None
+
+
+def test_the_append_insert_is_the_dialects() -> None:
+    columns = ("event_id", "data")
+    assert POSTGRES.append_insert(columns) == (
+        "INSERT INTO events (event_id, data) SELECT r.event_id, r.data::jsonb "
+        "FROM unnest($1::varchar[], $2::text[]) WITH ORDINALITY AS r(event_id, data, n) "
+        "ORDER BY r.n"
+    )
+    rows = [("a", "{}"), ("b", "[]")]
+    assert POSTGRES.append_params(rows) == (["a", "b"], ["{}", "[]"])
+    assert SQLITE.append_insert(columns) is None and SQLITE.append_params(rows) == rows
 
 
 def test_the_registry_asks_sqlite_first() -> None:
