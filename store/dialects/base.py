@@ -10,8 +10,9 @@ append's insert, and what the driver's errors look like (transient or not, what 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from datetime import datetime
+from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
@@ -19,6 +20,8 @@ import sqlalchemy
 from sqlalchemy.engine import URL
 from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from store.errors import StoreInputError
 
 __all__ = ["WRITE_LOCK", "Dialect", "DriverCalls", "Row"]
 
@@ -88,9 +91,11 @@ class Dialect(ABC):
     #: statement under it (a lock other writer processes wait on, so it is held for as little as
     #: the contract allows), rather than deciding and inserting row by row inside the transaction.
     append_rows_before_lock: bool = False
-    #: The ledger copies a live database itself (`store.backup`, SQLite's online backup API);
-    #: False where the backend's own tools do it (docs/operations.md).
+    #: The ledger copies a live database itself (`store.backup`, with `copy_live`); False where
+    #: the backend's own tools do it (docs/operations.md), which `backup_tools` names.
     online_backup: bool = False
+    #: How a ledger of this backend is backed up when `online_backup` is False.
+    backup_tools: str = ""
     #: Followers' leader election (a lock held by the leader's session), or None: every follower
     #: leads (one file on one host: the page lock alone serialises them).
     try_leader_sql: str | None = None
@@ -193,6 +198,19 @@ class Dialect(ABC):
     def attachable_file(self, url: URL) -> str | None:
         """The file another database of this backend may ATTACH to copy from, or None."""
         return None
+
+    def copy_live(
+        self,
+        source: Path,
+        target: Path,
+        *,
+        pages: int,
+        progress: Callable[[int, int, int], None],
+    ) -> None:
+        """Copy the live database file `source` into the new file `target` as one snapshot,
+        `pages` at a time, calling `progress(status, remaining, total)` after each slice (for
+        `online_backup`; the caller checks that first)."""
+        raise StoreInputError(f"backup copies no {self.name} database; {self.backup_tools}")
 
     # ------------------------------------------------------------------ the append's insert
     def append_insert(self, columns: tuple[str, ...]) -> str | None:

@@ -4,7 +4,7 @@ Appends serialise on a table lock so positions become visible in commit order (a
 never skips an event that commits later, docs/design.md §8), and insert a group commit's rows
 with one statement of column arrays; projector pages, migrators and the followers' leader
 serialise on advisory locks; lease times come from the server's clock. Errors are judged by
-asyncpg's texts and the server's SQLSTATE.
+asyncpg's texts and the server's SQLSTATE; a live database is backed up with PostgreSQL's tools.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from store.dialects.base import Dialect, DriverCalls, Row
 from store.errors import StoreInputError
 
 __all__ = [
+    "BACKUP_TOOLS",
     "CONNECTION_LOST_TEXTS",
     "DISK_FULL_TEXTS",
     "LOCK_TIMEOUT_TEXTS",
@@ -87,6 +88,13 @@ SQLSTATE_HINTS = MappingProxyType(
         "57": "the server is shutting down or restarting: run the command again once it is up",
         "53": "the server is out of resources (disk or memory): free some and run the command again",
     }
+)
+
+#: How a PostgreSQL ledger is backed up (the `backup` verb copies SQLite files only).
+BACKUP_TOOLS = (
+    "a PostgreSQL ledger is backed up with PostgreSQL's own tools: "
+    "`pg_dump -Fc -f ledger.dump DBNAME` while it runs, and `createdb NEW && "
+    "pg_restore -d NEW ledger.dump` to restore (docs/operations.md)"
 )
 
 #: The array type each inserted column is bound as (`insert_sql`).
@@ -180,6 +188,7 @@ class PostgresDialect(Dialect):
     append_rows_before_lock = True
     try_leader_sql = f"SELECT pg_try_advisory_lock({PG_LEADER_LOCK})"
     release_leader_sql = f"SELECT pg_advisory_unlock({PG_LEADER_LOCK})"
+    backup_tools = BACKUP_TOOLS
     driver = AsyncpgCalls()
     driver_modules = ("asyncpg",)  # judged by name: asyncpg need not be installed
     driver_install = ("the PostgreSQL driver asyncpg", "postgres")
