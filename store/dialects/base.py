@@ -5,6 +5,7 @@ dialect); `store.dialects.dialect_of` picks the instance for an engine, a connec
 Each question is one concern: lock statements, parameter marks, SQL forms, connection settings,
 the lease clock, the `sql` verb's read-only guard, the driver-level calls of bulk I/O and of the
 append's insert, and what the driver's errors look like (transient or not, what to tell a user).
+Only `store/dialects/` knows a driver by name (tests/store/test_dialect_boundary.py).
 """
 
 from __future__ import annotations
@@ -251,6 +252,16 @@ class Dialect(ABC):
         database as `where` (`urls`: the verb's databases of this backend); None where this
         backend has nothing to add."""
         return None
+
+    def error_texts(self) -> frozenset[str]:
+        """Every message fragment this dialect declares, for the boundary scan to keep inside
+        `store/dialects/` (tests/store/test_dialect_boundary.py)."""
+        return frozenset(
+            self.connection_lost_texts
+            + self.lock_timeout_texts
+            + self.disk_full_texts
+            + self.hint_texts
+        )
 
 
 def _says(error: BaseException, texts: tuple[str, ...]) -> bool:
