@@ -5,7 +5,9 @@ session is. This module is the whole of what `sessions` may use (tests/test_arch
 checks it): the names below, and a few modules used as namespaces because their functions
 belong together (`read_models`, `queue_claims`, `driver`, `bulk_copy`, `bulk_read_models`,
 `console`, `export_reads`, `retention`).
-Everything that differs between SQLite and PostgreSQL is answered by `store.dialects`.
+Everything that differs between SQLite and PostgreSQL is answered by `store.dialects`, what a
+driver's error means too (`raised_by_driver`, `describe_driver_error`, `driver_install_hint`,
+`is_transient`): `sessions` names no driver.
 
 Each name loads its module on first use (PEP 562), so a command that needs none of SQLAlchemy,
 Alembic or the drivers (the CLI's `--help`, an argument error) does not pay their import time.
@@ -21,9 +23,11 @@ if TYPE_CHECKING:  # what an editor and a type checker see; nothing is imported 
 
     from store import backup, read_models, retention
     from store.bulk import bulk_copy, bulk_read_models, driver
+    from store.dialects import driver_install_hint, raised_by_driver
     from store.engine import (
         create_engine,
         describe_database,
+        describe_driver_error,
         local_database_file,
         normalize_url,
     )
@@ -63,8 +67,11 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     "bulk_copy": ("store.bulk.bulk_copy", None),
     "bulk_read_models": ("store.bulk.bulk_read_models", None),
     "driver": ("store.bulk.driver", None),
+    "driver_install_hint": ("store.dialects", "driver_install_hint"),
+    "raised_by_driver": ("store.dialects", "raised_by_driver"),
     "create_engine": ("store.engine", "create_engine"),
     "describe_database": ("store.engine", "describe_database"),
+    "describe_driver_error": ("store.engine", "describe_driver_error"),
     "local_database_file": ("store.engine", "local_database_file"),
     "normalize_url": ("store.engine", "normalize_url"),
     "AppendOutcomeUnknown": ("store.errors", "AppendOutcomeUnknown"),
@@ -158,11 +165,14 @@ __all__ = [
     "holds_ledger",
     "local_database_file",
     "describe_database",
+    "describe_driver_error",
+    "driver_install_hint",
     "is_transient",
     "load_json",
     "normalize_url",
     "projection_page",
     "queue_claims",
+    "raised_by_driver",
     "read_models",
     "report_failures",
     "report_positions",

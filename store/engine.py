@@ -14,14 +14,15 @@ it found otherwise; on PostgreSQL connecting changes nothing, and `check_schema`
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy.engine import make_url
-from sqlalchemy.exc import ArgumentError
+from sqlalchemy.engine import URL, make_url
+from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from store.dialects import dialect_of, find_dialect
+from store.dialects import describe_error, dialect_of, find_dialect
 from store.errors import StoreInputError
 from store.schema.ledger_file import require_ledger_file
 
@@ -31,6 +32,7 @@ __all__ = [
     "create_engine",
     "default_url",
     "describe_database",
+    "describe_driver_error",
     "normalize_url",
 ]
 
@@ -107,3 +109,23 @@ def describe_database(url: str | os.PathLike[str] | None) -> str:
     "PostgreSQL database postgresql://user@host/db", the password hidden)."""
     parsed = make_url(normalize_url(url))
     return dialect_of(parsed).describe(parsed)[0]
+
+
+def describe_driver_error(
+    error: BaseException | None,
+    message: str,
+    where: str,
+    databases: Sequence[str | os.PathLike[str] | None] = (),
+) -> str:
+    """The CLI's one line for a driver's own error (or the one a SQLAlchemy error wraps) whose
+    first line is `message`: what it means for `where` (the databases as the CLI names them) and
+    what to do, where a backend's dialect knows (`store.dialects.describe_error`: an error names
+    no backend, so each is asked in turn), else `where: message`. `databases` are the URLs the
+    verb opened, so that a SQLite file's problem can be told from the file system."""
+    urls: list[URL] = []
+    for url in databases:
+        try:
+            urls.append(make_url(normalize_url(url)))
+        except (ValueError, SQLAlchemyError):  # StoreInputError is a ValueError
+            continue
+    return describe_error(error, message, where, urls) or f"{where}: {message}"

@@ -1,9 +1,10 @@
 """Database and driver faults as `DriverError`: what a store call lets out when the database fails.
 
-SQLAlchemy's errors (a `DBAPIError` wraps the driver's own), asyncpg's and sqlite3's reach a
+SQLAlchemy's errors (a `DBAPIError` wraps the driver's own) and the drivers' own errors reach a
 caller of `store` as one `DriverError` that names what the store was doing and what to do, with
 the driver's error chained as `__cause__`: `except StoreError` (or `LedgerError`) catches every
 fault, and `store.is_transient` still tells a dropped connection from a damaged file through it.
+Which errors are a driver's, and what its texts mean, each backend's dialect answers.
 Store calls wrap themselves with `wrapped` (a context manager) or `@wraps_faults` (a decorator of
 async functions); the append path wraps its outcomes in `EventStore` itself.
 """
@@ -12,12 +13,12 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import sqlite3
 from collections.abc import Awaitable, Callable, Iterator
 from typing import ParamSpec, TypeVar
 
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 
+from store.dialects import raised_by_driver, registered
 from store.errors import DriverError
 from store.retry import is_transient
 
@@ -28,10 +29,8 @@ T = TypeVar("T")
 
 
 def is_driver_error(error: BaseException) -> bool:
-    """SQLAlchemy's, sqlite3's or asyncpg's own error (asyncpg need not be installed)."""
-    return isinstance(error, (SQLAlchemyError, sqlite3.Error)) or (
-        type(error).__module__.split(".")[0] == "asyncpg"
-    )
+    """SQLAlchemy's error, or a registered driver's own (its dialect knows it by its class)."""
+    return isinstance(error, SQLAlchemyError) or raised_by_driver(error)
 
 
 def driver_error(what: str, error: BaseException) -> DriverError:
@@ -41,7 +40,7 @@ def driver_error(what: str, error: BaseException) -> DriverError:
     text = str(cause).split("\n(Background on this error at:")[0].strip()
     kind = type(cause).__name__
     detail = f"{text} (the driver's {kind})" if text else kind
-    if "disk is full" in text.lower() or "no space left" in text.lower():
+    if any(dialect.disk_full(text) for dialect in registered()):
         advice = (
             "the disk the database is on is full: free space there, then run the same command "
             "again (the failed statement wrote nothing)"

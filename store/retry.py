@@ -1,5 +1,6 @@
 """Retrying database operations that failed transiently: a dropped connection, a busy SQLite
-file, a PostgreSQL lock timeout. Appends, projector pages and opens all go through here."""
+file, a PostgreSQL lock timeout. Appends, projector pages and opens all go through here; what
+a transient error looks like is each driver's, answered by its dialect (`store.dialects`)."""
 
 from __future__ import annotations
 
@@ -7,8 +8,9 @@ import asyncio
 import logging
 from typing import Any
 
-from sqlalchemy.exc import DBAPIError, IntegrityError
+from sqlalchemy.exc import DBAPIError
 
+from store.dialects import registered
 from store.errors import DriverError
 
 log = logging.getLogger(__name__)
@@ -30,44 +32,23 @@ RETRY_BASE_DELAY = 0.05
 OPEN_ATTEMPTS = 6
 
 
-#: Driver texts of a connection that broke: whatever was in flight on it may have committed.
-_CONNECTION_MARKERS = (
-    "connection was closed",
-    "terminating connection",
-    "connection is closed",
-    "connection refused",
-    "server closed the connection",
-    "another operation",  # asyncpg: the protocol was left mid-operation by a dropped connection
-    "cannot switch to state",
-)
-#: Driver texts of a lock not had in time: the statement was refused, nothing of it committed.
-_LOCK_MARKERS = ("database is locked", "lock timeout", "lock_timeout")
-
-
 def is_transient(error: BaseException) -> bool:
     """Errors worth retrying: the connection dropped, or a lock could not be had in time.
 
-    A `DriverError` is judged by the driver's error it wraps (its `__cause__`). Retrying an append
-    is safe even when the failure hid a successful commit: the retry finds the event ids stored
-    and becomes an idempotent no-op.
+    A `DriverError` is judged by the driver's error it wraps (its `__cause__`). An error names no
+    backend, so every registered dialect is asked whether it looks transient for its driver.
+    Retrying an append is safe even when the failure hid a successful commit: the retry finds the
+    event ids stored and becomes an idempotent no-op.
     """
-    return connection_lost(error) or _marked(_driver_cause(error), _LOCK_MARKERS)
+    cause = _driver_cause(error)
+    return any(dialect.is_transient(cause) for dialect in registered())
 
 
 def connection_lost(error: BaseException) -> bool:
     """The connection broke under the operation: unlike a refused lock, a commit in flight may
     have landed, so an append's outcome is unknown until the database is asked."""
-    error = _driver_cause(error)
-    if isinstance(error, DBAPIError) and error.connection_invalidated:
-        return not isinstance(error, IntegrityError)
-    return _marked(error, _CONNECTION_MARKERS)
-
-
-def _marked(error: BaseException, markers: tuple[str, ...]) -> bool:
-    if not isinstance(error, DBAPIError) or isinstance(error, IntegrityError):
-        return False
-    text_ = str(error.orig).lower()
-    return any(marker in text_ for marker in markers)
+    cause = _driver_cause(error)
+    return any(dialect.connection_lost(cause) for dialect in registered())
 
 
 def _driver_cause(error: BaseException) -> BaseException:

@@ -15,7 +15,6 @@ import errno
 import os
 import signal
 import socket
-import sqlite3
 import sys
 import threading
 import time
@@ -32,9 +31,9 @@ EXIT_ERROR = 1
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for Ctrl-C
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE: the reader of stdout went away (`… | head`)
 
-#: Optional modules → (what they are, the extra that installs them; see pyproject.toml).
+#: Optional modules → (what they are, the extra that installs them; see pyproject.toml). A
+#: database driver's is its dialect's answer (`store.driver_install_hint`).
 OPTIONAL_MODULES = {
-    "asyncpg": ("the PostgreSQL driver asyncpg", "postgres"),
     "eventsourcing": ("the benchmark baseline eventsourcing", "bench"),
     "transfer_queue": ("TransferQueue", "transferqueue"),
     "pyarrow": ("pyarrow (Parquet export)", "export"),
@@ -147,9 +146,11 @@ def _reason(error: BaseException, databases: Sequence[str | None]) -> str:
         return _missing_module(error)
     from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 
+    from store import raised_by_driver
+
     # A store call's driver fault: the driver's own error (its cause) says the most.
     cause = error.__cause__ if isinstance(error, DriverError) else None
-    if isinstance(cause, (DBAPIError, sqlite3.Error)) or (cause is not None and _is_asyncpg(cause)):
+    if isinstance(cause, DBAPIError) or raised_by_driver(cause):
         return _reason(cause, databases)
     if isinstance(error, LedgerError):
         return str(error)
@@ -157,7 +158,7 @@ def _reason(error: BaseException, databases: Sequence[str | None]) -> str:
         if error.connection_invalidated:
             return f"lost the connection to {_where(databases)} ({_first_line(error.orig)}): check the server and run the command again"
         return _database_error(error.orig, databases)
-    if isinstance(error, sqlite3.Error) or _is_asyncpg(error):
+    if raised_by_driver(error):
         return _database_error(error, databases)
     if isinstance(error, SQLAlchemyError):
         return f"database error for {_where(databases)}: {_without_background(str(error))}; check the --db URL"
@@ -175,141 +176,32 @@ def _reason(error: BaseException, databases: Sequence[str | None]) -> str:
 
 def _missing_module(error: ModuleNotFoundError) -> str:
     name = (error.name or "").split(".")[0]
-    if name in OPTIONAL_MODULES:
-        what, extra = OPTIONAL_MODULES[name]
+    hint = OPTIONAL_MODULES.get(name) or _driver_install(name)
+    if hint is not None:
+        what, extra = hint
         return f"{what} is not installed: pip install -e '.[{extra}]' (in the clone)"
     return f"module {name or error} is not installed: reinstall {PROG} with its dependencies (pip install -e .)"
 
 
+def _driver_install(name: str) -> tuple[str, str] | None:
+    """What to install for a missing database driver, as its dialect says; None when `store`
+    itself cannot load (the missing module is one it needs, such as SQLAlchemy)."""
+    try:
+        from store import driver_install_hint
+    except ImportError:
+        return None
+    return driver_install_hint(name)
+
+
 # -- databases -------------------------------------------------------------------------------
 
-#: SQLite message fragment → what it means and what to do ({where} names the database).
-_SQLITE_HINTS = (
-    (
-        "unable to open database file",
-        "cannot open {where} ({message}): --db must name a SQLite file, not a "
-        "directory, in a folder this process may read and write",
-    ),
-    (
-        "file is not a database",
-        "{where} is not a database (file is not a database): point --db at a "
-        "rollout-ledger database, or restore the file from a backup",
-    ),
-    (
-        "malformed",
-        "{where} is damaged ({message}): restore it from a backup (`sqlite3 FILE .recover` may salvage rows)",
-    ),
-    (
-        "locked",
-        "{where} is locked by another process ({message}): wait for it to finish, or raise the busy timeout",
-    ),
-    (
-        "readonly",
-        "cannot write to {where} ({message}): check the permissions of the file and its folder",
-    ),
-    (
-        "disk is full",
-        "no space left for {where} ({message}): free some disk space and run the command again",
-    ),
-    (
-        "no such table",
-        "{where}: {message}; the database lacks a table its schema revision promises, so it was "
-        "altered outside rollout-ledger — restore it from a backup",
-    ),
-    (
-        "no such column",
-        "{where}: {message}; the database lacks a column its schema revision promises, so it was "
-        "altered outside rollout-ledger — restore it from a backup",
-    ),
-    ("disk i/o error", "input/output error on {where} ({message}): check the disk and the file"),
-)
 
-#: PostgreSQL SQLSTATE (or its class, two characters) → what to do.
-_PG_HINTS = {
-    "3D000": "create it (createdb NAME) or fix the database name in the URL",
-    "28000": "check the user name in the URL (and pg_hba.conf)",
-    "28P01": "check the user and password in the URL",
-    "42P01": "the database lacks a table its schema revision promises, so it was altered outside rollout-ledger — restore it from a backup",
-    "42703": "the database lacks a column its schema revision promises, so it was altered outside rollout-ledger — restore it from a backup",
-    "53300": "the server has too many connections: close some, or retry later",
-    "08": "the connection failed: check the server and run the command again",
-    "57": "the server is shutting down or restarting: run the command again once it is up",
-    "53": "the server is out of resources (disk or memory): free some and run the command again",
-}
+def _database_error(error: BaseException | None, databases: Sequence[str | None]) -> str:
+    """A driver's own error as its backend's dialect explains it (a SQLite file's problem, a
+    PostgreSQL SQLSTATE's advice), or the error's first line naming the database."""
+    from store import describe_driver_error
 
-
-def _database_error(error: BaseException, databases: Sequence[str | None]) -> str:
-    where = _where(databases)
-    message = _first_line(error)
-    lowered = message.lower()
-    if (
-        "unable to open database file" in lowered
-        or "disk i/o error" in lowered
-        or "readonly" in lowered
-    ):
-        problem = _sqlite_file_problem(databases, message)
-        if problem:
-            return problem
-    for fragment, template in _SQLITE_HINTS:
-        if fragment in lowered:
-            return template.format(where=where, message=message)
-    state = str(getattr(error, "sqlstate", "") or "")
-    hint = _PG_HINTS.get(state) or _PG_HINTS.get(state[:2])
-    return f"{where}: {message}" + (f"; {hint}" if hint else "")
-
-
-def _sqlite_file_problem(databases: Sequence[str | None], message: str) -> str | None:
-    """Why SQLite could not open or write a file among `databases`, when the file system can tell.
-
-    SQLite reports a full disk as "disk I/O error" when it cannot even create the -shm file, and a
-    read-only mount as a permission problem; the file system says which it was.
-    """
-    for url in databases:
-        path = _sqlite_path(url)
-        if path is None:
-            continue
-        if os.path.isdir(path):
-            return f"{path} is a directory, not a SQLite file: pass a file path such as {os.path.join(path, 'rollouts.db')}"
-        if "readonly" in message.lower() and _opened_read_only(url):
-            return (
-                f"the --db URL opens SQLite file {path} read-only ({message}), and this command writes to it "
-                "(it projects the log's new events into the read models): drop mode=ro / immutable=1 from the URL"
-            )
-        folder = os.path.dirname(os.path.abspath(path))
-        try:
-            disk = os.statvfs(folder)
-        except OSError:
-            continue
-        if disk.f_flag & os.ST_RDONLY:
-            return (
-                f"SQLite file {path} is on a read-only file system ({message}); a ledger (a WAL database) "
-                "writes beside its file even to be read: copy it somewhere writable, or remount the file system read-write"
-            )
-        if disk.f_bavail == 0 and "disk i/o error" in message.lower():
-            return f"no space left on the device holding SQLite file {path} ({message}): free some disk space and run the command again"
-        if os.path.exists(path) and os.access(path, os.R_OK) and not os.access(path, os.W_OK):
-            return (
-                f"SQLite file {path} is read-only for this process ({message}), and this command writes to it: "
-                "check its owner, mode and attributes (chmod u+w, lsattr), or copy it somewhere writable"
-            )
-        if os.path.exists(path) and not os.access(path, os.R_OK | os.W_OK):
-            return f"permission denied: this process may not read and write the SQLite file {path}; check its owner and mode"
-    return None
-
-
-def _opened_read_only(url: str | None) -> bool:
-    from sqlalchemy.engine import make_url
-    from sqlalchemy.exc import SQLAlchemyError
-
-    from store import normalize_url
-
-    try:
-        query = make_url(normalize_url(url)).query
-    except (ValueError, SQLAlchemyError):
-        return False
-    return "ro" in str(query.get("mode", "")).lower() or str(
-        query.get("immutable", "")
-    ).lower() in ("1", "true")
+    return describe_driver_error(error, _first_line(error), _where(databases), databases)
 
 
 def _os_error(error: OSError, databases: Sequence[str | None]) -> str:
@@ -354,23 +246,6 @@ def _display(url: str | None) -> str:
         return describe_database(url)
     except (ValueError, SQLAlchemyError):  # StoreInputError (an unknown backend) is a ValueError
         return "the --db URL"
-
-
-def _sqlite_path(url: str | None) -> str | None:
-    """The local file `url` opens (a SQLite file), or None: in memory, a server, a bad URL."""
-    from sqlalchemy.exc import SQLAlchemyError
-
-    from store import local_database_file
-
-    try:
-        return local_database_file(url)
-    except (ValueError, SQLAlchemyError):
-        return None
-
-
-def _is_asyncpg(error: BaseException) -> bool:
-    """An asyncpg error that reached us unwrapped (asyncpg itself may not be installed)."""
-    return type(error).__module__.split(".")[0] == "asyncpg"
 
 
 def _first_line(error: BaseException | None) -> str:

@@ -4,11 +4,14 @@ As Alembic's `ddl/` registry: one module per database (`sqlite.py`, `postgresql.
 subclass of `base.Dialect`, and `dialect_of` picks the instance for an engine, a connection, a
 URL or a backend name. Code elsewhere in `store` asks that object (lock statements, parameter
 marks, upsert and member-of forms, timestamps, key order, the lease clock, connection settings,
-the `sql` verb's read-only guard, driver-level calls) and never branches on a backend's name.
+the `sql` verb's read-only guard, driver-level calls, the append's insert, what the driver's
+errors mean) and never branches on a backend's name nor names a driver. An error carries no
+engine: what it means is asked of every registered dialect in turn (`registered`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from sqlalchemy.engine import URL, make_url
@@ -24,14 +27,24 @@ __all__ = [
     "WRITE_LOCK",
     "Dialect",
     "DriverCalls",
+    "describe_error",
     "dialect_of",
+    "driver_install_hint",
     "find_dialect",
+    "raised_by_driver",
+    "registered",
 ]
 
 SQLITE = SqliteDialect()
 POSTGRES = PostgresDialect()
-#: Every backend the ledger runs on, by SQLAlchemy's backend name.
+#: Every backend the ledger runs on, by SQLAlchemy's backend name, in the order an error is
+#: asked about (the first answer wins).
 _REGISTRY: dict[str, Dialect] = {d.name: d for d in (SQLITE, POSTGRES)}
+
+
+def registered() -> tuple[Dialect, ...]:
+    """Every backend's dialect, in registration order."""
+    return tuple(_REGISTRY.values())
 
 
 def find_dialect(name: str) -> Dialect | None:
@@ -59,3 +72,31 @@ def dialect_of(bind: Any) -> Dialect:
             "(sqlite+aiosqlite:///FILE) and PostgreSQL (postgresql+asyncpg://…)"
         )
     return dialect
+
+
+def raised_by_driver(error: BaseException | None) -> bool:
+    """Whether `error` is one of a registered driver's own errors (sqlite3's, asyncpg's), not
+    SQLAlchemy's wrapper of one."""
+    return error is not None and any(d.owns(error) for d in registered())
+
+
+def describe_error(
+    error: BaseException | None, message: str, where: str, urls: Sequence[URL]
+) -> str | None:
+    """The first registered dialect's line for a driver error (`Dialect.describe_error`), each
+    shown only the `urls` of its own backend; None where none has one."""
+    for dialect in registered():
+        own = [url for url in urls if _REGISTRY.get(url.get_backend_name()) is dialect]
+        line = dialect.describe_error(error, message, where, own)
+        if line is not None:
+            return line
+    return None
+
+
+def driver_install_hint(module: str) -> tuple[str, str] | None:
+    """(what the driver is, the extra that installs it) when `module` is a registered driver the
+    package does not always install, else None."""
+    for dialect in registered():
+        if module in dialect.driver_modules and dialect.driver_install is not None:
+            return dialect.driver_install
+    return None

@@ -3,19 +3,26 @@
 One subclass per database (`sqlite.py`, `postgresql.py`, as Alembic's `ddl/` has one module per
 dialect); `store.dialects.dialect_of` picks the instance for an engine, a connection or a URL.
 Each question is one concern: lock statements, parameter marks, SQL forms, connection settings,
-the lease clock, the `sql` verb's read-only guard, and the driver-level calls of bulk I/O.
+the lease clock, the `sql` verb's read-only guard, the driver-level calls of bulk I/O and of the
+append's insert, and what the driver's errors look like (transient or not, what to tell a user).
+Only `store/dialects/` knows a driver by name (tests/store/test_dialect_boundary.py).
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from datetime import datetime
+from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 import sqlalchemy
 from sqlalchemy.engine import URL
+from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from store.errors import StoreInputError
 
 __all__ = ["WRITE_LOCK", "Dialect", "DriverCalls", "Row"]
 
@@ -85,15 +92,36 @@ class Dialect(ABC):
     #: statement under it (a lock other writer processes wait on, so it is held for as little as
     #: the contract allows), rather than deciding and inserting row by row inside the transaction.
     append_rows_before_lock: bool = False
-    #: The ledger copies a live database itself (`store.backup`, SQLite's online backup API);
-    #: False where the backend's own tools do it (docs/operations.md).
+    #: The ledger copies a live database itself (`store.backup`, with `copy_live`); False where
+    #: the backend's own tools do it (docs/operations.md), which `backup_tools` names.
     online_backup: bool = False
+    #: How a ledger of this backend is backed up when `online_backup` is False.
+    backup_tools: str = ""
     #: Followers' leader election (a lock held by the leader's session), or None: every follower
     #: leads (one file on one host: the page lock alone serialises them).
     try_leader_sql: str | None = None
     release_leader_sql: str | None = None
     #: The driver-level calls of bulk I/O (each subclass sets its driver's).
     driver: DriverCalls
+    #: The driver's top-level modules. An error whose class one of them defines is the driver's
+    #: own (`owns`, judged by name so the driver need not be installed or imported), and no
+    #: module outside `store/dialects/` imports or names them.
+    driver_modules: tuple[str, ...] = ()
+    #: (what the driver is, the extra that installs it), for a driver the package does not
+    #: always install: the CLI's advice when one of `driver_modules` is missing.
+    driver_install: tuple[str, str] | None = None
+    #: Lower-case fragments of the driver's messages, by what they mean. A connection that broke
+    #: under a statement (whatever was in flight on it may have committed):
+    connection_lost_texts: tuple[str, ...] = ()
+    #: a lock not had in time (the statement was refused, nothing of it committed):
+    lock_timeout_texts: tuple[str, ...] = ()
+    #: a full disk:
+    disk_full_texts: tuple[str, ...] = ()
+    #: and what the CLI's hints (`describe_error`) recognise.
+    hint_texts: tuple[str, ...] = ()
+    #: SQLSTATE (or its two-character class) -> the CLI's advice, for a driver whose errors
+    #: carry one (`describe_error`).
+    sqlstate_hints: Mapping[str, str] = MappingProxyType({})
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name}>"
@@ -171,3 +199,75 @@ class Dialect(ABC):
     def attachable_file(self, url: URL) -> str | None:
         """The file another database of this backend may ATTACH to copy from, or None."""
         return None
+
+    def copy_live(
+        self,
+        source: Path,
+        target: Path,
+        *,
+        pages: int,
+        progress: Callable[[int, int, int], None],
+    ) -> None:
+        """Copy the live database file `source` into the new file `target` as one snapshot,
+        `pages` at a time, calling `progress(status, remaining, total)` after each slice (for
+        `online_backup`; the caller checks that first)."""
+        raise StoreInputError(f"backup copies no {self.name} database; {self.backup_tools}")
+
+    # ------------------------------------------------------------------ the append's insert
+    def append_insert(self, columns: tuple[str, ...]) -> str | None:
+        """One driver-level statement inserting a group commit's rows (built before the append
+        lock, `append_rows_before_lock`) with `append_params(rows)` as its parameters, positions
+        in row order; None: the events insert SQLAlchemy compiles, one parameter tuple per row."""
+        return None
+
+    def append_params(self, rows: Sequence[Row]) -> Any:
+        """Row tuples (in `columns` order) as the parameters `append_insert` binds."""
+        return list(rows)
+
+    # ------------------------------------------------------------------ the driver's errors
+    def owns(self, error: BaseException) -> bool:
+        """Whether `error` is one of the driver's own errors (not SQLAlchemy's wrapper of one)."""
+        return type(error).__module__.split(".")[0] in self.driver_modules
+
+    def connection_lost(self, error: BaseException) -> bool:
+        """The connection broke under the statement (SQLAlchemy saw it invalidated, or the
+        driver's message says so): unlike a refused lock, a commit in flight may have landed."""
+        if isinstance(error, DBAPIError) and error.connection_invalidated:
+            return not isinstance(error, IntegrityError)
+        return _says(error, self.connection_lost_texts)
+
+    def is_transient(self, error: BaseException) -> bool:
+        """Worth retrying: the connection dropped, or a lock could not be had in time."""
+        return self.connection_lost(error) or _says(error, self.lock_timeout_texts)
+
+    def disk_full(self, message: str) -> bool:
+        """Whether a driver's message says the disk is full."""
+        lowered = message.lower()
+        return any(text in lowered for text in self.disk_full_texts)
+
+    def describe_error(
+        self, error: BaseException | None, message: str, where: str, urls: Sequence[URL]
+    ) -> str | None:
+        """The CLI's one line for a driver error whose first line is `message`, naming the
+        database as `where` (`urls`: the verb's databases of this backend); None where this
+        backend has nothing to add."""
+        return None
+
+    def error_texts(self) -> frozenset[str]:
+        """Every message fragment this dialect declares, for the boundary scan to keep inside
+        `store/dialects/` (tests/store/test_dialect_boundary.py)."""
+        return frozenset(
+            self.connection_lost_texts
+            + self.lock_timeout_texts
+            + self.disk_full_texts
+            + self.hint_texts
+        )
+
+
+def _says(error: BaseException, texts: tuple[str, ...]) -> bool:
+    """A SQLAlchemy-wrapped driver error (an integrity error never counts) whose message holds
+    one of `texts`."""
+    if not texts or not isinstance(error, DBAPIError) or isinstance(error, IntegrityError):
+        return False
+    message = str(error.orig).lower()
+    return any(text in message for text in texts)

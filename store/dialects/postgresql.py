@@ -1,8 +1,10 @@
 """PostgreSQL's answers: many writer processes on many hosts, asyncpg for the async engine.
 
 Appends serialise on a table lock so positions become visible in commit order (a tailing reader
-never skips an event that commits later, docs/design.md §8); projector pages, migrators and the
-followers' leader serialise on advisory locks; lease times come from the server's clock.
+never skips an event that commits later, docs/design.md §8), and insert a group commit's rows
+with one statement of column arrays; projector pages, migrators and the followers' leader
+serialise on advisory locks; lease times come from the server's clock. Errors are judged by
+asyncpg's texts and the server's SQLSTATE; a live database is backed up with PostgreSQL's tools.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import shlex
 from collections.abc import AsyncIterator, Sequence
 from datetime import datetime
+from types import MappingProxyType
 from typing import Any
 
 from sqlalchemy import String, any_, bindparam, text
@@ -22,11 +25,16 @@ from store.dialects.base import Dialect, DriverCalls, Row
 from store.errors import StoreInputError
 
 __all__ = [
+    "BACKUP_TOOLS",
+    "CONNECTION_LOST_TEXTS",
+    "DISK_FULL_TEXTS",
+    "LOCK_TIMEOUT_TEXTS",
     "PG_LEADER_LOCK",
     "PG_LOCK_TIMEOUT",
     "PG_MIGRATION_LOCK",
     "PG_PROJECTOR_LOCK",
     "SERVER_SETTINGS",
+    "SQLSTATE_HINTS",
     "PostgresDialect",
 ]
 
@@ -50,6 +58,44 @@ PG_LOCK_TIMEOUT = "10s"
 #: at 10^6 events took 71 ms (128 ms cold), ~100 ms of it compiling, against 1.5-2 ms without.
 #: The ledger's statements are short, and the report's whole-run reads ran no faster with it.
 SERVER_SETTINGS = {"plan_cache_mode": "force_custom_plan", "jit": "off"}
+
+#: Texts of a connection that broke: the server ended it, or asyncpg's protocol was left
+#: mid-operation by a dropped connection ("another operation", "cannot switch to state").
+CONNECTION_LOST_TEXTS = (
+    "connection was closed",
+    "terminating connection",
+    "connection is closed",
+    "connection refused",
+    "server closed the connection",
+    "another operation",
+    "cannot switch to state",
+)
+#: Texts of the append lock's `lock_timeout` running out.
+LOCK_TIMEOUT_TEXTS = ("lock timeout", "lock_timeout")
+#: The server's "could not extend file ...: No space left on device".
+DISK_FULL_TEXTS = ("no space left",)
+
+#: SQLSTATE (or its class, two characters) -> what to do.
+SQLSTATE_HINTS = MappingProxyType(
+    {
+        "3D000": "create it (createdb NAME) or fix the database name in the URL",
+        "28000": "check the user name in the URL (and pg_hba.conf)",
+        "28P01": "check the user and password in the URL",
+        "42P01": "the database lacks a table its schema revision promises, so it was altered outside rollout-ledger — restore it from a backup",
+        "42703": "the database lacks a column its schema revision promises, so it was altered outside rollout-ledger — restore it from a backup",
+        "53300": "the server has too many connections: close some, or retry later",
+        "08": "the connection failed: check the server and run the command again",
+        "57": "the server is shutting down or restarting: run the command again once it is up",
+        "53": "the server is out of resources (disk or memory): free some and run the command again",
+    }
+)
+
+#: How a PostgreSQL ledger is backed up (the `backup` verb copies SQLite files only).
+BACKUP_TOOLS = (
+    "a PostgreSQL ledger is backed up with PostgreSQL's own tools: "
+    "`pg_dump -Fc -f ledger.dump DBNAME` while it runs, and `createdb NEW && "
+    "pg_restore -d NEW ledger.dump` to restore (docs/operations.md)"
+)
 
 #: The array type each inserted column is bound as (`insert_sql`).
 _ARRAY_TYPES = {
@@ -142,10 +188,31 @@ class PostgresDialect(Dialect):
     append_rows_before_lock = True
     try_leader_sql = f"SELECT pg_try_advisory_lock({PG_LEADER_LOCK})"
     release_leader_sql = f"SELECT pg_advisory_unlock({PG_LEADER_LOCK})"
+    backup_tools = BACKUP_TOOLS
     driver = AsyncpgCalls()
+    driver_modules = ("asyncpg",)  # judged by name: asyncpg need not be installed
+    driver_install = ("the PostgreSQL driver asyncpg", "postgres")
+    connection_lost_texts = CONNECTION_LOST_TEXTS
+    lock_timeout_texts = LOCK_TIMEOUT_TEXTS
+    disk_full_texts = DISK_FULL_TEXTS
+    sqlstate_hints = SQLSTATE_HINTS
 
     def mark(self, index: int) -> str:
         return f"${index}"
+
+    def append_insert(self, columns: tuple[str, ...]) -> str | None:
+        return insert_sql(columns)
+
+    def append_params(self, rows: Sequence[Row]) -> Any:
+        return insert_params(rows)
+
+    def describe_error(
+        self, error: BaseException | None, message: str, where: str, urls: Sequence[URL]
+    ) -> str | None:
+        # asyncpg's errors, and SQLAlchemy's adaptations of them, carry the server's SQLSTATE
+        state = str(getattr(error, "sqlstate", "") or "")
+        hint = self.sqlstate_hints.get(state) or self.sqlstate_hints.get(state[:2])
+        return f"{where}: {message}; {hint}" if hint else None
 
     def json_text(self, column: str) -> str:
         return f"{column}::text"  # asyncpg would decode jsonb; bulk reads hand the text on

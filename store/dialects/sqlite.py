@@ -2,15 +2,18 @@
 
 Writers take the file's write lock up front (`BEGIN IMMEDIATE` under `WRITE_LOCK`), so no lock
 statement serialises appends, projector pages or migrators; a follower needs no election. The
-connection settings (WAL, busy timeout, our own BEGIN) are `sqlite_engine.py`'s.
+connection settings (WAL, busy timeout, our own BEGIN) are `sqlite_engine.py`'s, what its errors
+look like `sqlite_errors.py`'s; a live file is copied with sqlite3's online backup API.
 """
 
 from __future__ import annotations
 
 import shlex
+import sqlite3
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import Any
 
 import sqlalchemy
@@ -20,6 +23,14 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from store.dialects.base import Dialect, DriverCalls, Row
 from store.dialects.sqlite_engine import in_memory, sqlite_engine, sqlite_file, writer_twin
+from store.dialects.sqlite_errors import (
+    DISK_FULL_TEXTS,
+    FILE_PROBLEM_TEXTS,
+    HINTS,
+    LOCK_TIMEOUT_TEXTS,
+    describe,
+)
+from store.errors import StoreInputError
 
 __all__ = ["SqliteDialect"]
 
@@ -70,6 +81,18 @@ class SqliteDialect(Dialect):
     alembic_batch = True  # SQLite alters few things in place: Alembic copies the table instead
     online_backup = True
     driver = AiosqliteCalls()
+    driver_modules = ("sqlite3", "aiosqlite")  # aiosqlite raises sqlite3's errors
+    lock_timeout_texts = LOCK_TIMEOUT_TEXTS
+    disk_full_texts = DISK_FULL_TEXTS
+    hint_texts = tuple(fragment for fragment, _ in HINTS) + FILE_PROBLEM_TEXTS
+
+    def owns(self, error: BaseException) -> bool:
+        return isinstance(error, sqlite3.Error)
+
+    def describe_error(
+        self, error: BaseException | None, message: str, where: str, urls: Sequence[URL]
+    ) -> str | None:
+        return describe(message, where, urls, self.local_file)
 
     def mark(self, index: int) -> str:
         return "?"
@@ -119,6 +142,38 @@ class SqliteDialect(Dialect):
 
     def append_thread_engine(self, engine: AsyncEngine) -> sqlalchemy.Engine | None:
         return writer_twin(engine)
+
+    def copy_live(
+        self,
+        source: Path,
+        target: Path,
+        *,
+        pages: int,
+        progress: Callable[[int, int, int], None],
+    ) -> None:
+        # sqlite3's backup API copies `pages` at a time; between slices the copy runs in one read
+        # transaction of the source, which in WAL mode (every ledger file) is a snapshot.
+        src = sqlite3.connect(
+            f"file:{source}?mode=ro", uri=True, timeout=30.0, isolation_level=None
+        )
+        try:
+            # One read transaction held for the whole copy: in WAL mode it is a snapshot that
+            # writers do not disturb, so the copy never restarts however fast the recorder appends.
+            src.execute("BEGIN")
+            src.execute("SELECT count(*) FROM sqlite_master").fetchone()
+            dst = sqlite3.connect(target)
+            try:
+                src.backup(dst, pages=pages, progress=progress)
+                dst.execute("PRAGMA journal_mode=DELETE")
+                (check,) = dst.execute("PRAGMA quick_check").fetchone()
+                if check != "ok":
+                    raise StoreInputError(
+                        f"the backup of {source} failed its integrity check: {check}"
+                    )
+            finally:
+                dst.close()
+        finally:
+            src.close()
 
     def attachable_file(self, url: URL) -> str | None:
         database = url.database

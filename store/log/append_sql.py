@@ -15,7 +15,6 @@ from sqlalchemy.engine import Dialect as SqlDialect
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from store.dialects import Dialect, dialect_of
-from store.dialects import postgresql as pg
 from store.errors import ConcurrencyError, StoreError, StoreInvariantError
 from store.log.records import NewEvent
 from store.schema.tables import events
@@ -274,27 +273,30 @@ async def _known_event_ids(conn: AsyncConnection, event_ids: list[str]) -> dict[
 async def pg_decide_and_insert(
     conn: AsyncConnection, batch: list[AppendRequest], careful: bool, cached: dict[str, int] | None
 ) -> tuple[list[Outcome], float]:
-    """PostgreSQL's batch body, the lock held for as little as the contract allows: every row
-    is built and split into column arrays before `LOCK TABLE`; under it, the batch is decided
-    (the reads the group-slot check needs cannot move out) and inserted by one statement
-    (`postgresql.insert_sql`). Returns the outcomes and when the lock was taken."""
-    row = _row_for(dialect_of(conn))
+    """The batch body of a backend that builds rows before its append lock
+    (`Dialect.append_rows_before_lock`, PostgreSQL's), the lock held for as little as the
+    contract allows: every row is built and turned into the dialect's insert parameters before
+    the lock; under it, the batch is decided (the reads the group-slot check needs cannot move
+    out) and inserted by one statement (`Dialect.append_insert`). Returns the outcomes and when
+    the lock was taken."""
+    dialect = dialect_of(conn)
+    row = _row_for(dialect)
     built = [[row(event) for event in request.events] for request in batch]
-    every = pg.insert_params([r for rows in built for r in rows])
+    every = dialect.append_params([r for rows in built for r in rows])
     await lock_for_append(conn)
     locked = time.perf_counter()
     outcomes, _ = await resolve(conn, batch, check_ids=careful, cached=cached, build_rows=False)
     accepted = [isinstance(outcome, tuple) and outcome[1] for outcome in outcomes]
     if not all(accepted):
-        every = pg.insert_params([r for rows, ok in zip(built, accepted) if ok for r in rows])
+        every = dialect.append_params([r for rows, ok in zip(built, accepted) if ok for r in rows])
     if every:
-        await conn.exec_driver_sql(_pg_insert_sql(), every)
+        await conn.exec_driver_sql(_append_insert(dialect) or insert_sql(conn.dialect), every)
     return outcomes, locked
 
 
 @functools.cache
-def _pg_insert_sql() -> str:
-    return pg.insert_sql(_INSERT_COLUMNS)
+def _append_insert(dialect: Dialect) -> str | None:
+    return dialect.append_insert(_INSERT_COLUMNS)
 
 
 #: The insert's columns, in the order of the tuples `_row_for` builds.
