@@ -83,9 +83,13 @@ def raised_by_driver(error: BaseException | None) -> bool:
 def describe_error(
     error: BaseException | None, message: str, where: str, urls: Sequence[URL]
 ) -> str | None:
-    """The first registered dialect's line for a driver error (`Dialect.describe_error`), each
-    shown only the `urls` of its own backend; None where none has one."""
-    for dialect in registered():
+    """The line of the dialect whose driver raised `error` (`Dialect.describe_error`) — or, for an
+    error no registered driver owns, the first registered dialect's that has one — each shown
+    only the `urls` of its own backend; None where none has one. Only the owner is asked about
+    its driver's error, so a PostgreSQL error is never read in SQLite's words for a damaged file."""
+    cause = getattr(error, "orig", None) or error
+    owners = [d for d in registered() if cause is not None and d.owns(cause)]
+    for dialect in owners or registered():
         own = [url for url in urls if _REGISTRY.get(url.get_backend_name()) is dialect]
         line = dialect.describe_error(error, message, where, own)
         if line is not None:

@@ -115,6 +115,20 @@ def test_the_cli_line_asks_each_dialect_in_turn(tmp_path: Path) -> None:
     assert describe_driver_error(ValueError("odd"), "odd", "the database") == "the database: odd"
 
 
+def test_the_dialect_whose_driver_raised_an_error_is_asked_first() -> None:
+    """A PostgreSQL error whose text SQLite's table also matches ("malformed") is described in
+    PostgreSQL's words, never as a damaged SQLite file."""
+
+    class Malformed(_AsyncpgLike):
+        sqlstate = "22P02"
+
+    Malformed.__module__ = "asyncpg.exceptions"
+    message = "malformed array literal: \"{x\""
+    line = describe_driver_error(Malformed(), message, "PostgreSQL database x", [])
+    assert "sqlite3" not in line and "damaged" not in line, line
+    assert line.startswith(f"PostgreSQL database x: {message}"), line
+
+
 def test_a_sqlite_file_problem_is_asked_of_the_file_system_first(tmp_path: Path) -> None:
     folder = tmp_path / "a-folder"
     folder.mkdir()
