@@ -32,9 +32,7 @@ if TYPE_CHECKING:  # what an editor and a type checker see; nothing is imported 
         MissingDependency,
         NotFound,
         ProjectionError,
-        RolloutFailure,
         RowIndexError,
-        SandboxError,
         SchemaError,
         StepNotSettled,
         StoreError,
@@ -50,6 +48,7 @@ if TYPE_CHECKING:  # what an editor and a type checker see; nothing is imported 
     from sessions.projection.projector import Projector
     from sessions.queues.sinks import InProcessQueue, QueueItem, QueueSink
     from sessions.recorder import SessionHandle, SessionOutcome
+    from sessions.runner_failure import RolloutFailure, SandboxError
     from sessions.runs.fingerprint import RunConfigMismatch
     from sessions.runs.pruning import PruneReport, prune
     from sessions.runs.retention import RetentionPolicy
@@ -72,9 +71,9 @@ _NAMES: dict[str, str] = {
     "MissingDependency": "sessions.errors",
     "NotFound": "sessions.errors",
     "ProjectionError": "sessions.errors",
-    "RolloutFailure": "sessions.errors",
+    "RolloutFailure": "sessions.runner_failure",
     "RowIndexError": "sessions.errors",
-    "SandboxError": "sessions.errors",
+    "SandboxError": "sessions.runner_failure",
     "SchemaError": "sessions.errors",
     "StepNotSettled": "sessions.errors",
     "StoreError": "sessions.errors",

@@ -15,8 +15,9 @@ from sessions import aggregate as agg
 from sessions import events as ev
 from sessions import storable, validation
 from sessions.errors import ConfigError, InvalidInput, LedgerError
-from sessions.failure_policy import (
-    MetricPolicy,
+from sessions.failure_policy import MetricPolicy
+from sessions.placeholder import PlaceholderPolicy
+from sessions.runner_failure import (
     RecordedFailure,
     error_text,
     failure_origin,
@@ -24,7 +25,6 @@ from sessions.failure_policy import (
     recorded_failure,
     type_name,
 )
-from sessions.placeholder import PlaceholderPolicy
 from store import AppendOutcomeUnknown, ConcurrencyError, EventStore, encode_data
 
 __all__ = [

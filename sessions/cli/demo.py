@@ -21,11 +21,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from sessions.errors import ConfigError, SandboxError
+from sessions.errors import ConfigError
 from sessions.failure_policy import MetricPolicy, RetryPolicy
 from sessions.ledger import Ledger
 from sessions.placeholder import PlaceholderPolicy
 from sessions.recorder import SessionHandle
+from sessions.runner_failure import SandboxError
 
 DATA_SOURCES = ("gsm8k", "swe-lite")
 VOCAB = 32_000
