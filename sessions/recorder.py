@@ -25,6 +25,7 @@ from sessions.runner_failure import (
     recorded_failure,
     type_name,
 )
+from sessions.vocabulary import RUNNER_ERROR
 from store import AppendOutcomeUnknown, ConcurrencyError, EventStore, encode_data
 
 __all__ = [
@@ -291,7 +292,7 @@ class SessionHandle:
 
     async def fail(
         self,
-        reason: str = "runner_error",
+        reason: str = RUNNER_ERROR,
         *,
         message: str = "",
         error_type: str | None = None,
@@ -325,7 +326,7 @@ class SessionHandle:
 
     async def retry(
         self,
-        reason: str = "runner_error",
+        reason: str = RUNNER_ERROR,
         *,
         message: str = "",
         error_type: str | None = None,

@@ -24,6 +24,8 @@ import numpy as np
 
 from sessions import events as ev
 from sessions.errors import InvalidInput
+from sessions.failure_policy import METRIC_DECISIONS
+from sessions.placeholder import DECISIONS
 from sessions.vocabulary import ORIGINS, PARTITIONS, UID_FORBIDDEN
 from store import ColumnSpec, column_spec
 
@@ -121,9 +123,9 @@ DECLARATION: dict[str, dict[str, Field]] = {
         "error_type": Field("sessions.error_type", free_text=True),
         "message": Field("sessions.message", nullable=False, free_text=True),
         "discarded_trajectories": Field(kind="int", minimum=0, int_range=_INT32),
-        "placeholder": Field(kind="json", choices=("emit", "drop", "keep_partial")),
+        "placeholder": Field(kind="json", choices=DECISIONS),
         "origin": Field(kind="json", choices=ORIGINS),
-        "metric": Field(kind="json", choices=("zero", "exclude")),
+        "metric": Field(kind="json", choices=METRIC_DECISIONS),
         "selected": Field(kind="int_list"),
         "score": Field("sessions.reward"),
     },
