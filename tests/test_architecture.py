@@ -492,6 +492,89 @@ def test_store_has_no_import_circle() -> None:
             pytest.fail(f"import circle in store/: {' -> '.join(cycle)}")
 
 
+#: Import circles in sessions/ not cut yet, each with why it stays for now.
+KNOWN_CIRCLES: dict[frozenset[str], str] = {
+    frozenset({"sessions.ledger.sync.handles", "sessions.ledger.sync.ledger"}): (
+        "SyncLedger builds its sessions' faces and they call back into it; sessions/ledger/sync/ "
+        "is another change's to edit now: cut it there, and drop this entry"
+    ),
+}
+
+
+def sessions_graph(root: Path = ROOT) -> dict[str, set[str]]:
+    """Module -> the modules of `sessions` it imports (any form, `from P import submodule` as the
+    submodule). The public face (`from sessions import X`) is left out: it loads each name on
+    first use, so it closes no circle at import."""
+    paths = sorted((root / "sessions").rglob("*.py"))
+    names = {module_name(p, root) for p in paths}
+    graph: dict[str, set[str]] = {}
+    for path in paths:
+        me = module_name(path, root)
+        targets: set[str] = set()
+        for found in imports(path, root):
+            if found.module in names:
+                targets.add(found.module)
+            targets |= {f"{found.module}.{n}" for n in found.names} & names
+        graph[me] = targets - {me, "sessions"}
+    return graph
+
+
+def circles(graph: dict[str, set[str]]) -> list[frozenset[str]]:
+    """The graph's strongly connected parts of more than one module: its import circles."""
+    order: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[frozenset[str]] = []
+
+    def visit(node: str) -> None:
+        order[node] = low[node] = len(order)
+        stack.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if nxt not in order:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in stack:
+                low[node] = min(low[node], order[nxt])
+        if low[node] == order[node]:
+            part = {stack.pop()}
+            while node not in part:
+                part.add(stack.pop())
+            if len(part) > 1:
+                found.append(frozenset(part))
+
+    for start in sorted(graph):
+        if start not in order:
+            visit(start)
+    return found
+
+
+def test_sessions_has_no_import_circle() -> None:
+    """A circle makes import order matter and a module impossible to read alone: move code by job
+    (a protocol where one side only needs the other's shape)."""
+    found = circles(sessions_graph())
+    new = [sorted(c) for c in found if c not in KNOWN_CIRCLES]
+    assert new == [], f"import circles in sessions/: {new}"
+    gone = [sorted(c) for c in KNOWN_CIRCLES if c not in found]
+    assert gone == [], f"KNOWN_CIRCLES entries that are cut now (remove them): {gone}"
+
+
+def test_the_circle_finder_sees_a_circle_through_a_submodule_import(tmp_path: Path) -> None:
+    package = tmp_path / "sessions"
+    (package / "sub").mkdir(parents=True)
+    for name, text in {
+        "__init__.py": "from sessions.a import A\n",
+        "a.py": "from sessions import b\n",
+        "b.py": "if TYPE_CHECKING:\n    from sessions.sub.c import C\n",
+        "sub/__init__.py": "",
+        "sub/c.py": "def f():\n    from sessions.a import A\n",
+        "d.py": "from sessions import A\n",  # the face: no edge
+    }.items():
+        (package / name).write_text(text, encoding="utf-8")
+    graph = sessions_graph(tmp_path)
+    assert graph["sessions.d"] == set() and graph["sessions.a"] == {"sessions.b"}
+    assert circles(graph) == [frozenset({"sessions.a", "sessions.b", "sessions.sub.c"})]
+
+
 # ------------------------------------------------------------------ dialect branches
 #: The backends' names as SQLAlchemy spells them (`engine.dialect.name`, a URL's drivername).
 BACKEND_NAMES = ("sqlite", "postgresql", "postgres")
