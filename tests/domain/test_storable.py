@@ -645,6 +645,14 @@ def test_the_envelope_columns_are_as_wide_as_the_fields_they_copy() -> None:
         assert declared.max_length <= envelope, name
 
 
+def test_the_events_cuts_are_their_columns_widths() -> None:
+    """`aggregate` cuts a failure's message and error type to `events.MESSAGE_LIMIT` and
+    `ERROR_TYPE_LIMIT` before the check: numbers that must be the columns' widths, or a message
+    would be cut twice (shorter) or a note of `recorded_failure` lost."""
+    assert ev.MESSAGE_LIMIT == DECLARATION["SessionFailed"]["message"].spec().max_length
+    assert ev.ERROR_TYPE_LIMIT == DECLARATION["SessionFailed"]["error_type"].spec().max_length
+
+
 BOUNDED = sorted(
     (type_, name)
     for type_, fields in DECLARATION.items()
