@@ -41,9 +41,7 @@ from sessions.errors import (
     MissingDependency,
     NotFound,
     ProjectionError,
-    RolloutFailure,
     RowIndexError,
-    SandboxError,
     SchemaError,
     StepNotSettled,
     StoreError,
@@ -63,6 +61,7 @@ from sessions.projection.projector import Projector
 from sessions.queues.consumer import QueueConsumer
 from sessions.queues.sinks import InProcessQueue, QueueItem, QueueSink
 from sessions.recorder import SessionHandle, SessionOutcome
+from sessions.runner_failure import RolloutFailure, SandboxError
 from sessions.runs.fingerprint import RunConfigMismatch
 from sessions.runs.pruning import PruneReport, prune
 from sessions.runs.retention import RetentionPolicy

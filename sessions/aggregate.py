@@ -17,7 +17,7 @@ from sessions import events as ev
 from sessions import machine, vocabulary
 from sessions.errors import InvalidInput
 from sessions.failure_policy import MetricPolicy
-from sessions.placeholder import PlaceholderPolicy
+from sessions.placeholder import EMIT, KEEP_PARTIAL, PlaceholderPolicy
 
 __all__ = [
     "NEW",
@@ -160,7 +160,7 @@ def _failed(view: SessionView, e: ev.SessionFailed) -> None:
     view.failure_reason, view.error_type, view.message = e.reason, e.error_type, e.message
     view.placeholder_decision = e.placeholder
     view.failure_origin, view.metric_decision = e.origin, e.metric
-    if e.placeholder == "keep_partial":
+    if e.placeholder == KEEP_PARTIAL:
         view.selected = list(e.selected)
 
 
@@ -282,7 +282,7 @@ def decide_complete(
         return decide_fail(
             view,
             policy,
-            "empty_output",
+            vocabulary.EMPTY_OUTPUT,
             message="complete() with no recorded trajectory",
             metrics=metrics,
             selection=selection,
@@ -328,11 +328,11 @@ def decide_fail(
     decision = policy.decide(view.partition, reason, origin)
     selected: list[int] = []
     score = None
-    if decision == "keep_partial":
+    if decision == KEEP_PARTIAL:
         if view.trajectories and view.reward_posted and view.reward is not None:
             selected, score = _select(view, selection), view.reward
         else:
-            decision = "emit"
+            decision = EMIT
     failed = ev.SessionFailed(
         reason=reason,
         error_type=None if error_type is None else error_type[: ev.ERROR_TYPE_LIMIT],
@@ -344,7 +344,7 @@ def decide_fail(
         selected=selected,
         score=score,
     )
-    if decision != "emit":
+    if decision != EMIT:
         return [failed]
     reward_info = {**view.reward_info, "reward": 0.0, "finished": False}
     return [

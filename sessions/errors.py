@@ -14,6 +14,10 @@ meaning suggests as a second base (`StepNotSettled` is a `TimeoutError`, `Invali
 - `NotFound`: a run or rows the database does not have (`BatchPruned`: a step whose payloads a
   prune dropped); `MissingDependency`: an optional extra is
   not installed; `DamagedData`: stored data this library cannot have written.
+
+The lowest module of the domain: it imports nothing of `sessions`, so every other module may
+raise its errors. `RolloutFailure`, which checks its reason against the vocabulary where it is
+raised, is in `sessions.runner_failure`.
 """
 
 from __future__ import annotations
@@ -38,9 +42,7 @@ __all__ = [
     "MissingDependency",
     "NotFound",
     "ProjectionError",
-    "RolloutFailure",
     "RowIndexError",
-    "SandboxError",
     "SchemaError",
     "StepNotSettled",
     "StoreError",
@@ -188,51 +190,6 @@ class DamagedData(StoreError, ValueError):
     """Stored data this library cannot have written (a token payload whose size disagrees with
     its recorded lengths): the database was altered outside it. `rollout-ledger audit` says
     where."""
-
-
-class RolloutFailure(LedgerError):
-    """Raise from a runner to fail its session with an explicit failure reason, built-in or your
-    own (lowercase, e.g. `"tool_quota"`), and optionally its origin: `"infra"` (the model cannot
-    have caused it) or `"policy"`. Without an origin the ledger's metric policy, then the
-    defaults, decide (a custom reason nobody declared is `policy`).
-
-    The reason is checked here, at the raise site (docs/design.md §4): a malformed one, one over 32
-    characters, a reserved one (`infra`, `policy`, `*`, `unprojectable`) or `orphaned` (the
-    recovery sweep's) raises `InvalidInput` naming `reason`, with this failure's message kept in
-    its text. Should a subclass bypass this check, `run_session` still records the failure, as
-    `runner_error` (`sessions.recorder.recorded_failure`)."""
-
-    reason = "runner_error"
-    origin: str | None = None
-
-    def __init__(
-        self, message: str = "", *, reason: str | None = None, origin: str | None = None
-    ) -> None:
-        super().__init__(message)
-        if reason is not None:
-            self.reason = reason
-        from sessions.vocabulary import check_runner_reason  # it imports this module
-
-        try:
-            check_runner_reason(self.reason)  # at the raise site, not when the session fails
-        except InvalidInput as refused:  # the failure it was to record is named, not lost
-            shown = f"{message!r:.200}" if isinstance(message, str) else type(message).__name__
-            refused.args = (f"{refused.args[0]} (raising RolloutFailure({shown}))",)
-            raise
-        if origin is not None:
-            if origin not in ("infra", "policy"):
-                raise InvalidArgument(
-                    f"RolloutFailure: origin must be 'infra' or 'policy', got {origin!r}",
-                    argument="origin",
-                )
-            self.origin = origin
-
-
-class SandboxError(RolloutFailure):
-    """The tool/sandbox environment failed (infrastructure, not the policy): reason `sandbox_error`."""
-
-    reason = "sandbox_error"
-    origin = "infra"
 
 
 class UnknownEventError(StoreError):

@@ -18,7 +18,9 @@ from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from sessions.errors import UnknownEventError
-from sessions.vocabulary import FAILURE_REASONS, RUN_STREAM_PREFIX
+from sessions.failure_policy import DEFAULT_ORIGINS, ZERO
+from sessions.placeholder import EMIT
+from sessions.vocabulary import FAILURE_REASONS, POLICY, RUN_STREAM_PREFIX
 from store import NewEvent, StoredEvent
 
 if TYPE_CHECKING:
@@ -61,17 +63,6 @@ MESSAGE_LIMIT = 512
 #: error_type is a class name; the sessions read model stores it in VARCHAR(128).
 ERROR_TYPE_LIMIT = 128
 
-#: The built-in reasons' origins (`sessions.failure_policy` says why): `infra` when the model
-#: cannot have caused the failure, `policy` otherwise. A custom reason nobody declared is `policy`.
-DEFAULT_ORIGINS: dict[str, str] = {
-    "runner_error": "policy",
-    "timeout": "policy",
-    "sandbox_error": "infra",
-    "empty_output": "policy",
-    "finalize_error": "infra",
-    "invalid_output": "policy",
-    "orphaned": "infra",
-}
 #: GRPO's default `min_valid`: a group needs two valid (non-placeholder) rows for a baseline, as
 #: NeMo-RL and TRL have it (`SessionCreated.min_valid` None means this).
 DEFAULT_MIN_VALID = 2
@@ -219,11 +210,9 @@ class SessionFailed(Event):
     error_type: str | None
     message: str
     discarded_trajectories: int
-    placeholder: str = (
-        "emit"  # emit | drop | keep_partial (applied: a fallback is recorded as emit)
-    )
-    origin: str = "policy"
-    metric: str = "zero"  # zero | exclude
+    placeholder: str = EMIT  # a choice of `placeholder.DECISIONS` (a fallback is recorded as emit)
+    origin: str = POLICY
+    metric: str = ZERO  # a choice of `failure_policy.METRIC_DECISIONS`
     selected: list[int] = field(default_factory=list)
     score: float | None = None
 
@@ -380,8 +369,8 @@ def _trajectory_v1_to_v2(data: dict[str, Any], payload: bytes | None) -> dict[st
 @upcaster("SessionFailed", 1)
 def _failed_v1_to_v2(data: dict[str, Any]) -> dict[str, Any]:
     """v2 recorded the failure's origin and metric policy; a v1 failure had the defaults then in force."""
-    data["origin"] = DEFAULT_ORIGINS.get(data.get("reason"), "policy")  # type: ignore[arg-type]
-    data["metric"] = "zero"
+    data["origin"] = DEFAULT_ORIGINS.get(data.get("reason"), POLICY)  # type: ignore[arg-type]
+    data["metric"] = ZERO
     data["selected"] = []
     data["score"] = None
     return data

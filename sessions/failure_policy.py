@@ -14,40 +14,71 @@ and never consults today's configuration. `docs/decisions.md` says why the defau
   under `excluded/<reason>` and in coverage). `reward/mean_default_rule` is reported always.
 - **Retry policy**: which reasons start another attempt of the same session, how many attempts in
   all, and how long to wait between them.
-- **What a runner's exception is recorded as** (`recorded_failure`): a reason and origin the log
-  can store, whatever the exception is, so any error can end its session.
+
+What a runner's exception is recorded as is `sessions.runner_failure`'s. This module imports
+nothing of `sessions` but the vocabulary and the errors, so the events can take their defaults
+from it.
 """
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from sessions import events as ev
 from sessions import vocabulary
-from sessions.errors import ConfigError, InvalidInput, RolloutFailure
-from sessions.events import DEFAULT_ORIGINS as _DEFAULT_ORIGINS
-from sessions.events import FAILURE_REASONS
-from sessions.vocabulary import ANY, INFRA, ORIGINS, POLICY, Origin
+from sessions.errors import ConfigError
+from sessions.vocabulary import (
+    ANY,
+    EMPTY_OUTPUT,
+    FAILURE_REASONS,
+    FINALIZE_ERROR,
+    INFRA,
+    INVALID_OUTPUT,
+    ORIGINS,
+    ORPHANED,
+    POLICY,
+    RUNNER_ERROR,
+    SANDBOX_ERROR,
+    TIMEOUT,
+    Origin,
+)
 
 __all__ = [
     "DEFAULT_ORIGINS",
+    "EXCLUDE",
+    "METRIC_DECISIONS",
     "MetricDecision",
     "MetricPolicy",
     "RetryPolicy",
+    "ZERO",
     "check_rules",
     "match",
     "origin_of",
 ]
 
 MetricDecision = Literal["zero", "exclude"]
+#: A failure is a zero in the reward means (the default).
+ZERO: MetricDecision = "zero"
+#: A failure is left out of `reward/mean` and `reward/mean@k`, counted under `excluded/<reason>`.
+EXCLUDE: MetricDecision = "exclude"
+#: The metric policy's choices.
+METRIC_DECISIONS: tuple[MetricDecision, ...] = (ZERO, EXCLUDE)
 
-#: The built-in reasons' origins. `runner_error` is `policy`: a runner's exception is as often the
-#: model's malformed tool call as the harness's bug, and a policy must not escape a zero by it;
-#: a runner that knows better raises `SandboxError` or `RolloutFailure(origin="infra")`.
-DEFAULT_ORIGINS: Mapping[str, Origin] = _DEFAULT_ORIGINS  # type: ignore[assignment]
+#: The built-in reasons' origins: `infra` when the model cannot have caused the failure, `policy`
+#: otherwise. `runner_error` is `policy`: a runner's exception is as often the model's malformed
+#: tool call as the harness's bug, and a policy must not escape a zero by it; a runner that knows
+#: better raises `SandboxError` or `RolloutFailure(origin="infra")`. A v1 `SessionFailed` is read
+#: with these (its upcaster in `sessions.events`).
+DEFAULT_ORIGINS: Mapping[str, Origin] = {
+    RUNNER_ERROR: POLICY,
+    TIMEOUT: POLICY,
+    SANDBOX_ERROR: INFRA,
+    EMPTY_OUTPUT: POLICY,
+    FINALIZE_ERROR: INFRA,
+    INVALID_OUTPUT: POLICY,
+    ORPHANED: INFRA,
+}
 assert set(DEFAULT_ORIGINS) == set(FAILURE_REASONS)
 
 
@@ -93,8 +124,13 @@ def check_rules(
             )
             if not isinstance(decision, str) or decision not in choices:
                 raise ConfigError(
-                    f"{kind}: rules[{partition!r}][{key!r}] is {decision!r}; use {' or '.join(map(repr, choices))}"
+                    f"{kind}: rules[{partition!r}][{key!r}] is {decision!r}; use {_either(choices)}"
                 )
+
+
+def _either(choices: Collection[str]) -> str:
+    """`'a' or 'b'`, for a message naming what a setting takes."""
+    return " or ".join(map(repr, choices))
 
 
 def _check_mapping(kind: str, name: str, value: object) -> None:
@@ -114,22 +150,22 @@ class MetricPolicy:
         MetricPolicy(rules={"val": {"infra": "exclude"}})
     """
 
-    default: MetricDecision = "zero"
+    default: MetricDecision = ZERO
     rules: Mapping[str, Mapping[str, MetricDecision]] = field(default_factory=dict)
     origins: Mapping[str, Origin] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if not isinstance(self.default, str) or self.default not in ("zero", "exclude"):
+        if not isinstance(self.default, str) or self.default not in METRIC_DECISIONS:
             raise ConfigError(
-                f"metric policy: default is {self.default!r}; use 'zero' or 'exclude'"
+                f"metric policy: default is {self.default!r}; use {_either(METRIC_DECISIONS)}"
             )
-        check_rules("metric policy", self.rules, ("zero", "exclude"))
+        check_rules("metric policy", self.rules, METRIC_DECISIONS)
         _check_mapping("metric policy", "origins", self.origins)
         for reason, origin in self.origins.items():
             vocabulary.check_reason(reason, field="metric policy: origins")
-            if not isinstance(origin, str) or origin not in ORIGINS:
+            if vocabulary.origin_problem(origin) is not None:
                 raise ConfigError(
-                    f"metric policy: origins[{reason!r}] is {origin!r}; use 'infra' or 'policy'"
+                    f"metric policy: origins[{reason!r}] is {origin!r}; use {_either(ORIGINS)}"
                 )
 
     def origin(self, reason: str, declared: Origin | None = None) -> Origin:
@@ -222,120 +258,3 @@ class RetryPolicy:
 
 def _plain(rules: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
     return {p: dict(sorted(by_key.items())) for p, by_key in sorted(rules.items())}
-
-
-# ------------------------------------------------ what a runner's exception is recorded as
-@dataclass(frozen=True, slots=True)
-class RecordedFailure:
-    """An exception raised inside a session as the ledger records it: a reason and an origin the
-    log can store, the error's text and its type's name. Built by `recorded_failure`, which never
-    raises, so whatever a runner raises can end its session (docs/design.md §4)."""
-
-    reason: str
-    origin: str | None
-    message: str
-    error_type: str
-
-
-#: The longest note `recorded_failure` adds to a message (why the runner's reason was not kept).
-_NOTE_LIMIT = 300
-
-
-def error_text(error: BaseException) -> str:
-    """What `error` says, without ever raising: `str(error)`; its `repr()` when that is empty or
-    raises (saying so); the type's name when both raise."""
-    broken = None
-    try:
-        text = str(error)
-        if text:
-            return str.__str__(text)  # a str subclass's own methods are not trusted either
-    except Exception as failed:  # noqa: BLE001 - a broken __str__ is the runner's, not ours
-        broken = type(failed).__name__
-    try:
-        text = str.__str__(repr(error))
-    except Exception:  # noqa: BLE001
-        return type_name(error)
-    return text if broken is None else f"{text} (its str() raised {broken})"
-
-
-def type_name(error: BaseException) -> str:
-    """The qualified name of `error`'s type, read from the type itself (a metaclass cannot
-    override it)."""
-    return str.__str__(type.__dict__["__qualname__"].__get__(type(error)))
-
-
-def _shown(value: Any) -> str:
-    """`value` for a message: its repr, cut; its type's name when repr raises."""
-    try:
-        return f"{str.__str__(repr(value)):.40}"
-    except Exception:  # noqa: BLE001
-        return f"a {type.__dict__['__qualname__'].__get__(type(value))}"
-
-
-def recorded_failure(error: BaseException) -> RecordedFailure:
-    """What failing a session because of `error` records (docs/design.md §4): the reason its type
-    maps to, or the one a `RolloutFailure` carries; the origin it declares; `error_text(error)`.
-
-    A reason or origin the log cannot take — one a `RolloutFailure` subclass set without its
-    constructor's check (malformed, over 32 characters, reserved, or `orphaned`, the recovery
-    sweep's), or one that raises when read — becomes `runner_error` (and the reason's default
-    origin), the refusal noted in the message after the error's own text. Never raises.
-    """
-    reason, origin, notes = _mapped_reason(error), None, []
-    if isinstance(error, RolloutFailure):
-        declared, problem = _declared(error, "reason")
-        if problem is None and not isinstance(declared, str):
-            problem = f"a failure reason is a string, got {_shown(declared)}"
-        problem = problem or vocabulary.reason_problem(declared, runner=True)
-        if problem is None:
-            reason = declared
-        else:
-            notes.append(f"reason refused, runner_error recorded: {problem}")
-        declared, problem = _declared(error, "origin")
-        if problem is None and declared is not None:
-            if not isinstance(declared, str) or declared not in vocabulary.ORIGINS:
-                problem = f"{_shown(declared)} is neither 'infra' nor 'policy'"
-        if problem is None:
-            origin = declared
-        else:
-            notes.append(f"origin refused, the reason's default used: {problem}")
-    text = error_text(error)
-    if notes:
-        note = f" [rollout-ledger: {'; '.join(notes)}"
-        note = (note if len(note) < _NOTE_LIMIT else note[: _NOTE_LIMIT - 2] + "…") + "]"
-        if len(text) + len(note) > ev.MESSAGE_LIMIT:  # the error's own text first, then why
-            text = text[: ev.MESSAGE_LIMIT - len(note) - 1] + "…"
-        text += note
-    return RecordedFailure(reason, origin, text, type_name(error))
-
-
-def _mapped_reason(error: BaseException) -> str:
-    if isinstance(error, RolloutFailure):
-        return "runner_error"  # unless its own reason can be recorded (see recorded_failure)
-    if isinstance(error, (TimeoutError, asyncio.TimeoutError)):
-        return "timeout"
-    if isinstance(error, InvalidInput) and _declared(error, "session_id")[0] is not None:
-        return "invalid_output"  # a command of the session was refused: its tokens, mask, reward
-    return "runner_error"  # an InvalidInput naming no session refused a name, not the output
-
-
-def _declared(error: BaseException, name: str) -> tuple[Any, str | None]:
-    """`error.<name>` as plain text (a str subclass, such as an enum, as its value) or as found,
-    and None; or None and why it could not be read."""
-    try:
-        value = getattr(error, name)
-        return (str.__str__(value) if isinstance(value, str) else value), None
-    except Exception as failed:  # noqa: BLE001 - a property that raises is the runner's
-        return None, f"reading it raised {type(failed).__name__}"
-
-
-def failure_reason(error: BaseException) -> str:
-    """The failure reason an exception raised inside a session is recorded with
-    (docs/design.md §4); always one the log can store."""
-    return recorded_failure(error).reason
-
-
-def failure_origin(error: BaseException) -> str | None:
-    """The origin a runner declared with its error (`RolloutFailure(origin=...)`), if any and
-    valid."""
-    return recorded_failure(error).origin

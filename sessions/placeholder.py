@@ -12,10 +12,14 @@ from typing import Literal
 
 from sessions.errors import ConfigError
 from sessions.failure_policy import check_rules, match
+from sessions.vocabulary import POLICY
 
 __all__ = [
     "DECISIONS",
+    "DROP",
     "Decision",
+    "EMIT",
+    "KEEP_PARTIAL",
     "MAX_PLACEHOLDER_LENGTH",
     "GROUP_UID",
     "PLACEHOLDER_UID_SEPARATOR",
@@ -24,7 +28,14 @@ __all__ = [
 ]
 
 Decision = Literal["emit", "drop", "keep_partial"]
-DECISIONS: tuple[str, ...] = ("emit", "drop", "keep_partial")
+#: The failed session becomes one reward-0 placeholder row (the default).
+EMIT: Decision = "emit"
+#: No row for the failed session.
+DROP: Decision = "drop"
+#: A failed session with a posted reward and a trajectory sends that trajectory (`is_partial`).
+KEEP_PARTIAL: Decision = "keep_partial"
+#: The placeholder policy's choices.
+DECISIONS: tuple[Decision, ...] = (EMIT, DROP, KEEP_PARTIAL)
 #: A placeholder longer than this is surely a mistake (it is padding the whole batch pays for).
 MAX_PLACEHOLDER_LENGTH = 65_536
 
@@ -58,7 +69,7 @@ class PlaceholderPolicy:
         PlaceholderPolicy(rules={"train": {"infra": "drop"}})
     """
 
-    default: Decision = "emit"
+    default: Decision = EMIT
     rules: Mapping[str, Mapping[str, Decision]] = field(default_factory=dict)
     token_id: int = 0
     prompt_length: int = 1
@@ -87,7 +98,7 @@ class PlaceholderPolicy:
                     "(for context parallelism use at least 2*tp*cp)"
                 )
 
-    def decide(self, partition: str, reason: str, origin: str = "policy") -> Decision:
+    def decide(self, partition: str, reason: str, origin: str = POLICY) -> Decision:
         return match(self.rules, partition, reason, origin, self.default)  # type: ignore[no-any-return]
 
     def as_config(self) -> dict[str, object]:
@@ -103,5 +114,5 @@ class PlaceholderPolicy:
 def _check_decision(where: str, decision: str) -> None:
     if not isinstance(decision, str) or decision not in DECISIONS:
         raise ConfigError(
-            f"placeholder policy: {where} is {decision!r}; use 'emit', 'drop' or 'keep_partial'"
+            f"placeholder policy: {where} is {decision!r}; use {', '.join(map(repr, DECISIONS))}"
         )

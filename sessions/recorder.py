@@ -15,8 +15,9 @@ from sessions import aggregate as agg
 from sessions import events as ev
 from sessions import storable, validation
 from sessions.errors import ConfigError, InvalidInput, LedgerError
-from sessions.failure_policy import (
-    MetricPolicy,
+from sessions.failure_policy import MetricPolicy
+from sessions.placeholder import PlaceholderPolicy
+from sessions.runner_failure import (
     RecordedFailure,
     error_text,
     failure_origin,
@@ -24,7 +25,7 @@ from sessions.failure_policy import (
     recorded_failure,
     type_name,
 )
-from sessions.placeholder import PlaceholderPolicy
+from sessions.vocabulary import RUNNER_ERROR
 from store import AppendOutcomeUnknown, ConcurrencyError, EventStore, encode_data
 
 __all__ = [
@@ -291,7 +292,7 @@ class SessionHandle:
 
     async def fail(
         self,
-        reason: str = "runner_error",
+        reason: str = RUNNER_ERROR,
         *,
         message: str = "",
         error_type: str | None = None,
@@ -325,7 +326,7 @@ class SessionHandle:
 
     async def retry(
         self,
-        reason: str = "runner_error",
+        reason: str = RUNNER_ERROR,
         *,
         message: str = "",
         error_type: str | None = None,

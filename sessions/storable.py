@@ -5,7 +5,11 @@ type, integer range, length and encoding from the table definitions), plus what 
 (a minimum, a set of choices, a forbidden character). The recorder checks every event against
 it before the append — nothing is accepted that the projector cannot store — and the projector
 checks every event of the log against it too, quarantining what an older or careless writer let
-through (`sessions.projection.rules`). One declaration, so a column and its check cannot drift.
+through (`sessions.projection.rules`). One declaration, so a column and its check cannot drift:
+a field with choices is checked against its column too, so a choice the column cannot store is
+refused at append, never accepted and then failed when the projector writes its row
+(`tests/domain/test_storable.py` finds every field that flows into a bounded column by projecting
+marked events, and checks that the field declares it).
 
 Free text (error messages, tool output in `extra`, reward diagnostics) is never refused: NUL
 characters and lone surrogates are escaped (`\\x00`, `\\udcff`) and over-long text is cut to the
@@ -24,6 +28,8 @@ import numpy as np
 
 from sessions import events as ev
 from sessions.errors import InvalidInput
+from sessions.failure_policy import METRIC_DECISIONS
+from sessions.placeholder import DECISIONS
 from sessions.vocabulary import ORIGINS, PARTITIONS, UID_FORBIDDEN
 from store import ColumnSpec, column_spec
 
@@ -87,7 +93,7 @@ DECLARATION: dict[str, dict[str, Field]] = {
         "runner": Field("sessions.runner", minimum=1),
         "sample_index": Field(kind="int", nullable=True, minimum=0),
         "metadata": Field(kind="json", free_text=True),
-        "min_valid": Field(kind="int", nullable=True, minimum=0, int_range=_INT32),
+        "min_valid": Field("groups.min_valid", minimum=0),
     },
     "SessionStarted": {
         "attempt": Field(kind="int", nullable=True, minimum=1, int_range=_INT32),
@@ -121,16 +127,16 @@ DECLARATION: dict[str, dict[str, Field]] = {
         "error_type": Field("sessions.error_type", free_text=True),
         "message": Field("sessions.message", nullable=False, free_text=True),
         "discarded_trajectories": Field(kind="int", minimum=0, int_range=_INT32),
-        "placeholder": Field(kind="json", choices=("emit", "drop", "keep_partial")),
-        "origin": Field(kind="json", choices=ORIGINS),
-        "metric": Field(kind="json", choices=("zero", "exclude")),
+        "placeholder": Field(kind="json", choices=DECISIONS),
+        "origin": Field("sessions.failure_origin", nullable=False, choices=ORIGINS),
+        "metric": Field("sessions.metric_policy", nullable=False, choices=METRIC_DECISIONS),
         "selected": Field(kind="int_list"),
         "score": Field("sessions.reward"),
     },
     "AttemptFailed": {
         "attempt": Field(kind="int", minimum=1, int_range=_INT32),
         "reason": Field("sessions.failure_reason", nullable=False, minimum=1),
-        "origin": Field(kind="json", choices=ORIGINS),
+        "origin": Field("sessions.failure_origin", nullable=False, choices=ORIGINS),
         "error_type": Field("sessions.error_type", free_text=True),
         "message": Field("sessions.message", nullable=False, free_text=True),
         "discarded_trajectories": Field(kind="int", minimum=0, int_range=_INT32),
@@ -216,7 +222,9 @@ def _fast_test(field: Field, spec: ColumnSpec, constants: dict[str, Any]) -> str
         return "(type(v) is list and all(type(i) is int and 0 <= i < 2147483648 for i in v))"
     if field.choices is not None:  # None is in no set of choices
         name = f"choices_{len(constants)}"
-        constants[name] = frozenset(c for c in field.choices if isinstance(c, str))
+        constants[name] = frozenset(  # a choice its column cannot store goes to the full check
+            c for c in field.choices if isinstance(c, str) and spec.problem(c) is None
+        )
         return f"(type(v) is str and v in {name})"
     if field.free_text and spec.kind == "json":
         return "(v is None or (type(v) is dict and (not v or plain(v))))"

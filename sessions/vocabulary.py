@@ -18,8 +18,14 @@ from sessions.errors import InvalidInput
 
 __all__ = [
     "ALL_SOURCES",
+    "EMPTY_OUTPUT",
     "FAILURE_REASONS",
+    "FINALIZE_ERROR",
+    "INVALID_OUTPUT",
     "RUN_STREAM_PREFIX",
+    "RUNNER_ERROR",
+    "SANDBOX_ERROR",
+    "TIMEOUT",
     "ANY",
     "INFRA",
     "MAX_NAME_LENGTH",
@@ -42,18 +48,28 @@ __all__ = [
     "check_runner_reason",
     "check_session_id",
     "check_uid",
+    "origin_problem",
     "reason_problem",
 ]
 
-#: The built-in failure reasons (`sessions.failure_policy` gives each its origin).
+#: The built-in failure reasons, one name each (docs/design.md §4); `sessions.failure_policy`
+#: gives each its origin.
+RUNNER_ERROR = "runner_error"  # the runner raised
+TIMEOUT = "timeout"
+SANDBOX_ERROR = "sandbox_error"  # a `SandboxError`
+EMPTY_OUTPUT = "empty_output"  # `complete` without a trajectory
+FINALIZE_ERROR = "finalize_error"
+INVALID_OUTPUT = "invalid_output"  # the runner's tokens, mask or reward were refused
+#: The built-in reason the recovery sweep fails a session left open by a dead process with.
+ORPHANED = "orphaned"
 FAILURE_REASONS = (
-    "runner_error",
-    "timeout",
-    "sandbox_error",
-    "empty_output",
-    "finalize_error",
-    "invalid_output",
-    "orphaned",
+    RUNNER_ERROR,
+    TIMEOUT,
+    SANDBOX_ERROR,
+    EMPTY_OUTPUT,
+    FINALIZE_ERROR,
+    INVALID_OUTPUT,
+    ORPHANED,
 )
 #: The stream a run's configuration fingerprints are recorded in: `@run:<run>` (a session id may
 #: not start with `@run:`).
@@ -72,8 +88,6 @@ ORIGINS: tuple[Origin, ...] = (INFRA, POLICY)
 
 #: The reason the projector gives a session whose events it cannot project (docs/design.md §7).
 UNPROJECTABLE = "unprojectable"
-#: The built-in reason the recovery sweep fails a session left open by a dead process with.
-ORPHANED = "orphaned"
 #: Names no failure may take: rules match the origins and `*` as keys, and the projector's own.
 RESERVED_REASONS = frozenset({*ORIGINS, ANY, UNPROJECTABLE})
 #: Built-in reasons only the ledger records: a runner that raised one would pass for the sweep.
@@ -223,6 +237,13 @@ def reason_problem(reason: object, *, runner: bool = False) -> str | None:
             f"with a letter, at most {MAX_REASON_LENGTH} characters"
         )
     return None
+
+
+def origin_problem(origin: object) -> str | None:
+    """Why `origin` cannot say who caused a failure (None when it can): one of `ORIGINS`."""
+    if isinstance(origin, str) and origin in ORIGINS:
+        return None
+    return f"{origin!r:.60} is not an origin; use {' or '.join(map(repr, ORIGINS))}"
 
 
 def check_reason(

@@ -27,6 +27,7 @@ from sessions import events as ev
 from sessions import tokens
 from sessions.audit.divergence import Divergence
 from sessions.errors import UnknownEventError
+from sessions.placeholder import EMIT
 from sessions.projection.decoding import CACHED_TEXT, CURRENT, REQUIRED, parse_json
 from sessions.runs import retention
 from store import AsyncEngine, StoredEvent, StoredJSONError, driver, load_json
@@ -357,7 +358,7 @@ def _decision(type_: str, schema: int, raw: Any) -> str | None:
     try:
         data = raw if isinstance(raw, dict) else load_json(raw)
         decoded = ev.upcast(type_, schema, data)
-        return decoded.get("placeholder", "emit")
+        return decoded.get("placeholder", EMIT)
     except (StoredJSONError, UnknownEventError, AttributeError):
         return None  # the content pass reports it
 
@@ -398,7 +399,7 @@ def _check_stream(sid: str, stream: list[_Entry]) -> Iterable[Finding]:
     if len(terminal) > 1:
         yield div(terminal[1].position, _SHAPE, "terminal events", 1, len(terminal))
     for index, item in enumerate(stream):
-        if item.type == "SessionFailed" and item.placeholder == "emit":
+        if item.type == "SessionFailed" and item.placeholder == EMIT:
             following = stream[index + 1].type if index + 1 < len(stream) else None
             if following != "PlaceholderEmitted":
                 yield div(

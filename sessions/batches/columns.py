@@ -28,6 +28,7 @@ __all__ = [
     "PROMPT_COLUMNS",
     "RESPONSE_COLUMNS",
     "ROW_COLUMNS",
+    "ROW_META",
     "SEQUENCE_COLUMNS",
     "TOKEN_COLUMNS",
     "UNKNOWN_TURNS",
@@ -49,6 +50,10 @@ META_COLUMNS: tuple[str, ...] = (
     # True on a failed session's trajectory sent with its own reward (placeholder policy keep_partial)
     "is_partial",
 )
+
+#: a queue row's columns that ``sessions.batches.rows`` copies into its ``BatchRow.meta``: the
+#: META columns, and ``num_turns`` (a tensor column, which the builders read from the meta)
+ROW_META: tuple[str, ...] = (*META_COLUMNS, "num_turns")
 
 #: what a META column holds for a row whose meta lacks it (others: None)
 META_DEFAULTS: Mapping[str, object] = {"is_partial": False}

@@ -16,24 +16,10 @@ import numpy as np
 from sessions import events as ev
 from sessions import tokens
 from sessions.batches import BatchRow
+from sessions.batches.columns import ROW_META
 from sessions.errors import ProjectionError
 from sessions.gc_pause import gc_paused
 from store import read_models as rm
-
-META_COLUMNS = (
-    "run",
-    "uid",
-    "session_id",
-    "session_index",
-    "key",
-    "partition",
-    "global_step",
-    "data_source",
-    "failure_reason",
-    "materialization_reason",
-    "num_turns",
-    "is_partial",
-)
 
 
 def placeholder_arrays(
@@ -99,7 +85,7 @@ def _materialise(
 
 
 _TRAJECTORY_SCHEMA = ev.TrajectoryRecorded.SCHEMA_VERSION
-_META_NAMES = tuple(name for name in META_COLUMNS if name != "is_partial")
+_META_NAMES = tuple(name for name in ROW_META if name != "is_partial")
 _meta_values = itemgetter(*_META_NAMES)
 
 

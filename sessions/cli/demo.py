@@ -21,11 +21,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from sessions.errors import ConfigError, SandboxError
-from sessions.failure_policy import MetricPolicy, RetryPolicy
+from sessions.errors import ConfigError
+from sessions.failure_policy import EXCLUDE, MetricPolicy, RetryPolicy
 from sessions.ledger import Ledger
-from sessions.placeholder import PlaceholderPolicy
+from sessions.placeholder import KEEP_PARTIAL, PlaceholderPolicy
 from sessions.recorder import SessionHandle
+from sessions.runner_failure import SandboxError
+from sessions.vocabulary import ANY, INFRA, RUNNER_ERROR, SANDBOX_ERROR, TIMEOUT
 
 DATA_SOURCES = ("gsm8k", "swe-lite")
 VOCAB = 32_000
@@ -89,7 +91,7 @@ def plan_session(rng: random.Random, config: DemoConfig, difficulty: float) -> P
     if x < config.cancel_rate:
         outcome = "cancel"
     elif x < config.cancel_rate + config.fail_rate:
-        outcome = rng.choice(("runner_error", "sandbox_error", "timeout"))
+        outcome = rng.choice((RUNNER_ERROR, SANDBOX_ERROR, TIMEOUT))
     else:
         outcome = "ok"
     return Plan(outcome, rng.randint(1, 6), rng.randint(24, 400), difficulty, rng.randrange(2**31))
@@ -111,19 +113,19 @@ def policies(config: DemoConfig) -> dict[str, object]:
     options: dict[str, object] = {"config": {"demo": settings}}
     if config.max_attempts > 1:
         options["retry_policy"] = RetryPolicy(
-            max_attempts=config.max_attempts, on=("infra",), backoff_s=RETRY_BACKOFF_S
+            max_attempts=config.max_attempts, on=(INFRA,), backoff_s=RETRY_BACKOFF_S
         )
     if config.exclude_infra:
-        options["metric_policy"] = MetricPolicy(rules={"*": {"infra": "exclude"}})
+        options["metric_policy"] = MetricPolicy(rules={ANY: {INFRA: EXCLUDE}})
     if config.keep_partial:
-        options["placeholder_policy"] = PlaceholderPolicy(rules={"*": {"timeout": "keep_partial"}})
+        options["placeholder_policy"] = PlaceholderPolicy(rules={ANY: {TIMEOUT: KEEP_PARTIAL}})
     return options
 
 
 async def agent(handle: SessionHandle, plan: Plan) -> None:
     """One simulated agent episode; failures are raised the way real runners raise them."""
     rng = np.random.default_rng(plan.seed + 7919 * (handle.attempt - 1))
-    if plan.outcome == "sandbox_error" and handle.attempt > 1 and rng.random() >= SANDBOX_REFAIL:
+    if plan.outcome == SANDBOX_ERROR and handle.attempt > 1 and rng.random() >= SANDBOX_REFAIL:
         plan = Plan(
             "ok", plan.turns, plan.prompt_len, plan.difficulty, plan.seed
         )  # the retry found a healthy host
@@ -138,11 +140,11 @@ async def agent(handle: SessionHandle, plan: Plan) -> None:
             tool_tokens = int(rng.integers(8, 120))
             pieces.append(rng.integers(0, VOCAB, tool_tokens))
             masks.append(np.zeros(tool_tokens, dtype=np.uint8))
-        if plan.outcome == "sandbox_error" and turn == plan.turns // 2:
+        if plan.outcome == SANDBOX_ERROR and turn == plan.turns // 2:
             raise SandboxError("sandbox container exited with code 137 (OOM-killed)")
-        if plan.outcome == "runner_error" and turn == plan.turns // 2:
+        if plan.outcome == RUNNER_ERROR and turn == plan.turns // 2:
             raise RuntimeError("tool call parser: unterminated JSON in model output")
-        if plan.outcome == "timeout" and turn == plan.turns // 2:
+        if plan.outcome == TIMEOUT and turn == plan.turns // 2:
             # the work so far is recorded and verified (a partial score), then a tool call hangs
             await _record(handle, rng, prompt, pieces, masks, turn + 1, plan.difficulty * 0.5)
             await asyncio.sleep(HANG_S)

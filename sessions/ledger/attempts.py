@@ -26,6 +26,7 @@ from sessions.recorder import (
     recorded_failure,
     type_name,
 )
+from sessions.vocabulary import EMPTY_OUTPUT
 
 __all__ = ["ABORTS", "Runner", "abort", "aborts", "outcome", "run_attempts", "settle_or_note"]
 
@@ -81,7 +82,7 @@ async def run_attempts(
         if not handle.terminal and not handle.view.trajectories and handle.view.state == "running":
             # complete() would fail it as empty_output: retried like a raised failure, if asked
             empty = RecordedFailure(
-                "empty_output",
+                EMPTY_OUTPUT,
                 None,
                 "the runner returned without recording a trajectory",
                 "RuntimeError",

@@ -385,7 +385,7 @@ class Ledger:
         return SessionOutcome(
             session_id,
             "recording",
-            "timeout",
+            vocabulary.TIMEOUT,
             TimeoutError(
                 f"session {session_id!r}: run_session's {budget + recording_timeout:g}s ran out (timeout={timeout:g}s "
                 f"per attempt, recording_timeout={recording_timeout:g}s) before the session's end was recorded: the "

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sessions.errors import ConfigError, LedgerTimeout
+from sessions.placeholder import KEEP_PARTIAL
 from sessions.projection import metrics as m
 from sessions.projection.decoding import Decoder
 from sessions.projection.held import Held, HeldStep, hold, page_sources
@@ -379,7 +380,7 @@ async def _load_trajectories(
                 event[3] == "SessionSucceeded"
                 or (
                     event[3] == "SessionFailed"
-                    and (event[4] or {}).get("placeholder") == "keep_partial"
+                    and (event[4] or {}).get("placeholder") == KEEP_PARTIAL
                 )
             )
         }

@@ -8,7 +8,35 @@ from __future__ import annotations
 
 from sessions.projection.working_set import Row
 
-__all__ = ["batch_row", "group_tag"]
+__all__ = ["COLUMNS", "batch_row", "group_tag"]
+
+#: The queue table's columns as the rules fill them, declared once: `batch_row` and `group_tag`
+#: make exactly these, and `tests/projection/test_queue_row.py` holds the table
+#: (`store/schema/tables.py`) to them. `id` is left out: the rules number a row as they queue it.
+COLUMNS: tuple[str, ...] = (
+    "run",
+    "partition",
+    "global_step",
+    "key",
+    "kind",
+    "uid",
+    "session_id",
+    "session_index",
+    "data_source",
+    "source_position",
+    "reward",
+    "is_placeholder",
+    "is_partial",
+    "failure_reason",
+    "materialization_reason",
+    "num_turns",
+    "prompt_len",
+    "response_len",
+    "tags",
+    "produced_position",
+)
+#: What a group tag holds in the columns of a batch row: nothing, and it is no placeholder.
+_TAG_BASE: Row = {**dict.fromkeys(COLUMNS), "is_placeholder": False, "is_partial": False}
 
 
 def batch_row(
@@ -63,26 +91,17 @@ def batch_row(
 
 
 def group_tag(group: Row, position: int) -> Row:
-    """The queue row that tags a settled group (`finished` or `failure`), after its rows."""
+    """The queue row that tags a settled group (`finished` or `failure`), after its rows: the
+    group's key columns, its tags; no row's columns."""
     return {
+        **_TAG_BASE,
         "run": group["run"],
         "partition": group["partition"],
         "global_step": group["global_step"],
         "key": group["uid"],
         "kind": "tag",
         "uid": group["uid"],
-        "session_id": None,
-        "session_index": None,
         "data_source": group["data_source"],
-        "source_position": None,
-        "reward": None,
-        "is_placeholder": False,
-        "is_partial": False,
-        "failure_reason": None,
-        "materialization_reason": None,
-        "num_turns": None,
-        "prompt_len": None,
-        "response_len": None,
         "tags": {
             "is_prompt": True,
             "status": group["status"],

@@ -18,6 +18,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from sessions.failure_policy import EXCLUDE, ZERO
+from sessions.placeholder import DROP, EMIT, KEEP_PARTIAL
 from sessions.projection import metrics as m
 from sessions.projection.queue_row import batch_row, group_tag
 from sessions.projection.working_set import (
@@ -31,7 +33,7 @@ from sessions.projection.working_set import (
     group_min_valid,
 )
 from sessions.storable import IDENTITY, clean_text
-from sessions.vocabulary import UNPROJECTABLE
+from sessions.vocabulary import INFRA, POLICY, UNPROJECTABLE
 
 __all__ = [
     "GroupKey",
@@ -314,11 +316,11 @@ class Rules:
         self._settle(s, position)
 
     def _failed(self, s: Row, position: int, e: dict[str, Any], recorded_at: Any) -> None:
-        decision = e.get("placeholder", "emit")
+        decision = e.get("placeholder", EMIT)
         known = self.state.trajectories.get(s["session_id"]) or {}
         selected = e.get("selected") or []
         missing = [index for index in selected if index not in known]
-        if decision == "keep_partial" and (missing or not selected):
+        if decision == KEEP_PARTIAL and (missing or not selected):
             detail = (
                 f"keeps trajectory {missing[0]}, which has no TrajectoryRecorded in its attempt"
                 if missing
@@ -327,17 +329,17 @@ class Rules:
             self._quarantine(s, position, "SessionFailed", ("selected", detail), recorded_at)
             return
         self._terminal(s, "failed", position, recorded_at)
-        reason, origin, metric = e["reason"], e.get("origin", "policy"), e.get("metric", "zero")
+        reason, origin, metric = e["reason"], e.get("origin", POLICY), e.get("metric", ZERO)
         s["failure_reason"], s["error_type"], s["message"] = reason, e["error_type"], e["message"]
         s["failure_origin"], s["metric_policy"] = origin, metric
         tables = self._of_session(s)
         _add(tables, m.SESSIONS_FAILED)
         _add(tables, m.FAILED_BY_REASON.format(reason=reason))
         _add(tables, m.FAILED_BY_ORIGIN.format(origin=origin))
-        if metric == "exclude":
+        if metric == EXCLUDE:
             _add(tables, m.SESSIONS_EXCLUDED)
             _add(tables, m.EXCLUDED_BY_REASON.format(reason=reason))
-        if decision == "keep_partial":
+        if decision == KEEP_PARTIAL:
             score = e.get("score")
             reward = 0.0 if score is None else float(score)
             s["reward"], s["partial"], s["selected_rows"] = reward, True, len(selected)
@@ -354,7 +356,7 @@ class Rules:
                     partial=True,
                 )
             self._settle(s, position)
-        elif decision == "drop":
+        elif decision == DROP:
             self._settle(s, position)
         # else: the session settles at its PlaceholderEmitted, so its row precedes the group tag.
 
@@ -431,17 +433,14 @@ class Rules:
         rebuild reads `recorded_at` only of creations and terminal events)."""
         self._terminal(s, "failed", position, None)
         s["failure_reason"], s["error_type"] = UNPROJECTABLE, None
-        s["failure_origin"], s["metric_policy"] = (
-            "infra",
-            "zero",
-        )  # the ledger's own failure, never the model's
+        s["failure_origin"], s["metric_policy"] = INFRA, ZERO  # the ledger's own, never the model's
         s["message"] = clean_text(
             f"event at position {position} could not be projected: {reason}", 512
         )
         tables = self._of_session(s)
         _add(tables, m.SESSIONS_FAILED)
         _add(tables, m.FAILED_BY_REASON.format(reason=UNPROJECTABLE))
-        _add(tables, m.FAILED_BY_ORIGIN.format(origin="infra"))
+        _add(tables, m.FAILED_BY_ORIGIN.format(origin=INFRA))
 
     def _quarantine(
         self, s: Row, position: int, type_: str, problem: tuple[str | None, str], recorded_at: Any
@@ -509,7 +508,7 @@ class Rules:
             )
         )
         group = self.state.groups[group_key(s)]
-        excluded = s.get("metric_policy") == "exclude"
+        excluded = s.get("metric_policy") == EXCLUDE
         if not excluded:  # its rows' sum, for `reward/mean@k`
             group["reward_sum"] += reward
             group["reward_count"] += 1

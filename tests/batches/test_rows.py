@@ -59,3 +59,17 @@ def test_materialise_turns_the_collector_back_on_when_a_row_is_refused() -> None
     with pytest.raises(ProjectionError, match="missing"):
         rows.materialise([_queue_row(1)], {})
     assert gc.isenabled()
+
+
+def test_a_rows_meta_holds_every_column_the_batch_takes_from_it() -> None:
+    """One list, `columns.ROW_META`: a queue row's BatchRow carries every non-tensor META column
+    and `num_turns`, so the batch's `num_turns` is the queue row's, never `UNKNOWN_TURNS`."""
+    from sessions.batches import build_padded, non_tensor
+    from sessions.batches.columns import META_COLUMNS, ROW_META
+
+    queued = _queue_row(1, num_turns=4, run="r", uid="u", failure_reason=None, is_partial=True)
+    built = rows.materialise([queued], {1: _source([5, 6], [7, 8, 9])})
+    assert set(built[0].meta) == set(ROW_META) == {*META_COLUMNS, "num_turns"}
+    batch = build_padded(built)
+    assert batch.get("num_turns").tolist() == [4]
+    assert non_tensor(batch, "run") == ["r"] and non_tensor(batch, "is_partial") == [True]

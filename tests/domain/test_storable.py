@@ -21,6 +21,7 @@ matrix did not think of.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import math
 import uuid
 from collections.abc import Iterator
@@ -34,10 +35,14 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 from sqlalchemy import func, select
 
-from sessions import InvalidInput, Ledger
+from sessions import InvalidInput, Ledger, storable
 from sessions import events as ev
-from store import create_engine
-from store.schema.tables import events, projection_errors, sessions
+from sessions.failure_policy import EXCLUDE
+from sessions.placeholder import EMIT, KEEP_PARTIAL
+from sessions.projection.rules import LogEvent, Rules, WorkingSet
+from sessions.storable import DECLARATION
+from store import column_spec, create_engine
+from store.schema.tables import events, projection_errors, queue_rows, sessions
 from tests.conftest import backend_of, wipe
 
 torch = pytest.importorskip("torch")
@@ -496,5 +501,353 @@ def test_every_value_is_refused_or_projected(
     @given(drawn=session_commands())
     def example(drawn: Session) -> None:
         loop.run_until_complete(check_example(module_db_url, drawn))
+
+    example()
+
+
+# ------------------------------------------------------------------ every bounded column, checked
+#: int32's largest: the longest number a key (`{uid}_{session_index}_{i}`) or metric name spells.
+BIG = 2**31 - 1
+
+
+def _marked_log() -> tuple[list[LogEvent], dict[str, tuple[str, str]]]:
+    """A log that takes every rule that copies an event's text into a row, every string field of
+    its events carrying a marker of its own; returns the log and marker -> (type, field).
+
+    Four sessions: one retried, then failed with `keep_partial` (its trajectory's index and slot the
+    largest a key can spell); one failed with a placeholder, its failure `exclude`d; one succeeded;
+    one cancelled."""
+    marks: dict[str, tuple[str, str]] = {}
+    log: list[LogEvent] = []
+
+    def add(sid: str, event: ev.Event, **steer: Any) -> None:
+        data = {**event.to_data(), **steer}
+        for name, declared in DECLARATION[event.TYPE].items():
+            text = declared.spec().kind == "str" or declared.choices is not None
+            if text and name not in steer:  # what steers the rules is set, not marked
+                marker = f"~{len(marks):03d}~"
+                marks[marker] = (event.TYPE, name)
+                data[name] = marker
+        log.append((len(log) + 1, sid, 0, event.TYPE, data, None, None))
+
+    def created(sid: str, index: int, size: int) -> ev.SessionCreated:
+        return ev.SessionCreated(
+            run="r",
+            uid="u",
+            session_index=index,
+            group_size=size,
+            partition="train",
+            global_step=BIG,
+            data_source="d",
+            runner="x",
+            min_valid=BIG,
+        )
+
+    trajectory = ev.TrajectoryRecorded(
+        index=BIG, num_turns=1, prompt_len=1, response_len=1, has_logprobs=False
+    )
+    fields = {"error_type": "E", "message": "m", "discarded_trajectories": 0}
+    add("kept", created("kept", BIG - 1, BIG))
+    add("kept", ev.SessionStarted(attempt=1))
+    add("kept", ev.AttemptFailed(attempt=1, reason="r", origin="o", **fields))
+    add("kept", ev.SessionStarted(attempt=2))
+    add("kept", trajectory)
+    add("kept", ev.RewardPosted(reward=1.0))
+    failed = ev.SessionFailed(reason="r", selected=[BIG], score=1.0, **fields)
+    add("kept", failed, placeholder=KEEP_PARTIAL)
+    add("emitted", created("emitted", 0, 1))
+    add("emitted", ev.SessionFailed(reason="r", **fields), placeholder=EMIT, metric=EXCLUDE)
+    add("emitted", ev.PlaceholderEmitted(reason="r", token_id=0))
+    add("succeeded", created("succeeded", BIG - 1, BIG))
+    add("succeeded", trajectory)
+    add("succeeded", ev.RewardPosted(reward=1.0))
+    succeeded = ev.SessionSucceeded(
+        selected=[BIG], trajectory_selection="all", score=1.0, score_source="s"
+    )
+    add("succeeded", succeeded)
+    add("cancelled", created("cancelled", 0, 1))
+    add("cancelled", ev.SessionCancelled(message="m"))
+    return log, marks
+
+
+def _cells(state: WorkingSet) -> list[tuple[str, Any]]:
+    """Every (table.column, value) the rules produced, as the projector would write them."""
+    cells: list[tuple[str, Any]] = []
+    for table, rows in (
+        ("sessions", state.sessions.values()),
+        ("groups", state.groups.values()),
+        ("queue_rows", state.queue),
+        ("projection_errors", state.errors),
+    ):
+        cells += [(f"{table}.{column}", value) for row in rows for column, value in row.items()]
+    for scope, metrics in state.metrics.items():
+        columns = ("run", "partition", "global_step", "data_source")
+        cells += [(f"metric_counts.{column}", value) for column, value in zip(columns, scope)]
+        cells += [("metric_counts.metric", name) for name in metrics.values]
+    return cells
+
+
+def flows() -> dict[tuple[str, str], set[tuple[str, int]]]:
+    """(event type, field) -> {(table.column, characters around it)}: where each field's text
+    lands when the marked log is projected, whole (0 around it) or inside a longer text."""
+    log, marks = _marked_log()
+    state = WorkingSet()
+    rules = Rules(state)
+    rules.apply_all(log)
+    rules.finish()
+    assert state.errors == [], f"the marked log was quarantined: {state.errors}"
+    found: dict[tuple[str, str], set[tuple[str, int]]] = {}
+    for column, value in _cells(state):
+        if isinstance(value, str):
+            for marker, source in marks.items():
+                if marker in value:
+                    found.setdefault(source, set()).add((column, len(value) - len(marker)))
+    return found
+
+
+def test_every_field_that_flows_into_a_bounded_column_is_checked_against_it() -> None:
+    """docs/design.md §4: nothing is appended that cannot be projected. For every event field whose
+    text the rules copy into a bounded column (found by projecting marked events, not listed by
+    hand), the field's declaration must bound it by a column no wider than that one, less the
+    characters the rule writes around it; else a long value is accepted at append and fails only
+    when the projector writes its row (on PostgreSQL; SQLite does not check lengths)."""
+    found = flows()
+    assert ("SessionFailed", "origin") in found and ("PlaceholderEmitted", "reason") in found
+    assert ("queue_rows.key", 22) in found[("SessionCreated", "uid")]  # `_{BIG - 1}_{BIG}`
+    wrong = []
+    for (type_, name), targets in sorted(found.items()):
+        declared = DECLARATION[type_][name]
+        spec = declared.spec()
+        for column, around in sorted(targets):
+            width = column_spec(column).max_length
+            if width is None:
+                continue
+            if spec.kind != "str" or spec.max_length is None:
+                wrong.append(
+                    f"{type_}.{name} flows into {column} (at most {width} characters) but "
+                    "declares no bounded column: name it in sessions/storable.py"
+                )
+            elif spec.max_length + around > width:
+                wrong.append(
+                    f"{type_}.{name} may hold {spec.max_length} characters ({spec.name}), "
+                    f"which with {around} around it overflow {column} ({width})"
+                )
+    assert wrong == [], "\n".join(wrong)
+
+
+def test_the_envelope_columns_are_as_wide_as_the_fields_they_copy() -> None:
+    """The store copies a creation's run, uid and partition into the events table's own columns
+    (at append, before any projection): they must take whatever the fields may hold."""
+    for name in ("run", "uid", "partition"):
+        declared = DECLARATION["SessionCreated"][name].spec()
+        envelope = column_spec(f"events.{name}").max_length
+        assert declared.max_length is not None and envelope is not None
+        assert declared.max_length <= envelope, name
+
+
+def test_the_events_cuts_are_their_columns_widths() -> None:
+    """`aggregate` cuts a failure's message and error type to `events.MESSAGE_LIMIT` and
+    `ERROR_TYPE_LIMIT` before the check: numbers that must be the columns' widths, or a message
+    would be cut twice (shorter) or a note of `recorded_failure` lost."""
+    assert ev.MESSAGE_LIMIT == DECLARATION["SessionFailed"]["message"].spec().max_length
+    assert ev.ERROR_TYPE_LIMIT == DECLARATION["SessionFailed"]["error_type"].spec().max_length
+
+
+BOUNDED = sorted(
+    (type_, name)
+    for type_, fields in DECLARATION.items()
+    for name, declared in fields.items()
+    if declared.spec().kind == "str" and declared.spec().max_length is not None
+)
+#: A valid event of each type that has a bounded field, to put one drawn value into.
+VALID: dict[str, ev.Event] = {
+    "SessionCreated": ev.SessionCreated(
+        run="r", uid="u", session_index=0, group_size=1, partition="train", global_step=0
+    ),
+    "TrajectoryRecorded": ev.TrajectoryRecorded(
+        index=0, num_turns=1, prompt_len=1, response_len=1, has_logprobs=False
+    ),
+    "SessionSucceeded": ev.SessionSucceeded(
+        selected=[0], trajectory_selection="all", score=1.0, score_source="external"
+    ),
+    "SessionFailed": ev.SessionFailed(
+        reason="timeout", error_type="E", message="m", discarded_trajectories=0
+    ),
+    "AttemptFailed": ev.AttemptFailed(
+        attempt=1,
+        reason="timeout",
+        origin="policy",
+        error_type="E",
+        message="m",
+        discarded_trajectories=0,
+    ),
+    "PlaceholderEmitted": ev.PlaceholderEmitted(reason="timeout", token_id=0),
+    "SessionCancelled": ev.SessionCancelled(message="m"),
+}
+#: Text every bounded field takes (no `_`: a uid refuses it; lowercase: a reason's own rule).
+STORABLE = st.characters(min_codepoint=ord("a"), max_codepoint=ord("z"))
+
+
+def test_every_bounded_field_is_known() -> None:
+    assert {type_ for type_, _ in BOUNDED} == set(VALID)
+    assert ("SessionFailed", "origin") in BOUNDED and ("SessionFailed", "metric") in BOUNDED
+
+
+@settings(max_examples=200, deadline=None)
+@given(field=st.sampled_from(BOUNDED), data=st.data())
+def test_a_value_longer_than_its_column_is_refused_or_cut_at_record_time(
+    field: tuple[str, str], data: st.DataObject
+) -> None:
+    """Longer than its column: refused naming the field, or (free text, docs/design.md §4) escaped
+    and cut to fit; never accepted as it is."""
+    type_, name = field
+    declared = DECLARATION[type_][name]
+    width = declared.spec().max_length
+    assert width is not None
+    text = data.draw(st.text(STORABLE, min_size=width + 1, max_size=width + 40), label="text")
+    event = dataclasses.replace(VALID[type_], **{name: text})
+    if declared.free_text:
+        cleaned, stored = storable.clean_event_data("s", event)
+        assert stored[name] == text[:width] and getattr(cleaned, name) == text[:width]
+        return
+    with pytest.raises(InvalidInput) as refused:
+        storable.clean_event_data("s", event)
+    assert refused.value.field == name, refused.value
+
+
+@settings(max_examples=200, deadline=None)
+@given(field=st.sampled_from(BOUNDED), data=st.data())
+def test_a_value_as_long_as_its_column_is_accepted_unless_it_is_no_choice(
+    field: tuple[str, str], data: st.DataObject
+) -> None:
+    """At exactly its column's width a value is accepted as it is; a field with choices takes
+    nothing but its choices, at any length (its choices fit: the next test)."""
+    type_, name = field
+    declared = DECLARATION[type_][name]
+    width = declared.spec().max_length
+    assert width is not None
+    text = data.draw(st.text(STORABLE, min_size=width, max_size=width), label="text")
+    event = dataclasses.replace(VALID[type_], **{name: text})
+    if declared.choices is not None and text not in declared.choices:
+        with pytest.raises(InvalidInput, match="must be one of"):
+            storable.clean_event_data("s", event)
+        return
+    cleaned, stored = storable.clean_event_data("s", event)
+    assert stored[name] == text and getattr(cleaned, name) == text
+
+
+def test_every_choice_fits_its_column() -> None:
+    for type_, name in BOUNDED:
+        declared = DECLARATION[type_][name]
+        for choice in declared.choices or ():
+            assert declared.spec().problem(choice) is None, (type_, name, choice)
+
+
+def test_a_choice_its_column_cannot_store_is_refused_not_accepted() -> None:
+    """Were an origin declared longer than `sessions.failure_origin` (8 characters), the check at
+    append would refuse it, on the fast path (which passes only what is certainly storable) and
+    the full one, naming the column's width."""
+    declared = storable.Field(
+        "sessions.failure_origin", nullable=False, choices=("eightchr", "ninechars")
+    )
+    spec = declared.spec()
+    fast = storable._compile_fast("T", [("origin", declared, spec)])
+    assert fast({"origin": "eightchr"})
+    assert storable._problem("origin", declared, spec, "eightchr") is None
+    assert not fast({"origin": "ninechars"})
+    problem = storable._problem("origin", declared, spec, "ninechars")
+    assert problem is not None and "more than the 8" in problem
+
+
+async def _record_at_width(url: str, texts: dict[str, str]) -> None:
+    """Record sessions whose every bounded field holds `texts[field]` (each at its column's
+    width), through the public API, and project them: nothing quarantined, every value stored."""
+    await wipe(url)
+    engine = create_engine(url)
+    ledger = Ledger(engine)
+    try:
+        identity = {
+            "run": texts["run"],
+            "uid": texts["uid"],
+            "data_source": texts["data_source"],
+            "runner": texts["runner"],
+            "partition": "train",
+            "group_size": 3,
+            "global_step": 0,
+        }
+        succeeded = await ledger.create_session("ok", session_index=0, **identity)
+        await succeeded.record_trajectory(
+            prompt_ids=[1], response_ids=[2], materialization_reason=texts["materialization_reason"]
+        )
+        await succeeded.post_reward(1.0)
+        await succeeded.complete()
+        failed = await ledger.create_session("failed", session_index=1, **identity)
+        await failed.retry(
+            texts["reason"], message=texts["message"], error_type=texts["error_type"]
+        )
+        await failed.start()
+        await failed.fail(texts["reason"], message=texts["message"], error_type=texts["error_type"])
+        cancelled = await ledger.create_session("cancelled", session_index=2, **identity)
+        await cancelled.cancel(texts["message"])
+        await ledger.project()
+        async with engine.connect() as conn:
+            assert (await conn.execute(select(projection_errors))).all() == []
+            rows = {r.session_id: r for r in (await conn.execute(select(sessions))).all()}
+            queue = (await conn.execute(select(queue_rows).where(queue_rows.c.kind == "row"))).all()
+        assert set(rows) == {"ok", "failed", "cancelled"}
+        for row in rows.values():
+            assert (row.run, row.uid, row.data_source, row.runner) == (
+                texts["run"],
+                texts["uid"],
+                texts["data_source"],
+                texts["runner"],
+            )
+        failure = rows["failed"]
+        assert (failure.failure_reason, failure.message, failure.error_type) == (
+            texts["reason"],
+            texts["message"],
+            texts["error_type"],
+        )
+        assert rows["cancelled"].message == texts["message"]
+        assert {(q.failure_reason, q.materialization_reason) for q in queue} == {
+            (None, texts["materialization_reason"]),
+            (texts["reason"], "session_failed"),
+        }
+    finally:
+        await ledger.close()
+        await engine.dispose()
+
+
+def _at_width(column: str, alphabet: str = "abcdefghijklmnopqrstuvwxyz") -> st.SearchStrategy[str]:
+    width = column_spec(column).max_length
+    assert width is not None
+    return st.text(st.sampled_from(alphabet), min_size=width, max_size=width)
+
+
+def test_values_as_long_as_their_columns_are_recorded_and_projected(
+    module_db_url: str, loop: asyncio.AbstractEventLoop
+) -> None:
+    """What the checks accept at exactly a column's width the database stores (PostgreSQL's
+    `varchar(n)` checks it), through every rule that copies it."""
+
+    @settings(
+        max_examples=5, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    )
+    @given(
+        texts=st.fixed_dictionaries(
+            {
+                "run": _at_width("sessions.run"),
+                "uid": _at_width("sessions.uid"),
+                "data_source": _at_width("sessions.data_source"),
+                "runner": _at_width("sessions.runner"),
+                "materialization_reason": _at_width("queue_rows.materialization_reason"),
+                "reason": _at_width("sessions.failure_reason"),
+                "error_type": _at_width("sessions.error_type", "Ab.Cd:é"),
+                "message": _at_width("sessions.message", "ab é☃🙂\n"),
+            }
+        )
+    )
+    def example(texts: dict[str, str]) -> None:
+        loop.run_until_complete(_record_at_width(module_db_url, texts))
 
     example()

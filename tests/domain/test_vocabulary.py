@@ -390,3 +390,16 @@ def test_a_data_source_the_metrics_spell_is_refused_when_created(
     assert message.startswith("session 'all-source': data_source: 'all' is reserved"), message
     with pytest.raises(InvalidInput, match="no such session"):
         loop.run_until_complete(env.ledger.load_session("all-source"))  # nothing was written
+
+
+def test_the_name_lengths_are_the_columns_widths() -> None:
+    """The vocabulary stays free of SQL (the CLI builds its parser from it), so it states its
+    lengths as numbers; they are the widths of the columns the names are stored in, read from
+    the table declaration, so a rule and its column cannot drift apart."""
+    from store import column_spec
+
+    for column in ("sessions.session_id", "sessions.run", "sessions.uid", "sessions.runner"):
+        assert column_spec(column).max_length == vocab.MAX_NAME_LENGTH, column
+    assert column_spec("sessions.data_source").max_length == vocab.MAX_NAME_LENGTH
+    for column in ("sessions.failure_reason", "queue_rows.failure_reason"):
+        assert column_spec(column).max_length == vocab.MAX_REASON_LENGTH, column

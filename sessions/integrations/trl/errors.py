@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from sessions import LedgerError, RolloutFailure
+from sessions.vocabulary import INVALID_OUTPUT
 
 __all__ = ["RunnerOutputError", "TRLSetupError"]
 
@@ -16,4 +17,4 @@ class RunnerOutputError(RolloutFailure):
     """A runner returned something that is not one completion (`docs/trl.md` lists the keys): the
     session fails as `invalid_output`, with a placeholder, and the step goes on."""
 
-    reason = "invalid_output"
+    reason = INVALID_OUTPUT

@@ -14,16 +14,46 @@ its figures are logged once, when it ends, by a callback, as `eval_ledger/val/..
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Collection
+from typing import Any, Protocol
 
 from sessions import SyncLedger
 from sessions.integrations.trl.completion import FAILURE, REWARD
 from sessions.integrations.trl.errors import TRLSetupError
 
-if TYPE_CHECKING:
-    from sessions.integrations.trl.rollout import LedgerRollout
+__all__ = [
+    "LEDGER_PREFIX",
+    "LedgerReward",
+    "ScoredCall",
+    "ScoredRollout",
+    "eval_figures_callback",
+    "ledger_figures",
+]
 
-__all__ = ["LEDGER_PREFIX", "LedgerReward", "eval_figures_callback", "ledger_figures"]
+
+class ScoredCall(Protocol):
+    """The `rollout_func` call TRL is scoring: its partition and step (`rollout.Generation`)."""
+
+    @property
+    def partition(self) -> str: ...
+
+    @property
+    def global_step(self) -> int: ...
+
+
+class ScoredRollout(Protocol):
+    """What the reward function and the evaluation's callback read of their rollout
+    (`rollout.LedgerRollout` is one): the latest call, the val steps recorded, a step's figures.
+    A protocol, so this module needs nothing of `rollout.py`, which builds on it."""
+
+    @property
+    def last(self) -> ScoredCall | None: ...
+
+    @property
+    def val_steps(self) -> Collection[int]: ...
+
+    def figures(self, partition: str, global_step: int) -> dict[str, float]: ...
+
 
 #: The ledger's own figures in `metrics_dict` (the rest are verl's names).
 LEDGER_PREFIX = "ledger/"
@@ -44,7 +74,7 @@ class LedgerReward:
     #: TRL names a reward function's columns after it (`rewards/ledger/mean`).
     __name__ = "ledger"
 
-    def __init__(self, rollout: LedgerRollout) -> None:
+    def __init__(self, rollout: ScoredRollout) -> None:
         self._rollout = rollout
 
     def __call__(
@@ -70,7 +100,7 @@ class LedgerReward:
         return list(rewards)
 
 
-def eval_figures_callback(rollout: LedgerRollout, trainer: Any) -> Any:
+def eval_figures_callback(rollout: ScoredRollout, trainer: Any) -> Any:
     """A `TrainerCallback` that, when an evaluation ends, adds the ledger's figures of its val step
     to the evaluation's metrics (what `trainer.evaluate()` returns) and logs them."""
     from transformers import TrainerCallback

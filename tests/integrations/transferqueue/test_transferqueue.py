@@ -43,7 +43,7 @@ import torch  # noqa: E402
 
 from sessions import Ledger  # noqa: E402
 from sessions.batches import non_tensor  # noqa: E402
-from sessions.batches.rows import META_COLUMNS  # noqa: E402
+from sessions.batches.columns import UNKNOWN_TURNS  # noqa: E402
 from sessions.cli.demo import DemoConfig, run_demo  # noqa: E402
 from sessions.integrations.transferqueue import (  # noqa: E402
     RAY_LOOPBACK_ENV,
@@ -388,10 +388,10 @@ def test_row_tags_and_raw_row_layout(projected: Projected) -> None:
             assert tags["is_placeholder"] == bool(batch.get("is_placeholder")[i])
             assert raw.get("rm_scores")[i][-1].item() == batch.get("rm_scores")[i].sum().item()
             assert raw.get("position_ids")[i].tolist() == list(range(p + r))
-            if "num_turns" in META_COLUMNS or tags["is_placeholder"]:
-                assert int(raw.get("num_turns")[i]) == projected.num_turns[key]
-            else:  # queue rows do not carry num_turns yet: written as -1, "unknown"
-                assert int(raw.get("num_turns")[i]) == -1
+            # every queue row carries its num_turns (a placeholder's is 0), so TransferQueue holds
+            # the durable queue's own, never the "unknown" marker
+            assert projected.num_turns[key] != UNKNOWN_TURNS
+            assert int(raw.get("num_turns")[i]) == projected.num_turns[key], key
 
 
 def test_group_tags_merge_into_the_registered_prompt_keys(projected: Projected) -> None:

@@ -47,6 +47,7 @@ from sessions.integrations.verl.agent_loop.process_ledger import process_ledger
 from sessions.integrations.verl.agent_loop.sample import VerlSample, running_sample
 from sessions.integrations.verl.agent_loop.settings import LedgerSettings
 from sessions.recorder import SessionHandle, failure_reason
+from sessions.vocabulary import RUNNER_ERROR
 
 __all__ = [
     "LedgerAgentLoop",
@@ -257,7 +258,7 @@ class LedgerAgentLoop(AgentLoopBase):
         if known is None and getattr(sample.worker, "reward_loop_worker_handles", None):
             probe = placeholder_output(
                 self.settings.placeholder_policy(),
-                reason=reason or "runner_error",
+                reason=reason or RUNNER_ERROR,
                 logprobs=False,
                 reward_info=None,
                 global_step=sample.global_step,
@@ -270,7 +271,7 @@ class LedgerAgentLoop(AgentLoopBase):
                 logger.warning("could not learn the reward keys for a placeholder: %s", error)
         return placeholder_output(
             self.settings.placeholder_policy(),
-            reason=reason or "runner_error",
+            reason=reason or RUNNER_ERROR,
             logprobs=wants_logprobs(sampling_params),
             reward_info=None if known is None else placeholder_reward_info(known),
             global_step=sample.global_step,

@@ -25,6 +25,7 @@ from sessions.errors import ConfigError
 from sessions.events import DEFAULT_MIN_VALID
 from sessions.failure_policy import RetryPolicy
 from sessions.placeholder import PlaceholderPolicy
+from sessions.vocabulary import INFRA
 
 __all__ = ["CONFIG_SECTION", "ENV", "LedgerSettings"]
 
@@ -67,7 +68,7 @@ class LedgerSettings:
     run: str
     timeout: float | None = None
     max_attempts: int = 1
-    retry_on: tuple[str, ...] = ("infra",)
+    retry_on: tuple[str, ...] = (INFRA,)
     backoff_s: float = 0.0
     min_valid: int = DEFAULT_MIN_VALID
     placeholder_token_id: int = 0
@@ -153,7 +154,7 @@ class LedgerSettings:
             run=str(run),
             timeout=None if timeout in (None, "", "null", "none") else _number(timeout, "timeout"),
             max_attempts=int(_number(pick("max_attempts", 1), "max_attempts")),
-            retry_on=_names(pick("retry_on", ("infra",))),
+            retry_on=_names(pick("retry_on", (INFRA,))),
             backoff_s=_number(pick("backoff_s", 0.0), "backoff_s"),
             min_valid=int(_number(pick("min_valid", DEFAULT_MIN_VALID), "min_valid")),
             placeholder_token_id=int(token),
