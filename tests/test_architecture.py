@@ -19,7 +19,6 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-MAX_LINES = 600
 
 
 @dataclass(frozen=True)
@@ -311,22 +310,6 @@ def test_every_public_name_is_importable(name: str) -> None:
     assert getattr(sessions, name) is not None
 
 
-# ------------------------------------------------------------------ module size
-def test_no_module_is_over_600_lines() -> None:
-    sizes = {
-        path: len(path.read_text(encoding="utf-8").splitlines())
-        for package in ("sessions", "store")
-        for path in modules(package)
-    }
-    assert len(sizes) > 20
-    over = [
-        f"{path.relative_to(ROOT)}: {lines} lines"
-        for path, lines in sorted(sizes.items())
-        if lines > MAX_LINES
-    ]
-    assert not over, f"modules over {MAX_LINES} lines (split them by job):\n" + "\n".join(over)
-
-
 def _documented_modules() -> set[str]:
     """The module paths docs/architecture.md names: `name.py` cells under each package's heading."""
     import re
@@ -355,61 +338,185 @@ def test_the_architecture_map_names_every_module_and_no_missing_one() -> None:
     assert sorted(documented - tree) == [], "modules docs/architecture.md names that are gone"
 
 
-# --- The rules docs/architecture.md states: each one a test -------------------------
+# --- The rules docs/architecture.md states: each one a test -------------------------------------
 
-#: The layers of `sessions/`, lowest first: a module may import its own layer and those below,
-#: never one above (the core at the top of `sessions/` knows no subpackage but the projection's
-#: pure rules and metric math, which it uses to answer `metrics`; the CLI imports everything).
-LAYERS: list[set[str]] = [
-    set(),  # (nothing sits below the core)
-    {"sessions"},  # the torch-free core: the modules at the top of sessions/
-    {
-        "sessions.projection",
-        "sessions.queues",
-        "sessions.batches",
-        "sessions.audit",
+#: The rooms of `sessions/`, lowest first: a module may import its own room and the rooms below,
+#: never one above. Each room is here because of what it needs from the rooms below it:
+LAYERS: list[tuple[str, str]] = [
+    ("sessions", "the domain: events, the state machine, the recorder, names, validation"),
+    (
         "sessions.runs",
-    },
-    {"sessions.export", "sessions.report", "sessions.trackers"},
-    {"sessions.integrations"},
-    {"sessions.cli"},
+        "a run's own records (fingerprint, retention, prunes); its jobs take LedgerParts",
+    ),
+    ("sessions.batches", "rows into verl-convention torch batches"),
+    ("sessions.queues", "the sinks and the durable queue carry batch rows"),
+    ("sessions.projection", "the rules fill queues with batch rows and check a step's prunes"),
+    ("sessions.audit", "replay and audit rebuild the log with the projection's rules"),
+    ("sessions.ledger", "the facade drives every room below it"),
+    ("sessions.export", "datasets out, through the ledger's reads"),
+    ("sessions.report", "the report writes its folder as export writes its files"),
+    (
+        "sessions.trackers",
+        "a step's metrics through the ledger, its text shown as the report shows it",
+    ),
+    ("sessions.integrations", "verl, TRL and TransferQueue drive the ledger"),
+    ("sessions.cli", "every verb"),
 ]
-#: Where the core reaches into a subpackage (module, imported package): each says why.
-CORE_REACHES = {
-    "sessions.projection": "the ledger projects, waits for settled steps and reads metrics",
-    "sessions.queues": "the ledger writes projected rows into its sinks",
-    "sessions.batches": "Ledger.batch builds the step's TensorDict (imported on use)",
-    "sessions.audit": "recovery and history read a session's timeline",
-    "sessions.trackers": "SyncLedger exposes log_step_sync beside the async face",
-    "sessions.runs": "the ledger records its run's configuration and sweeps orphans on request",
-}
+#: `sessions/__init__.py`: the public face, above every room (it only names them, lazily).
+FACE = "sessions"
+#: Import circles left in `sessions/` on purpose: (module, module) -> why (none today).
+CIRCLES_KEPT: dict[tuple[str, ...], str] = {}
 
 
-def _layer(module: str) -> int:
-    for depth in range(len(LAYERS) - 1, -1, -1):
-        for prefix in LAYERS[depth]:
-            if prefix != "sessions" and (module == prefix or module.startswith(prefix + ".")):
-                return depth
-    return 1
+def layer_of(module: str) -> int:
+    """The index in LAYERS of the room `module` is in (the domain for the top of `sessions/`)."""
+    for depth in range(len(LAYERS) - 1, 0, -1):
+        room = LAYERS[depth][0]
+        if _within(module, room):
+            return depth
+    return 0
 
 
-def test_no_module_of_sessions_imports_a_layer_above_its_own() -> None:
-    upward = []
-    for path in modules("sessions"):
-        me = module_name(path)
-        for found in imports(path):
-            if not found.module.startswith("sessions"):
+def _lazy_names(package: str, root: Path = ROOT) -> dict[str, str]:
+    """A package's lazy name table (name -> defining module), read from its `__init__.py`: the
+    module-level dict literal of names to module paths (nothing is imported)."""
+    init = root.joinpath(*package.split("."), "__init__.py")
+    if not init.exists():
+        return {}
+    for node in ast.parse(init.read_text(encoding="utf-8")).body:
+        value = node.value if isinstance(node, (ast.Assign, ast.AnnAssign)) else None
+        if (
+            isinstance(value, ast.Dict)
+            and value.keys
+            and all(
+                isinstance(k, ast.Constant)
+                and isinstance(v, ast.Constant)
+                and isinstance(v.value, str)
+                for k, v in zip(value.keys, value.values)
+            )
+        ):
+            return {k.value: v.value for k, v in zip(value.keys, value.values)}  # type: ignore[union-attr]
+    return {}
+
+
+def _is_module(name: str, root: Path = ROOT) -> bool:
+    path = root.joinpath(*name.split("."))
+    return path.with_suffix(".py").exists() or (path / "__init__.py").exists()
+
+
+def sessions_edges(root: Path = ROOT) -> dict[str, set[tuple[str, Import]]]:
+    """module -> {(the module it really loads, the import)} for every import inside `sessions/`.
+
+    `from P import N` is P.N when that is a module, else the module P's lazy table loads N from
+    (`from sessions import Ledger` is an import of `sessions.ledger.ledger`), else P itself.
+    """
+    edges: dict[str, set[tuple[str, Import]]] = {}
+    for path in sorted((root / "sessions").rglob("*.py")):
+        me = module_name(path, root)
+        found: set[tuple[str, Import]] = set()
+        for i in imports(path, root):
+            if not _within(i.module, "sessions"):
                 continue
-            target = found.module
-            if target == "sessions" and found.names:
-                continue  # `from sessions import X`: the public face, checked elsewhere
-            if _layer(target) <= _layer(me):
+            if not i.names:
+                found.add((i.module, i))
                 continue
-            reach = next((p for p in CORE_REACHES if target.startswith(p)), None)
-            if _layer(me) == 1 and reach is not None:
-                continue
-            upward.append(str(found))
-    assert upward == [], "an import climbs a layer (see LAYERS): move the code down, or invert it"
+            table = _lazy_names(i.module, root)
+            for name in i.names:
+                if _is_module(f"{i.module}.{name}", root):
+                    found.add((f"{i.module}.{name}", i))
+                else:
+                    found.add((table.get(name, i.module), i))
+        edges[me] = {(target, i) for target, i in found if target != me}
+    return edges
+
+
+def test_no_module_of_sessions_imports_a_room_above_its_own() -> None:
+    upward = sorted(
+        f"{i} -> {target} ({LAYERS[layer_of(target)][0]} is above {LAYERS[layer_of(me)][0]})"
+        for me, found in sessions_edges().items()
+        if me != FACE
+        for target, i in found
+        if layer_of(target) > layer_of(me)
+    )
+    assert upward == [], "an import climbs a room (see LAYERS): move the code down, or invert it"
+
+
+def test_every_room_of_sessions_is_in_the_layers() -> None:
+    """A new subpackage is placed in LAYERS deliberately, never silently in the domain."""
+    rooms = {
+        f"sessions.{p.name}" for p in (ROOT / "sessions").iterdir() if (p / "__init__.py").exists()
+    }
+    assert rooms == {room for room, _why in LAYERS[1:]}
+
+
+def circles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """Every elementary circle's strongly connected component, as sorted module lists (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in sorted(edges.get(node, ())):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                top = stack.pop()
+                on_stack.discard(top)
+                component.append(top)
+                if top == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(edges):
+        if node not in index:
+            visit(node)
+    return sorted(found)
+
+
+def test_sessions_has_no_import_circle() -> None:
+    """Every import form counts (function-local, TYPE_CHECKING): a circle is a knot a reader must
+    hold in mind at once, wherever Python happens to tolerate it."""
+    graph = {
+        me: {target for target, _i in found} for me, found in sessions_edges().items() if me != FACE
+    }
+    left = [c for c in circles(graph) if tuple(c) not in CIRCLES_KEPT]
+    assert left == [], (
+        "import circles in sessions/ (break them, or name them in CIRCLES_KEPT with why)"
+    )
+    assert all(list(kept) in circles(graph) for kept in CIRCLES_KEPT), "drop circles that are gone"
+
+
+def test_the_circle_finder_finds_each_circle() -> None:
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"e"}, "e": {"d"}, "f": {"a"}, "g": set()}
+    assert circles(graph) == [["a", "b", "c"], ["d", "e"]]
+
+
+def test_the_edges_resolve_a_name_through_the_lazy_table(tmp_path: Path) -> None:
+    """`from sessions import Ledger` is an edge to the module that defines Ledger, not to the face;
+    `from sessions import events` to the submodule; a relative import to its absolute module."""
+    package = tmp_path / "sessions"
+    (package / "ledger").mkdir(parents=True)
+    (package / "__init__.py").write_text('_NAMES = {"Ledger": "sessions.ledger.ledger"}\n')
+    (package / "events.py").write_text("")
+    (package / "ledger" / "__init__.py").write_text("")
+    (package / "ledger" / "ledger.py").write_text("from sessions import events\n")
+    (package / "cli.py").write_text(
+        "from sessions import Ledger, events\ndef f():\n    from .ledger import ledger\n"
+    )
+    edges = {me: sorted({t for t, _i in found}) for me, found in sessions_edges(tmp_path).items()}
+    assert edges["sessions.cli"] == ["sessions.events", "sessions.ledger.ledger"]
+    assert edges["sessions.ledger.ledger"] == ["sessions.events"]
 
 
 def test_no_sessions_module_outside_the_cli_imports_sqlalchemy() -> None:
@@ -458,14 +565,6 @@ def test_no_sql_text_in_sessions() -> None:
                 found.append(f"{where}:{node.lineno}: {node.value[:60]!r}")
     assert found == [], "SQL text belongs in store/ (a function there, called from here)"
     assert all((ROOT / name).exists() for name in SQL_ALLOWED), "drop allowances for gone files"
-
-
-MAX_TOP_MODULES = 15
-
-
-def test_the_top_of_sessions_holds_at_most_15_modules() -> None:
-    top = sorted(p.name for p in (ROOT / "sessions").glob("*.py"))
-    assert len(top) <= MAX_TOP_MODULES, f"{len(top)} modules at the top of sessions/: {top}"
 
 
 def test_store_has_no_import_circle() -> None:

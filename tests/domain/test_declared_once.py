@@ -55,11 +55,6 @@ ALLOWED: dict[tuple[str, str], str] = {
         "the `+ledger.timeout` setting's name (seconds per attempt) and its environment variable's "
         "key, which happen to spell the failure reason"
     ),
-    ("sessions/ledger/sync/handles.py", "runner_error"): (
-        "SyncSession's and SessionProxy's fail/retry mirror SessionHandle's default; "
-        "sessions/ledger/sync/ is another change's to edit now: import "
-        "sessions.vocabulary.RUNNER_ERROR there once it lands, and drop this entry"
-    ),
 }
 
 

@@ -123,7 +123,7 @@ def test_the_dialect_whose_driver_raised_an_error_is_asked_first() -> None:
         sqlstate = "22P02"
 
     Malformed.__module__ = "asyncpg.exceptions"
-    message = "malformed array literal: \"{x\""
+    message = 'malformed array literal: "{x"'
     line = describe_driver_error(Malformed(), message, "PostgreSQL database x", [])
     assert "sqlite3" not in line and "damaged" not in line, line
     assert line.startswith(f"PostgreSQL database x: {message}"), line
