@@ -22,7 +22,6 @@ from sessions.placeholder import EMIT, KEEP_PARTIAL, PlaceholderPolicy
 __all__ = [
     "NEW",
     "SessionView",
-    "TrajectoryInfo",
     "decide_cancel",
     "decide_complete",
     "decide_fail",
@@ -37,7 +36,7 @@ NEW = "new"  # before SessionCreated; not a machine state
 
 
 @dataclass(slots=True)
-class TrajectoryInfo:
+class _TrajectoryInfo:
     index: int
     num_turns: int
     prompt_len: int
@@ -60,7 +59,7 @@ class SessionView:
     data_source: str | None = None
     runner: str | None = None
     metadata: dict[str, Any] = field(default_factory=dict)
-    trajectories: list[TrajectoryInfo] = field(default_factory=list)
+    trajectories: list[_TrajectoryInfo] = field(default_factory=list)
     reward: float | None = None
     reward_posted: bool = False
     reward_info: dict[str, Any] = field(default_factory=dict)
@@ -128,7 +127,7 @@ def _started(view: SessionView, e: ev.SessionStarted) -> None:
 
 
 def _trajectory(view: SessionView, e: ev.TrajectoryRecorded) -> None:
-    view.trajectories.append(TrajectoryInfo(e.index, e.num_turns, e.prompt_len, e.response_len))
+    view.trajectories.append(_TrajectoryInfo(e.index, e.num_turns, e.prompt_len, e.response_len))
     view.recorded = max(view.recorded, e.index + 1)
 
 

@@ -35,7 +35,6 @@ __all__ = [
     "Event",
     "FAILURE_REASONS",
     "MESSAGE_LIMIT",
-    "PayloadUpcaster",
     "PlaceholderEmitted",
     "Recorded",
     "RUN_STREAM_PREFIX",
@@ -50,8 +49,6 @@ __all__ = [
     "TERMINAL_EVENTS",
     "TrajectoryRecorded",
     "UPCASTERS",
-    "Upcaster",
-    "count_trainable",
     "decode",
     "envelope",
     "new_event_id",
@@ -304,23 +301,23 @@ def _data_function(cls: type[Event]) -> Callable[[Event], dict[str, Any]]:
 for _cls in EVENT_TYPES.values():
     _cls.to_data = _data_function(_cls)  # type: ignore[method-assign]
 
-Upcaster = Callable[[dict[str, Any]], dict[str, Any]]
+_Upcaster = Callable[[dict[str, Any]], dict[str, Any]]
 #: An upcaster that also reads the event's binary payload (None when the reader did not load it).
-PayloadUpcaster = Callable[[dict[str, Any], "bytes | None"], dict[str, Any]]
+_PayloadUpcaster = Callable[[dict[str, Any], "bytes | None"], dict[str, Any]]
 
 
 @dataclass(frozen=True, slots=True)
 class _WithPayload:
     """Registry entry of an upcaster registered with `with_payload=True`."""
 
-    fn: PayloadUpcaster
+    fn: _PayloadUpcaster
 
     def __call__(self, data: dict[str, Any], payload: bytes | None) -> dict[str, Any]:
         return self.fn(data, payload)
 
 
 #: (type, from_version) -> function lifting data from that version to from_version + 1.
-UPCASTERS: dict[tuple[str, int], Upcaster | _WithPayload] = {}
+UPCASTERS: dict[tuple[str, int], _Upcaster | _WithPayload] = {}
 
 
 def upcaster(
@@ -342,7 +339,7 @@ def upcaster(
     return register
 
 
-def count_trainable(
+def _count_trainable(
     payload: bytes | None, prompt_len: int, response_len: int, has_logprobs: bool
 ) -> int | None:
     """Tokens with response_mask == 1 in a trajectory payload; None if it is absent or malformed."""
@@ -360,7 +357,7 @@ def count_trainable(
 @upcaster("TrajectoryRecorded", 1, with_payload=True)
 def _trajectory_v1_to_v2(data: dict[str, Any], payload: bytes | None) -> dict[str, Any]:
     """v2 added `trainable_tokens`: counted from the payload's mask when the reader has it."""
-    data["trainable_tokens"] = count_trainable(
+    data["trainable_tokens"] = _count_trainable(
         payload, int(data["prompt_len"]), int(data["response_len"]), bool(data["has_logprobs"])
     )
     return data

@@ -48,22 +48,20 @@ __all__ = [
     "DEFAULT_ORIGINS",
     "EXCLUDE",
     "METRIC_DECISIONS",
-    "MetricDecision",
     "MetricPolicy",
     "RetryPolicy",
     "ZERO",
     "check_rules",
     "match",
-    "origin_of",
 ]
 
-MetricDecision = Literal["zero", "exclude"]
+_MetricDecision = Literal["zero", "exclude"]
 #: A failure is a zero in the reward means (the default).
-ZERO: MetricDecision = "zero"
+ZERO: _MetricDecision = "zero"
 #: A failure is left out of `reward/mean` and `reward/mean@k`, counted under `excluded/<reason>`.
-EXCLUDE: MetricDecision = "exclude"
+EXCLUDE: _MetricDecision = "exclude"
 #: The metric policy's choices.
-METRIC_DECISIONS: tuple[MetricDecision, ...] = (ZERO, EXCLUDE)
+METRIC_DECISIONS: tuple[_MetricDecision, ...] = (ZERO, EXCLUDE)
 
 #: The built-in reasons' origins: `infra` when the model cannot have caused the failure, `policy`
 #: otherwise. `runner_error` is `policy`: a runner's exception is as often the model's malformed
@@ -82,7 +80,7 @@ DEFAULT_ORIGINS: Mapping[str, Origin] = {
 assert set(DEFAULT_ORIGINS) == set(FAILURE_REASONS)
 
 
-def origin_of(
+def _origin_of(
     reason: str, overrides: Mapping[str, Origin] | None = None, declared: Origin | None = None
 ) -> Origin:
     """A reason's origin: what the runner declared for it, else the ledger's override, else the
@@ -150,8 +148,8 @@ class MetricPolicy:
         MetricPolicy(rules={"val": {"infra": "exclude"}})
     """
 
-    default: MetricDecision = ZERO
-    rules: Mapping[str, Mapping[str, MetricDecision]] = field(default_factory=dict)
+    default: _MetricDecision = ZERO
+    rules: Mapping[str, Mapping[str, _MetricDecision]] = field(default_factory=dict)
     origins: Mapping[str, Origin] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -169,9 +167,9 @@ class MetricPolicy:
                 )
 
     def origin(self, reason: str, declared: Origin | None = None) -> Origin:
-        return origin_of(reason, self.origins, declared)
+        return _origin_of(reason, self.origins, declared)
 
-    def decide(self, partition: str, reason: str, origin: str) -> MetricDecision:
+    def decide(self, partition: str, reason: str, origin: str) -> _MetricDecision:
         return match(self.rules, partition, reason, origin, self.default)  # type: ignore[no-any-return]
 
     def as_config(self) -> dict[str, Any]:

@@ -20,9 +20,7 @@ __all__ = [
     "Decision",
     "EMIT",
     "KEEP_PARTIAL",
-    "MAX_PLACEHOLDER_LENGTH",
     "GROUP_UID",
-    "PLACEHOLDER_UID_SEPARATOR",
     "PlaceholderPolicy",
     "isolated_uid",
 ]
@@ -37,19 +35,19 @@ KEEP_PARTIAL: Decision = "keep_partial"
 #: The placeholder policy's choices.
 DECISIONS: tuple[Decision, ...] = (EMIT, DROP, KEEP_PARTIAL)
 #: A placeholder longer than this is surely a mistake (it is padding the whole batch pays for).
-MAX_PLACEHOLDER_LENGTH = 65_536
+_MAX_PLACEHOLDER_LENGTH = 65_536
 
 #: The column (or TransferQueue field) that keeps a row's prompt uid when its `uid` is isolated.
 GROUP_UID = "group_uid"
 #: What an isolated placeholder's uid is made of: `{uid}-ph{session_index}` (no `_`: verl splits
 #: queue keys on it).
-PLACEHOLDER_UID_SEPARATOR = "-ph"
+_PLACEHOLDER_UID_SEPARATOR = "-ph"
 
 
 def isolated_uid(uid: str, session_index: object) -> str:
     """A placeholder's own uid, so stock GRPO makes it a group of one and keeps its 0 out of its
     siblings' baseline: one rule for the verl adapter (V0 batches) and the TransferQueue sink (V1)."""
-    return f"{uid}{PLACEHOLDER_UID_SEPARATOR}{session_index}"
+    return f"{uid}{_PLACEHOLDER_UID_SEPARATOR}{session_index}"
 
 
 @dataclass(frozen=True)
@@ -91,10 +89,10 @@ class PlaceholderPolicy:
             if (
                 isinstance(value, bool)
                 or not isinstance(value, int)
-                or not 1 <= value <= MAX_PLACEHOLDER_LENGTH
+                or not 1 <= value <= _MAX_PLACEHOLDER_LENGTH
             ):
                 raise ConfigError(
-                    f"placeholder policy: {name} must be an integer in [1, {MAX_PLACEHOLDER_LENGTH}], got {value!r} "
+                    f"placeholder policy: {name} must be an integer in [1, {_MAX_PLACEHOLDER_LENGTH}], got {value!r} "
                     "(for context parallelism use at least 2*tp*cp)"
                 )
 

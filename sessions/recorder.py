@@ -39,7 +39,6 @@ __all__ = [
     "append_then_apply",
     "storable_envelopes",
     "error_text",
-    "event_bytes",
     "failure_origin",
     "failure_reason",
     "recorded_failure",
@@ -54,7 +53,7 @@ MAX_SESSION_EVENTS = 51_200
 MAX_SESSION_BYTES = 128 * 2**20
 
 
-def event_bytes(data: dict[str, Any], payload: bytes | None, data_json: str | None = None) -> int:
+def _event_bytes(data: dict[str, Any], payload: bytes | None, data_json: str | None = None) -> int:
     """An event's stored size: its binary payload plus its JSON data as stored."""
     return len(payload or b"") + len(data_json if data_json is not None else encode_data(data))
 
@@ -91,7 +90,7 @@ class Limits:
         envelopes: Sequence[Any],
     ) -> int:
         """Raise InvalidInput (nothing written) if appending `envelopes` breaks a cap; else their size."""
-        sizes = [event_bytes(e.data, e.payload, e.data_json) for e in envelopes]
+        sizes = [_event_bytes(e.data, e.payload, e.data_json) for e in envelopes]
         if self.max_event_bytes is not None:
             for envelope, size in zip(envelopes, sizes):
                 if size > self.max_event_bytes:
@@ -150,7 +149,7 @@ def _envelopes_size(envelopes: Sequence[Any]) -> int:
 
 def stored_bytes(stored: Sequence[Any]) -> int:
     """The size `Limits` counts for a session's stored events."""
-    return sum(event_bytes(s.data, s.payload) for s in stored)
+    return sum(_event_bytes(s.data, s.payload) for s in stored)
 
 
 class SessionHandle:

@@ -37,7 +37,6 @@ __all__ = [
     "DECLARATION",
     "Field",
     "clean_event",
-    "clean_json",
     "clean_text",
     "problems",
     "session_id_problem",
@@ -317,17 +316,17 @@ def clean_text(value: str, limit: int | None = None) -> str:
     return value if limit is None or len(value) <= limit else value[:limit]
 
 
-def clean_json(value: Any) -> Any:
+def _clean_json(value: Any) -> Any:
     """A JSON value with every string (keys too) made storable; non-finite floats become None."""
     if isinstance(value, str):
         return clean_text(value)
     if isinstance(value, dict):
         return {
-            clean_text(str(k)) if not isinstance(k, str) else clean_text(k): clean_json(v)
+            clean_text(str(k)) if not isinstance(k, str) else clean_text(k): _clean_json(v)
             for k, v in value.items()
         }
     if isinstance(value, (list, tuple)):
-        return [clean_json(v) for v in value]
+        return [_clean_json(v) for v in value]
     if isinstance(value, float) and not math.isfinite(value):
         return None
     return value
@@ -337,7 +336,7 @@ def _clean(field: Field, spec: ColumnSpec, value: Any) -> Any:
     if value is None:
         return None
     if spec.kind == "json":
-        return clean_json(value) if isinstance(value, (dict, list)) else value
+        return _clean_json(value) if isinstance(value, (dict, list)) else value
     if isinstance(value, str):
         return clean_text(value, spec.max_length)
     return value

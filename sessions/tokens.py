@@ -15,9 +15,7 @@ import numpy as np
 from sessions.errors import DamagedData
 
 __all__ = [
-    "FLOAT32",
     "INT32",
-    "MASK",
     "TokenArrays",
     "decode",
     "encode",
@@ -25,8 +23,8 @@ __all__ = [
 ]
 
 INT32 = np.dtype("<i4")
-FLOAT32 = np.dtype("<f4")
-MASK = np.dtype("u1")
+_FLOAT32 = np.dtype("<f4")
+_MASK = np.dtype("u1")
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,8 +49,8 @@ def encode(arrays: TokenArrays) -> bytes:
         arrays.response_ids.astype(INT32, copy=False).tobytes(),
     ]
     if arrays.logprobs is not None:
-        parts.append(arrays.logprobs.astype(FLOAT32, copy=False).tobytes())
-    parts.append(arrays.response_mask.astype(MASK, copy=False).tobytes())
+        parts.append(arrays.logprobs.astype(_FLOAT32, copy=False).tobytes())
+    parts.append(arrays.response_mask.astype(_MASK, copy=False).tobytes())
     return b"".join(parts)
 
 
@@ -77,7 +75,7 @@ def decode(payload: bytes, prompt_len: int, response_len: int, has_logprobs: boo
     offset += 4 * response_len
     logprobs = None
     if has_logprobs:
-        logprobs = np.frombuffer(payload, FLOAT32, response_len, offset)
+        logprobs = np.frombuffer(payload, _FLOAT32, response_len, offset)
         offset += 4 * response_len
-    mask = np.frombuffer(payload, MASK, response_len, offset)
+    mask = np.frombuffer(payload, _MASK, response_len, offset)
     return TokenArrays(prompt, response, mask, logprobs)

@@ -20,8 +20,6 @@ __all__ = [
     "read_step",
     "seconds",
     "json_dict",
-    "logprob_array",
-    "mask_array",
     "reward",
     "token_array",
     "trajectory",
@@ -105,7 +103,7 @@ def _in_token_range(array: np.ndarray) -> bool:
     return int(array.min()) >= 0 and int(array.max()) < TOKEN_LIMIT
 
 
-def mask_array(session_id: str, values: Any, length: int) -> np.ndarray:
+def _mask_array(session_id: str, values: Any, length: int) -> np.ndarray:
     array = _as_1d(session_id, "response_mask", values)
     if array.shape[0] != length:
         raise InvalidInput(
@@ -121,7 +119,7 @@ def mask_array(session_id: str, values: Any, length: int) -> np.ndarray:
     return array.astype(np.uint8)
 
 
-def logprob_array(session_id: str, values: Any, length: int) -> np.ndarray:
+def _logprob_array(session_id: str, values: Any, length: int) -> np.ndarray:
     array = _as_1d(session_id, "response_logprobs", values)
     if array.dtype.kind not in "fiu":
         raise InvalidInput(
@@ -152,11 +150,11 @@ def trajectory(
     if response_mask is None:
         mask = np.ones(response.shape[0], dtype=np.uint8)
     else:
-        mask = mask_array(session_id, response_mask, response.shape[0])
+        mask = _mask_array(session_id, response_mask, response.shape[0])
     logprobs = (
         None
         if response_logprobs is None
-        else logprob_array(session_id, response_logprobs, response.shape[0])
+        else _logprob_array(session_id, response_logprobs, response.shape[0])
     )
     return TokenArrays(prompt, response, mask, logprobs)
 
@@ -212,11 +210,11 @@ def trajectory_payload(
     if response_mask is None:
         trainable, mask = response_len, b"\x01" * response_len
     else:
-        checked = mask_array(session_id, response_mask, response_len)
+        checked = _mask_array(session_id, response_mask, response_len)
         trainable, mask = int(checked.sum()), checked.tobytes()
     parts = [ids.astype(tokens.INT32, copy=False).tobytes()]
     if response_logprobs is not None:
-        parts.append(logprob_array(session_id, response_logprobs, response_len).tobytes())
+        parts.append(_logprob_array(session_id, response_logprobs, response_len).tobytes())
     parts.append(mask)
     return b"".join(parts), prompt_len, response_len, response_logprobs is not None, trainable
 

@@ -35,9 +35,6 @@ __all__ = [
     "Origin",
     "PARTITIONS",
     "POLICY",
-    "RESERVED_DATA_SOURCES",
-    "RESERVED_REASONS",
-    "SWEEP_REASONS",
     "UID_FORBIDDEN",
     "UNPROJECTABLE",
     "check_data_source",
@@ -89,9 +86,9 @@ ORIGINS: tuple[Origin, ...] = (INFRA, POLICY)
 #: The reason the projector gives a session whose events it cannot project (docs/design.md §7).
 UNPROJECTABLE = "unprojectable"
 #: Names no failure may take: rules match the origins and `*` as keys, and the projector's own.
-RESERVED_REASONS = frozenset({*ORIGINS, ANY, UNPROJECTABLE})
+_RESERVED_REASONS = frozenset({*ORIGINS, ANY, UNPROJECTABLE})
 #: Built-in reasons only the ledger records: a runner that raised one would pass for the sweep.
-SWEEP_REASONS = frozenset({ORPHANED})
+_SWEEP_REASONS = frozenset({ORPHANED})
 #: `sessions.failure_reason` is VARCHAR(32); a reason is also a metric name part (`failed/<reason>`).
 MAX_REASON_LENGTH = 32
 _REASON = re.compile(rf"[a-z][a-z0-9_]{{0,{MAX_REASON_LENGTH - 1}}}")
@@ -104,7 +101,7 @@ UID_FORBIDDEN = "_"
 #: How the all-data-sources figures are spelt in a tracker's keys (`ledger/<partition>/all/...`).
 ALL_SOURCES = "all"
 #: Data source names a metric key already spells: a source of that name would overwrite them.
-RESERVED_DATA_SOURCES = frozenset({ALL_SOURCES})
+_RESERVED_DATA_SOURCES = frozenset({ALL_SOURCES})
 
 
 # ------------------------------------------------------------------ names
@@ -183,7 +180,7 @@ def check_data_source(
 ) -> str | None:
     """A data source: None (none given) or a name the metric keys do not already spell."""
     check_label(value, field, session_id=session_id)
-    if value in RESERVED_DATA_SOURCES:
+    if value in _RESERVED_DATA_SOURCES:
         raise InvalidInput(
             session_id,
             field,
@@ -217,16 +214,16 @@ def check_partition(
 def reason_problem(reason: object, *, runner: bool = False) -> str | None:
     """Why `reason` cannot name a failure (None when it can): a built-in reason, or a custom
     lowercase name that is not reserved. `runner`: as a runner gives it, which may not take a
-    reason only the ledger records (`SWEEP_REASONS`)."""
+    reason only the ledger records (`_SWEEP_REASONS`)."""
     if not isinstance(reason, str):
         return f"a failure reason is a string, got {type(reason).__name__} {reason!r:.60}"
-    if runner and reason in SWEEP_REASONS:
+    if runner and reason in _SWEEP_REASONS:
         return (
             f"{reason!r} is recorded by the recovery sweep only; give your failure its own reason"
         )
     if reason in FAILURE_REASONS:
         return None
-    if reason in RESERVED_REASONS:
+    if reason in _RESERVED_REASONS:
         return (
             f"{reason!r} is reserved (the origins 'infra'/'policy', '*' and the projector's "
             f"{UNPROJECTABLE!r})"
@@ -271,6 +268,6 @@ def check_runner_reason(reason: object, *, field: str = "reason") -> str:
     records but the sweep's own."""
     problem = reason_problem(reason, runner=True)
     if problem is not None:
-        ours = ", ".join(r for r in FAILURE_REASONS if r not in SWEEP_REASONS)
+        ours = ", ".join(r for r in FAILURE_REASONS if r not in _SWEEP_REASONS)
         raise InvalidInput(None, field, f"{problem}; built-in reasons: {ours}")
     return reason  # type: ignore[return-value]

@@ -23,11 +23,11 @@ from store.engine import local_database_file, normalize_url
 from store.errors import StoreInputError
 
 #: Pages copied per slice: 256 pages of 4 KiB is 1 MiB a slice, a few milliseconds of lock.
-PAGES_PER_SLICE = 256
+_PAGES_PER_SLICE = 256
 
 
 @dataclass(frozen=True)
-class BackupReport:
+class _BackupReport:
     """What one backup copied: the pages of the finished snapshot, the slices it took, how long."""
 
     pages: int
@@ -51,10 +51,10 @@ def backup_sqlite(
     source: Path,
     target: Path,
     *,
-    pages: int = PAGES_PER_SLICE,
+    pages: int = _PAGES_PER_SLICE,
     pause: float = 0.005,
     on_progress: Callable[[int, int], None] | None = None,
-) -> BackupReport:
+) -> _BackupReport:
     """Copy the live SQLite database `source` into the new file `target`, `pages` at a time.
 
     `target` must not exist (the caller writes to a partial name and renames it into place). The
@@ -76,7 +76,7 @@ def backup_sqlite(
             time.sleep(pause)  # the source's lock is free between slices: writers get in
 
     SQLITE.copy_live(source, target, pages=pages, progress=progress)
-    return BackupReport(
+    return _BackupReport(
         pages=remaining_total[1],
         slices=slices,
         seconds=time.perf_counter() - started,

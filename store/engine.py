@@ -30,7 +30,6 @@ __all__ = [
     "DEFAULT_URL",
     "ENV_VAR",
     "create_engine",
-    "default_url",
     "describe_database",
     "describe_driver_error",
     "normalize_url",
@@ -40,7 +39,7 @@ DEFAULT_URL = "sqlite+aiosqlite:///rollouts.db"
 ENV_VAR = "ROLLOUT_LEDGER_DB"
 
 
-def default_url() -> str:
+def _default_url() -> str:
     """`ROLLOUT_LEDGER_DB` if set, else a SQLite file in the working directory."""
     return os.environ.get(ENV_VAR) or DEFAULT_URL
 
@@ -52,7 +51,7 @@ def normalize_url(url: str | os.PathLike[str] | None) -> str:
     already use elsewhere (`postgresql://…`, `sqlite:///…`).
     """
     if url is None:
-        url = default_url()
+        url = _default_url()
     text = os.fspath(url)
     if "://" not in text:
         return f"sqlite+aiosqlite:///{Path(text)}"

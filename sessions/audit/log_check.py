@@ -36,19 +36,15 @@ from store import bulk_read_models as bulk
 __all__ = [
     "CONTENT_PAGE",
     "Finding",
-    "LogCheck",
-    "PROGRESS_EVERY",
-    "STRUCTURE_PAGE",
     "TERMINAL",
     "check_log",
-    "inspect_event",
 ]
 
 TERMINAL = ev.TERMINAL_EVENTS
 #: Events per page of the content pass: the page's payloads are what it holds in memory.
 CONTENT_PAGE = 1000
-STRUCTURE_PAGE = 20_000
-PROGRESS_EVERY = 10_000
+_STRUCTURE_PAGE = 20_000
+_PROGRESS_EVERY = 10_000
 
 # Ranks of findings at one position, as the checks of one stream report them: the stream's
 # shape first, then what is wrong inside the event, then what is wrong with what follows it.
@@ -58,7 +54,7 @@ Finding = tuple[int, int, Divergence]  # position, rank, divergence
 
 
 @dataclass
-class LogCheck:
+class _LogCheck:
     events: int = 0
     sessions: int = 0
     divergences: list[Divergence] = field(default_factory=list)
@@ -69,13 +65,13 @@ async def check_log(
     *,
     on_progress: Callable[[str, int], None] | None = None,
     on_page: Callable[[list[tuple[Any, ...]]], Awaitable[None] | None] | None = None,
-) -> LogCheck:
+) -> _LogCheck:
     """Both passes over the whole log; divergences sorted by position.
 
     `on_page` receives each page of the content pass as `sessions.projection.decoding.EVENT_COLUMNS` tuples,
     `data` already parsed where it parses: a caller folding the log shares this pass's reads.
     """
-    result = LogCheck()
+    result = _LogCheck()
     findings: list[Finding] = []
     prunes = _Prunes()
     async with driver.reader(engine) as read:
@@ -124,7 +120,7 @@ async def _check_content(
             elif type_ == "PayloadsPruned":
                 prunes.record(position, sid, raw)
             if data is None:
-                data, problems = inspect_event(position, sid, version, type_, schema, raw, payload)
+                data, problems = _inspect_event(position, sid, version, type_, schema, raw, payload)
                 for field_, expected, found in problems:
                     findings.append(
                         (
@@ -159,13 +155,13 @@ async def _check_content(
             if fed is not None:
                 await fed
         count += len(rows)
-        if on_progress is not None and count - reported >= PROGRESS_EVERY:
+        if on_progress is not None and count - reported >= _PROGRESS_EVERY:
             on_progress("checked", count - reported)
             reported = count
     return count
 
 
-def inspect_event(
+def _inspect_event(
     position: int, sid: str, version: int, type_: str, schema: int, raw: Any, payload: bytes | None
 ) -> tuple[Any, list[tuple[str, Any, Any]]]:
     """One stored event's parsed data (None if it does not parse) and (field, expected, found)
@@ -335,7 +331,7 @@ async def _check_structure(read: driver.Reader, findings: list[Finding]) -> int:
     sid: str | None = None
     stream: list[_Entry] = []
     while True:
-        rows = await bulk.stream_order_page(read, after=after, limit=STRUCTURE_PAGE)
+        rows = await bulk.stream_order_page(read, after=after, limit=_STRUCTURE_PAGE)
         if not rows:
             break
         for row_sid, version, position, type_, failed_data, schema in rows:

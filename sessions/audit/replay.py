@@ -32,11 +32,9 @@ from store import bulk_read_models as bulk
 
 __all__ = [
     "PAGE",
-    "ReplayReport",
     "copy_events",
     "prepare",
     "rebuild",
-    "rebuild_log",
     "replay",
 ]
 
@@ -47,7 +45,7 @@ EARLY_QUEUE_ROWS = 5000
 
 
 @dataclass(frozen=True)
-class ReplayReport:
+class _ReplayReport:
     events: int
     seconds: float
     #: Parts of `seconds`: the copy of the log and, at the same time, the rebuild of its events
@@ -94,12 +92,12 @@ async def rebuild(
 
     Returns the number of events applied.
     """
-    models = await rebuild_log(source, up_to=up_to, page_size=page_size, on_events=on_events)
+    models = await _rebuild_log(source, up_to=up_to, page_size=page_size, on_events=on_events)
     await bulk.insert_read_models(target, prepare(models, source, target))
     return models.events
 
 
-async def rebuild_log(
+async def _rebuild_log(
     source: Any,
     *,
     up_to: int | None = None,
@@ -141,7 +139,7 @@ async def replay(
     on_events: Callable[[int], None] | None = None,
     page_size: int = PAGE,
     up_to: int | None = None,
-) -> ReplayReport:
+) -> _ReplayReport:
     """Copy the events (all, or those at positions <= `up_to`) into `target` (migrated, empty),
     and build its read models from scratch out of those events alone, in one transaction.
 
@@ -163,7 +161,7 @@ async def _replay(
     on_events: Callable[[int], None] | None,
     page_size: int,
     up_to: int | None,
-) -> ReplayReport:
+) -> _ReplayReport:
     if await bulk.has_events(target):
         raise InvalidArgument("the target database already has events; replay needs an empty one")
     started = time.perf_counter()
@@ -206,7 +204,7 @@ async def _replay(
             folding.cancel()
         await asyncio.gather(folding, return_exceptions=True)
     done = time.perf_counter()
-    return ReplayReport(
+    return _ReplayReport(
         count,
         done - started,
         marks["copied"] - started,

@@ -15,7 +15,7 @@ one that keeps batches gets fresh memory each time, as without the pool.
 
 A reused storage may be up to 1/8 larger than the column it backs (steps' widths differ by a
 few tokens), so ``untyped_storage().nbytes()`` can exceed ``nbytes``. The pool holds at most
-``PER_COLUMN`` storages for each column name (about two batches' worth of memory while a loop
+``_PER_COLUMN`` storages for each column name (about two batches' worth of memory while a loop
 holds one batch and builds the next); ``release_buffers()`` frees them all.
 """
 
@@ -29,9 +29,9 @@ import torch
 __all__ = ["empty_column", "release_buffers"]
 
 #: columns smaller than this come from the allocator's heap, which does not fault them again
-MIN_BYTES = 1 << 20
+_MIN_BYTES = 1 << 20
 #: storages kept per column name
-PER_COLUMN = 2
+_PER_COLUMN = 2
 #: a reused storage may exceed the column's bytes by at most this fraction
 SLACK = 1 / 8
 
@@ -72,7 +72,7 @@ def empty_column(name: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch
     for n in shape:
         count *= n
     nbytes = count * torch.empty((), dtype=dtype).element_size()
-    if nbytes < MIN_BYTES or _use_count is None:
+    if nbytes < _MIN_BYTES or _use_count is None:
         return torch.empty(shape, dtype=dtype)
     with _lock:
         kept = _pool.setdefault(name, [])
@@ -81,7 +81,7 @@ def empty_column(name: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch
             if nbytes <= storage.nbytes() <= nbytes * (1 + SLACK) and _free(storage):
                 return torch.empty(0, dtype=dtype).set_(storage, 0, shape)
         tensor = torch.empty(shape, dtype=dtype)
-        if len(kept) >= PER_COLUMN:
+        if len(kept) >= _PER_COLUMN:
             free = [s for s in kept if _free(s)]
             # evict a free storage (one of the wrong size); if every one is in use, the oldest
             kept.remove(free[0] if free else kept[0])

@@ -33,14 +33,14 @@ from sessions.errors import InvalidArgument, InvalidArgumentType, RowIndexError
 
 __all__ = ["concat_batches", "select_rows", "split_batch"]
 
-RowIndex = int | slice | Sequence[int] | Sequence[bool] | np.ndarray | torch.Tensor
+_RowIndex = int | slice | Sequence[int] | Sequence[bool] | np.ndarray | torch.Tensor
 
 
 def _batch_rows(batch: TensorDictBase, what: str) -> int:
     return int(check_batch(batch, what).batch_size[0])
 
 
-def _row_ids(index: RowIndex, n: int) -> torch.Tensor:
+def _row_ids(index: _RowIndex, n: int) -> torch.Tensor:
     """Any supported index -> int64 row ids in [0, n), in the order they select rows."""
     if isinstance(index, (int, np.integer)) and not isinstance(index, (bool, np.bool_)):
         if not -n <= int(index) < n:
@@ -121,7 +121,7 @@ def _new_batch(
     return out
 
 
-def select_rows(batch: TensorDictBase, index: RowIndex) -> TensorDict:
+def select_rows(batch: TensorDictBase, index: _RowIndex) -> TensorDict:
     """The rows ``index`` selects, as a new batch of the same layout and columns.
 
     ``index``: an int (a batch of that one row), a slice, a boolean mask of B entries, or

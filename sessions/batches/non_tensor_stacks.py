@@ -28,7 +28,7 @@ from sessions.gc_pause import built_as_old
 SCALAR_TYPES = frozenset((str, int, float, bool, bytes, type(None)))
 #: Values the direct builder takes (anything else goes through ``NonTensorStack.from_list``):
 #: scalars and dicts (``multi_modal_inputs`` holds one per row, tensordict wraps it as is)
-DIRECT_TYPES = SCALAR_TYPES | {dict}
+_DIRECT_TYPES = SCALAR_TYPES | {dict}
 
 _EMPTY_SIZE = torch.Size([])
 _new, _setattr = object.__new__, object.__setattr__
@@ -133,7 +133,7 @@ def non_tensor_stack(values: list[Any]) -> NonTensorStack:
     the same objects as this tensordict version's own; otherwise, or for other values,
     ``from_list`` is used.
     """
-    if _DIRECT_STACKS and values and DIRECT_TYPES.issuperset(map(type, values)):
+    if _DIRECT_STACKS and values and _DIRECT_TYPES.issuperset(map(type, values)):
         return _direct_stack(values)
     return NonTensorStack.from_list(list(values))
 

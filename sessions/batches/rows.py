@@ -22,7 +22,7 @@ from sessions.gc_pause import gc_paused
 from store import read_models as rm
 
 
-def placeholder_arrays(
+def _placeholder_arrays(
     token_id: int, prompt_len: int = 1, response_len: int = 1
 ) -> tokens.TokenArrays:
     """The placeholder's tokens: `prompt_len` + `response_len` copies of its token (default 1 + 1,
@@ -32,7 +32,7 @@ def placeholder_arrays(
     return tokens.TokenArrays(prompt, response, np.zeros(response_len, dtype=np.uint8), None)
 
 
-def placeholder_token(type_: str, data: Any) -> int:
+def _placeholder_token(type_: str, data: Any) -> int:
     """The token a placeholder row repeats: its PlaceholderEmitted's `token_id`, or 0 for the
     placeholder of a session the projector quarantined (its source is the unprojectable event)."""
     if type_ == "PlaceholderEmitted" and isinstance(data, dict):
@@ -104,8 +104,8 @@ def _arrays(row: Mapping[str, Any], source: rm.SourceEvent) -> tokens.TokenArray
     """The row's tokens: the placeholder's, or views over its trajectory's payload."""
     type_, schema_version, data, payload = source
     if row["is_placeholder"]:
-        return placeholder_arrays(
-            placeholder_token(type_, data),
+        return _placeholder_arrays(
+            _placeholder_token(type_, data),
             int(row.get("prompt_len") or 1),
             int(row.get("response_len") or 1),
         )

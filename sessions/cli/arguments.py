@@ -82,14 +82,14 @@ def text(what: str = "a name") -> Text:
 rate = number(0.0, 1.0, "a rate")
 
 #: Global steps: what the events table stores (docs/design.md §2), or 'none' for ad-hoc sessions.
-MAX_STEP = 2**31 - 1
+_MAX_STEP = 2**31 - 1
 
 
 def step(raw: str) -> int | None:
     """A global step: an integer in [0, 2^31 - 1], or 'none' / 'null' / '-' for no step."""
     if raw.strip().lower() in ("none", "null", "-"):
         return None
-    return integer(0, MAX_STEP, "a step, or 'none'")(raw)
+    return integer(0, _MAX_STEP, "a step, or 'none'")(raw)
 
 
-step.bounds = (0, MAX_STEP)  # type: ignore[attr-defined]
+step.bounds = (0, _MAX_STEP)  # type: ignore[attr-defined]

@@ -31,8 +31,8 @@ from sessions.vocabulary import ANY, INFRA, RUNNER_ERROR, SANDBOX_ERROR, TIMEOUT
 
 DATA_SOURCES = ("gsm8k", "swe-lite")
 VOCAB = 32_000
-TIMEOUT_S = 1.5  # generous: only the injected hangs should time out, never the ledger
-HANG_S = 5.0
+_TIMEOUT_S = 1.5  # generous: only the injected hangs should time out, never the ledger
+_HANG_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -86,7 +86,7 @@ def new_run_name() -> str:
     return f"demo-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
 
 
-def plan_session(rng: random.Random, config: DemoConfig, difficulty: float) -> Plan:
+def _plan_session(rng: random.Random, config: DemoConfig, difficulty: float) -> Plan:
     x = rng.random()
     if x < config.cancel_rate:
         outcome = "cancel"
@@ -98,9 +98,9 @@ def plan_session(rng: random.Random, config: DemoConfig, difficulty: float) -> P
 
 
 #: How often a sandbox that failed fails again on the retry (a flaky host, not a bad task).
-SANDBOX_REFAIL = 0.25
+_SANDBOX_REFAIL = 0.25
 #: Seconds between attempts in the demo's retry policy.
-RETRY_BACKOFF_S = 0.01
+_RETRY_BACKOFF_S = 0.01
 
 
 def policies(config: DemoConfig) -> dict[str, object]:
@@ -113,7 +113,7 @@ def policies(config: DemoConfig) -> dict[str, object]:
     options: dict[str, object] = {"config": {"demo": settings}}
     if config.max_attempts > 1:
         options["retry_policy"] = RetryPolicy(
-            max_attempts=config.max_attempts, on=(INFRA,), backoff_s=RETRY_BACKOFF_S
+            max_attempts=config.max_attempts, on=(INFRA,), backoff_s=_RETRY_BACKOFF_S
         )
     if config.exclude_infra:
         options["metric_policy"] = MetricPolicy(rules={ANY: {INFRA: EXCLUDE}})
@@ -125,7 +125,7 @@ def policies(config: DemoConfig) -> dict[str, object]:
 async def agent(handle: SessionHandle, plan: Plan) -> None:
     """One simulated agent episode; failures are raised the way real runners raise them."""
     rng = np.random.default_rng(plan.seed + 7919 * (handle.attempt - 1))
-    if plan.outcome == SANDBOX_ERROR and handle.attempt > 1 and rng.random() >= SANDBOX_REFAIL:
+    if plan.outcome == SANDBOX_ERROR and handle.attempt > 1 and rng.random() >= _SANDBOX_REFAIL:
         plan = Plan(
             "ok", plan.turns, plan.prompt_len, plan.difficulty, plan.seed
         )  # the retry found a healthy host
@@ -147,9 +147,9 @@ async def agent(handle: SessionHandle, plan: Plan) -> None:
         if plan.outcome == TIMEOUT and turn == plan.turns // 2:
             # the work so far is recorded and verified (a partial score), then a tool call hangs
             await _record(handle, rng, prompt, pieces, masks, turn + 1, plan.difficulty * 0.5)
-            await asyncio.sleep(HANG_S)
+            await asyncio.sleep(_HANG_S)
         if plan.outcome == "cancel" and turn == plan.turns // 2:
-            await asyncio.sleep(HANG_S)  # a stuck tool call: the cancel ends it
+            await asyncio.sleep(_HANG_S)  # a stuck tool call: the cancel ends it
     await _record(handle, rng, prompt, pieces, masks, plan.turns, plan.difficulty)
 
 
@@ -193,7 +193,7 @@ async def run_demo(
         async with limit:
             task = asyncio.ensure_future(
                 ledger.run_session(
-                    lambda h: agent(h, plan), session_id, timeout=TIMEOUT_S, **identity
+                    lambda h: agent(h, plan), session_id, timeout=_TIMEOUT_S, **identity
                 )
             )
             if plan.outcome == "cancel":
@@ -218,7 +218,7 @@ async def run_demo(
                 difficulty = rng.betavariate(2, 2)
                 source = DATA_SOURCES[p % len(DATA_SOURCES)]
                 for k in range(config.group_size):
-                    plan = plan_session(rng, config, difficulty)
+                    plan = _plan_session(rng, config, difficulty)
                     jobs.append(
                         one(
                             f"{run_tag}-{partition}{step}-p{p}-s{k}",

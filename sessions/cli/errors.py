@@ -26,14 +26,14 @@ from store import DriverError, LedgerError
 # SQLAlchemy and the engine helpers are imported where an error is explained, not here: a command
 # that fails before opening a database (`--help`, a bad argument) never loads them.
 
-PROG = "rollout-ledger"
+_PROG = "rollout-ledger"
 EXIT_ERROR = 1
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for Ctrl-C
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE: the reader of stdout went away (`… | head`)
 
 #: Optional modules → (what they are, the extra that installs them; see pyproject.toml). A
 #: database driver's is its dialect's answer (`store.driver_install_hint`).
-OPTIONAL_MODULES = {
+_OPTIONAL_MODULES = {
     "eventsourcing": ("the benchmark baseline eventsourcing", "bench"),
     "transfer_queue": ("TransferQueue", "transferqueue"),
     "pyarrow": ("pyarrow (Parquet export)", "export"),
@@ -64,8 +64,8 @@ def guarded(
         if isinstance(error, BrokenPipeError):
             _silence_stdout()
             return EXIT_BROKEN_PIPE
-        print(f"{PROG}: error: {reason(error, databases)}", file=sys.stderr, flush=True)
-        return exit_status(error)
+        print(f"{_PROG}: error: {reason(error, databases)}", file=sys.stderr, flush=True)
+        return _exit_status(error)
 
 
 async def drained(verb: Awaitable[int], *, patience: float = 1.0) -> int:
@@ -91,7 +91,7 @@ async def drained(verb: Awaitable[int], *, patience: float = 1.0) -> int:
         raise
 
 
-EXIT_TERMINATED = 143  # 128 + SIGTERM
+_EXIT_TERMINATED = 143  # 128 + SIGTERM
 _terminated = threading.Event()
 
 
@@ -115,9 +115,9 @@ def terminate_as_interrupt() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
-def exit_status(error: BaseException) -> int:
+def _exit_status(error: BaseException) -> int:
     if isinstance(error, KeyboardInterrupt):
-        return EXIT_TERMINATED if _terminated.is_set() else EXIT_INTERRUPTED
+        return _EXIT_TERMINATED if _terminated.is_set() else EXIT_INTERRUPTED
     return EXIT_ERROR
 
 
@@ -169,18 +169,18 @@ def _reason(error: BaseException, databases: Sequence[str | None]) -> str:
     if isinstance(error, _PLAIN):
         return str(error)
     return (
-        f"internal error ({type(error).__name__}: {error}); this is a bug in {PROG} — "
+        f"internal error ({type(error).__name__}: {error}); this is a bug in {_PROG} — "
         f"rerun with --debug for the traceback and report it"
     )
 
 
 def _missing_module(error: ModuleNotFoundError) -> str:
     name = (error.name or "").split(".")[0]
-    hint = OPTIONAL_MODULES.get(name) or _driver_install(name)
+    hint = _OPTIONAL_MODULES.get(name) or _driver_install(name)
     if hint is not None:
         what, extra = hint
         return f"{what} is not installed: pip install -e '.[{extra}]' (in the clone)"
-    return f"module {name or error} is not installed: reinstall {PROG} with its dependencies (pip install -e .)"
+    return f"module {name or error} is not installed: reinstall {_PROG} with its dependencies (pip install -e .)"
 
 
 def _driver_install(name: str) -> tuple[str, str] | None:

@@ -51,10 +51,10 @@ def check(args: argparse.Namespace) -> None:
             f"--out {out}: folder {os.path.dirname(out) or folder} does not exist; create it first "
             "(mkdir -p) or pass another path"
         )
-    check_target(out, flag="--out", databases=[args.db], force=args.force, made_here=is_batch_file)
+    check_target(out, flag="--out", databases=[args.db], force=args.force, made_here=_is_batch_file)
 
 
-def is_batch_file(path: Path) -> bool:
+def _is_batch_file(path: Path) -> bool:
     """Whether `path` is an earlier `export` (a plain dict of a batch's columns), which `export`
     may replace without --force."""
     import zipfile

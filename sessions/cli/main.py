@@ -171,7 +171,7 @@ def build_parser() -> argparse.ArgumentParser:
         "diagram", parents=[flags], help="the state machine, drawn from the machine itself"
     )
     diagram.add_argument("--format", choices=("mermaid",), default="mermaid")
-    for module in VERB_MODULES.values():
+    for module in _VERB_MODULES.values():
         importlib.import_module(module).register(verbs, common)
     return parser
 
@@ -179,7 +179,7 @@ def build_parser() -> argparse.ArgumentParser:
 #: Verbs whose parser and handler live in a module of their own: `register(verbs, common)` adds
 #: the parser (importing nothing heavy), `async run(args) -> int` runs the verb, and an optional
 #: `check(args)` refuses bad arguments before any database is opened.
-VERB_MODULES = {
+_VERB_MODULES = {
     "metrics": "sessions.cli.metrics",
     "history": "sessions.cli.history",
     "backup": "sessions.cli.backup",
@@ -208,7 +208,7 @@ CREATING_VERBS = frozenset({"demo", "migrate"})
 
 
 async def _dispatch(args: argparse.Namespace) -> int:
-    module = VERB_MODULES.get(args.verb)
+    module = _VERB_MODULES.get(args.verb)
     if module is not None:
         verb = importlib.import_module(module)
         handler = verb.run

@@ -22,26 +22,26 @@ from sessions.projection import metrics as m
 from sessions.report.text import cut, visible
 
 #: Longest text shown in a cell before it is cut (the rest is counted, not shown).
-MAX_CHARS = 200
+_MAX_CHARS = 200
 __all__ = ["cut", "visible"]  # re-exported: the terminal's text rules live in sessions.report.text
 #: Bytes of a binary value shown in hex.
-HEX_BYTES = 8
+_HEX_BYTES = 8
 
 
-def shown(value: Any, *, limit: int = MAX_CHARS) -> str:
+def shown(value: Any, *, limit: int = _MAX_CHARS) -> str:
     """One database value as the plain text a terminal shows (NULL, binary, text, numbers)."""
     if value is None:
         return "NULL"
     if isinstance(value, (bytes, bytearray, memoryview)):
         data = bytes(value)
-        more = "…" if len(data) > HEX_BYTES else ""
-        return f"<{len(data)} bytes> {data[:HEX_BYTES].hex()}{more}" if data else "<0 bytes>"
+        more = "…" if len(data) > _HEX_BYTES else ""
+        return f"<{len(data)} bytes> {data[:_HEX_BYTES].hex()}{more}" if data else "<0 bytes>"
     if isinstance(value, float):
         return repr(value)
     return cut(visible(str(value)), limit)
 
 
-def cell(value: Any, *, limit: int = MAX_CHARS) -> Text:
+def cell(value: Any, *, limit: int = _MAX_CHARS) -> Text:
     """A table cell for a stored value: a `Text`, so rich never reads it as markup."""
     return Text(shown(value, limit=limit), style="dim" if value is None else "")
 
@@ -191,7 +191,7 @@ def _headline(values: dict[str, float]) -> tuple[int, float] | None:
     return max(at) if at else None
 
 
-def metrics_tables(rows: Sequence[m.MetricRow]) -> list[Table]:
+def _metrics_tables(rows: Sequence[m.MetricRow]) -> list[Table]:
     """One table per (partition, step), a column per data source: metric names are never cut.
 
     A single wide table (a column per scope) cut every name and figure in an 80-column terminal.
@@ -216,10 +216,10 @@ def metrics_tables(rows: Sequence[m.MetricRow]) -> list[Table]:
 
 
 def metrics_table(rows: Sequence[m.MetricRow]) -> RenderableType:
-    """Every metric of `rows`, one block per (partition, step) (see `metrics_tables`)."""
+    """Every metric of `rows`, one block per (partition, step) (see `_metrics_tables`)."""
     from rich.console import Group
 
-    tables = metrics_tables(rows)
+    tables = _metrics_tables(rows)
     spaced: list[RenderableType] = []
     for table in tables:
         spaced += [table, Text("")]

@@ -36,11 +36,11 @@ from sessions.export.writers import (
 from store import AsyncEngine, check_schema, create_engine, export_reads, load_json, normalize_url
 from store import read_models as rm
 
-__all__ = ["PER", "ExportSummary", "Tokenizer", "export_dataset", "parse_steps"]
+__all__ = ["ExportSummary", "Tokenizer", "export_dataset", "parse_steps"]
 
-PER = ("session", "trajectory")
+_PER = ("session", "trajectory")
 TERMINAL = ("succeeded", "failed", "cancelled")
-DEFAULT_ROW_GROUP_SIZE = 1000
+_DEFAULT_ROW_GROUP_SIZE = 1000
 
 
 class Tokenizer(Protocol):
@@ -158,7 +158,7 @@ def _check_options(
 ) -> None:
     if format not in FORMATS:
         raise ExportError(f"format must be one of {', '.join(FORMATS)}, got {format!r}")
-    if per not in PER:
+    if per not in _PER:
         raise ExportError(
             f"per must be 'session' (one row per session) or 'trajectory' (one per trajectory), got {per!r}"
         )
@@ -206,7 +206,7 @@ async def export_dataset(
     include_failed: bool = True,
     per: str = "session",
     tokenizer: Tokenizer | None = None,
-    row_group_size: int = DEFAULT_ROW_GROUP_SIZE,
+    row_group_size: int = _DEFAULT_ROW_GROUP_SIZE,
     on_progress: Callable[[int, int], None] | None = None,
 ) -> ExportSummary:
     """Write a run's terminal sessions to `path` as Parquet or JSONL; see docs/export.md.

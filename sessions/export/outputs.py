@@ -30,21 +30,20 @@ __all__ = [
     "check_target",
     "clean_stale",
     "holds_ledger",  # re-exported from store: what counts as a ledger file
-    "ledger_files",
     "partial_file",
     "partial_path",
     "replaced_folder",
 ]
 
 #: Files SQLite keeps beside a database; writing over any of them corrupts the ledger.
-SIDECARS = ("", "-wal", "-shm", "-journal")
+_SIDECARS = ("", "-wal", "-shm", "-journal")
 
 
 class OutputRefused(LedgerError, ValueError):
     """An output path a verb must not write: a ledger, or an existing file it did not make."""
 
 
-def ledger_files(databases: Iterable[str | None]) -> set[Path]:
+def _ledger_files(databases: Iterable[str | None]) -> set[Path]:
     """The resolved paths of every SQLite file (and its sidecars) behind these database URLs."""
     found: set[Path] = set()
     for database in databases:
@@ -52,7 +51,7 @@ def ledger_files(databases: Iterable[str | None]) -> set[Path]:
         if path is None:
             continue
         resolved = Path(os.path.realpath(path))
-        found.update(resolved.with_name(resolved.name + suffix) for suffix in SIDECARS)
+        found.update(resolved.with_name(resolved.name + suffix) for suffix in _SIDECARS)
     return found
 
 
@@ -76,7 +75,7 @@ def check_target(
     path = Path(text)
     resolved = Path(os.path.realpath(path))
     for name in (resolved, *_sidecar_owner(resolved)):
-        if name in ledger_files(databases):
+        if name in _ledger_files(databases):
             raise OutputRefused(
                 f"{flag} {text} is the ledger database this command reads ({name.name}); writing "
                 "there would replace the event log — pass another path"
@@ -104,7 +103,7 @@ def _sidecar_owner(path: Path) -> list[Path]:
     """The database a `-wal` / `-shm` / `-journal` path would belong to (none for other names)."""
     return [
         path.with_name(path.name[: -len(suffix)])
-        for suffix in SIDECARS[1:]
+        for suffix in _SIDECARS[1:]
         if path.name.endswith(suffix) and len(path.name) > len(suffix)
     ]
 

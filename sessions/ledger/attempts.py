@@ -4,7 +4,7 @@ started after its backoff; the last attempt's failure, success or cancellation r
 session's end. Kept apart from the ledger, which only creates the session and bounds the wait.
 
 Whatever a runner raises ends its session (docs/design.md §12, docs/failures.md): a cancellation
-or the process going down (`ABORTS`) cancels it and propagates; anything else — any `Exception`,
+or the process going down (`_ABORTS`) cancels it and propagates; anything else — any `Exception`,
 a `RolloutFailure` whose reason cannot be stored, an error whose `str()` raises, a
 `BaseException` of the runner's own — fails it (`recorder.recorded_failure` makes the reason and
 the text storable) and is reported in the outcome, never raised.
@@ -28,14 +28,14 @@ from sessions.recorder import (
 )
 from sessions.vocabulary import EMPTY_OUTPUT
 
-__all__ = ["ABORTS", "Runner", "abort", "aborts", "outcome", "run_attempts", "settle_or_note"]
+__all__ = ["Runner", "abort", "aborts", "outcome", "run_attempts", "settle_or_note"]
 
 Runner = Callable[[SessionHandle], Awaitable[Any]]
 
 #: What a runner may raise that cancels its session (a pure abort, docs/design.md §3) and then
 #: propagates: a cancellation, Ctrl-C, `sys.exit()`, a coroutine being closed. The process (or the
 #: caller) is stopping the work, so it is not the runner's failure, and it must not be swallowed.
-ABORTS: tuple[type[BaseException], ...] = (
+_ABORTS: tuple[type[BaseException], ...] = (
     asyncio.CancelledError,
     KeyboardInterrupt,
     SystemExit,
@@ -46,11 +46,11 @@ _TIMEOUT: Any = getattr(asyncio, "timeout", None)  # Python 3.11+
 
 
 def aborts(error: BaseException) -> bool:
-    """Whether `error` cancels the session rather than fails it: one of `ABORTS`, or an exception
+    """Whether `error` cancels the session rather than fails it: one of `_ABORTS`, or an exception
     group holding one."""
-    if isinstance(error, ABORTS):
+    if isinstance(error, _ABORTS):
         return True
-    return _GROUP is not None and isinstance(error, _GROUP) and error.subgroup(ABORTS) is not None
+    return _GROUP is not None and isinstance(error, _GROUP) and error.subgroup(_ABORTS) is not None
 
 
 async def run_attempts(
@@ -63,7 +63,7 @@ async def run_attempts(
 ) -> SessionOutcome:
     """Run `runner(handle)` until an attempt ends the session; the outcome. A runner's failure or
     timeout — whatever it raised but an abort — is recorded and reported, never raised; an abort
-    (`ABORTS`) is recorded as a cancellation and re-raised. Only the ledger's own errors (the
+    (`_ABORTS`) is recorded as a cancellation and re-raised. Only the ledger's own errors (the
     database's) propagate otherwise."""
     while True:
         try:

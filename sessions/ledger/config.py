@@ -30,7 +30,6 @@ from sessions.runs.retention import RetentionPolicy
 __all__ = [
     "DEFAULT_RUN",
     "ENGINE_OPTIONS",
-    "TRAJECTORY_SELECTIONS",
     "EngineOptions",
     "LedgerConfig",
     "LedgerOptions",
@@ -43,7 +42,7 @@ __all__ = [
 #: The run a ledger records into when none is named.
 DEFAULT_RUN = "default"
 #: Which of a session's trajectories become batch rows: every one, or the longest only.
-TRAJECTORY_SELECTIONS = ("all", "longest")
+_TRAJECTORY_SELECTIONS = ("all", "longest")
 
 
 @dataclass(frozen=True)
@@ -129,7 +128,7 @@ class LedgerConfig:
             )
         if (
             not isinstance(self.trajectory_selection, str)
-            or self.trajectory_selection not in TRAJECTORY_SELECTIONS
+            or self.trajectory_selection not in _TRAJECTORY_SELECTIONS
         ):
             raise ConfigError(
                 f"trajectory_selection must be 'all' or 'longest', got {self.trajectory_selection!r}",

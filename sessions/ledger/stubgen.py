@@ -29,11 +29,17 @@ from typing import Any, TypeVar
 
 from sessions.errors import InvalidArgument
 
-__all__ = ["STUBS", "Imports", "class_stub", "lazy_stub", "main", "module_stub"]
+__all__ = ["STUBS", "Imports", "class_stub", "main"]
 
 ROOT = Path(__file__).resolve().parents[2]
-WIDTH = 100  # pyproject.toml's line-length
-FIRST_PARTY = {"sessions", "store", "migrations", "benchmarks", "tests"}  # ruff's known-first-party
+_WIDTH = 100  # pyproject.toml's line-length
+_FIRST_PARTY = {
+    "sessions",
+    "store",
+    "migrations",
+    "benchmarks",
+    "tests",
+}  # ruff's known-first-party
 #: Dunder methods a stub keeps (what `with`, `async with` and construction need).
 PROTOCOL = ("__init__", "__enter__", "__exit__", "__aenter__", "__aexit__")
 
@@ -129,7 +135,7 @@ def _bindings(module: ModuleType) -> dict[str, tuple[str, str | None, str | None
 
 def _section(module: str) -> int:
     top = module.split(".")[0]
-    return 0 if top in sys.stdlib_module_names else 2 if top in FIRST_PARTY else 1
+    return 0 if top in sys.stdlib_module_names else 2 if top in _FIRST_PARTY else 1
 
 
 def _member_key(name: str) -> tuple[int, str]:
@@ -152,7 +158,7 @@ def _wrapped(
     one item a line with a trailing comma, which keeps ruff from joining them again."""
     opening, closing = brackets if inline else ("", "")
     line = f"{indent}{start}{opening}{', '.join(items)}{closing}{end}"
-    if len(line) <= WIDTH:
+    if len(line) <= _WIDTH:
         return line
     inner = "".join(f"{indent}    {item},\n" for item in items)
     return f"{indent}{start}{brackets[0]}\n{inner}{indent}{brackets[1]}{end}"
@@ -257,7 +263,7 @@ def class_stub(cls: type, imports: Imports) -> str:
     return f"class {cls.__name__}:\n" + ("\n".join(filter(None, body)) or "    ...")
 
 
-def module_stub(name: str) -> str:
+def _module_stub(name: str) -> str:
     """A module's stub: its docstring, `__all__`, and each name of `__all__` (classes, functions,
     annotated constants), with the imports and type variables their annotations need."""
     module = importlib.import_module(name)
@@ -284,7 +290,7 @@ def module_stub(name: str) -> str:
     return _join(path, module.__doc__, imports, module.__all__, declared, blocks)
 
 
-def lazy_stub(package: str) -> str:
+def _lazy_stub(package: str) -> str:
     """A lazy package's stub: each name of its `_NAMES` table imported from where it loads."""
     module = importlib.import_module(package)
     table: dict[str, str] = vars(module)["_NAMES"]
@@ -311,9 +317,9 @@ def _join(
 # ----------------------------------------------------------------------------------- command
 #: Each stub's path under the project root -> its text, made now.
 STUBS: dict[str, Callable[[], str]] = {
-    "sessions/__init__.pyi": lambda: lazy_stub("sessions"),
-    "sessions/ledger/__init__.pyi": lambda: lazy_stub("sessions.ledger"),
-    "sessions/ledger/sync/faces.pyi": lambda: module_stub("sessions.ledger.sync.faces"),
+    "sessions/__init__.pyi": lambda: _lazy_stub("sessions"),
+    "sessions/ledger/__init__.pyi": lambda: _lazy_stub("sessions.ledger"),
+    "sessions/ledger/sync/faces.pyi": lambda: _module_stub("sessions.ledger.sync.faces"),
 }
 
 

@@ -17,7 +17,6 @@ from sessions.projection.rules import LogEvent
 from store import StoredEvent, load_json
 
 __all__ = [
-    "CACHED_ENTRIES",
     "CACHED_TEXT",
     "CURRENT",
     "Decoder",
@@ -37,11 +36,11 @@ EVENT_COLUMNS = (
     "recorded_at",
 )
 
-#: Data texts up to this long are decoded once per distinct text (at most CACHED_ENTRIES per type):
+#: Data texts up to this long are decoded once per distinct text (at most _CACHED_ENTRIES per type):
 #: a SessionStarted's, most RewardPosted's and SessionSucceeded's repeat across a log (a type
 #: whose texts never repeat, as TrajectoryRecorded's, fills its cache once and stops).
 CACHED_TEXT = 160
-CACHED_ENTRIES = 4096
+_CACHED_ENTRIES = 4096
 
 
 def _required(cls: type[ev.Event]) -> frozenset[str]:
@@ -61,7 +60,7 @@ REQUIRED = {name: _required(cls) for name, cls in ev.EVENT_TYPES.items()}
 Problem = "tuple[str | None, str] | None"
 
 #: What the decoder can find wrong with a stored event, besides a storable-value problem.
-DECODE_ERRORS = (UnknownEventError, ValueError, TypeError, KeyError)
+_DECODE_ERRORS = (UnknownEventError, ValueError, TypeError, KeyError)
 
 
 class Decoder:
@@ -103,18 +102,18 @@ class Decoder:
                 )
             if not REQUIRED[type_] <= data.keys():
                 _raise_decode_error(row, data)
-        except DECODE_ERRORS as error:
+        except _DECODE_ERRORS as error:
             return None, (None, " ".join(str(error).split()) or type(error).__name__)
         try:
             data, found = storable.problems(type_, data)
-        except DECODE_ERRORS as error:  # a value of a shape no check foresaw
+        except _DECODE_ERRORS as error:  # a value of a shape no check foresaw
             return None, (None, f"{type(error).__name__}: {error}")
         result = (data, found[0] if found else None)
         if (
             cache is not None
             and type(raw) is str
             and len(raw) <= CACHED_TEXT
-            and len(cache) < CACHED_ENTRIES
+            and len(cache) < _CACHED_ENTRIES
         ):
             cache[raw] = result
         return result

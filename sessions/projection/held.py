@@ -2,7 +2,7 @@
 rows of the steps it projected from their first session (`sessions.projection.projector` says
 when they are used and when dropped).
 
-Bounded: `MAX_HELD_SESSIONS` open sessions, `MAX_HELD_STEPS` steps, `MAX_HELD_BYTES` of payloads
+Bounded: `_MAX_HELD_SESSIONS` open sessions, `MAX_HELD_STEPS` steps, `MAX_HELD_BYTES` of payloads
 for the steps and, apart, for the open sessions' trajectories.
 """
 
@@ -20,7 +20,6 @@ __all__ = [
     "Held",
     "HeldStep",
     "MAX_HELD_BYTES",
-    "MAX_HELD_SESSIONS",
     "MAX_HELD_STEPS",
     "StepKey",
     "hold",
@@ -29,7 +28,7 @@ __all__ = [
 
 
 #: Open sessions a projector holds between pages at most; past it, the next page reads them again.
-MAX_HELD_SESSIONS = 200_000
+_MAX_HELD_SESSIONS = 200_000
 #: Steps whose batch rows a projector holds (the most recently begun), and the payload bytes it
 #: holds at most for them and, apart, for the open sessions' trajectories.
 MAX_HELD_STEPS = 8
@@ -77,12 +76,12 @@ def hold(
 ) -> Held | None:
     """What to keep of a committed page's rows: open sessions (their trajectories and sources where
     complete), pending groups, the metric scopes it wrote (marked clean), the held steps' batch
-    rows. None past `MAX_HELD_SESSIONS`."""
+    rows. None past `_MAX_HELD_SESSIONS`."""
     complete = held.complete | state.new_sessions
     sessions = {
         sid: row for sid, row in state.sessions.items() if row["state"] not in TERMINAL_STATES
     }
-    if len(sessions) > MAX_HELD_SESSIONS:
+    if len(sessions) > _MAX_HELD_SESSIONS:
         return None
     _hold_rows(held.steps, state.queue, held.sources, page)
     complete &= sessions.keys()

@@ -47,6 +47,9 @@ from typing import Any
 __all__ = [
     "ATTEMPTS",
     "COVERAGE",
+    "RESPONSE_LENGTH_MEAN",
+    "REWARD_MEAN_AT",
+    "SESSIONS_OPEN",
     "EXCLUDED_BY_REASON",
     "FAILED_BY_ORIGIN",
     "FAILED_BY_REASON",
@@ -66,11 +69,9 @@ __all__ = [
     "MetricTable",
     "PLACEHOLDERS",
     "RESPONSE_LENGTH_MAX",
-    "RESPONSE_LENGTH_MEAN",
     "RESPONSE_LENGTH_SUM",
     "REWARD_ABSENT",
     "REWARD_MEAN",
-    "REWARD_MEAN_AT",
     "REWARD_MEAN_SUCCESS",
     "REWARD_SUM",
     "REWARD_SUM_SUCCESS",
@@ -78,7 +79,6 @@ __all__ = [
     "ROWS_SUCCEEDED",
     "SESSIONS_CANCELLED",
     "SESSIONS_FAILED",
-    "SESSIONS_OPEN",
     "SESSIONS_SUCCEEDED",
     "SESSIONS_TOTAL",
     "Scope",
@@ -88,7 +88,6 @@ __all__ = [
     "UIDS_EXCLUDED",
     "UID_MEAN_SUM",
     "UID_MEAN_SUM_ALL",
-    "ZERO_FILLED",
     "group_mean",
     "scopes",
     "summarise",
@@ -143,7 +142,7 @@ RESPONSE_LENGTH_MEAN = "response_length/mean"
 COVERAGE = "coverage"
 
 #: Counts every scope reports, zero included (docs/design.md §7 lists them per scope).
-ZERO_FILLED = (
+_ZERO_FILLED = (
     SESSIONS_TOTAL,
     SESSIONS_SUCCEEDED,
     SESSIONS_FAILED,
@@ -187,7 +186,7 @@ class MetricTable:
     def derive(self) -> None:
         """Recompute the derived metrics from the counters."""
         v = self.values
-        for name in ZERO_FILLED:  # a count that is zero is reported as 0, not left out
+        for name in _ZERO_FILLED:  # a count that is zero is reported as 0, not left out
             v.setdefault(name, 0.0)
         v[GROUPS_UNSETTLED] = (
             self.get(GROUPS_TOTAL) - self.get(GROUPS_FINISHED) - self.get(GROUPS_FAILURE)

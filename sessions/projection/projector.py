@@ -47,19 +47,14 @@ from store import EventStore, follower_leadership, projection_page, retry_transi
 from store import read_models as rm
 
 __all__ = [
-    "PageResult",
     "Projector",
-    "SINK_TIMEOUT",
-    "load_working_set",
-    "queue_items",
-    "save_working_set",
 ]
 
 log = logging.getLogger(__name__)
 
 
 @dataclass
-class PageResult:
+class _PageResult:
     events: int
     rows: int
     tags: int
@@ -70,7 +65,7 @@ class PageResult:
 
 #: Seconds one external sink's `put` may take before the page is rolled back (None: no limit).
 #: A put that hangs would otherwise hold the page transaction — on SQLite the write lock — forever.
-SINK_TIMEOUT = 60.0
+_SINK_TIMEOUT = 60.0
 
 
 class Projector:
@@ -88,7 +83,7 @@ class Projector:
         sinks: Sequence[QueueSink] = (),
         page_size: int = 2000,
         store: EventStore | None = None,
-        sink_timeout: float | None = SINK_TIMEOUT,
+        sink_timeout: float | None = _SINK_TIMEOUT,
         hold_batches: bool = True,
     ) -> None:
         self.engine = engine
@@ -112,14 +107,14 @@ class Projector:
             self._turns = (loop, asyncio.Lock())
         return self._turns[1]
 
-    async def step(self) -> PageResult:
+    async def step(self) -> _PageResult:
         """Project one page; `events == 0` means the projector is at the end of the log.
 
         A transient database error (lost connection, busy file) rolls the page back and retries it.
         """
         return await retry_transient(self._step, what="projection")
 
-    async def _step(self) -> PageResult:
+    async def _step(self) -> _PageResult:
         async with self._turn():
             try:
                 return await self._page()
@@ -127,7 +122,7 @@ class Projector:
                 self._held = None  # the rules may have changed held rows before the rollback
                 raise
 
-    async def _page(self) -> PageResult:
+    async def _page(self) -> _PageResult:
         async with projection_page(self.engine) as conn:
             checkpoint = await rm.get_checkpoint(conn)
             payloads: dict[int, bytes] | None = {} if self.hold_batches else None
@@ -141,15 +136,15 @@ class Projector:
             ):
                 held = self._held = None  # another projector moved on: what we hold is stale
             if not page:
-                return PageResult(0, 0, 0, checkpoint)
+                return _PageResult(0, 0, 0, checkpoint)
             held = held or Held(checkpoint, None)
-            state = await load_working_set(conn, page, checkpoint, held)
+            state = await _load_working_set(conn, page, checkpoint, held)
             rules = Rules(state)
             rules.apply_all(page)
             rules.finish()
-            await save_working_set(conn, state)
+            await _save_working_set(conn, state)
             if self.sinks:
-                items = await queue_items(conn, state.queue)
+                items = await _queue_items(conn, state.queue)
                 for sink in self.sinks:
                     await self._put(sink, items)
             last = page[-1][0]
@@ -157,7 +152,7 @@ class Projector:
         self._held = hold(state, last, stamp, held, page_sources(page, payloads or {}))
         if payloads is None and self._held is not None:
             self._held.steps.clear()
-        return PageResult(len(page), state.rows_made, state.tags_made, last, len(state.errors))
+        return _PageResult(len(page), state.rows_made, state.tags_made, last, len(state.errors))
 
     async def current_held_step(
         self, conn: Any, run: str, partition: str, global_step: int | None
@@ -205,7 +200,7 @@ class Projector:
             )
         put.result()
 
-    async def run(self, *, on_page: Callable[[PageResult], None] | None = None) -> int:
+    async def run(self, *, on_page: Callable[[_PageResult], None] | None = None) -> int:
         """Project to the current end of the log; returns the number of events projected."""
         total = 0
         while True:
@@ -221,7 +216,7 @@ class Projector:
         stop: asyncio.Event,
         *,
         poll_interval: float = 0.5,
-        on_page: Callable[[PageResult], None] | None = None,
+        on_page: Callable[[_PageResult], None] | None = None,
         on_leader: Callable[[], None] | None = None,
         on_error: Callable[[BaseException, int, float], None] | None = None,
         backoff: float = 0.5,
@@ -254,14 +249,14 @@ class Projector:
         self,
         stop: asyncio.Event,
         poll_interval: float,
-        on_page: Callable[[PageResult], None] | None,
+        on_page: Callable[[_PageResult], None] | None,
         on_error: Callable[[BaseException, int, float], None] | None,
         backoff: float,
         max_backoff: float,
     ) -> int:
         total = 0
 
-        def counted(result: PageResult) -> None:
+        def counted(result: _PageResult) -> None:
             nonlocal total
             total += result.events  # counted per page: a later page's failure must not lose it
             if on_page is not None:
@@ -306,7 +301,7 @@ class Projector:
         return total
 
 
-async def load_working_set(
+async def _load_working_set(
     conn: Any, page: list[LogEvent], checkpoint: int, held: Held | None = None
 ) -> WorkingSet:
     """The read-model rows a page's events touch, as stored before the page: those `held` (the
@@ -399,7 +394,7 @@ async def _load_trajectories(
             state.trajectories.setdefault(sid, {})[int(data["index"])] = (position, data)
 
 
-async def save_working_set(conn: Any, state: WorkingSet) -> None:
+async def _save_working_set(conn: Any, state: WorkingSet) -> None:
     """Write back what the rules changed: new rows inserted, touched ones updated, queue rows added."""
     sessions_new = [
         state.sessions[sid] for sid in state.touched_sessions if sid in state.new_sessions
@@ -436,7 +431,7 @@ def _by_session(row: dict[str, Any]) -> str:
     return row["session_id"]
 
 
-async def queue_items(conn: Any, queue: list[dict[str, Any]]) -> list[QueueItem]:
+async def _queue_items(conn: Any, queue: list[dict[str, Any]]) -> list[QueueItem]:
     """A page's queue rows with their token arrays, for external sinks."""
     from sessions.batches import (
         rows as row_builder,

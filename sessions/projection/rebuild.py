@@ -22,7 +22,6 @@ from sessions.projection.rules import NO_CREATION, TERMINAL_STATES, Row, Rules, 
 __all__ = [
     "ReadModels",
     "Rebuild",
-    "rebuild_rows",
     "without_pruned",
 ]
 
@@ -208,7 +207,7 @@ def _metric_rows(scope: tuple[Any, ...], values: dict[str, float]) -> list[Row]:
     ]
 
 
-def rebuild_rows(rows: Iterable[Sequence[Any]]) -> ReadModels:
+def _rebuild_rows(rows: Iterable[Sequence[Any]]) -> ReadModels:
     """Rebuild from one iterable of `EVENT_COLUMNS` tuples (tests and small logs)."""
     rebuilt = Rebuild()
     rebuilt.feed(list(rows))

@@ -23,10 +23,10 @@ from sessions.runs.retention import check_pruned
 from store import EventStore
 from store import read_models as rm
 
-__all__ = ["POLL_INTERVAL", "SettledStep", "settled_step", "wait_settled"]
+__all__ = ["SettledStep", "settled_step"]
 
 #: Seconds between two looks at a step's groups while no commit wakes the waiter sooner.
-POLL_INTERVAL = 0.5
+_POLL_INTERVAL = 0.5
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,16 +54,16 @@ async def settled_step(
     global_step: int | None,
     *,
     timeout: float | None,
-    poll_interval: float = POLL_INTERVAL,
+    poll_interval: float = _POLL_INTERVAL,
     sources: bool = True,
 ) -> SettledStep:
-    """The step's rows once it has settled (projecting as it waits; `wait_settled`), held by
+    """The step's rows once it has settled (projecting as it waits; `_wait_settled`), held by
     `projector` or read back; `sources=False` leaves the events (and their payloads) unread.
 
     `partition` must be one of the partitions already (the caller checks what a user gave).
     """
     global_step = validation.read_step(global_step)
-    await wait_settled(
+    await _wait_settled(
         projector,
         store,
         run,
@@ -86,7 +86,7 @@ async def settled_step(
     return SettledStep(run, partition, global_step, rows, events, False)
 
 
-async def wait_settled(
+async def _wait_settled(
     projector: Projector,
     store: EventStore,
     run: str,
@@ -94,7 +94,7 @@ async def wait_settled(
     global_step: int | None,
     *,
     timeout: float | None,
-    poll_interval: float = POLL_INTERVAL,
+    poll_interval: float = _POLL_INTERVAL,
 ) -> None:
     """Project and look until none of the step's groups is pending; after `timeout` seconds
     (None: no bound) raise `StepNotSettled`, naming some of the open groups. Between looks it

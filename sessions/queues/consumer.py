@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from tensordict import TensorDict
 
 
-class HasEngine(Protocol):
+class _HasEngine(Protocol):
     """What a consumer needs of a ledger: the engine of its database (a `Ledger` has one). A
     protocol, so this module need not import the ledger that builds on it."""
 
@@ -39,7 +39,7 @@ class QueueConsumer:
 
     def __init__(
         self,
-        ledger_or_engine: HasEngine | AsyncEngine,
+        ledger_or_engine: _HasEngine | AsyncEngine,
         name: str,
         *,
         run: str,
@@ -116,4 +116,4 @@ class QueueConsumer:
         return await qc.release(self.engine, self.name, ids)
 
 
-__all__ = ["HasEngine", "QueueConsumer"]
+__all__ = ["QueueConsumer"]

@@ -14,15 +14,15 @@ from typing import Any
 from sessions.errors import LedgerError
 from sessions.report.figures import FigureSpec, Panel
 
-__all__ = ["MissingReportDependency", "draw", "require_matplotlib"]
+__all__ = ["draw", "require_matplotlib"]
 
 #: Honest mean, success-only mean, and the inflation between them.
 HONEST, SUCCESS_ONLY, GAP = "#1f4e79", "#d95f02", "#fdb863"
 #: Up to this many points a stacked series is drawn as bars (readable for a short run).
-BARS_UP_TO = 40
+_BARS_UP_TO = 40
 
 
-class MissingReportDependency(LedgerError):
+class _MissingReportDependency(LedgerError):
     """The report needs matplotlib, which is the `report` extra."""
 
 
@@ -31,7 +31,7 @@ def require_matplotlib() -> Any:
     try:
         import matplotlib
     except ModuleNotFoundError as error:
-        raise MissingReportDependency(
+        raise _MissingReportDependency(
             "the report draws its figures with matplotlib, which is not installed: install the report extra "
             "from the clone, pip install -e '.[report]'"
         ) from error
@@ -106,7 +106,7 @@ def _panel(axes: Any, panel: Panel, colors: dict[str, str]) -> None:
         axes.set_yticks([])
         return
     x = panel.series[0].x
-    few = len(x) <= BARS_UP_TO
+    few = len(x) <= _BARS_UP_TO
     marker = "o" if few else None
     stacks = [s for s in panel.series if s.style == "stack"]
     if stacks:

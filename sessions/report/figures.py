@@ -18,14 +18,14 @@ from dataclasses import dataclass, field
 from sessions.report.data import StepTable
 from sessions.report.downsample import MAX_POINTS, Buckets, bucket_steps, reduce
 
-__all__ = ["FigureSpec", "Panel", "Series", "plan_figures"]
+__all__ = ["FigureSpec", "Panel", "plan_figures"]
 
 #: Series whose per-bucket reduction is the maximum, not the mean (they are maxima themselves).
-MAXIMA = ("response_length/max",)
+_MAXIMA = ("response_length/max",)
 
 
 @dataclass(frozen=True)
-class Series:
+class _Series:
     label: str  # the metric name, as stored
     x: list[float]
     y: list[float]
@@ -35,13 +35,13 @@ class Series:
 @dataclass
 class Panel:
     title: str
-    series: list[Series] = field(default_factory=list)
+    series: list[_Series] = field(default_factory=list)
     ylabel: str = ""
     gap: tuple[str, str] | None = None  # (lower, upper) labels: the area between them is shaded
     note: str | None = None  # drawn across a panel with nothing to show
     ylim: tuple[float, float] | None = None
 
-    def get(self, label: str) -> Series | None:
+    def get(self, label: str) -> _Series | None:
         return next((s for s in self.series if s.label == label), None)
 
 
@@ -68,11 +68,11 @@ class _Columns:
         self.table = table
         self.buckets: Buckets = bucket_steps(table.steps, max_points)
 
-    def series(self, metric: str, style: str = "line", *, counter: bool = False) -> Series:
+    def series(self, metric: str, style: str = "line", *, counter: bool = False) -> _Series:
         """Counters are 0 at a step without their row; means are absent (a gap) there."""
         raw = self.table.series(metric, absent=0.0 if counter else math.nan)
-        how = "max" if metric in MAXIMA else "mean"
-        return Series(metric, list(self.buckets.x), reduce(raw, self.buckets, how), style)
+        how = "max" if metric in _MAXIMA else "mean"
+        return _Series(metric, list(self.buckets.x), reduce(raw, self.buckets, how), style)
 
     def title(self) -> str:
         size = self.buckets.size

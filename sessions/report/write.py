@@ -21,13 +21,13 @@ from sessions.report.drawing import draw, require_matplotlib
 from sessions.report.figures import FigureSpec, plan_figures
 from sessions.report.page import GENERATOR, render_page
 
-__all__ = ["DEFAULT_DPI", "ReportFiles", "check_out", "is_report_folder", "write_report"]
+__all__ = ["DEFAULT_DPI", "check_out", "write_report"]
 
 DEFAULT_DPI = 100
 
 
 @dataclass
-class ReportFiles:
+class _ReportFiles:
     """What was written, and the series each figure was drawn from (for tests and callers)."""
 
     index: Path
@@ -45,7 +45,7 @@ def _only_report_files(out: Path) -> bool:
     )
 
 
-def is_report_folder(out: Path) -> bool:
+def _is_report_folder(out: Path) -> bool:
     """An empty folder, or one holding only a report this verb wrote (its page says so)."""
     if not out.is_dir() or not _only_report_files(out):
         return False
@@ -69,7 +69,7 @@ def check_out(out: Path, *, databases: Sequence[str | None] = (), force: bool = 
             f"--out {out} is a file, not a folder: pass a folder for index.html and its figures "
             "(it is created if missing)"
         )
-    check_target(out, flag="--out", databases=databases, force=force, made_here=is_report_folder)
+    check_target(out, flag="--out", databases=databases, force=force, made_here=_is_report_folder)
     existing = out.parent
     while not existing.exists():  # the nearest folder that exists is the one we must write into
         existing = existing.parent
@@ -92,7 +92,7 @@ def write_report(
     max_points: int = MAX_POINTS,
     failure_limit: int = FAILURE_ROWS,
     force: bool = False,
-) -> ReportFiles:
+) -> _ReportFiles:
     """Draw every figure into `out` (created if missing), then write `index.html` last, so a page
     on disk never names a figure that is not there yet."""
     started = time.perf_counter()
@@ -101,7 +101,7 @@ def write_report(
     if specs:
         require_matplotlib()
     out.parent.mkdir(parents=True, exist_ok=True)
-    files = ReportFiles(out / "index.html")
+    files = _ReportFiles(out / "index.html")
     with replaced_folder(out) as folder:
         for spec in specs:
             draw(spec, folder / f"{spec.name}.png", dpi=dpi)

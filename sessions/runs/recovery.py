@@ -16,14 +16,13 @@ from sessions.vocabulary import ORPHANED
 from store import read_models as rm
 
 __all__ = [
-    "RECOVER_CONCURRENCY",
     "parse_duration",
     "recover",
 ]
 
 
 #: Orphans failed at once (each a read and an append; the appends share group commits).
-RECOVER_CONCURRENCY = 64
+_RECOVER_CONCURRENCY = 64
 
 
 def parse_duration(text: str) -> timedelta:
@@ -57,7 +56,7 @@ async def recover(
     async with ledger.engine.connect() as conn:
         candidates = await rm.open_sessions_last_event(conn, run=run)
     stale = [(session_id, last) for session_id, last in candidates if last < cutoff]
-    limit = asyncio.Semaphore(RECOVER_CONCURRENCY)
+    limit = asyncio.Semaphore(_RECOVER_CONCURRENCY)
 
     async def fail(session_id: str, last: datetime) -> str | None:
         async with limit:

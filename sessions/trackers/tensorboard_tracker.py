@@ -4,7 +4,7 @@ Written with torch's `SummaryWriter` (the `tensorboard` package must be installe
 `trackers` extra), as verl's own `TensorboardLogger` writes, so the ledger's figures sit beside
 verl's under the same step. Scalars are TensorBoard's usual float32 (`simple_value`); the table is
 markdown for the text plugin. The steps logged are also kept in a small file in the log directory
-(`MANIFEST`), so a restarted trainer that logs a step again does not write it twice.
+(`_MANIFEST`), so a restarted trainer that logs a step again does not write it twice.
 """
 
 from __future__ import annotations
@@ -23,10 +23,10 @@ from sessions.trackers.content import (
 )
 from sessions.trackers.step_log import LOGGED, require
 
-__all__ = ["MANIFEST", "TensorBoardTracker"]
+__all__ = ["TensorBoardTracker"]
 
 #: The file, in the log directory, listing the steps this tracker has logged there (JSON lines).
-MANIFEST = "rollout-ledger-steps.jsonl"
+_MANIFEST = "rollout-ledger-steps.jsonl"
 
 
 class TensorBoardTracker:
@@ -44,7 +44,7 @@ class TensorBoardTracker:
             writer = tensorboard.SummaryWriter(log_dir=str(logdir))
         self.writer = writer
         self.logdir = Path(writer.log_dir)
-        self._logged = _read_manifest(self.logdir / MANIFEST)
+        self._logged = _read_manifest(self.logdir / _MANIFEST)
 
     @property
     def name(self) -> str:
@@ -68,7 +68,7 @@ class TensorBoardTracker:
             )
         self.writer.flush()  # on disk before the step is marked logged: at worst a crash logs it twice
         run, partition, global_step = content.key
-        with open(self.logdir / MANIFEST, "a", encoding="utf-8") as manifest:
+        with open(self.logdir / _MANIFEST, "a", encoding="utf-8") as manifest:
             manifest.write(
                 json.dumps({"run": run, "partition": partition, "global_step": global_step}) + "\n"
             )

@@ -34,11 +34,11 @@ from store.schema.tables import (
     sessions,
 )
 
-SESSION_COLUMNS = tuple(c.name for c in sessions.c)
-GROUP_COLUMNS = tuple(c.name for c in groups.c)
+_SESSION_COLUMNS = tuple(c.name for c in sessions.c)
+_GROUP_COLUMNS = tuple(c.name for c in groups.c)
 METRIC_COLUMNS = tuple(c.name for c in metric_counts.c)
-QUEUE_COLUMNS = tuple(c.name for c in queue_rows.c)
-ERROR_COLUMNS = tuple(c.name for c in projection_errors.c)
+_QUEUE_COLUMNS = tuple(c.name for c in queue_rows.c)
+_ERROR_COLUMNS = tuple(c.name for c in projection_errors.c)
 
 #: What a rebuild selects of `events`, in the projection decoder's column order; `recorded_at`
 #: only where a session row takes it (created, terminal): it is stored after the payload, so
@@ -147,16 +147,16 @@ def prepare(
     """Serialise JSON columns (as SQLAlchemy's JSON type does: `json.dumps`) and, across backends,
     convert the session timestamps the rebuild took from the source's events. Queue rows before
     `queue_from` are left out (already written: `write_queue_rows`)."""
-    out_sessions = _tuples(tables["sessions"], SESSION_COLUMNS, _REWARD_INFO)
+    out_sessions = _tuples(tables["sessions"], _SESSION_COLUMNS, _REWARD_INFO)
     convert = recorded_at_converter(source, target)
     if convert is not None:
         out_sessions = [_converted(values, convert) for values in out_sessions]
     return Prepared(
         out_sessions,
-        _tuples(tables["groups"], GROUP_COLUMNS, _MEMBERS),
+        _tuples(tables["groups"], _GROUP_COLUMNS, _MEMBERS),
         _tuples(tables["metrics"], METRIC_COLUMNS),
         queue_tuples(tables["queue"][queue_from:]),
-        _tuples(tables.get("errors", ()), ERROR_COLUMNS),
+        _tuples(tables.get("errors", ()), _ERROR_COLUMNS),
         last_position,
         events,
         tables["queue"][-1]["id"] if tables["queue"] else None,
@@ -165,7 +165,7 @@ def prepare(
 
 def queue_tuples(rows: Sequence[Mapping[str, Any]]) -> list[tuple[Any, ...]]:
     """Queue rows (final once made) as the target's driver takes them."""
-    return _tuples(rows, QUEUE_COLUMNS, _TAGS)
+    return _tuples(rows, _QUEUE_COLUMNS, _TAGS)
 
 
 def _tuples(
@@ -215,10 +215,10 @@ def _json_dumps() -> Any:
 _dumps = _json_dumps()
 
 
-_REWARD_INFO = SESSION_COLUMNS.index("reward_info")
-_CREATED, _TERMINAL = SESSION_COLUMNS.index("created_at"), SESSION_COLUMNS.index("terminal_at")
-_TAGS = QUEUE_COLUMNS.index("tags")
-_MEMBERS = GROUP_COLUMNS.index("members")
+_REWARD_INFO = _SESSION_COLUMNS.index("reward_info")
+_CREATED, _TERMINAL = _SESSION_COLUMNS.index("created_at"), _SESSION_COLUMNS.index("terminal_at")
+_TAGS = _QUEUE_COLUMNS.index("tags")
+_MEMBERS = _GROUP_COLUMNS.index("members")
 
 
 @wraps_faults()
@@ -252,7 +252,7 @@ async def claim_read_models(write: driver.Writer, target: AsyncEngine) -> None:
 @wraps_faults()
 async def write_queue_rows(write: driver.Writer, rows: Sequence[tuple[Any, ...]]) -> None:
     """Queue rows (`queue_tuples`) ahead of the rest, once `claim_read_models` has run."""
-    await write.insert("queue_rows", QUEUE_COLUMNS, rows)
+    await write.insert("queue_rows", _QUEUE_COLUMNS, rows)
 
 
 @wraps_faults()
@@ -285,11 +285,11 @@ async def add_read_model_rows(write: driver.Writer, rows: Prepared) -> None:
     """Insert rebuilt rows into `write`'s open transaction, no checkpoint and no claim: the rows
     of `write_read_models`, and a scratch database filled part by part (the audit's fold moves
     finished steps there as it goes)."""
-    await write.insert("sessions", SESSION_COLUMNS, rows.sessions)
-    await write.insert("groups", GROUP_COLUMNS, rows.groups)
+    await write.insert("sessions", _SESSION_COLUMNS, rows.sessions)
+    await write.insert("groups", _GROUP_COLUMNS, rows.groups)
     await write.insert("metric_counts", METRIC_COLUMNS, rows.metrics)
     await write_queue_rows(write, rows.queue)
-    await write.insert("projection_errors", ERROR_COLUMNS, rows.errors)
+    await write.insert("projection_errors", _ERROR_COLUMNS, rows.errors)
 
 
 @wraps_faults()

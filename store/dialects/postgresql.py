@@ -25,24 +25,17 @@ from store.dialects.base import Dialect, DriverCalls, Row
 from store.errors import StoreInputError
 
 __all__ = [
-    "BACKUP_TOOLS",
-    "CONNECTION_LOST_TEXTS",
     "DISK_FULL_TEXTS",
     "LOCK_TIMEOUT_TEXTS",
-    "PG_LEADER_LOCK",
     "PG_LOCK_TIMEOUT",
-    "PG_MIGRATION_LOCK",
-    "PG_PROJECTOR_LOCK",
-    "SERVER_SETTINGS",
-    "SQLSTATE_HINTS",
     "PostgresDialect",
 ]
 
 #: Advisory lock ids ("RLPR", "RLLD", "RLMI"): one projector page at a time; one leading
 #: follower; one migrator (any constants unique to this project).
-PG_PROJECTOR_LOCK = 0x524C5052
-PG_LEADER_LOCK = 0x524C4C44
-PG_MIGRATION_LOCK = 0x524C4D49
+_PG_PROJECTOR_LOCK = 0x524C5052
+_PG_LEADER_LOCK = 0x524C4C44
+_PG_MIGRATION_LOCK = 0x524C4D49
 #: Give up waiting for the append lock after this long rather than hang forever.
 PG_LOCK_TIMEOUT = "10s"
 
@@ -57,11 +50,11 @@ PG_LOCK_TIMEOUT = "10s"
 #: then JIT-compiles a query that runs in a millisecond: `recover`'s sweep of 256 open sessions
 #: at 10^6 events took 71 ms (128 ms cold), ~100 ms of it compiling, against 1.5-2 ms without.
 #: The ledger's statements are short, and the report's whole-run reads ran no faster with it.
-SERVER_SETTINGS = {"plan_cache_mode": "force_custom_plan", "jit": "off"}
+_SERVER_SETTINGS = {"plan_cache_mode": "force_custom_plan", "jit": "off"}
 
 #: Texts of a connection that broke: the server ended it, or asyncpg's protocol was left
 #: mid-operation by a dropped connection ("another operation", "cannot switch to state").
-CONNECTION_LOST_TEXTS = (
+_CONNECTION_LOST_TEXTS = (
     "connection was closed",
     "terminating connection",
     "connection is closed",
@@ -76,7 +69,7 @@ LOCK_TIMEOUT_TEXTS = ("lock timeout", "lock_timeout")
 DISK_FULL_TEXTS = ("no space left",)
 
 #: SQLSTATE (or its class, two characters) -> what to do.
-SQLSTATE_HINTS = MappingProxyType(
+_SQLSTATE_HINTS = MappingProxyType(
     {
         "3D000": "create it (createdb NAME) or fix the database name in the URL",
         "28000": "check the user name in the URL (and pg_hba.conf)",
@@ -91,7 +84,7 @@ SQLSTATE_HINTS = MappingProxyType(
 )
 
 #: How a PostgreSQL ledger is backed up (the `backup` verb copies SQLite files only).
-BACKUP_TOOLS = (
+_BACKUP_TOOLS = (
     "a PostgreSQL ledger is backed up with PostgreSQL's own tools: "
     "`pg_dump -Fc -f ledger.dump DBNAME` while it runs, and `createdb NEW && "
     "pg_restore -d NEW ledger.dump` to restore (docs/operations.md)"
@@ -117,7 +110,7 @@ _ARRAY_TYPES = {
 
 
 def insert_sql(columns: Sequence[str]) -> str:
-    """A group commit's rows as one INSERT: one array per column (`insert_params`), unnested by
+    """A group commit's rows as one INSERT: one array per column (`_insert_params`), unnested by
     the server in row order, so positions follow the rows. One Bind/Execute whatever the count,
     where `executemany` sends one per row: the insert is what the append lock is held for."""
     arrays = ", ".join(f"${i}::{_ARRAY_TYPES[c]}" for i, c in enumerate(columns, start=1))
@@ -129,12 +122,12 @@ def insert_sql(columns: Sequence[str]) -> str:
     )
 
 
-def insert_params(rows: Sequence[Row]) -> tuple[list[Any], ...]:
+def _insert_params(rows: Sequence[Row]) -> tuple[list[Any], ...]:
     """Row tuples as the column arrays `insert_sql` binds."""
     return tuple(list(column) for column in zip(*rows))
 
 
-class AsyncpgCalls(DriverCalls):
+class _AsyncpgCalls(DriverCalls):
     """asyncpg's API: `$n` marks, `COPY` for inserts, transactions as objects."""
 
     async def fetch(self, conn: Any, sql: str, params: Sequence[Any]) -> list[Row]:
@@ -177,8 +170,8 @@ class AsyncpgCalls(DriverCalls):
 class PostgresDialect(Dialect):
     name = "postgresql"
     async_driver = "postgresql+asyncpg"
-    page_lock_sql = f"SELECT pg_advisory_xact_lock({PG_PROJECTOR_LOCK})"
-    migration_lock_sql = f"SELECT pg_advisory_xact_lock({PG_MIGRATION_LOCK})"
+    page_lock_sql = f"SELECT pg_advisory_xact_lock({_PG_PROJECTOR_LOCK})"
+    migration_lock_sql = f"SELECT pg_advisory_xact_lock({_PG_MIGRATION_LOCK})"
     # EXCLUSIVE mode blocks other writers but not readers, for the insert transaction only; the
     # lock timeout turns a stuck writer elsewhere into an error, not a hang.
     append_lock_sql = (
@@ -186,16 +179,16 @@ class PostgresDialect(Dialect):
         "LOCK TABLE events IN EXCLUSIVE MODE",
     )
     append_rows_before_lock = True
-    try_leader_sql = f"SELECT pg_try_advisory_lock({PG_LEADER_LOCK})"
-    release_leader_sql = f"SELECT pg_advisory_unlock({PG_LEADER_LOCK})"
-    backup_tools = BACKUP_TOOLS
-    driver = AsyncpgCalls()
+    try_leader_sql = f"SELECT pg_try_advisory_lock({_PG_LEADER_LOCK})"
+    release_leader_sql = f"SELECT pg_advisory_unlock({_PG_LEADER_LOCK})"
+    backup_tools = _BACKUP_TOOLS
+    driver = _AsyncpgCalls()
     driver_modules = ("asyncpg",)  # judged by name: asyncpg need not be installed
     driver_install = ("the PostgreSQL driver asyncpg", "postgres")
-    connection_lost_texts = CONNECTION_LOST_TEXTS
+    connection_lost_texts = _CONNECTION_LOST_TEXTS
     lock_timeout_texts = LOCK_TIMEOUT_TEXTS
     disk_full_texts = DISK_FULL_TEXTS
-    sqlstate_hints = SQLSTATE_HINTS
+    sqlstate_hints = _SQLSTATE_HINTS
 
     def mark(self, index: int) -> str:
         return f"${index}"
@@ -204,7 +197,7 @@ class PostgresDialect(Dialect):
         return insert_sql(columns)
 
     def append_params(self, rows: Sequence[Row]) -> Any:
-        return insert_params(rows)
+        return _insert_params(rows)
 
     def describe_error(
         self, error: BaseException | None, message: str, where: str, urls: Sequence[URL]
@@ -253,7 +246,7 @@ class PostgresDialect(Dialect):
         kwargs.setdefault("pool_pre_ping", True)
         connect_args = dict(kwargs.pop("connect_args", None) or {})
         connect_args["server_settings"] = {
-            **SERVER_SETTINGS,
+            **_SERVER_SETTINGS,
             **(connect_args.get("server_settings") or {}),
         }
         return create_async_engine(url, connect_args=connect_args, **kwargs)

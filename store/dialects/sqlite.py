@@ -35,7 +35,7 @@ from store.errors import StoreInputError
 __all__ = ["SqliteDialect"]
 
 
-class AiosqliteCalls(DriverCalls):
+class _AiosqliteCalls(DriverCalls):
     """aiosqlite's API: `?` marks, `executemany`, transactions as plain statements."""
 
     async def fetch(self, conn: Any, sql: str, params: Sequence[Any]) -> list[Row]:
@@ -80,7 +80,7 @@ class SqliteDialect(Dialect):
     async_driver = "sqlite+aiosqlite"
     alembic_batch = True  # SQLite alters few things in place: Alembic copies the table instead
     online_backup = True
-    driver = AiosqliteCalls()
+    driver = _AiosqliteCalls()
     driver_modules = ("sqlite3", "aiosqlite")  # aiosqlite raises sqlite3's errors
     lock_timeout_texts = LOCK_TIMEOUT_TEXTS
     disk_full_texts = DISK_FULL_TEXTS

@@ -31,9 +31,9 @@ from store.dialects.base import WRITE_LOCK
 from store.errors import StoreError, StoreInputError
 from store.stored_json import load_json
 
-__all__ = ["SQLITE_BUSY_TIMEOUT_MS", "in_memory", "sqlite_engine", "sqlite_file", "writer_twin"]
+__all__ = ["in_memory", "sqlite_engine", "sqlite_file", "writer_twin"]
 
-SQLITE_BUSY_TIMEOUT_MS = 30_000
+_SQLITE_BUSY_TIMEOUT_MS = 30_000
 
 
 def in_memory(parsed: URL) -> bool:
@@ -44,7 +44,7 @@ def in_memory(parsed: URL) -> bool:
 
 def _busy_timeout_ms(seconds: float | None) -> int:
     if seconds is None:
-        return SQLITE_BUSY_TIMEOUT_MS
+        return _SQLITE_BUSY_TIMEOUT_MS
     if (
         isinstance(seconds, bool)
         or not isinstance(seconds, (int, float))

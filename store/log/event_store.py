@@ -66,7 +66,6 @@ __all__ = [
     "EventStore",
     "insert_events",
     "is_transient",
-    "read_page",
     "retry_transient",
     "to_stored",
 ]
@@ -403,7 +402,7 @@ class EventStore:
     async def read_from(self, after_position: int = 0, *, limit: int = 1000) -> list[StoredEvent]:
         """Up to `limit` events with position > after_position, in position order."""
         async with self.engine.connect() as conn:
-            return await read_page(conn, after_position, limit)
+            return await _read_page(conn, after_position, limit)
 
     async def iter_from(
         self, after_position: int = 0, *, page_size: int = 1000
@@ -454,7 +453,7 @@ _PAGE_NO_PAYLOAD = _PAGE_COLUMNS[:-1]
 
 
 @wraps_faults("reading a page of the log")
-async def read_page(
+async def _read_page(
     conn: AsyncConnection, after_position: int, limit: int, *, with_payload: bool = True
 ) -> list[StoredEvent]:
     """Events after a position; without payloads when the reader only needs the JSON data."""

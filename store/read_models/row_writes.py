@@ -29,7 +29,7 @@ from store.errors import StoreInvariantError
 __all__ = ["execute_rows", "insert_rows", "update_rows"]
 
 Row = dict[str, Any]
-Processor = Callable[[Any], Any]
+_Processor = Callable[[Any], Any]
 
 
 @dataclass(frozen=True)
@@ -40,7 +40,7 @@ class Plan:
     #: the row key each positional parameter takes its value from
     keys: tuple[str, ...]
     #: (parameter index, processor) for the parameters whose type processes its values
-    processors: tuple[tuple[int, Processor], ...]
+    processors: tuple[tuple[int, _Processor], ...]
 
     def parameters(self, rows: Sequence[Row]) -> list[tuple[Any, ...]]:
         if len(self.keys) == 1:

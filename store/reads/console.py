@@ -22,7 +22,6 @@ __all__ = [
     "QueryError",
     "QueryTimeout",
     "WriteRefused",
-    "code_of",
     "has_separator",
     "projector_lag",
     "run_query",
@@ -55,7 +54,7 @@ class QueryTimeout(QueryError):
     """A query stopped by `run_query`'s statement timeout."""
 
 
-def code_of(statement: str) -> str:
+def _code_of(statement: str) -> str:
     """`statement` with quoted text, quoted names, comments and `$tag$` bodies blanked out.
 
     One pass, each hidden part skipped with `str.find`, so the check costs O(len) however many
@@ -95,13 +94,13 @@ def code_of(statement: str) -> str:
 
 def has_separator(statement: str) -> bool:
     """Whether `statement` holds a ';' outside literals, quoted names and comments."""
-    return ";" in code_of(statement)
+    return ";" in _code_of(statement)
 
 
 def check_read_only(statement: str) -> str:
     """The statement without its trailing ';', or WriteRefused / QueryError before it reaches the database."""
     statement = statement.strip().rstrip(";")
-    code = code_of(statement)
+    code = _code_of(statement)
     if not code.strip():
         raise QueryError(
             'empty query: pass a SELECT statement, e.g. rollout-ledger sql "SELECT * FROM sessions LIMIT 5"'

@@ -27,7 +27,7 @@ __all__ = ["failed_session_samples"]
 #: Session ids per IN list.
 _CHUNK = 500
 #: The session columns a sample row carries, in table order.
-SAMPLE_COLUMNS = (
+_SAMPLE_COLUMNS = (
     "session_id",
     "uid",
     "session_index",
@@ -56,7 +56,7 @@ async def failed_session_samples(
     all), ordered by reason, then by when they failed; global_step None selects the sessions
     recorded without a step.
 
-    Each row has the `sessions` columns of `SAMPLE_COLUMNS` (timestamps in UTC) and `trajectories`:
+    Each row has the `sessions` columns of `_SAMPLE_COLUMNS` (timestamps in UTC) and `trajectories`:
     the `data` of each TrajectoryRecorded event the session appended, in log order, parsed from
     its stored JSON (None for a row whose JSON is malformed: a sample is no place to stop over it;
     `rollout-ledger audit` names such rows).
@@ -74,7 +74,7 @@ async def failed_session_samples(
         .label("rank")
     )
     ranked = (
-        select(*(sessions.c[name] for name in SAMPLE_COLUMNS), rank)
+        select(*(sessions.c[name] for name in _SAMPLE_COLUMNS), rank)
         .where(
             sessions.c.run == run, sessions.c.partition == partition, sessions.c.state == "failed"
         )
@@ -82,7 +82,7 @@ async def failed_session_samples(
         .subquery()
     )
     query = (
-        select(*(ranked.c[name] for name in SAMPLE_COLUMNS))
+        select(*(ranked.c[name] for name in _SAMPLE_COLUMNS))
         .where(ranked.c.rank <= per_reason)
         .order_by(ranked.c.failure_reason, ranked.c.terminal_position, ranked.c.session_id)
         .limit(limit)

@@ -19,10 +19,10 @@ from sqlalchemy import JSON, BigInteger, Boolean, DateTime, Float, Integer, Larg
 from store.errors import StoreInvariantError, UnknownColumn
 from store.schema.tables import metadata
 
-__all__ = ["INT32", "INT64", "ColumnSpec", "column_spec", "text_problem", "json_problem"]
+__all__ = ["INT32", "ColumnSpec", "column_spec"]
 
 INT32 = (-(2**31), 2**31 - 1)
-INT64 = (-(2**63), 2**63 - 1)
+_INT64 = (-(2**63), 2**63 - 1)
 
 
 @dataclass(frozen=True)
@@ -44,11 +44,11 @@ class ColumnSpec:
                 return f"must be a string, got {type(value).__name__}"
             if self.max_length is not None and len(value) > self.max_length:
                 return f"is {len(value)} characters long, more than the {self.max_length} the column stores"
-            return text_problem(value)
+            return _text_problem(value)
         if self.kind == "int":
             if isinstance(value, bool) or not isinstance(value, int):
                 return f"must be an integer, got {type(value).__name__}"
-            low, high = self.int_range or INT64
+            low, high = self.int_range or _INT64
             if not low <= value <= high:
                 return f"{value} is outside the column's integer range [{low}, {high}]"
             return None
@@ -67,11 +67,11 @@ class ColumnSpec:
                 else f"must be True or False, got {type(value).__name__}"
             )
         if self.kind == "json":
-            return json_problem(value)
+            return _json_problem(value)
         return None
 
 
-def text_problem(value: str) -> str | None:
+def _text_problem(value: str) -> str | None:
     """Why a string cannot be stored as text on both backends, or None."""
     if "\x00" in value:
         return "contains a NUL character, which PostgreSQL cannot store"
@@ -82,19 +82,19 @@ def text_problem(value: str) -> str | None:
     return None
 
 
-def json_problem(value: Any) -> str | None:
+def _json_problem(value: Any) -> str | None:
     """Why a value cannot be stored as JSON on both backends (jsonb too), or None."""
     if value is None or isinstance(value, (bool, int)):
         return None
     if isinstance(value, float):
         return None if math.isfinite(value) else f"holds {value}, which JSON cannot store"
     if isinstance(value, str):
-        return text_problem(value)
+        return _text_problem(value)
     if isinstance(value, dict):
         for key, item in value.items():
             if not isinstance(key, str):
                 return f"has a key of type {type(key).__name__}; JSON keys are strings"
-            problem = text_problem(key) or json_problem(item)
+            problem = _text_problem(key) or _json_problem(item)
             if problem is not None:
                 return (
                     f"[{key!r}] {problem}" if not problem.startswith("[") else f"[{key!r}]{problem}"
@@ -102,7 +102,7 @@ def json_problem(value: Any) -> str | None:
         return None
     if isinstance(value, (list, tuple)):
         for index, item in enumerate(value):
-            problem = json_problem(item)
+            problem = _json_problem(item)
             if problem is not None:
                 return (
                     f"[{index}] {problem}" if not problem.startswith("[") else f"[{index}]{problem}"
@@ -119,7 +119,7 @@ def _spec(table: str, column: Any) -> ColumnSpec:
     if isinstance(kind_of, Boolean):
         return ColumnSpec(name, "bool", column.nullable)
     if isinstance(kind_of, BigInteger):
-        return ColumnSpec(name, "int", column.nullable, int_range=INT64)
+        return ColumnSpec(name, "int", column.nullable, int_range=_INT64)
     if isinstance(kind_of, Integer):
         return ColumnSpec(name, "int", column.nullable, int_range=INT32)
     if isinstance(kind_of, Float):

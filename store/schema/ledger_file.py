@@ -22,10 +22,10 @@ from store.errors import SchemaError
 from store.faults import driver_error
 from store.schema.state import read_state, schema_problem
 
-__all__ = ["SQLITE_HEADER", "holds_ledger", "require_ledger_file"]
+__all__ = ["holds_ledger", "require_ledger_file"]
 
 #: The first 16 bytes of every SQLite database file.
-SQLITE_HEADER = b"SQLite format 3\x00"
+_SQLITE_HEADER = b"SQLite format 3\x00"
 
 
 def require_ledger_file(database: str) -> None:
@@ -54,14 +54,14 @@ def require_ledger_file(database: str) -> None:
             "check its owner and mode"
         )
     with open(path, "rb") as file:
-        header = file.read(len(SQLITE_HEADER))
+        header = file.read(len(_SQLITE_HEADER))
     wal = Path(f"{path}-wal")
     if not header and not (wal.exists() and wal.stat().st_size):
         raise SchemaError(
             f"{where} is empty (0 bytes), not a rollout-ledger database: check --db, or run {create} "
             "to make it one"
         )
-    if header and header != SQLITE_HEADER:
+    if header and header != _SQLITE_HEADER:
         raise SchemaError(
             f"{database} is not a database (not a SQLite file: it starts with bytes {header[:8].hex()}, "
             "not 'SQLite format 3'): point --db at a rollout-ledger database, or restore it from a backup"
@@ -92,7 +92,7 @@ def holds_ledger(path: str | os.PathLike[str]) -> bool:
     cannot be read counts as one: writing over it is not a gamble to take."""
     try:
         with open(path, "rb") as file:
-            if file.read(len(SQLITE_HEADER)) != SQLITE_HEADER:
+            if file.read(len(_SQLITE_HEADER)) != _SQLITE_HEADER:
                 return False
     except OSError:
         return False

@@ -41,7 +41,6 @@ __all__ = [
     "check_schema",
     "current_revision",
     "describe",
-    "foreign_tables",
     "head_revision",
     "read_state",
     "schema_problem",
@@ -79,7 +78,7 @@ def _check_known(conn: Connection) -> str | None:
 LEDGER_NAMES = frozenset({*metadata.tables, *VIEWS, "alembic_version"})
 
 
-def foreign_tables(state: SchemaState) -> tuple[str, ...]:
+def _foreign_tables(state: SchemaState) -> tuple[str, ...]:
     """The tables and views of `state` that are not the ledger's."""
     return tuple(name for name in state.tables if name not in LEDGER_NAMES)
 
@@ -94,7 +93,7 @@ def _refuse_foreign(conn: Connection, share: bool) -> None:
         if state.revision not in known_revisions()[0]:
             raise SchemaError(schema_problem(state, where, target))
         return  # already a ledger: its own extra tables (a user's SQL) were its owner's choice
-    foreign = foreign_tables(state)
+    foreign = _foreign_tables(state)
     if foreign and not share:
         raise SchemaError(
             f"{where} is not a rollout-ledger database: it holds another application's "

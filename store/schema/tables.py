@@ -39,9 +39,9 @@ metadata = MetaData(
 )
 
 #: 64-bit keys on PostgreSQL; SQLite only autoincrements an INTEGER PRIMARY KEY.
-BigKey = BigInteger().with_variant(Integer(), "sqlite")
-Json = JSON().with_variant(JSONB(), "postgresql")
-Binary = LargeBinary().with_variant(BYTEA(), "postgresql")
+_BigKey = BigInteger().with_variant(Integer(), "sqlite")
+_Json = JSON().with_variant(JSONB(), "postgresql")
+_Binary = LargeBinary().with_variant(BYTEA(), "postgresql")
 
 SESSION_ID = 128
 NAME = 128
@@ -59,7 +59,7 @@ _CREATION = text("type = 'SessionCreated'")
 events = Table(
     "events",
     metadata,
-    Column("position", BigKey, primary_key=True, autoincrement=True),
+    Column("position", _BigKey, primary_key=True, autoincrement=True),
     Column("event_id", String(36), nullable=False, unique=True),
     Column("session_id", String(SESSION_ID), nullable=False),
     Column("version", Integer, nullable=False),
@@ -69,8 +69,8 @@ events = Table(
     Column("uid", String(NAME), nullable=False),
     Column("partition", String(8), nullable=False),
     Column("global_step", BigInteger, nullable=True),
-    Column("data", Json, nullable=False),
-    Column("payload", Binary, nullable=True),
+    Column("data", _Json, nullable=False),
+    Column("payload", _Binary, nullable=True),
     Column("recorded_at", DateTime(timezone=True), nullable=False),
     # A SessionCreated's slot in its group, promoted from its data by the writer (NULL on every
     # other event, and on creations written before revision 0004 that repeated a slot): the
@@ -116,7 +116,7 @@ sessions = Table(
     Column("selected_rows", Integer, nullable=False),
     Column("reward", Float, nullable=True),
     Column("score_source", String(16), nullable=True),
-    Column("reward_info", Json, nullable=False),
+    Column("reward_info", _Json, nullable=False),
     Column("failure_reason", String(32), nullable=True),
     Column("error_type", String(NAME), nullable=True),
     Column("message", String(512), nullable=True),
@@ -156,7 +156,7 @@ groups = Table(
     Column("reward_count", Integer, nullable=False),
     Column("status", String(16), nullable=False),
     Column("settled_position", BigInteger, nullable=True),
-    Column("members", Json, nullable=False),
+    Column("members", _Json, nullable=False),
     Column("valid_rows", Integer, nullable=True),  # non-placeholder rows (revision 0005)
     Column("min_valid", Integer, nullable=True),
     # Only the natural key (revision 0007 dropped the plain (run, partition, global_step) index):
@@ -194,7 +194,7 @@ metric_counts = Table(
 queue_rows = Table(
     "queue_rows",
     metadata,
-    Column("id", BigKey, primary_key=True, autoincrement=True),
+    Column("id", _BigKey, primary_key=True, autoincrement=True),
     Column("run", String(NAME), nullable=False),
     Column("partition", String(8), nullable=False),
     Column("global_step", BigInteger, nullable=True),
@@ -212,7 +212,7 @@ queue_rows = Table(
     Column("num_turns", Integer, nullable=True),
     Column("prompt_len", Integer, nullable=True),
     Column("response_len", Integer, nullable=True),
-    Column("tags", Json, nullable=False),
+    Column("tags", _Json, nullable=False),
     Column("produced_position", BigInteger, nullable=False),
     Column(
         "is_partial", Boolean, nullable=True
@@ -225,7 +225,7 @@ queue_claims = Table(
     "queue_claims",
     metadata,
     Column(
-        "queue_row_id", BigKey, ForeignKey("queue_rows.id", ondelete="CASCADE"), primary_key=True
+        "queue_row_id", _BigKey, ForeignKey("queue_rows.id", ondelete="CASCADE"), primary_key=True
     ),
     Column("consumer", String(NAME), nullable=False),
     Column("claimed_at", DateTime(timezone=True), nullable=False),

@@ -12,7 +12,7 @@ FAILURE_BREAKDOWN = "failure_breakdown"
 REWARD_BY_STEP = "reward_by_step"
 GROUP_STATUS = "group_status"
 #: One row per attempt of a session, read from the log (revision 0005).
-SESSION_ATTEMPTS = "session_attempts"
+_SESSION_ATTEMPTS = "session_attempts"
 
 #: Every view the schema defines at head, in creation order.
-VIEWS = (SESSION_TIMELINE, FAILURE_BREAKDOWN, REWARD_BY_STEP, GROUP_STATUS, SESSION_ATTEMPTS)
+VIEWS = (SESSION_TIMELINE, FAILURE_BREAKDOWN, REWARD_BY_STEP, GROUP_STATUS, _SESSION_ATTEMPTS)

@@ -24,7 +24,7 @@ from sessions.integrations.trl.errors import TRLSetupError
 __all__ = ["Slot", "launch_token", "prompt_key", "slots"]
 
 #: Hex digits of the prompt key and of the launch token (48 bits each).
-KEY_HEX = 12
+_KEY_HEX = 12
 
 
 def prompt_key(prompt: Any) -> str:
@@ -35,13 +35,13 @@ def prompt_key(prompt: Any) -> str:
     text = json.dumps(
         prompt, sort_keys=True, ensure_ascii=False, default=lambda o: type(o).__name__
     )
-    return hashlib.blake2b(text.encode("utf-8"), digest_size=KEY_HEX // 2).hexdigest()
+    return hashlib.blake2b(text.encode("utf-8"), digest_size=_KEY_HEX // 2).hexdigest()
 
 
 def launch_token(trainer: Any) -> str:
     """A token for this launch of the trainer, the same on every rank (rank 0's, broadcast), so
     that a resumed run's groups never collide with the ones a crashed launch left behind."""
-    token = uuid.uuid4().hex[:KEY_HEX]
+    token = uuid.uuid4().hex[:_KEY_HEX]
     if getattr(trainer.accelerator, "num_processes", 1) > 1:
         from accelerate.utils import broadcast_object_list
 

@@ -24,14 +24,12 @@ from sessions.integrations.trl.errors import TRLSetupError
 __all__ = [
     "LEDGER_PREFIX",
     "LedgerReward",
-    "ScoredCall",
-    "ScoredRollout",
     "eval_figures_callback",
     "ledger_figures",
 ]
 
 
-class ScoredCall(Protocol):
+class _ScoredCall(Protocol):
     """The `rollout_func` call TRL is scoring: its partition and step (`rollout.Generation`)."""
 
     @property
@@ -41,13 +39,13 @@ class ScoredCall(Protocol):
     def global_step(self) -> int: ...
 
 
-class ScoredRollout(Protocol):
+class _ScoredRollout(Protocol):
     """What the reward function and the evaluation's callback read of their rollout
     (`rollout.LedgerRollout` is one): the latest call, the val steps recorded, a step's figures.
     A protocol, so this module needs nothing of `rollout.py`, which builds on it."""
 
     @property
-    def last(self) -> ScoredCall | None: ...
+    def last(self) -> _ScoredCall | None: ...
 
     @property
     def val_steps(self) -> Collection[int]: ...
@@ -74,7 +72,7 @@ class LedgerReward:
     #: TRL names a reward function's columns after it (`rewards/ledger/mean`).
     __name__ = "ledger"
 
-    def __init__(self, rollout: ScoredRollout) -> None:
+    def __init__(self, rollout: _ScoredRollout) -> None:
         self._rollout = rollout
 
     def __call__(
@@ -100,7 +98,7 @@ class LedgerReward:
         return list(rewards)
 
 
-def eval_figures_callback(rollout: ScoredRollout, trainer: Any) -> Any:
+def eval_figures_callback(rollout: _ScoredRollout, trainer: Any) -> Any:
     """A `TrainerCallback` that, when an evaluation ends, adds the ledger's figures of its val step
     to the evaluation's metrics (what `trainer.evaluate()` returns) and logs them."""
     from transformers import TrainerCallback

@@ -14,10 +14,10 @@ from trl import GRPOTrainer
 
 from sessions.integrations.trl.loss_types import ROW_MEAN_LOSS_TYPES, step_scale
 
-__all__ = ["TRAINABLE", "LedgerGRPOTrainer"]
+__all__ = ["LedgerGRPOTrainer"]
 
 #: The per-row column (1.0: the row has a loss token) carried through TRL's shuffle and split.
-TRAINABLE = "ledger_trainable"
+_TRAINABLE = "ledger_trainable"
 
 
 class LedgerGRPOTrainer(GRPOTrainer):  # type: ignore[misc]
@@ -39,7 +39,7 @@ class LedgerGRPOTrainer(GRPOTrainer):  # type: ignore[misc]
         mask = output["completion_mask"]
         if output.get("tool_mask") is not None:
             mask = mask * output["tool_mask"]
-        output[TRAINABLE] = (mask.sum(-1) > 0).to(torch.float32)
+        output[_TRAINABLE] = (mask.sum(-1) > 0).to(torch.float32)
         return output
 
     def training_step(self, model: Any, inputs: Any, num_items_in_batch: Any = None) -> Any:
@@ -56,7 +56,7 @@ class LedgerGRPOTrainer(GRPOTrainer):  # type: ignore[misc]
         inputs = super()._prepare_inputs(generation_batch)
         buffer = self._buffered_inputs
         if self.model.training and buffer is not None and buffer is not self._ledger_buffer:
-            local = [[float(b[TRAINABLE].sum()), float(len(b[TRAINABLE]))] for b in buffer]
+            local = [[float(b[_TRAINABLE].sum()), float(len(b[_TRAINABLE]))] for b in buffer]
             counts = torch.tensor(local, device=self.accelerator.device)
             self._ledger_counts = self.accelerator.reduce(counts, reduction="sum").tolist()
             self._ledger_buffer = (
@@ -66,11 +66,11 @@ class LedgerGRPOTrainer(GRPOTrainer):  # type: ignore[misc]
 
     def _row_scale(self, inputs: dict[str, Any]) -> float:
         """G/R for this micro-batch's optimizer step (training), or of the batch itself (evaluation)."""
-        if TRAINABLE not in inputs:
+        if _TRAINABLE not in inputs:
             return 1.0
         if not self.model.training:
-            trainable = float(inputs[TRAINABLE].sum())
-            return float(len(inputs[TRAINABLE])) / trainable if trainable > 0 else 1.0
+            trainable = float(inputs[_TRAINABLE].sum())
+            return float(len(inputs[_TRAINABLE])) / trainable if trainable > 0 else 1.0
         window = range(
             self._ledger_start, self._ledger_start + self.current_gradient_accumulation_steps
         )

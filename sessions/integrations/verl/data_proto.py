@@ -40,14 +40,11 @@ if TYPE_CHECKING:
 
 __all__ = [
     "GROUP_UID",
-    "batch_columns",
-    "import_data_proto",
-    "isolate_placeholder_uids",
     "to_data_proto",
 ]
 
 
-def import_data_proto() -> type:
+def _import_data_proto() -> type:
     """verl's ``DataProto``, imported on first use (the ledger installs and runs without verl)."""
     try:
         from verl.protocol import DataProto
@@ -64,7 +61,7 @@ def _object_array(values: list[Any]) -> np.ndarray:
     return np.fromiter(values, dtype=object, count=len(values))
 
 
-def batch_columns(batch: TensorDictBase) -> tuple[dict[str, torch.Tensor], dict[str, np.ndarray]]:
+def _batch_columns(batch: TensorDictBase) -> tuple[dict[str, torch.Tensor], dict[str, np.ndarray]]:
     """A padded ledger batch as verl holds it: tensors, and non-tensor columns as 1-D object arrays.
 
     Every non-tensor column becomes a row column, also one stored as a single ``NonTensorData``
@@ -98,7 +95,7 @@ def batch_columns(batch: TensorDictBase) -> tuple[dict[str, torch.Tensor], dict[
     return tensors, non_tensors
 
 
-def isolate_placeholder_uids(
+def _isolate_placeholder_uids(
     non_tensors: Mapping[str, np.ndarray], is_placeholder: torch.Tensor
 ) -> np.ndarray:
     """The ``uid`` column with each placeholder row's uid made its own: ``{uid}-ph{session_index}``.
@@ -164,10 +161,10 @@ def to_data_proto(
     ``reward_info`` columns of ``Ledger.batch(reward_info=True)``) are listed in its
     ``reward_extra_keys``, as verl's trainer reads them, unless ``meta_info`` names them.
     """
-    DataProto = import_data_proto()
+    DataProto = _import_data_proto()
     if prompt_width is not None or response_width is not None:
         batch = pad_to_widths(batch, prompt_width, response_width, pad_token_id=pad_token_id)
-    tensors, non_tensors = batch_columns(batch)
+    tensors, non_tensors = _batch_columns(batch)
     size = int(batch.batch_size[0])
     if "is_placeholder" not in tensors:
         raise InvalidArgument(
@@ -181,7 +178,7 @@ def to_data_proto(
             else isolate_placeholders
         )
         if isolate:
-            non_tensors["uid"] = isolate_placeholder_uids(non_tensors, tensors["is_placeholder"])
+            non_tensors["uid"] = _isolate_placeholder_uids(non_tensors, tensors["is_placeholder"])
     elif isolate_placeholders:
         raise InvalidArgument("isolate_placeholders=True needs the batch's 'uid' column")
     tensors[IS_PADDING] = torch.zeros(size, dtype=torch.bool)

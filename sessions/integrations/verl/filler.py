@@ -31,18 +31,18 @@ from sessions.placeholder import GROUP_UID
 if TYPE_CHECKING:
     from verl.protocol import DataProto
 
-__all__ = ["IS_PADDING", "append_filler_rows", "filler_uid", "trainable_rows", "without_padding"]
+__all__ = ["IS_PADDING", "append_filler_rows", "trainable_rows", "without_padding"]
 
 #: bool tensor column, True on filler rows (the name verl's V1 trainer tags its padding with)
 IS_PADDING = "is_padding"
 #: what a filler row's reason column says
-FILLER_REASON = "batch_padding"
+_FILLER_REASON = "batch_padding"
 _TOKEN_COLUMNS = ("prompts", "responses", "input_ids")
 _ZERO_COLUMNS = ("response_mask", "rm_scores", "rollout_log_probs", "is_placeholder", "num_turns")
 _COPIED = ("run", "partition", "global_step", "data_source")
 
 
-def filler_uid(step: Any, index: int) -> str:
+def _filler_uid(step: Any, index: int) -> str:
     """A filler row's uid: ``pad-{step}-{index}`` (no ``_``: verl splits keys on it)."""
     return f"pad-{step}-{index}"
 
@@ -76,7 +76,7 @@ def _filler_values(name: str, first: Any, uids: list[str]) -> list[Any]:
     if name in ("session_index", "__num_turns__"):
         return [0] * count
     if name == "materialization_reason":
-        return [FILLER_REASON] * count
+        return [_FILLER_REASON] * count
     if name == "multi_modal_inputs":
         return [{} for _ in range(count)]
     if name in _COPIED:
@@ -105,7 +105,7 @@ def append_filler_rows(
         return dict(tensors), dict(non_tensors), size
     prompt_width = int(tensors["prompts"].shape[1])
     step = non_tensors["global_step"][0] if "global_step" in non_tensors else None
-    uids = [filler_uid(step, i) for i in range(count)]
+    uids = [_filler_uid(step, i) for i in range(count)]
     taken = set(non_tensors["uid"].tolist()) if "uid" in non_tensors else set()
     clash = taken.intersection(uids)
     if clash:

@@ -9,7 +9,7 @@ with fewer than ``min_valid`` valid rows no signal, which is what the ledger cou
 ``groups/below_min_valid``. Two steps make verl's own function give the reference's numbers:
 
 1. each placeholder in a group of its own (``to_data_proto`` does it for ledger batches; here
-   ``isolated_uids`` does it for any DataProto), so stock GRPO keeps it out of its siblings'
+   ``_isolated_uids`` does it for any DataProto), so stock GRPO keeps it out of its siblings'
    baseline (a lone placeholder: score 0, mean 0 -> advantage 0);
 2. ``zero_below_min_valid``: the advantages (and returns) of every row of a group with fewer
    than ``min_valid`` valid rows set to 0.
@@ -36,15 +36,12 @@ if TYPE_CHECKING:
     from verl.protocol import DataProto
 
 __all__ = [
-    "group_uids",
-    "isolated_uids",
     "ledger_grpo_advantage",
-    "placeholder_rows",
     "zero_below_min_valid",
 ]
 
 
-def placeholder_rows(dp: DataProto) -> np.ndarray:
+def _placeholder_rows(dp: DataProto) -> np.ndarray:
     """Bool per row: a ledger placeholder (tensor column) or a failed agent-loop run (non-tensor)."""
     if "is_placeholder" in dp.batch.keys():
         return dp.batch["is_placeholder"].cpu().numpy().astype(bool)
@@ -54,7 +51,7 @@ def placeholder_rows(dp: DataProto) -> np.ndarray:
     return np.fromiter((flag is True or flag == 1 for flag in flags), dtype=bool, count=len(dp))
 
 
-def group_uids(dp: DataProto) -> np.ndarray:
+def _group_uids(dp: DataProto) -> np.ndarray:
     """The prompt's uid of each row (``group_uid`` once placeholders were isolated, else ``uid``)."""
     for name in (GROUP_UID, "uid"):
         if name in dp.non_tensor_batch:
@@ -64,11 +61,11 @@ def group_uids(dp: DataProto) -> np.ndarray:
     )
 
 
-def isolated_uids(dp: DataProto) -> np.ndarray:
+def _isolated_uids(dp: DataProto) -> np.ndarray:
     """The uids with each placeholder row in a group of its own (``{uid}-ph{row}``)."""
-    uids = group_uids(dp).copy()
+    uids = _group_uids(dp).copy()
     taken = set(uids.tolist())
-    for row in np.flatnonzero(placeholder_rows(dp)):
+    for row in np.flatnonzero(_placeholder_rows(dp)):
         own = isolated_uid(uids[row], row)
         while own in taken:
             own += "x"
@@ -79,8 +76,8 @@ def isolated_uids(dp: DataProto) -> np.ndarray:
 
 def _valid_counts(dp: DataProto) -> np.ndarray:
     """Per row, how many valid (non-placeholder) rows its prompt's group has."""
-    groups = group_uids(dp)
-    valid = ~placeholder_rows(dp)
+    groups = _group_uids(dp)
+    valid = ~_placeholder_rows(dp)
     counts: dict[Any, int] = {}
     for uid, ok in zip(groups.tolist(), valid.tolist()):
         counts[uid] = counts.get(uid, 0) + int(ok)
@@ -96,7 +93,7 @@ def zero_below_min_valid(dp: DataProto, min_valid: int = DEFAULT_MIN_VALID) -> i
         raise InvalidArgument(
             "the DataProto has no 'advantages' yet; compute them (verl's compute_advantage) first"
         )
-    zero = (_valid_counts(dp) < min_valid) | placeholder_rows(dp)
+    zero = (_valid_counts(dp) < min_valid) | _placeholder_rows(dp)
     if zero.any():
         keep = torch.from_numpy(~zero).to(dp.batch["advantages"].device).unsqueeze(-1)
         for name in ("advantages", "returns"):
@@ -124,7 +121,7 @@ def ledger_grpo_advantage(
     advantages, returns = compute_grpo_outcome_advantage(
         token_level_rewards=rewards,
         response_mask=dp.batch["response_mask"],
-        index=isolated_uids(dp),
+        index=_isolated_uids(dp),
         epsilon=epsilon,
         norm_adv_by_std_in_grpo=norm_adv_by_std_in_grpo,
     )

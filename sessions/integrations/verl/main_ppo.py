@@ -3,7 +3,7 @@ with ``LedgerRayPPOTrainer`` in place of ``RayPPOTrainer`` (docs/design.md §13,
 
 The same Hydra config and overrides as ``python -m verl.trainer.main_ppo``; this entry point is
 the trainer side's one line. verl's V0 ``TaskRunner`` builds its trainer from the name
-``RayPPOTrainer`` of its own module, so ``LedgerTaskRunner`` points that name at the ledger's
+``RayPPOTrainer`` of its own module, so ``_LedgerTaskRunner`` points that name at the ledger's
 subclass inside the task runner's own Ray process (the only process that builds the trainer)
 before verl's ``run`` starts; everything else is verl's code as it is.
 """
@@ -23,12 +23,12 @@ from verl.utils.device import auto_set_device
 
 from sessions.errors import ConfigError
 
-__all__ = ["LedgerTaskRunner", "main"]
+__all__ = ["main"]
 
 _CONFIG_DIR = os.path.join(os.path.dirname(verl_main_ppo.__file__), "config")
 
 
-class LedgerTaskRunner(main_ppo_v0.TaskRunner.__ray_metadata__.modified_class):
+class _LedgerTaskRunner(main_ppo_v0.TaskRunner.__ray_metadata__.modified_class):
     """verl's V0 task runner, building ``LedgerRayPPOTrainer``."""
 
     def run(self, config: Any) -> Any:
@@ -52,7 +52,7 @@ def main(config: Any) -> None:
             "the ledger's trainer side is verl's V0 trainer: add trainer.use_v1=false (the rollout "
             "side, the ledger agent loop, works under V1 with verl's own main_ppo too)"
         )
-    verl_main_ppo.run_ppo(config, task_runner_class=ray.remote(LedgerTaskRunner))
+    verl_main_ppo.run_ppo(config, task_runner_class=ray.remote(_LedgerTaskRunner))
 
 
 if __name__ == "__main__":

@@ -35,10 +35,10 @@ from sessions.errors import InvalidArgument
 if TYPE_CHECKING:
     from verl.protocol import DataProto
 
-__all__ = ["SEQ_MEAN_MODES", "TOKEN_MODES", "seq_mean_weights", "unbiased_seq_mean"]
+__all__ = ["SEQ_MEAN_MODES", "seq_mean_weights", "unbiased_seq_mean"]
 
 SEQ_MEAN_MODES = ("seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
-TOKEN_MODES = ("token-mean", "token-sum")
+_TOKEN_MODES = ("token-mean", "token-sum")
 
 
 def seq_mean_weights(
@@ -49,11 +49,11 @@ def seq_mean_weights(
     ``mini_batch_size``: rows per optimizer step over all ranks, i.e. verl's
     ``actor.ppo_mini_batch_size x rollout.n``. Token modes get ones (nothing to fix).
     """
-    if loss_agg_mode in TOKEN_MODES:
+    if loss_agg_mode in _TOKEN_MODES:
         return torch.ones(response_mask.shape[0], dtype=torch.float32)
     if loss_agg_mode not in SEQ_MEAN_MODES:
         raise InvalidArgument(
-            f"unknown loss_agg_mode {loss_agg_mode!r}; verl's are {TOKEN_MODES + SEQ_MEAN_MODES}"
+            f"unknown loss_agg_mode {loss_agg_mode!r}; verl's are {_TOKEN_MODES + SEQ_MEAN_MODES}"
         )
     rows = int(response_mask.shape[0])
     for name, value in (("mini_batch_size", mini_batch_size), ("dp_size", dp_size)):

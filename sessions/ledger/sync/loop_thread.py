@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 from sessions.errors import LedgerClosed, LedgerTimeout
 from sessions.ledger.ledger import RECORDING_TIMEOUT, Ledger
 
-__all__ = ["CANCEL_GRACE", "JOIN_TIMEOUT", "Remote", "Runtime", "closed_meanwhile", "shutdown"]
+__all__ = ["CANCEL_GRACE", "Remote", "Runtime", "closed_meanwhile", "shutdown"]
 
 log = logging.getLogger("sessions.ledger.sync")
 T = TypeVar("T")
@@ -28,7 +28,7 @@ T = TypeVar("T")
 #: session's cancellation being recorded); longer than the ledger's own `RECORDING_TIMEOUT`.
 CANCEL_GRACE = RECORDING_TIMEOUT + 5.0
 #: Seconds `close()` waits for the loop thread to end once the ledger is closed.
-JOIN_TIMEOUT = 30.0
+_JOIN_TIMEOUT = 30.0
 
 
 # ---------------------------------------------------------------- a task on another loop
@@ -200,14 +200,14 @@ def shutdown(runtime: Runtime) -> None:
         return
     try:
         asyncio.run_coroutine_threadsafe(runtime.aclose(), runtime.loop).result(
-            CANCEL_GRACE + JOIN_TIMEOUT
+            CANCEL_GRACE + _JOIN_TIMEOUT
         )
     finally:
         runtime.stop()
-        runtime.thread.join(JOIN_TIMEOUT)
+        runtime.thread.join(_JOIN_TIMEOUT)
         if runtime.thread.is_alive():
             log.warning(
-                "rollout-ledger: the SyncLedger's loop thread did not end within %ss", JOIN_TIMEOUT
+                "rollout-ledger: the SyncLedger's loop thread did not end within %ss", _JOIN_TIMEOUT
             )
 
 

@@ -58,8 +58,8 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-SINGLE_TURN = "verl.experimental.agent_loop.single_turn_agent_loop.SingleTurnAgentLoop"
-TOOL_AGENT = "verl.experimental.agent_loop.tool_agent_loop.ToolAgentLoop"
+_SINGLE_TURN = "verl.experimental.agent_loop.single_turn_agent_loop.SingleTurnAgentLoop"
+_TOOL_AGENT = "verl.experimental.agent_loop.tool_agent_loop.ToolAgentLoop"
 
 #: (inner loop, data source) -> the reward_extra_info of this process's last scored output
 _REWARD_KEYS: dict[tuple[str, str | None], dict[str, Any]] = {}
@@ -97,7 +97,7 @@ def _inner_config(inner_agent: str) -> Mapping[str, Any]:
         raise ConfigError(
             f"inner_agent {inner_agent!r} is itself a ledger agent loop ({target}); name the loop it "
             "wraps by its class path instead (e.g. "
-            f"{SINGLE_TURN})"
+            f"{_SINGLE_TURN})"
         )
     return entry
 
@@ -309,11 +309,11 @@ def _reason_of(error: BaseException) -> str:
 class LedgerSingleTurnAgentLoop(LedgerAgentLoop):
     """verl's ``single_turn_agent``, recorded."""
 
-    default_inner_agent = SINGLE_TURN
+    default_inner_agent = _SINGLE_TURN
 
 
 @register("ledger_tool_agent")
 class LedgerToolAgentLoop(LedgerAgentLoop):
     """verl's ``tool_agent`` (multi-turn, tools), recorded."""
 
-    default_inner_agent = TOOL_AGENT
+    default_inner_agent = _TOOL_AGENT

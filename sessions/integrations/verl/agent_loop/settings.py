@@ -27,12 +27,12 @@ from sessions.failure_policy import RetryPolicy
 from sessions.placeholder import PlaceholderPolicy
 from sessions.vocabulary import INFRA
 
-__all__ = ["CONFIG_SECTION", "ENV", "LedgerSettings"]
+__all__ = ["CONFIG_SECTION", "LedgerSettings"]
 
 #: The top-level config section the settings live in (``+ledger.url=...``).
 CONFIG_SECTION = "ledger"
 #: Environment fallbacks, by setting.
-ENV = {
+_ENV = {
     "url": "ROLLOUT_LEDGER_DB",
     "run": "ROLLOUT_LEDGER_RUN",
     "timeout": "ROLLOUT_LEDGER_TIMEOUT",
@@ -133,7 +133,7 @@ class LedgerSettings:
         def pick(key: str, default: Any) -> Any:
             if section.get(key) is not None:
                 return section[key]
-            env = ENV.get(key)
+            env = _ENV.get(key)
             if env and environ.get(env):
                 return environ[env]
             return default
@@ -142,7 +142,7 @@ class LedgerSettings:
         if url is None:
             raise ConfigError(
                 "the ledger agent loop needs a database: add +ledger.url=postgresql://... (or a SQLite "
-                f"file for one node) to the verl command, or set {ENV['url']}"
+                f"file for one node) to the verl command, or set {_ENV['url']}"
             )
         run = pick("run", None) or _experiment_name(config)
         timeout = pick("timeout", None)
