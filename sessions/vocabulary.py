@@ -21,6 +21,7 @@ __all__ = [
     "EMPTY_OUTPUT",
     "FAILURE_REASONS",
     "FINALIZE_ERROR",
+    "INCOMPLETE_CAPTURE",
     "INVALID_OUTPUT",
     "RUN_STREAM_PREFIX",
     "RUNNER_ERROR",
@@ -59,6 +60,9 @@ FINALIZE_ERROR = "finalize_error"
 INVALID_OUTPUT = "invalid_output"  # the runner's tokens, mask or reward were refused
 #: The built-in reason the recovery sweep fails a session left open by a dead process with.
 ORPHANED = "orphaned"
+#: The built-in reason a session ends with when it completes with a model call whose intent has
+#: no record (fail closed: never a silently short row, docs/design.md §15).
+INCOMPLETE_CAPTURE = "incomplete_capture"
 FAILURE_REASONS = (
     RUNNER_ERROR,
     TIMEOUT,
@@ -67,6 +71,7 @@ FAILURE_REASONS = (
     FINALIZE_ERROR,
     INVALID_OUTPUT,
     ORPHANED,
+    INCOMPLETE_CAPTURE,
 )
 #: The stream a run's configuration fingerprints are recorded in: `@run:<run>` (a session id may
 #: not start with `@run:`).
@@ -88,7 +93,7 @@ UNPROJECTABLE = "unprojectable"
 #: Names no failure may take: rules match the origins and `*` as keys, and the projector's own.
 _RESERVED_REASONS = frozenset({*ORIGINS, ANY, UNPROJECTABLE})
 #: Built-in reasons only the ledger records: a runner that raised one would pass for the sweep.
-_SWEEP_REASONS = frozenset({ORPHANED})
+_SWEEP_REASONS = frozenset({ORPHANED, INCOMPLETE_CAPTURE})
 #: `sessions.failure_reason` is VARCHAR(32); a reason is also a metric name part (`failed/<reason>`).
 MAX_REASON_LENGTH = 32
 _REASON = re.compile(rf"[a-z][a-z0-9_]{{0,{MAX_REASON_LENGTH - 1}}}")

@@ -412,6 +412,10 @@ class Rules:
         _add(self._of_session(s), m.SESSIONS_CANCELLED)
         self._settle(s, position)
 
+    def _call(self, s: Row, position: int, e: dict[str, Any], recorded_at: Any) -> None:
+        """A model call: in the log for audits and history; its tokens reach the read models
+        through the trajectory assembled from it at `complete`."""
+
     # -------------------------------------------------------- quarantine
     def _error(
         self, position: int, sid: str, type_: str, field_: str | None, reason: str, outcome: str
@@ -573,6 +577,10 @@ _HANDLERS: dict[str, Callable[[Rules, Row, int, dict[str, Any], Any], None]] = {
     "SessionFailed": Rules._failed,
     "PlaceholderEmitted": Rules._placeholder,
     "SessionCancelled": Rules._cancelled,
+    # A model call reaches the read models through the trajectory assembled from it.
+    "ModelCallStarted": Rules._call,
+    "ModelCallRecorded": Rules._call,
+    "ModelCallFailed": Rules._call,
 }
 
 
