@@ -237,8 +237,11 @@ class SessionHandle:
         num_turns: int = 1,
         materialization_reason: str | None = None,
         extra: dict[str, Any] | None = None,
+        min_version: int | None = None,
+        max_version: int | None = None,
     ) -> int:
-        """Record one trajectory; returns its index. Mask defaults to all 1 (every token trainable)."""
+        """Record one trajectory; returns its index. Mask defaults to all 1 (every token
+        trainable); `min_version` / `max_version`: the weights versions behind its response."""
         sid = self.session_id
         payload, prompt_len, response_len, has_logprobs, trainable = validation.trajectory_payload(
             sid, prompt_ids, response_ids, response_mask, response_logprobs
@@ -251,6 +254,7 @@ class SessionHandle:
             raise InvalidInput(sid, "num_turns", f"must be an integer >= 0, got {num_turns!r}")
         num_turns = int(num_turns)
         extra = validation.json_dict(sid, "extra", extra)
+        low, high = validation.versions(sid, min_version, max_version)
         async with self._locked():
             event = ev.TrajectoryRecorded(
                 index=self._view.recorded,
@@ -261,6 +265,8 @@ class SessionHandle:
                 trainable_tokens=trainable,
                 materialization_reason=materialization_reason,
                 extra=extra,
+                min_version=low,
+                max_version=high,
                 payload=payload,
             )
             await self._commit(agg.decide_trajectory(self._view, event), capped="trajectory")
