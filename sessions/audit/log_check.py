@@ -9,7 +9,10 @@
    terminal event, a placeholder after each SessionFailed that emits one, nothing else after the
    terminal event; a run's own stream (`@run:<run>`) holds RunConfigured and PayloadsPruned
    events only.
-3. Prunes: a pruned trajectory's tombstone (`sessions.runs.retention`) states the length its
+3. Model calls: a trajectory assembled from calls (`from_calls`) is what the attempt's recorded
+   calls assemble (`sessions.calls`), byte for byte, so a removed or altered call is found; the
+   calls of sessions still open are held until their session ends.
+4. Prunes: a pruned trajectory's tombstone (`sessions.runs.retention`) states the length its
    event's lengths give; every tombstone names a recorded `PayloadsPruned`, and each prune's
    count, bytes and SHA-256 over its tombstones (in position order) are what it recorded.
 
@@ -74,8 +77,9 @@ async def check_log(
     result = _LogCheck()
     findings: list[Finding] = []
     prunes = _Prunes()
+    calls = _Calls()
     async with driver.reader(engine) as read:
-        result.events = await _check_content(read, findings, on_progress, on_page, prunes)
+        result.events = await _check_content(read, findings, on_progress, on_page, prunes, calls)
         result.sessions = await _check_structure(read, findings)
     findings.extend(prunes.findings())
     findings.sort(key=lambda f: (f[0], f[1]))  # stable: a stream's findings keep their order
@@ -106,6 +110,7 @@ async def _check_content(
     on_progress: Callable[[str, int], None] | None,
     on_page: Callable[[list[tuple[Any, ...]]], Awaitable[None] | None] | None,
     prunes: _Prunes,
+    calls: _Calls,
 ) -> int:
     count, reported = 0, 0
     clean: dict[tuple[str, int, str], Any] = {}
@@ -138,6 +143,8 @@ async def _check_content(
                     and len(clean) < _REMEMBERED
                 ):
                     clean[remembered] = data
+            if data is not None and type_ in _Calls.TYPES:
+                findings.extend(calls.see(position, sid, type_, schema, data, payload))
             # A short text goes to the fold as text: its decoder decodes each distinct one once.
             folded.append(
                 (
@@ -315,6 +322,87 @@ class _Prunes:
                             position,
                         ),
                     )
+
+
+# ------------------------------------------------------------------------------ model calls
+class _Calls:
+    """Each open session's recorded calls of its current attempt, to re-assemble the rows made
+    from them; a session's are dropped when it ends (memory: the open sessions' calls)."""
+
+    TYPES = frozenset({"ModelCallRecorded", "AttemptFailed", "TrajectoryRecorded", *TERMINAL})
+
+    def __init__(self) -> None:
+        self._recorded: dict[str, dict[str, ev.ModelCallRecorded | None]] = {}
+
+    def see(
+        self, position: int, sid: str, type_: str, schema: int, data: Any, payload: Any
+    ) -> Iterable[Finding]:
+        if type_ in TERMINAL:
+            self._recorded.pop(sid, None)
+        elif type_ == "AttemptFailed":
+            self._recorded.pop(sid, None)
+        elif type_ == "ModelCallRecorded":
+            self._record(sid, data, payload)
+        elif isinstance(data, dict) and data.get("from_calls"):
+            yield from self._check_row(position, sid, data, payload)
+
+    def _record(self, sid: str, data: Any, payload: Any) -> None:
+        calls = self._recorded.setdefault(sid, {})
+        try:
+            call = ev.ModelCallRecorded.from_data(data, None if payload is None else bytes(payload))
+            call.arrays()  # a pruned or damaged payload: its rows cannot be re-assembled
+        except (TypeError, ValueError, KeyError):
+            call = None
+        if isinstance(data, dict) and isinstance(data.get("call_id"), str):
+            calls[data["call_id"]] = call
+
+    def _check_row(
+        self, position: int, sid: str, data: dict[str, Any], payload: Any
+    ) -> Iterable[Finding]:
+        from sessions import calls as assembly
+
+        def finding(expected: Any, found: Any) -> Finding:
+            return (
+                position,
+                _CONTENT,
+                Divergence(
+                    "events", f"session {sid}", "from_calls", expected, found, sid, position
+                ),
+            )
+
+        named = list(data["from_calls"])
+        recorded = self._recorded.get(sid, {})
+        missing = [c for c in named if c not in recorded]
+        if missing:
+            yield finding(
+                f"recorded calls {', '.join(named)}", f"no record of {', '.join(missing)}"
+            )
+            return
+        if any(recorded[c] is None for c in recorded):
+            return  # a pruned call: nothing to re-assemble from (the prune check covers it)
+        rows = [
+            r for r in assembly.assemble([c for c in recorded.values() if c]) if r.call_ids == named
+        ]
+        if not rows:
+            yield finding(
+                f"a row of calls {', '.join(named)}", "the recorded calls make no such row"
+            )
+            return
+        row = rows[0]
+        made = tokens.encode(
+            tokens.TokenArrays(row.prompt_ids, row.response_ids, row.response_mask, row.logprobs)
+        )
+        stored = b"" if payload is None else bytes(payload)
+        if len(stored) == retention.TOMBSTONE_SIZE:
+            return  # pruned: the prune check covers its length and digest
+        if made != stored or (row.min_version, row.max_version) != (
+            data.get("min_version"),
+            data.get("max_version"),
+        ):
+            yield finding(
+                "the row its recorded calls assemble",
+                f"a row that differs from calls {', '.join(named)} (tokens or versions)",
+            )
 
 
 # -------------------------------------------------------------------------------- structure

@@ -382,3 +382,40 @@ def test_full_prompts_rebuild_every_prompt_from_the_deltas(
     rows = assemble(made)
     assert sum(len(r.call_ids) for r in rows) == len(made)
     assert all(int(r.response_mask.sum()) > 0 for r in rows)
+
+
+# ------------------------------------------------------------------ the audit re-assembles
+@pytest.mark.parametrize("tamper", ["remove", "alter"])
+async def test_audit_finds_a_removed_or_altered_call_behind_a_row(
+    db_url: str, ids: Any, tamper: str
+) -> None:
+    from sqlalchemy import delete, update
+
+    from sessions import Ledger
+    from store.schema.tables import events
+
+    async with Ledger.open(db_url, run=ids("tamper")) as ledger:
+        handle = await ledger.create_session(ids("t"), **kw())
+        first = await handle.start_call()
+        await handle.record_call(first, prompt_ids=[1, 2], response_ids=[3, 4])
+        second = await handle.start_call()
+        await handle.record_call(second, prompt_ids=[1, 2, 3, 4, 5], response_ids=[6])
+        await handle.complete()
+        await ledger.project()
+        assert (await audit(ledger.engine)).ok
+        target = (events.c.session_id == handle.session_id) & (events.c.type == "ModelCallRecorded")
+        async with ledger.engine.begin() as conn:
+            rows = (await conn.execute(events.select().where(target))).all()
+            row = rows[0]
+            if tamper == "remove":
+                await conn.execute(delete(events).where(events.c.position == row.position))
+            else:  # the first response token changed: the call still decodes
+                payload = bytearray(row.payload)
+                payload[8] ^= 1  # prompt 1, 2 (8 bytes), then the response: 3 becomes 2
+                await conn.execute(
+                    update(events)
+                    .where(events.c.position == row.position)
+                    .values(payload=bytes(payload))
+                )
+        report = await audit(ledger.engine)
+    assert any(d.field == "from_calls" for d in report.divergences), report.divergences[:3]
