@@ -509,6 +509,9 @@ class Rules:
                 materialization=materialization,
                 num_turns=0 if placeholder else int(data["num_turns"]),  # type: ignore[index]
                 lengths=(prompt_len, response_len),
+                versions=(None, None)
+                if placeholder
+                else (data.get("min_version"), data.get("max_version")),  # type: ignore[union-attr]
             )
         )
         group = self.state.groups[group_key(s)]

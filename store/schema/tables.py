@@ -217,6 +217,9 @@ queue_rows = Table(
     Column(
         "is_partial", Boolean, nullable=True
     ),  # a keep_partial failure's trajectory (revision 0005)
+    # the weights versions behind a trajectory's response, verl's names (revision 0010)
+    Column("min_global_steps", BigInteger, nullable=True),
+    Column("max_global_steps", BigInteger, nullable=True),
     Index(None, "run", "partition", "global_step"),
     Index("uq_queue_rows_key", "run", "partition", step_key(), "key", unique=True),
 )

@@ -249,12 +249,31 @@ async def _tool_conversation(ledger: Any, ids: Any) -> None:
     assert batch["input_ids"][0][attended].tolist() == [1, 2, 3, 4, 5, 8, 9, 6]
     assert batch["response_mask"][0].tolist()[:5] == [1, 1, 0, 0, 1]
     assert batch["rollout_log_probs"][0].tolist()[:5] == pytest.approx([-0.1, -0.2, 0, 0, -0.3])
+    versions = (batch["min_global_steps"], batch["max_global_steps"])
+    assert [list(v) for v in versions] == [[3], [4]], "the versions verl stamps reach the batch"
     stream = [ev.decode(s).event for s in await ledger.store.read_stream(handle.session_id)]
     [row] = [e for e in stream if isinstance(e, ev.TrajectoryRecorded)]
     assert (row.min_version, row.max_version, row.from_calls) == (3, 4, [first, second])
     assert row.num_turns == 4  # one tool turn + two model turns + 1, verl's count
     [stored] = [e for e in stream if isinstance(e, ev.ModelCallRecorded) and e.call_id == second]
     assert (stored.prompt_shared, stored.prompt_len) == (5, 2), "only the new prompt tokens"
+    from sqlalchemy import text
+
+    async with ledger.engine.connect() as conn:  # the model_calls view (revision 0010)
+        rows = (
+            await conn.execute(
+                text(
+                    "SELECT call_id, outcome, prompt_tokens, response_tokens, min_version, "
+                    "max_version, finish_reason, latency_s FROM model_calls "
+                    "WHERE session_id = :sid ORDER BY started_position"
+                ),
+                {"sid": handle.session_id},
+            )
+        ).all()
+    assert [tuple(r) for r in rows] == [
+        (first, "recorded", 3, 2, 3, 3, None, None),
+        (second, "recorded", 7, 1, 4, 4, "stop", 0.25),
+    ]
 
 
 async def test_a_handed_over_trajectory_is_the_row_and_the_calls_stay_in_the_log(
