@@ -678,3 +678,64 @@ def test_metrics_dict_is_the_async_ledgers_own_through_every_face(ledger: SyncLe
     assert asyncio.run(ledger.ametrics_dict("val", 14)) == blocking
     with pytest.raises(TimeoutError, match="no sessions"):
         ledger.metrics_dict("val", 15, timeout=0.2)
+
+
+# ------------------------------------------------------------------- interpreter exit (issue 39)
+AT_EXIT = """
+import gc, sys, threading
+from sessions import SyncLedger
+
+url, ending = sys.argv[1], sys.argv[2]
+ledger = SyncLedger.open(url, run="at-exit", call_timeout=60)
+for index in range(3):
+    with ledger.session(f"done-{index}", uid="u", session_index=index, group_size=4,
+                        partition="train", global_step=0) as session:
+        session.record_trajectory(prompt_ids=[1, 2], response_ids=[3, 4 + index])
+        session.post_reward(float(index))
+left_open = ledger.create_session("left-open", uid="u", session_index=3, group_size=4,
+                                  partition="train", global_step=0)
+left_open.record_trajectory(prompt_ids=[1, 2], response_ids=[9])
+if ending in ("closed", "closed-twice"):
+    ledger.close()
+if ending == "closed-twice":
+    ledger.close()
+if ending == "collected":
+    del ledger, left_open, session  # every face holds its SyncLedger
+    gc.collect()
+    assert not [t for t in threading.enumerate() if t.name == "rollout-ledger-loop"], "not collected"
+print("recorded")
+"""
+
+
+@pytest.mark.parametrize("ending", ["never-closed", "closed", "closed-twice", "collected"])
+def test_interpreter_exit_closes_the_ledger_quietly_and_keeps_what_was_recorded(
+    db_url: str, ending: str
+) -> None:
+    """`docs/trl.md`'s setup never closes its SyncLedger: the interpreter's exit does, before
+    Python's thread pools stop taking work (the SQLite writer closes through one), so the run ends
+    without a traceback on stderr, an explicit close before exit is not repeated, and every
+    event recorded is committed (a session left open stays open, its trajectory kept)."""
+    done = subprocess.run(
+        [sys.executable, "-c", AT_EXIT, db_url, ending],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    assert (done.returncode, done.stdout, done.stderr) == (0, "recorded\n", "")
+    with SyncLedger.open(db_url, run="at-exit", call_timeout=CALL_TIMEOUT) as reader:
+        states = {
+            session_id: reader.load_session(session_id).state
+            for session_id in ("done-0", "done-1", "done-2", "left-open")
+        }
+        assert states == {
+            "done-0": "succeeded",
+            "done-1": "succeeded",
+            "done-2": "succeeded",
+            "left-open": "running",
+        }
+        assert reader.load_session("left-open").view.trajectories, "its trajectory was lost"
+        counts = scalar_metrics(reader, "train", 0)
+        assert (counts["sessions/succeeded"], counts["sessions/open"]) == (3.0, 1.0)
+        assert counts["reward/sum"] == 3.0
