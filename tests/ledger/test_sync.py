@@ -739,3 +739,50 @@ def test_interpreter_exit_closes_the_ledger_quietly_and_keeps_what_was_recorded(
         counts = scalar_metrics(reader, "train", 0)
         assert (counts["sessions/succeeded"], counts["sessions/open"]) == (3.0, 1.0)
         assert counts["reward/sum"] == 3.0
+
+
+AFTER_MAIN = """
+import sys, threading
+from sessions import SyncLedger
+
+ledger = SyncLedger.open(sys.argv[1], run="after-main", call_timeout=60)
+
+
+def worker():
+    threading.main_thread().join()  # returns once the exit hooks have run: record after them
+    for index in range(4):
+        with ledger.session(f"late-{index}", uid="u", session_index=index, group_size=4,
+                            partition="train", global_step=0) as session:
+            session.record_trajectory(prompt_ids=[1, 2], response_ids=[3])
+            session.post_reward(1.0)
+    print("worker recorded", flush=True)
+
+
+threading.Thread(target=worker).start()  # not a daemon: the interpreter waits for it
+print("main done", flush=True)
+"""
+
+
+def test_a_thread_still_recording_when_the_main_thread_ends_keeps_its_ledger(
+    pg_url: str,
+) -> None:
+    """The exit hook closes nothing while another non-daemon thread runs (the interpreter will
+    wait for it, and it may be recording): that thread records after the hooks have run, and the
+    SyncLedger closes at `atexit` once it has ended. (PostgreSQL: on SQLite every append goes
+    through a thread pool, which Python stops taking work at the same hook, whatever the ledger
+    does.)"""
+    done = subprocess.run(
+        [sys.executable, "-c", AFTER_MAIN, pg_url],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    assert (done.returncode, done.stdout, done.stderr) == (
+        0,
+        "main done\nworker recorded\n",
+        "",
+    )
+    with SyncLedger.open(pg_url, run="after-main", call_timeout=CALL_TIMEOUT) as reader:
+        assert scalar_metrics(reader, "train", 0)["sessions/succeeded"] == 4.0

@@ -10,7 +10,8 @@ Interpreter exit closes every open `SyncLedger` before Python shuts down its thr
 so a ledger closed there met `RuntimeError: cannot schedule new futures after shutdown` on its
 loop thread (an unclosed `SyncLedger`, as `docs/trl.md`'s setup leaves it, ended every run with
 that traceback). `_close_all_at_exit` runs among `threading`'s exit hooks instead, registered
-after `concurrent.futures.thread`'s, so it runs first (they run last-registered first).
+after `concurrent.futures.thread`'s, so it runs first (they run last-registered first). While
+another non-daemon thread still runs (it may be recording), it leaves the close to `atexit`.
 """
 
 from __future__ import annotations
@@ -218,6 +219,13 @@ def shutdown(runtime: Runtime) -> None:
         asyncio.run_coroutine_threadsafe(runtime.aclose(), runtime.loop).result(
             CANCEL_GRACE + _JOIN_TIMEOUT
         )
+    except RuntimeError as error:
+        if not _pools_stopped():
+            raise
+        # Closed at `atexit`, after Python stopped its thread pools (a thread still running when
+        # the main thread ended kept it open; `_close_all_at_exit`): what was recorded is
+        # committed, only the close's own clean-up could not run. One line, no traceback.
+        log.warning("rollout-ledger: a SyncLedger closed at interpreter exit: %s", error)
     finally:
         runtime.stop()
         runtime.thread.join(_JOIN_TIMEOUT)
@@ -238,14 +246,36 @@ def _close_all_at_exit() -> None:
     Registered with `threading`'s exit hooks, which run when the main thread ends, before
     non-daemon threads are joined and in the reverse order of registration; this module imports
     `concurrent.futures.thread` first, so its hook (which stops every thread pool taking work)
-    runs after ours and the ledger's loop can still use its executor while it closes. A failure
-    is logged, never raised: the interpreter is leaving either way.
+    runs after ours and the ledger's loop can still use its executor while it closes.
+
+    While another non-daemon thread is still running (one the interpreter will wait for, which
+    may still be recording), nothing is closed here: the SyncLedger's `weakref.finalize` closes
+    it at `atexit`, once that thread has ended, as before. A failure is logged, never raised:
+    the interpreter is leaving either way.
     """
+    if _others_still_running():
+        return
     for runtime in list(_LIVE):
         try:
             shutdown(runtime)
-        except Exception:  # noqa: BLE001 - at exit nothing can catch it; log it, close the others
-            log.warning("rollout-ledger: closing a SyncLedger at exit failed", exc_info=True)
+        except Exception as error:  # noqa: BLE001 - at exit nothing can catch it; close the others
+            log.warning("rollout-ledger: closing a SyncLedger at exit failed: %r", error)
+
+
+def _others_still_running() -> bool:
+    """Whether a non-daemon thread other than this one and the thread pools' idle workers (which
+    end only after the exit hooks) is alive: the interpreter will wait for it to end."""
+    workers = set(getattr(concurrent.futures.thread, "_threads_queues", {}))
+    me = threading.current_thread()
+    return any(
+        thread.is_alive() and not thread.daemon and thread is not me and thread not in workers
+        for thread in threading.enumerate()
+    )
+
+
+def _pools_stopped() -> bool:
+    """Whether Python's thread pools refuse new work (interpreter exit has passed their hook)."""
+    return bool(getattr(concurrent.futures.thread, "_shutdown", False))
 
 
 def _register_exit_hook() -> None:
