@@ -169,7 +169,7 @@ class _Waiting:
 
     @classmethod
     def of(cls, uid: str, group: dict[str, Any] | None) -> _Waiting:
-        if group is None:  # projected away meanwhile: nothing to say about it
+        if group is None:  # not read back (a uid just read as pending has its row): say nothing
             return cls(uid, 0, ())
         seen = set(group["members"])
         missing = tuple(i for i in range(group["group_size"]) if i not in seen)
