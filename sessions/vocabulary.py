@@ -18,6 +18,7 @@ from sessions.errors import InvalidInput
 
 __all__ = [
     "ALL_SOURCES",
+    "CONNECTION_ERROR",
     "EMPTY_OUTPUT",
     "FAILURE_REASONS",
     "FINALIZE_ERROR",
@@ -58,6 +59,7 @@ SANDBOX_ERROR = "sandbox_error"  # a `SandboxError`
 EMPTY_OUTPUT = "empty_output"  # `complete` without a trajectory
 FINALIZE_ERROR = "finalize_error"
 INVALID_OUTPUT = "invalid_output"  # the runner's tokens, mask or reward were refused
+CONNECTION_ERROR = "connection_error"  # a server the runner calls (the LLM's) was unreachable
 #: The built-in reason the recovery sweep fails a session left open by a dead process with.
 ORPHANED = "orphaned"
 #: The built-in reason a session ends with when it completes with a model call whose intent has
@@ -70,6 +72,7 @@ FAILURE_REASONS = (
     EMPTY_OUTPUT,
     FINALIZE_ERROR,
     INVALID_OUTPUT,
+    CONNECTION_ERROR,
     ORPHANED,
     INCOMPLETE_CAPTURE,
 )
