@@ -1,9 +1,11 @@
-"""Model calls: the weights versions of each queue row, and the model_calls view.
+"""Model calls: per-session call counts, the weights versions of each queue row, the model_calls view.
 
 Revision ID: 0010
 Revises: 0007
 Create Date: 2026-12-06
 
+* `sessions` gains `model_calls` (calls started, over all attempts) and `model_calls_failed`;
+  sessions projected before this revision recorded none (no such events existed), so 0.
 * `queue_rows` gains `min_global_steps` and `max_global_steps` (verl's names): the lowest and
   highest weights version behind a row's response, null where unknown and for placeholders. Rows
   projected before this revision had no versions recorded, so they stay null.
@@ -84,6 +86,9 @@ WHERE st.type = 'ModelCallStarted'
 
 
 def upgrade() -> None:
+    op.add_column("sessions", sa.Column("model_calls", sa.Integer(), nullable=True))
+    op.add_column("sessions", sa.Column("model_calls_failed", sa.Integer(), nullable=True))
+    op.execute("UPDATE sessions SET model_calls = 0, model_calls_failed = 0")
     op.add_column("queue_rows", sa.Column("min_global_steps", sa.BigInteger(), nullable=True))
     op.add_column("queue_rows", sa.Column("max_global_steps", sa.BigInteger(), nullable=True))
     op.execute(_model_calls_view())
@@ -94,3 +99,5 @@ def downgrade() -> None:
     # Plain DROP COLUMN (SQLite >= 3.35 has it): a batch rebuild would lose the expression indexes.
     op.drop_column("queue_rows", "max_global_steps")
     op.drop_column("queue_rows", "min_global_steps")
+    op.drop_column("sessions", "model_calls_failed")
+    op.drop_column("sessions", "model_calls")

@@ -203,6 +203,8 @@ class Rules:
             "failure_origin": None,
             "metric_policy": None,
             "partial": False,
+            "model_calls": 0,
+            "model_calls_failed": 0,
             "created_position": position,
             "terminal_position": None,
             "created_at": recorded_at,
@@ -412,9 +414,16 @@ class Rules:
         _add(self._of_session(s), m.SESSIONS_CANCELLED)
         self._settle(s, position)
 
-    def _call(self, s: Row, position: int, e: dict[str, Any], recorded_at: Any) -> None:
-        """A model call: in the log for audits and history; its tokens reach the read models
-        through the trajectory assembled from it at `complete`."""
+    def _call_started(self, s: Row, position: int, e: dict[str, Any], recorded_at: Any) -> None:
+        """A model call: counted on its session; its tokens reach the read models through the
+        trajectory assembled from it at `complete` (the log keeps it for audits and history)."""
+        s["model_calls"] += 1
+
+    def _call_recorded(self, s: Row, position: int, e: dict[str, Any], recorded_at: Any) -> None:
+        """A call's answer: in the log; its row is the trajectory assembled from it."""
+
+    def _call_failed(self, s: Row, position: int, e: dict[str, Any], recorded_at: Any) -> None:
+        s["model_calls_failed"] += 1
 
     # -------------------------------------------------------- quarantine
     def _error(
@@ -581,9 +590,9 @@ _HANDLERS: dict[str, Callable[[Rules, Row, int, dict[str, Any], Any], None]] = {
     "PlaceholderEmitted": Rules._placeholder,
     "SessionCancelled": Rules._cancelled,
     # A model call reaches the read models through the trajectory assembled from it.
-    "ModelCallStarted": Rules._call,
-    "ModelCallRecorded": Rules._call,
-    "ModelCallFailed": Rules._call,
+    "ModelCallStarted": Rules._call_started,
+    "ModelCallRecorded": Rules._call_recorded,
+    "ModelCallFailed": Rules._call_failed,
 }
 
 

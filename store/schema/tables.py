@@ -126,6 +126,9 @@ sessions = Table(
     Column("failure_origin", String(8), nullable=True),
     Column("metric_policy", String(8), nullable=True),
     Column("partial", Boolean, nullable=True),
+    # Revision 0010: model calls started over all attempts, and those that failed (design §15).
+    Column("model_calls", Integer, nullable=True),
+    Column("model_calls_failed", Integer, nullable=True),
     Column("created_position", BigInteger, nullable=False),
     Column("terminal_position", BigInteger, nullable=True),
     Column("created_at", DateTime(timezone=True), nullable=False),

@@ -270,6 +270,15 @@ async def _tool_conversation(ledger: Any, ids: Any) -> None:
                 {"sid": handle.session_id},
             )
         ).all()
+        counts = (
+            await conn.execute(
+                text(
+                    "SELECT model_calls, model_calls_failed FROM sessions WHERE session_id = :sid"
+                ),
+                {"sid": handle.session_id},
+            )
+        ).one()
+    assert tuple(counts) == (2, 0)
     assert [tuple(r) for r in rows] == [
         (first, "recorded", 3, 2, 3, 3, None, None),
         (second, "recorded", 7, 1, 4, 4, "stop", 0.25),
