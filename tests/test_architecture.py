@@ -267,6 +267,7 @@ PUBLIC = [
     "SessionOutcome",
     "SessionProxy",
     "StepNotSettled",
+    "StepPrunedError",
     "StoreError",
     "SyncLedger",
     "SyncSession",
