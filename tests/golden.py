@@ -65,8 +65,9 @@ def golden_logs() -> list[Path]:
     return sorted(FIXTURES.glob("golden_v*.jsonl"))
 
 
-#: `events` columns added after the golden logs were written (revision 0004: a creation's slot).
-ADDED_LATER = ("session_index", "group_size")
+#: `events` columns added after the golden logs were written (revision 0004: a creation's slot;
+#: 0008: the prune that replaced a payload).
+ADDED_LATER = ("session_index", "group_size", "pruned_by")
 
 
 def expectation_path(log: Path) -> Path:

@@ -285,11 +285,6 @@ async def _record_two_steps(url: str) -> None:
         await _steps(ledger, 2)
 
 
-async def _after_kill(url: str, prune_id: str) -> None:
-    async with Ledger.open(url, run="r") as ledger:
-        await _incomplete_then_finished(ledger, prune_id)
-
-
 def test_a_prune_killed_before_its_rewrite_is_named_and_finished(db_url: str) -> None:
     asyncio.run(_record_two_steps(db_url))
     done = subprocess.run(
@@ -301,12 +296,18 @@ def test_a_prune_killed_before_its_rewrite_is_named_and_finished(db_url: str) ->
     )
     assert done.returncode == -9, done.stderr[-2000:]
     prune_id = done.stdout.strip()
-    cli = subprocess.run(
-        [sys.executable, "-m", "sessions.cli", "audit", "--db", db_url],
-        capture_output=True,
-        text=True,
-        timeout=300,
+    # What the user does: audit names the cut prune, prune finishes it, audit is clean.
+    audited = _cli("audit", "--db", db_url)
+    assert audited.returncode == 1, audited.stdout + audited.stderr
+    assert f"prune {prune_id} {INCOMPLETE}" in audited.stdout + audited.stderr
+    pruned = _cli("prune", "--db", db_url, "--run", "r", "--before-step", "1")
+    assert pruned.returncode == 0, pruned.stdout + pruned.stderr
+    assert f"finished prunes cut midway: {prune_id}" in pruned.stdout
+    audited = _cli("audit", "--db", db_url)
+    assert audited.returncode == 0, audited.stdout + audited.stderr
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "sessions.cli", *args], capture_output=True, text=True, timeout=300
     )
-    assert cli.returncode == 1, cli.stdout + cli.stderr
-    assert f"prune {prune_id} {INCOMPLETE}" in cli.stdout + cli.stderr
-    asyncio.run(_after_kill(db_url, prune_id))
