@@ -208,3 +208,39 @@ def test_migration_0008_converts_only_what_a_recorded_prune_wrote(
         pruning, "uuid", SimpleNamespace(uuid4=lambda: next(first, None) or uuid.uuid4())
     )
     asyncio.run(_migrated(db_url))
+
+
+# The mark is the claim a payload was pruned: moving it is caught as tampering with the bytes is.
+TAMPERING = {
+    "a tombstone unmarked": "UPDATE events SET pruned_by = NULL WHERE position = "
+    "(SELECT min(position) FROM events WHERE pruned_by IS NOT NULL)",
+    "a kept payload marked": "UPDATE events SET pruned_by = (SELECT max(pruned_by) FROM events) "
+    "WHERE position = (SELECT min(position) FROM events WHERE global_step = 1 "
+    "AND payload IS NOT NULL)",
+    "a mark naming another prune": "UPDATE events SET pruned_by = "
+    "'00000000-0000-4000-8000-000000000000' WHERE position = "
+    "(SELECT min(position) FROM events WHERE pruned_by IS NOT NULL)",
+}
+
+
+async def _tampered(url: str, statement: str) -> None:
+    async with Ledger.open(url, run="r") as ledger:
+        await _session(ledger, "a-0", 0)
+        await _session(ledger, "a-1", 1)
+        await ledger.project()
+        await prune(ledger, run="r", before_step=1)
+        await _clean(ledger)
+        async with ledger.engine.begin() as conn:
+            assert (await conn.execute(text(statement))).rowcount == 1
+        checked = await audit(ledger.engine)
+        assert not checked.ok
+
+
+async def _clean(ledger: Ledger) -> None:
+    checked = await audit(ledger.engine)
+    assert checked.ok, checked.divergences[:3]
+
+
+@pytest.mark.parametrize("tampering", sorted(TAMPERING))
+def test_a_moved_mark_fails_the_audit(db_url: str, tampering: str) -> None:
+    asyncio.run(_tampered(db_url, TAMPERING[tampering]))
