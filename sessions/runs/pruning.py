@@ -111,9 +111,12 @@ async def prune(
 ) -> PruneReport:
     """Prune the payloads of the run's settled steps the bound covers (keep the last
     `keep_last` steps, prune steps before `before_step`, keep at most `max_payload_bytes` of
-    payloads; with `policy=True` the run's recorded `RetentionPolicy`). A step with a claimed,
-    unacked queue row is kept (`skipped_claimed`). Then, on SQLite, the freed pages go back to the
-    OS in small incremental-vacuum slices (`vacuum`)."""
+    payloads; with `policy=True` the run's recorded `RetentionPolicy`). First, any earlier prune
+    of the run cut between its record and its rewrite is finished (`finished_prune_ids`). A step
+    with a claimed, unacked queue row is kept (`skipped_claimed`), and so is one that had a session
+    not ended when the prune came to record it (`skipped_open`), that another prune recorded first
+    (`skipped_pruned`) or that kept changing while read (`skipped_busy`). Then, on SQLite, the
+    freed pages go back to the OS in small incremental-vacuum slices (`vacuum`)."""
     if not isinstance(ledger, LedgerParts):
         raise InvalidArgumentType(
             f"prune: the first argument is a Ledger, got {type(ledger).__name__}",
