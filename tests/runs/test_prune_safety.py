@@ -15,6 +15,7 @@ import subprocess
 import sys
 import textwrap
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -311,3 +312,60 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "sessions.cli", *args], capture_output=True, text=True, timeout=300
     )
+
+
+_RACING_WORKER = textwrap.dedent(
+    """
+    import asyncio, sys, time
+    from pathlib import Path
+    from sessions import Ledger, prune
+    from store import retention as sql
+
+    url, folder, workers, me = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+    real = sql.record_prune
+
+    async def record(*args, **kwargs):
+        # Every worker has read the step before any records it: a file barrier, not a sleep.
+        (folder / f"ready-{me}").touch()
+        deadline = time.monotonic() + 120
+        while len(list(folder.glob("ready-*"))) < workers:
+            if time.monotonic() > deadline:
+                raise SystemExit("the other workers never came to record")
+            await asyncio.sleep(0.01)
+        return await real(*args, **kwargs)
+
+    async def main():
+        sql.record_prune = record
+        async with Ledger.open(url, run="r") as ledger:
+            report = await prune(ledger, run="r", before_step=1)
+        print(report.pruned_steps, report.skipped_pruned, flush=True)
+
+    asyncio.run(main())
+    """
+)
+
+
+def test_three_prune_processes_at_once_record_one_prune(db_url: str, tmp_path: Path) -> None:
+    """Issue 40's case 4 across processes: every worker reads the step, then all race to record
+    it; one records, the others write nothing and exit 0 (no ConcurrencyError)."""
+    asyncio.run(_record_two_steps(db_url))
+    workers = [
+        subprocess.Popen(
+            [sys.executable, "-c", _RACING_WORKER, db_url, str(tmp_path), "3", str(i)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(3)
+    ]
+    outputs = [worker.communicate(timeout=300) for worker in workers]
+    assert [w.returncode for w in workers] == [0, 0, 0], [err[-1500:] for _out, err in outputs]
+    said = sorted(out.strip() for out, _err in outputs)
+    assert said == ["[0] []", "[] [0]", "[] [0]"], said
+
+    async def check() -> None:
+        async with Ledger.open(db_url, run="r") as ledger:
+            assert await _records(ledger) == 1
+            await _audited(ledger)
+
+    asyncio.run(check())
