@@ -22,6 +22,7 @@ _NAMES: dict[str, str] = {
     "AppendOutcomeUnknown": "sessions.errors",
     "BatchPruned": "sessions.errors",
     "ConcurrencyError": "sessions.errors",
+    "StepPrunedError": "sessions.errors",
     "ConfigError": "sessions.errors",
     "DamagedData": "sessions.errors",
     "InvalidArgument": "sessions.errors",

@@ -12,7 +12,7 @@ meaning suggests as a second base (`StepNotSettled` is a `TimeoutError`, `Invali
   open groups; `LedgerTimeout`: any other wait that ran out.
 - `LedgerClosed`, `UsageError`: a call in a state or place it cannot run in.
 - `NotFound`: a run or rows the database does not have (`BatchPruned`: a step whose payloads a
-  prune dropped); `MissingDependency`: an optional extra is
+  prune dropped); `StepPrunedError`: a session created in a step a prune closed; `MissingDependency`: an optional extra is
   not installed; `DamagedData`: stored data this library cannot have written.
 
 The lowest module of the domain: it imports nothing of `sessions`, so every other module may
@@ -24,7 +24,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from store import AppendOutcomeUnknown, ConcurrencyError, LedgerError, SchemaError, StoreError
+from store import (
+    AppendOutcomeUnknown,
+    ConcurrencyError,
+    LedgerError,
+    SchemaError,
+    StepPrunedError,
+    StoreError,
+)
 
 __all__ = [
     "AppendOutcomeUnknown",
@@ -45,6 +52,7 @@ __all__ = [
     "RowIndexError",
     "SchemaError",
     "StepNotSettled",
+    "StepPrunedError",
     "StoreError",
     "UnknownEventError",
     "UsageError",

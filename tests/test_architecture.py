@@ -268,6 +268,7 @@ PUBLIC = [
     "SessionOutcome",
     "SessionProxy",
     "StepNotSettled",
+    "StepPrunedError",
     "StoreError",
     "SyncLedger",
     "SyncSession",
