@@ -11,6 +11,7 @@ before verl's ``run`` starts; everything else is verl's code as it is.
 from __future__ import annotations
 
 import os
+import uuid
 from typing import Any
 
 import hydra
@@ -23,7 +24,7 @@ from verl.utils.device import auto_set_device
 
 from sessions.errors import ConfigError
 
-__all__ = ["main"]
+__all__ = ["main", "with_launch"]
 
 _CONFIG_DIR = os.path.join(os.path.dirname(verl_main_ppo.__file__), "config")
 
@@ -52,7 +53,28 @@ def main(config: Any) -> None:
             "the ledger's trainer side is verl's V0 trainer: add trainer.use_v1=false (the rollout "
             "side, the ledger agent loop, works under V1 with verl's own main_ppo too)"
         )
+    with_launch(config)
     verl_main_ppo.run_ppo(config, task_runner_class=ray.remote(_LedgerTaskRunner))
+
+
+def with_launch(config: Any) -> None:
+    """Name this start of the job in the config every Ray worker receives (``ledger.launch``),
+    unless the command or ``ROLLOUT_LEDGER_LAUNCH`` names it: the workers of one job then agree
+    on their launch, and a restarted job, resumed from its checkpoint, is a new one
+    (docs/design.md §14)."""
+    from omegaconf import open_dict
+
+    if os.environ.get("ROLLOUT_LEDGER_LAUNCH"):
+        return
+    section = config.get("ledger")
+    if section is not None and section.get("launch"):
+        return
+    launch = f"verl-{uuid.uuid4().hex[:16]}"
+    with open_dict(config):
+        if section is None:
+            config.ledger = {"launch": launch}
+        else:
+            config.ledger.launch = launch
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ travel in it as one more section, added with Hydra's ``+`` syntax::
     +ledger.url=postgresql://host/rollouts   # where every worker records (SQLite: one node only)
     +ledger.timeout=600                       # seconds per attempt of an agent loop (default: none)
     +ledger.max_attempts=2                    # the run's RetryPolicy (default: one attempt)
+    +ledger.launch=job-20261206-1             # this start of the job (default: main_ppo's, or Ray's)
 
 Each key falls back to an environment variable (``ROLLOUT_LEDGER_DB``, ``ROLLOUT_LEDGER_RUN``, ...),
 then to a default. The run defaults to verl's ``trainer.experiment_name``; the placeholder token
@@ -27,7 +28,7 @@ from sessions.failure_policy import RetryPolicy
 from sessions.placeholder import PlaceholderPolicy
 from sessions.vocabulary import INFRA
 
-__all__ = ["CONFIG_SECTION", "LedgerSettings"]
+__all__ = ["CONFIG_SECTION", "LedgerSettings", "ray_launch"]
 
 #: The top-level config section the settings live in (``+ledger.url=...``).
 CONFIG_SECTION = "ledger"
@@ -37,6 +38,7 @@ _ENV = {
     "run": "ROLLOUT_LEDGER_RUN",
     "timeout": "ROLLOUT_LEDGER_TIMEOUT",
     "max_attempts": "ROLLOUT_LEDGER_MAX_ATTEMPTS",
+    "launch": "ROLLOUT_LEDGER_LAUNCH",
 }
 _KEYS = (
     "url",
@@ -49,6 +51,7 @@ _KEYS = (
     "placeholder_token_id",
     "placeholder_prompt_length",
     "placeholder_response_length",
+    "launch",
 )
 
 
@@ -74,6 +77,9 @@ class LedgerSettings:
     placeholder_token_id: int = 0
     placeholder_prompt_length: int = 1
     placeholder_response_length: int = 1
+    #: this launch of the job, the same in every worker (docs/design.md §14): the trainer's
+    #: ``main_ppo`` writes a fresh one into the config; else the Ray job's (`ray_launch`)
+    launch: str | None = None
     #: what `Ledger.open` gets on top (tests: engine options); not part of the job config
     open_kwargs: Mapping[str, Any] = field(default_factory=dict, compare=False, hash=False)
 
@@ -108,6 +114,7 @@ class LedgerSettings:
             "retry_policy": self.retry_policy(),
             "placeholder_policy": self.placeholder_policy(),
             "min_valid": self.min_valid,
+            "launch": self.launch,
             **self.open_kwargs,
         }
 
@@ -160,7 +167,33 @@ class LedgerSettings:
             placeholder_token_id=int(token),
             placeholder_prompt_length=int(pick("placeholder_prompt_length", 1)),
             placeholder_response_length=int(pick("placeholder_response_length", 1)),
+            launch=_text(pick("launch", None)) or ray_launch(),
         )
+
+
+def ray_launch() -> str | None:
+    """This process's Ray job as a launch id, the same in every worker of one job and new when
+    the job starts again (a resumed run): the Ray session (the cluster's start, named by its
+    time) and the job's id within it. None outside Ray."""
+    try:
+        import ray
+    except ImportError:
+        return None
+    if not ray.is_initialized():
+        return None
+    job = ray.get_runtime_context().get_job_id()
+    try:  # the session name is the one cluster-wide fact Ray keeps per start of a cluster
+        session = ray._private.worker.global_worker.node.session_name
+    except AttributeError:
+        session = ray.get_runtime_context().gcs_address
+    return f"ray:{session}:{job}"[:128]
+
+
+def _text(value: Any) -> str | None:
+    """A setting's text, None for an empty or null value."""
+    if value is None or str(value).strip().lower() in ("", "null", "none"):
+        return None
+    return str(value)
 
 
 def _section(config: Any) -> dict[str, Any]:
