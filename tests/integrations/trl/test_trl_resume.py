@@ -51,7 +51,8 @@ def test_a_killed_trl_run_resumed_from_its_checkpoint_counts_the_re_run_step_onc
     resumed = _launch(db_url, tmp_path, "resume")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     log = json.loads(resumed.stdout.strip().splitlines()[-1])
-    assert [entry["step"] for entry in log] == [job.CRASH_STEP + 1, job.STEPS]
+    # The checkpoint brings the first launch's log entries back; the resumed launch adds its own.
+    assert [entry["step"] for entry in log] == list(range(1, job.STEPS + 1))
 
     with SyncLedger.open(db_url, run=job.RUN, migrate=False) as ledger:
         step = {
@@ -65,7 +66,7 @@ def test_a_killed_trl_run_resumed_from_its_checkpoint_counts_the_re_run_step_onc
         assert step["sessions/superseded"] >= 1  # at least the session that died with its process
         rewards = [job.reward_of(job.CRASH_STEP, row) for row in range(ROWS)]
         assert step["reward/mean"] == pytest.approx(sum(rewards) / ROWS)
-        entry = log[0]  # TRL's log of the re-run step, and the ledger's figures it carries
+        entry = log[job.CRASH_STEP]  # TRL's log of the re-run step, and the ledger's figures
         assert entry["reward"] == pytest.approx(step["reward/mean_success_only"], abs=1e-6)
         assert entry["ledger/train/all/sessions/total"] == ROWS
         assert entry["ledger/train/all/reward/mean"] == pytest.approx(step["reward/mean"])

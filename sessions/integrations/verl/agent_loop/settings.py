@@ -181,12 +181,9 @@ def ray_launch() -> str | None:
         return None
     if not ray.is_initialized():
         return None
-    job = ray.get_runtime_context().get_job_id()
-    try:  # the session name is the one cluster-wide fact Ray keeps per start of a cluster
-        session = ray._private.worker.global_worker.node.session_name
-    except AttributeError:
-        session = ray.get_runtime_context().gcs_address
-    return f"ray:{session}:{job}"[:128]
+    context = ray.get_runtime_context()
+    # The session names one start of the cluster (by its time); the job id counts from 1 in it.
+    return f"ray:{context.get_session_name()}:{context.get_job_id()}"[:128]
 
 
 def _text(value: Any) -> str | None:
