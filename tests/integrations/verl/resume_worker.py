@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.integrations.verl import llm_server as llm
-from tests.integrations.verl.test_agent_loop import N, PROMPTS, config
+from tests.integrations.verl.test_agent_loop import PROMPTS, N, config
 
 #: The row (verl's request number) whose generation kills the worker, and the exit status.
 DYING_ROW = 9

@@ -23,9 +23,9 @@ from tests import REPO
 from tests.integrations.verl import llm_server as llm
 from tests.integrations.verl import resume_worker as dead
 from tests.integrations.verl.test_agent_loop import (
-    N,
     PROMPTS,
     RUN,
+    N,
     assert_metrics_agree,
     assert_same_rows,
     config,
