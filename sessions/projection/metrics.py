@@ -129,8 +129,8 @@ ROWS_PARTIAL = "rows/partial"
 GROUPS_BELOW_MIN_VALID = "groups/below_min_valid"
 #: Sessions of earlier launches in a step a later launch re-ran: out of every other figure.
 SESSIONS_SUPERSEDED = "sessions/superseded"
-#: Not a counter: the number of the run's launch whose sessions the step's figures count (set
-#: only once a launch is recorded; `sessions.runs.launches`).
+#: Not a counter: the number of the run's launch whose sessions the step's figures count, in the
+#: step's all-sources scope (set only once a launch is recorded; `sessions.runs.launches`).
 LAUNCH = "launch"
 #: Per row count k: the sum of the settled groups' means and how many groups have k rows.
 UID_MEAN_SUM = "reward/uid_mean_sum@{n}"

@@ -163,17 +163,19 @@ class Rules:
         for that launch's sessions, keeping how many sessions earlier launches had there
         (`sessions/superseded`). Every scope of the step is in the working set (the projector
         loads them for a creation that carries a launch; a rebuild holds all)."""
-        self._scoped(run, partition, step, None)
+        every_source = self._scoped(run, partition, step, None)[0]
         for scope, table in self.state.metrics.items():
-            if scope[:3] != (run, partition, step):
-                continue
             values = table.values
+            # An empty table is one the projector loaded for a session still to come: what it
+            # holds then is that session's alone, as in a rebuild, which makes it on creation.
+            if scope[:3] != (run, partition, step) or (not values and table is not every_source):
+                continue
             superseded = values.get(_SUPERSEDED, 0.0) + values.get(m.SESSIONS_TOTAL, 0.0)
             values.clear()
-            values[_LAUNCH] = float(launch)
             if superseded:
                 values[_SUPERSEDED] = superseded
             table.dirty = True
+        every_source.values[_LAUNCH] = float(launch)  # read by `_launch_of_step`
         self.state.relaunched.add((run, partition, step))
         self._session_tables.clear()  # sessions of the step counted so far are superseded now
 
