@@ -141,3 +141,40 @@ async def _superseded_in_sql(url: str) -> int:
         run=RUN,
         step=STEP,
     )
+
+
+def test_main_ppo_names_each_start_of_the_job_unless_the_launch_is_given(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The driver writes the launch into the config every worker receives: one per start."""
+    from omegaconf import OmegaConf
+
+    from sessions.integrations.verl.agent_loop.settings import LedgerSettings
+    from sessions.integrations.verl.main_ppo import with_launch
+
+    monkeypatch.delenv("ROLLOUT_LEDGER_LAUNCH", raising=False)
+    first, second, bare = (
+        OmegaConf.create(
+            {"ledger": {"url": "sqlite:///x.db"}, "trainer": {"experiment_name": "e"}}
+        ),
+        OmegaConf.create(
+            {"ledger": {"url": "sqlite:///x.db"}, "trainer": {"experiment_name": "e"}}
+        ),
+        OmegaConf.create({"trainer": {"experiment_name": "e"}}),
+    )
+    for job in (first, second, bare):
+        with_launch(job)
+    assert first.ledger.launch.startswith("verl-") and first.ledger.launch != second.ledger.launch
+    assert bare.ledger.launch.startswith("verl-")
+    assert LedgerSettings.from_config(first).launch == first.ledger.launch  # what workers read
+    assert LedgerSettings.from_config(first).ledger_options()["launch"] == first.ledger.launch
+    given = OmegaConf.create({"ledger": {"url": "sqlite:///x.db", "launch": "mine"}})
+    with_launch(given)
+    assert given.ledger.launch == "mine"
+    monkeypatch.setenv("ROLLOUT_LEDGER_LAUNCH", "from-the-launcher")
+    left = OmegaConf.create(
+        {"ledger": {"url": "sqlite:///x.db"}, "trainer": {"experiment_name": "e"}}
+    )
+    with_launch(left)
+    assert "launch" not in left.ledger
+    assert LedgerSettings.from_config(left).launch == "from-the-launcher"
