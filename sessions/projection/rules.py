@@ -63,6 +63,10 @@ class Rules:
         self._touched = state.touched_sessions
         self._tables: dict[tuple[Any, ...], list[m.MetricTable]] = {}
         self._session_tables: dict[str, list[m.MetricTable]] = {}
+        #: each step's scopes in the working set, for `_relaunch` (a rebuild holds every step's)
+        self._step_scopes: dict[tuple[Any, ...], list[m.Scope]] = {}
+        for scope in state.metrics:
+            self._step_scopes.setdefault(scope[:3], []).append(scope)
 
     def forget(self, sids: list[str], steps: set[tuple[Any, Any, Any]]) -> None:
         """Drop the cached metric tables of sessions and steps a rebuild took out of memory."""
@@ -70,6 +74,8 @@ class Rules:
             self._session_tables.pop(sid, None)
         for key in [k for k in self._tables if k[:3] in steps]:
             del self._tables[key]
+        for step in steps:
+            self._step_scopes.pop(step, None)
 
     def apply(self, event: LogEvent) -> None:
         position, sid, version, type_, data, recorded_at, problem = event
@@ -130,6 +136,7 @@ class Rules:
                 table = self.state.metrics.get(scope)
                 if table is None:
                     table = self.state.metrics[scope] = m.MetricTable()
+                    self._step_scopes.setdefault(scope[:3], []).append(scope)
                 tables.append(table)
             self._tables[key] = tables
         return tables
@@ -164,12 +171,13 @@ class Rules:
         (`sessions/superseded`). Every scope of the step is in the working set (the projector
         loads them for a creation that carries a launch; a rebuild holds all)."""
         every_source = self._scoped(run, partition, step, None)[0]
-        for scope, table in self.state.metrics.items():
-            values = table.values
+        for scope in self._step_scopes.get((run, partition, step), ()):
+            table = self.state.metrics.get(scope)
             # An empty table is one the projector loaded for a session still to come: what it
             # holds then is that session's alone, as in a rebuild, which makes it on creation.
-            if scope[:3] != (run, partition, step) or (not values and table is not every_source):
+            if table is None or (not table.values and table is not every_source):
                 continue
+            values = table.values
             superseded = values.get(_SUPERSEDED, 0.0) + values.get(m.SESSIONS_TOTAL, 0.0)
             values.clear()
             if superseded:
