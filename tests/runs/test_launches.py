@@ -21,6 +21,8 @@ from sessions.audit.auditing import audit
 from sessions.audit.read_model_diff import compare
 from sessions.audit.replay import replay
 from sessions.errors import ConfigError
+from sessions.report.data import gather
+from sessions.report.page import render_page
 from sessions.runs.fingerprint import run_stream
 from sessions.runs.launches import LAUNCH_ENV
 from store import create_engine, upgrade
@@ -113,6 +115,9 @@ async def test_a_resumed_launch_fails_the_orphans_and_counts_the_re_run_step_on_
             ("b2-0", 2, 0),
             ("b2-1", 2, 0),
         ]
+        # The report counts them (the summary's note; the sessions figure draws the count).
+        page = render_page(await gather(ledger.engine, RUN), [], max_points=100, failure_limit=5)
+        assert "The run was resumed" in page and "sessions/superseded; train: 2" in page
     await _audited_and_replayed(db_url)
 
 
