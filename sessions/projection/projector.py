@@ -354,16 +354,22 @@ async def _load_working_set(
         )
     # A creation of a launch may take its step over from an earlier launch (`Rules._relaunch`),
     # which starts every scope of the step again: all of them are loaded, not only the page's.
-    launched = {
-        (data["run"], data["partition"], data.get("global_step"))
-        for _p, _sid, _v, type_, data, _at, _problem in page
-        if type_ == "SessionCreated"
-        and data is not None
-        and data.get("launch") is not None
-        and _has_identity(data)
-    }
-    if launched:
-        for scope, values in (await rm.load_step_metrics(conn, sorted(launched, key=repr))).items():
+    launched: dict[tuple[str, str, int | None], int] = {}
+    for _p, _sid, _v, type_, data, _at, _problem in page:
+        if type_ == "SessionCreated" and data is not None and _has_identity(data):
+            launch = data.get("launch")
+            key = (data["run"], data["partition"], data.get("global_step"))
+            if isinstance(launch, int) and launch > launched.get(key, 0):
+                launched[key] = launch
+    later = [  # steps a creation of the page may take over from an earlier launch's sessions
+        key
+        for key, launch in launched.items()
+        if (every := state.metrics.get((*key, None))) is not None
+        and every.values
+        and launch > int(every.values.get(m.LAUNCH, 0))
+    ]
+    if later:
+        for scope, values in (await rm.load_step_metrics(conn, sorted(later, key=repr))).items():
             if scope not in state.metrics:
                 state.metrics[scope] = m.MetricTable(values)
     state.stored_sessions = {

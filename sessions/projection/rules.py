@@ -171,6 +171,10 @@ class Rules:
         (`sessions/superseded`). Every scope of the step is in the working set (the projector
         loads them for a creation that carries a launch; a rebuild holds all)."""
         every_source = self._scoped(run, partition, step, None)[0]
+        if not every_source.values:  # the step's first session: nothing to start again
+            every_source.values[_LAUNCH] = float(launch)
+            every_source.dirty = True
+            return
         for scope in self._step_scopes.get((run, partition, step), ()):
             table = self.state.metrics.get(scope)
             # An empty table is one the projector loaded for a session still to come: what it

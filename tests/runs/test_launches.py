@@ -21,6 +21,7 @@ from sessions.audit.auditing import audit
 from sessions.audit.read_model_diff import compare
 from sessions.audit.replay import replay
 from sessions.errors import ConfigError
+from sessions.projection.settled import settled_step
 from sessions.report.data import gather
 from sessions.report.page import render_page
 from sessions.runs.fingerprint import run_stream
@@ -115,6 +116,11 @@ async def test_a_resumed_launch_fails_the_orphans_and_counts_the_re_run_step_on_
             ("b2-0", 2, 0),
             ("b2-1", 2, 0),
         ]
+        # A step the launch runs first is held by the projector as without launches: its batch
+        # is not read back.
+        await _session(ledger, "b3-0", "b3g0", 0, 3, 1.0, size=1)
+        fresh = await settled_step(ledger.projector, ledger.store, RUN, "train", 3, timeout=5)
+        assert fresh.held and [q["session_id"] for q in fresh.rows] == ["b3-0"]
         # The report counts them (the summary's note; the sessions figure draws the count).
         page = render_page(await gather(ledger.engine, RUN), [], max_points=100, failure_limit=5)
         assert "The run was resumed" in page and "sessions/superseded; train: 2" in page
