@@ -37,6 +37,7 @@ _NAMES: dict[str, str] = {
     "RolloutFailure": "sessions.runner_failure",
     "RowIndexError": "sessions.errors",
     "SandboxError": "sessions.runner_failure",
+    "ServerConnectionError": "sessions.runner_failure",
     "SchemaError": "sessions.errors",
     "StepNotSettled": "sessions.errors",
     "StoreError": "sessions.errors",

@@ -263,6 +263,7 @@ PUBLIC = [
     "RunConfigMismatch",
     "SandboxError",
     "SchemaError",
+    "ServerConnectionError",
     "SessionHandle",
     "SessionOutcome",
     "SessionProxy",
