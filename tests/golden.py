@@ -55,9 +55,15 @@ EXPECTED_METRICS = (
 #: `test_the_newest_golden_log_is_what_todays_recorder_writes`.
 #: v1: the seed's events; v2: TrajectoryRecorded gained `trainable_tokens`; v3:
 #: SessionFailed gained origin / metric / partial selection, PlaceholderEmitted its lengths, and
-#: the log gained AttemptFailed and RunConfigured.
-LOG_VERSION = 3
-LOG_SCHEMAS = {"TrajectoryRecorded": 2, "SessionFailed": 2, "PlaceholderEmitted": 2}
+#: the log gained AttemptFailed and RunConfigured; v4: SessionCreated gained `launch` (the run's
+#: launch that created it; null here, the scenario's ledger records none).
+LOG_VERSION = 4
+LOG_SCHEMAS = {
+    "SessionCreated": 2,
+    "TrajectoryRecorded": 2,
+    "SessionFailed": 2,
+    "PlaceholderEmitted": 2,
+}
 
 
 def golden_logs() -> list[Path]:

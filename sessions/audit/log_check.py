@@ -7,7 +7,7 @@
 2. Structure, one session's stream at a time (in (session_id, version) order, which the unique
    index serves without sorting): versions 1..n in position order, a SessionCreated first, one
    terminal event, a placeholder after each SessionFailed that emits one, nothing else after the
-   terminal event; a run's own stream (`@run:<run>`) holds RunConfigured and PayloadsPruned
+   terminal event; a run's own stream (`@run:<run>`) holds RunConfigured, PayloadsPruned and RunLaunched
    events only.
 3. Prunes: a payload is a tombstone only where its row's `pruned_by` names a prune (never by the
    bytes' shape: a token sequence that spells a tombstone is checked as tokens). A tombstone has
@@ -478,12 +478,12 @@ def _check_stream(sid: str, stream: list[_Entry]) -> Iterable[Finding]:
             return
     if sid.startswith(ev.RUN_STREAM_PREFIX):  # a run's configuration stream holds nothing else
         for item in stream:
-            if item.type not in ("RunConfigured", "PayloadsPruned"):
+            if item.type not in ("RunConfigured", "PayloadsPruned", "RunLaunched"):
                 yield div(
                     item.position,
                     _SHAPE,
                     "type",
-                    "RunConfigured or PayloadsPruned (a run's stream)",
+                    "RunConfigured, PayloadsPruned or RunLaunched (a run's stream)",
                     item.type,
                 )
         return

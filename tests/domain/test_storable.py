@@ -683,6 +683,7 @@ VALID: dict[str, ev.Event] = {
     ),
     "PlaceholderEmitted": ev.PlaceholderEmitted(reason="timeout", token_id=0),
     "SessionCancelled": ev.SessionCancelled(message="m"),
+    "RunLaunched": ev.RunLaunched(launch="job", number=1),
 }
 #: Text every bounded field takes (no `_`: a uid refuses it; lowercase: a reason's own rule).
 STORABLE = st.characters(min_codepoint=ord("a"), max_codepoint=ord("z"))
