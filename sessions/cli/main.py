@@ -422,7 +422,7 @@ async def _cmd_replay(args: argparse.Namespace) -> int:
     from sessions.audit.replay import replay
     from store import check_schema, create_engine, upgrade
 
-    source, target = create_engine(args.db), create_engine(args.into)
+    source, target = create_engine(args.db, read_only=True), create_engine(args.into)
     try:
         await check_schema(source)  # the source is only read; the target is created and migrated
         await upgrade(target)
@@ -444,7 +444,7 @@ async def _cmd_audit(args: argparse.Namespace) -> int:
     from sessions.audit.auditing import audit
     from store import check_schema, create_engine
 
-    engine = create_engine(args.db)
+    engine = create_engine(args.db, read_only=True)  # reads only: the file keeps its journal mode
     try:
         await check_schema(engine)
         with Progress(transient=True) as progress:
@@ -469,7 +469,7 @@ async def _cmd_sql(args: argparse.Namespace) -> int:
     from sessions.cli.render import json_value, print_json, rows_table, show
     from store import check_schema, console, create_engine
 
-    engine = create_engine(args.db)
+    engine = create_engine(args.db, read_only=True)  # reads only: the file keeps its journal mode
     try:
         await check_schema(engine)
         columns, rows = await console.run_query(
