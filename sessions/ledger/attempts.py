@@ -65,30 +65,28 @@ class Deadline:
     """When `run_session` stops waiting for a session, so that a timeout it reports is true: the
     runner will not run afterwards (docs/design.md §12).
 
-    `starts_until` (the event loop's clock) is the end of the time runners were given, `timeout`
-    per attempt and the retry policy's backoffs counted from the call: an attempt that would start
-    at or after it does not start — the session is failed `timeout` instead, the runner never
-    called (a creation the database held this long lands as created-and-failed). `cut_at` is when
-    `run_session` returns: an attempt still running then is cut, as its own timeout would cut
-    it. `given_up` is set when `run_session` has returned `recording`; after that no attempt
-    starts whatever the clock says.
+    `at` (the event loop's clock) is when `run_session` returns — `timeout` per attempt, the
+    retry policy's backoffs and `recording_timeout`, counted from the call. An attempt that would
+    start at or after it does not start: the session is failed `timeout` instead, the runner
+    never called (a creation the database held that long lands as created-and-failed). An attempt
+    still running then is cut, as its own timeout would cut it. `given_up` is set when
+    `run_session` has returned `recording`; after that no attempt starts whatever the clock says.
     """
 
-    __slots__ = ("cut_at", "given_up", "starts_until")
+    __slots__ = ("at", "given_up")
 
-    def __init__(self, starts_until: float, cut_at: float) -> None:
-        self.starts_until = starts_until
-        self.cut_at = cut_at
+    def __init__(self, at: float) -> None:
+        self.at = at
         self.given_up = False
 
     def may_start(self, after: float = 0.0) -> bool:
         """Whether an attempt may start `after` seconds from now."""
         now = asyncio.get_running_loop().time()
-        return not self.given_up and now + after < self.starts_until
+        return not self.given_up and now + after < self.at
 
     def attempt_timeout(self, timeout: float | None) -> float:
         """An attempt's timeout, cut so that it ends by the time `run_session` returns."""
-        left = max(0.0, self.cut_at - asyncio.get_running_loop().time())
+        left = max(0.0, self.at - asyncio.get_running_loop().time())
         return left if timeout is None else min(timeout, left)
 
 
@@ -298,7 +296,7 @@ async def _not_started(handle: SessionHandle, deadline: Deadline) -> SessionOutc
     note = (
         "run_session had already returned `timeout`"
         if deadline.given_up
-        else "run_session's time for runners had run out"
+        else "run_session's time had run out"
     )
     error = TimeoutError(
         f"session {handle.session_id!r}: attempt {max(handle.attempt, 1)} was not started: {note} "

@@ -379,8 +379,7 @@ class Ledger:
         budget = timeout * retry.max_attempts + sum(
             retry.backoff(n) for n in range(1, retry.max_attempts)
         )
-        now = asyncio.get_running_loop().time()
-        deadline = Deadline(starts_until=now + budget, cut_at=now + budget + recording_timeout)
+        deadline = Deadline(asyncio.get_running_loop().time() + budget + recording_timeout)
         work = asyncio.ensure_future(
             self._run_session(runner, session_id, timeout, retry, identity, deadline)
         )
