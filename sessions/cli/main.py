@@ -241,12 +241,23 @@ async def _require_ledger(db: str | None) -> None:
     Reads only: a mistyped path is not created, and another application's file is neither
     migrated nor switched to WAL (the SQLite checks run before any connection is made).
     """
-    from store import check_schema, create_engine, local_database_file, retry_transient
+    from store import (
+        OPEN_ATTEMPTS,
+        check_schema,
+        create_engine,
+        local_database_file,
+        retry_transient,
+    )
 
     engine = create_engine(db, require_ledger=True)
     try:
         if local_database_file(db) is None:  # a local file was checked, read-only, by create_engine
-            await retry_transient(lambda: check_schema(engine), what="open (schema check)")
+            await retry_transient(
+                lambda: check_schema(engine),
+                what="open (schema check)",
+                attempts=OPEN_ATTEMPTS,
+                connecting=engine.url,
+            )
     finally:
         await engine.dispose()
 

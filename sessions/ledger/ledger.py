@@ -156,7 +156,14 @@ class Ledger:
             share = bool(engine_options.get("share_database"))
             ready = partial(upgrade, engine, share=share)
             ready = ready if migrate else partial(check_schema, engine)
-            await retry_transient(ready, what=f"open (migrate={migrate})", attempts=OPEN_ATTEMPTS)
+            # A server that refuses the connection (not up yet, restarting) is retried as long,
+            # then named in a DatabaseUnreachableError with what to check.
+            await retry_transient(
+                ready,
+                what=f"open (migrate={migrate})",
+                attempts=OPEN_ATTEMPTS,
+                connecting=engine.url,
+            )
             ledger = cls(engine, settings=settings)
             ledger._loop = asyncio.get_running_loop()
             try:
