@@ -75,6 +75,8 @@ async def retry_transient(
     except OSError as error:
         if connecting is None or not server or isinstance(error, LedgerError):
             raise
+        if not (_refused(error) or isinstance(error, (socket.gaierror, TimeoutError))):
+            raise  # a connection dropped once made: the driver's error says so
         dialect = dialect_of(connecting)
         where, _ = dialect.describe(connecting)
         tried = f" after {attempts} attempts" if _refused(error) else ""
@@ -86,9 +88,13 @@ async def retry_transient(
 
 
 def _refused(error: OSError) -> bool:
-    """A connection the server refused or dropped (worth another try), as opposed to a host
-    that does not resolve or a connect that timed out."""
-    return not isinstance(error, (socket.gaierror, TimeoutError, LedgerError))
+    """A connection the server refused (nothing listens yet, a restart: worth another try), as
+    opposed to a host that does not resolve, a connect that timed out or a connection dropped
+    after it was made (the driver's own error, described as such). asyncio reports a refusal on
+    every address of a host (`localhost`: ::1 and 127.0.0.1) as one plain OSError."""
+    if isinstance(error, ConnectionRefusedError):
+        return True
+    return type(error) is OSError and error.errno is None and "Connect call failed" in str(error)
 
 
 async def _retrying(operation: Any, what: str, attempts: int, connecting: bool) -> Any:
@@ -103,7 +109,10 @@ async def _retrying(operation: Any, what: str, attempts: int, connecting: bool) 
                 raise
             cause = _driver_cause(error)
             delay = RETRY_BASE_DELAY * (2**attempt)
-            log.warning(
+            # a refused connection is named, with its attempts, by the error if they all fail
+            refused = isinstance(error, OSError) and not isinstance(error, LedgerError)
+            log.log(
+                logging.INFO if refused else logging.WARNING,
                 "%s failed transiently (%s); retry %d/%d in %.2fs",
                 what,
                 getattr(cause, "orig", cause),

@@ -36,7 +36,6 @@ from sessions.vocabulary import EMPTY_OUTPUT
 __all__ = [
     "LOOP_BLOCK_S",
     "Deadline",
-    "LoopBlock",
     "LoopBlocks",
     "Runner",
     "abort",
@@ -99,7 +98,7 @@ LOOP_BLOCK_S = 0.2
 
 
 @dataclass(frozen=True, slots=True)
-class LoopBlock:
+class _LoopBlock:
     """A runner step that held the event loop `seconds` long, ending at `ended` (loop clock)."""
 
     session_id: str
@@ -116,10 +115,10 @@ class LoopBlocks:
     the block starved of its time is told what took it instead of timing out in silence."""
 
     def __init__(self, keep: int = 1024) -> None:
-        self._blocks: deque[LoopBlock] = deque(maxlen=keep)
+        self._blocks: deque[_LoopBlock] = deque(maxlen=keep)
         self._warned: set[str] = set()
 
-    def add(self, block: LoopBlock) -> None:
+    def add(self, block: _LoopBlock) -> None:
         self._blocks.append(block)
         level = logging.DEBUG if block.runner in self._warned else logging.WARNING
         self._warned.add(block.runner)
@@ -133,12 +132,12 @@ class LoopBlocks:
             block.seconds,
         )
 
-    def during(self, start: float, end: float) -> list[LoopBlock]:
+    def during(self, start: float, end: float) -> list[_LoopBlock]:
         """The blocks that overlap the interval from `start` to `end` (loop clock)."""
         return [block for block in self._blocks if block.overlaps(start, end)]
 
 
-def runner_name(runner: Any) -> str:
+def _runner_name(runner: Any) -> str:
     """How a message names a runner: its module and qualified name, or its type's."""
     named = runner if hasattr(runner, "__qualname__") else type(runner)
     module = getattr(named, "__module__", None)
@@ -179,11 +178,11 @@ class _TimedSteps:
     def _measure(self, seconds: float) -> None:
         if seconds >= LOOP_BLOCK_S:
             ended = asyncio.get_running_loop().time()
-            self._blocks.add(LoopBlock(self._session_id, self._runner, seconds, ended))
+            self._blocks.add(_LoopBlock(self._session_id, self._runner, seconds, ended))
 
 
 def _starved(
-    error: BaseException, blocks: list[LoopBlock], session_id: str, timeout: float
+    error: BaseException, blocks: list[_LoopBlock], session_id: str, timeout: float
 ) -> TimeoutError:
     """The attempt's timeout, naming the blocks of the loop that took its time."""
     longest = max(blocks, key=lambda block: block.seconds)
@@ -267,7 +266,7 @@ async def _attempt(
     are timed, and a timeout names the blocks of the loop that took the attempt's time."""
     work: Any = runner(handle)
     if blocks is not None and inspect.iscoroutine(work):
-        work = _TimedSteps(work, blocks, handle.session_id, runner_name(runner))
+        work = _TimedSteps(work, blocks, handle.session_id, _runner_name(runner))
     if timeout is None:
         await work
         return

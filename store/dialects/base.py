@@ -188,7 +188,7 @@ class Dialect(ABC):
 
     def unreachable_hint(self, parsed: URL) -> str:
         """What to check when connecting to `parsed` found no server (refused, reset, unknown host)."""
-        return "check that the database server is running and reachable from this host"
+        return "is the server running, and reachable from this host at the URL's host and port?"
 
     @abstractmethod
     def describe(self, parsed: URL) -> tuple[str, str]:

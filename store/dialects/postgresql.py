@@ -266,8 +266,9 @@ class PostgresDialect(Dialect):
     def unreachable_hint(self, parsed: URL) -> str:
         host, port = parsed.host or "localhost", parsed.port or 5432
         return (
-            f"check that PostgreSQL is running on {host}:{port} and accepts TCP connections from "
-            f"this host (`pg_isready -h {host} -p {port}`), and the host and port in the URL"
+            f"is the server running? Check that PostgreSQL listens on {host}:{port} and accepts "
+            f"TCP connections from this host (`pg_isready -h {host} -p {port}`), and that the "
+            "host and port in the URL point at it"
         )
 
     def describe(self, parsed: URL) -> tuple[str, str]:
