@@ -115,16 +115,14 @@ def _refuse_state(state: SchemaState, where: str, target: str, share: bool) -> N
         )
 
 
-def _file_needs_upgrade(engine: AsyncEngine, target: str, share: bool) -> bool:
-    """For an existing SQLite file, the refusals and the at-head answer, read before any
-    connection: connecting switches a file to WAL, and a refusal must leave the file byte for
-    byte as it was (docs/design.md §11). True where the upgrade must connect."""
+def _refuse_file(engine: AsyncEngine, share: bool) -> None:
+    """For an existing SQLite file, the refusals, read before any connection: connecting
+    switches a file to WAL, and a refusal must leave the file byte for byte as it was
+    (docs/design.md §11). A file that is not refused is then opened as every writer opens it."""
     database = dialect_of(engine).local_file(engine.url)
     if database is None or not os.path.isfile(database) or not os.path.getsize(database):
-        return True
-    state = read_file_state(database)
-    _refuse_state(state, *describe(engine.url), share)
-    return not (target == "head" and state.revision == head_revision())
+        return
+    _refuse_state(read_file_state(database), *describe(engine.url), share)
 
 
 def _upgrade(conn: Connection, target: str, share: bool) -> None:
@@ -144,8 +142,7 @@ async def upgrade(engine: AsyncEngine, target: str = "head", *, share: bool = Fa
     A database of unknown revision raises SchemaError, and so does one that is not a ledger yet
     and holds another application's tables, unless `share` says to keep both in one database.
     """
-    if not await asyncio.to_thread(_file_needs_upgrade, engine, target, share):
-        return  # a SQLite file at head, or refused, without a connection
+    await asyncio.to_thread(_refuse_file, engine, share)  # refused without a connection
     if target == "head":
         async with engine.connect() as conn:  # at head already (every open but the first): one read
             if await conn.run_sync(_current_if_versioned) == head_revision():
