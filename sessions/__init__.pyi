@@ -44,6 +44,7 @@ from sessions.errors import (
     RowIndexError,
     SchemaError,
     StepNotSettled,
+    StepPrunedError,
     StoreError,
     UnknownEventError,
     UsageError,
@@ -61,7 +62,7 @@ from sessions.projection.projector import Projector
 from sessions.queues.consumer import QueueConsumer
 from sessions.queues.sinks import InProcessQueue, QueueItem, QueueSink
 from sessions.recorder import SessionHandle, SessionOutcome
-from sessions.runner_failure import RolloutFailure, SandboxError
+from sessions.runner_failure import RolloutFailure, SandboxError, ServerConnectionError
 from sessions.runs.fingerprint import RunConfigMismatch
 from sessions.runs.pruning import PruneReport, prune
 from sessions.runs.retention import RetentionPolicy
@@ -107,10 +108,12 @@ __all__ = [
     "RunConfigMismatch",
     "SandboxError",
     "SchemaError",
+    "ServerConnectionError",
     "SessionHandle",
     "SessionOutcome",
     "SessionProxy",
     "StepNotSettled",
+    "StepPrunedError",
     "StoreError",
     "SyncLedger",
     "SyncSession",

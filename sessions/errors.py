@@ -12,7 +12,7 @@ meaning suggests as a second base (`StepNotSettled` is a `TimeoutError`, `Invali
   open groups; `LedgerTimeout`: any other wait that ran out.
 - `LedgerClosed`, `UsageError`: a call in a state or place it cannot run in.
 - `NotFound`: a run or rows the database does not have (`BatchPruned`: a step whose payloads a
-  prune dropped); `MissingDependency`: an optional extra is
+  prune dropped); `StepPrunedError`: a session created in a step a prune closed; `MissingDependency`: an optional extra is
   not installed; `DamagedData`: stored data this library cannot have written.
 
 The lowest module of the domain: it imports nothing of `sessions`, so every other module may
@@ -22,9 +22,16 @@ raised, is in `sessions.runner_failure`.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
-from store import AppendOutcomeUnknown, ConcurrencyError, LedgerError, SchemaError, StoreError
+from store import (
+    AppendOutcomeUnknown,
+    ConcurrencyError,
+    LedgerError,
+    SchemaError,
+    StepPrunedError,
+    StoreError,
+)
 
 __all__ = [
     "AppendOutcomeUnknown",
@@ -45,6 +52,7 @@ __all__ = [
     "RowIndexError",
     "SchemaError",
     "StepNotSettled",
+    "StepPrunedError",
     "StoreError",
     "UnknownEventError",
     "UsageError",
@@ -113,11 +121,15 @@ class LedgerTimeout(LedgerError, TimeoutError):
 
 class StepNotSettled(LedgerTimeout):
     """`Ledger.batch` / `metrics_dict` waited `timeout` seconds and the step still has groups
-    with open sessions (or no sessions at all). Fail or cancel those sessions, run `recover`,
-    or wait longer; nothing was read.
+    with open sessions or slots no session was created for (or no sessions at all). Fail or
+    cancel the open sessions (or run `recover`), create the missing ones, or wait longer;
+    nothing was read.
 
     `pending_uids` names some of the unsettled groups (at most ten), `pending` counts them,
-    `groups` counts the step's groups (0: nothing was recorded for the step).
+    `groups` counts the step's groups (0: nothing was recorded for the step). For the named
+    groups, `open_sessions` maps a uid to its sessions created and not ended, and
+    `never_created` a uid to the session indices (slots below its `group_size`) no session was
+    created for; a uid with neither is left out of each.
     """
 
     def __init__(
@@ -131,6 +143,8 @@ class StepNotSettled(LedgerTimeout):
         pending: int = 0,
         groups: int = 0,
         pending_uids: Sequence[str] = (),
+        open_sessions: Mapping[str, int] | None = None,
+        never_created: Mapping[str, Sequence[int]] | None = None,
     ) -> None:
         super().__init__(message)
         self.run = run
@@ -140,6 +154,8 @@ class StepNotSettled(LedgerTimeout):
         self.pending = pending
         self.groups = groups
         self.pending_uids = tuple(pending_uids)
+        self.open_sessions = dict(open_sessions or {})
+        self.never_created = {uid: tuple(slots) for uid, slots in (never_created or {}).items()}
 
 
 class UsageError(LedgerError, RuntimeError):

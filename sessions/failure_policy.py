@@ -30,6 +30,7 @@ from sessions import vocabulary
 from sessions.errors import ConfigError
 from sessions.vocabulary import (
     ANY,
+    CONNECTION_ERROR,
     EMPTY_OUTPUT,
     FAILURE_REASONS,
     FINALIZE_ERROR,
@@ -64,7 +65,8 @@ EXCLUDE: _MetricDecision = "exclude"
 METRIC_DECISIONS: tuple[_MetricDecision, ...] = (ZERO, EXCLUDE)
 
 #: The built-in reasons' origins: `infra` when the model cannot have caused the failure, `policy`
-#: otherwise. `runner_error` is `policy`: a runner's exception is as often the model's malformed
+#: otherwise. `connection_error` (a server the runner calls refused, dropped or timed out its
+#: connection, or answered 5xx / 429) is `infra`, so the default `RetryPolicy` retries it. `runner_error` is `policy`: a runner's exception is as often the model's malformed
 #: tool call as the harness's bug, and a policy must not escape a zero by it; a runner that knows
 #: better raises `SandboxError` or `RolloutFailure(origin="infra")`. A v1 `SessionFailed` is read
 #: with these (its upcaster in `sessions.events`).
@@ -75,6 +77,7 @@ DEFAULT_ORIGINS: Mapping[str, Origin] = {
     EMPTY_OUTPUT: POLICY,
     FINALIZE_ERROR: INFRA,
     INVALID_OUTPUT: POLICY,
+    CONNECTION_ERROR: INFRA,
     ORPHANED: INFRA,
 }
 assert set(DEFAULT_ORIGINS) == set(FAILURE_REASONS)

@@ -1,31 +1,43 @@
 """What a runner raises to fail its session, and what any exception it raises is recorded as.
 
-A runner names its failure by raising `RolloutFailure(reason=..., origin=...)` (or `SandboxError`,
-an `infra` failure); the reason and origin are checked where it is raised, against the rules of
+A runner names its failure by raising `RolloutFailure(reason=..., origin=...)` (or `SandboxError`
+and `ServerConnectionError`, `infra` failures); the reason and origin are checked where it is raised, against the rules of
 `sessions.vocabulary`. Whatever else a runner raises, `recorded_failure` turns it into a reason
 and origin the log can store, with the error's text and type, and never raises itself — so any
-error can end its session (docs/design.md §4). Here, not in `sessions.errors`: the errors module
+error can end its session (docs/design.md §4). A server that could not be reached (a refused or
+dropped connection, a client's transport timeout, an HTTP 5xx) is `connection_error`, an `infra`
+reason the default retry policy retries (`is_connection_error`, docs/failures.md). Here, not in `sessions.errors`: the errors module
 sits below the vocabulary and imports nothing of `sessions`, while this one checks names with it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import sys
 from dataclasses import dataclass
 from typing import Any
 
 from sessions import events as ev
 from sessions import vocabulary
 from sessions.errors import InvalidArgument, InvalidInput, LedgerError
-from sessions.vocabulary import INFRA, INVALID_OUTPUT, RUNNER_ERROR, SANDBOX_ERROR, TIMEOUT
+from sessions.vocabulary import (
+    CONNECTION_ERROR,
+    INFRA,
+    INVALID_OUTPUT,
+    RUNNER_ERROR,
+    SANDBOX_ERROR,
+    TIMEOUT,
+)
 
 __all__ = [
     "RecordedFailure",
     "RolloutFailure",
     "SandboxError",
+    "ServerConnectionError",
     "error_text",
     "failure_origin",
     "failure_reason",
+    "is_connection_error",
     "recorded_failure",
     "type_name",
 ]
@@ -70,6 +82,95 @@ class SandboxError(RolloutFailure):
 
     reason = SANDBOX_ERROR
     origin = INFRA
+
+
+class ServerConnectionError(RolloutFailure):
+    """A server the runner calls (the LLM server, a tool's service) could not be reached, dropped
+    the connection, timed out in transport or answered 5xx / 429: reason `connection_error`, origin
+    `infra`, so the default `RetryPolicy(on=("infra",))` retries it. The client errors of the
+    usual libraries are recorded so without it (`is_connection_error`); raise it for one they miss.
+    """
+
+    reason = CONNECTION_ERROR
+    origin = INFRA
+
+
+#: Transport errors of the clients a runner talks to its servers with, as (module, attribute
+#: path): the LLM server and tools over HTTP (aiohttp, httpx, requests, urllib3, openai's SDK) and
+#: verl's rollout servers, which are Ray actors (an actor that died or cannot be reached). Read
+#: only from modules already imported: an error of a library is raised only once it is loaded.
+_TRANSPORT_ERRORS: tuple[tuple[str, str], ...] = (
+    ("aiohttp", "ClientConnectionError"),  # refused, reset, disconnected, ServerTimeoutError
+    ("httpx", "TransportError"),  # ConnectError, ReadTimeout, RemoteProtocolError, ...
+    ("requests", "exceptions.ConnectionError"),
+    ("requests", "exceptions.Timeout"),
+    ("urllib3", "exceptions.ProtocolError"),
+    ("urllib3", "exceptions.NewConnectionError"),
+    ("urllib3", "exceptions.TimeoutError"),
+    ("openai", "APIConnectionError"),  # and APITimeoutError
+    ("ray", "exceptions.RayActorError"),  # ActorDiedError, ActorUnavailableError
+)
+#: HTTP client errors that carry a status, with where each keeps it: a 5xx, 408 or 429 answer is
+#: the server's state, not the request's (a 4xx other than those is the runner's request).
+_HTTP_STATUS_ERRORS: tuple[tuple[str, str, str], ...] = (
+    ("aiohttp", "ClientResponseError", "status"),
+    ("httpx", "HTTPStatusError", "response.status_code"),
+    ("requests", "exceptions.HTTPError", "response.status_code"),
+    ("openai", "APIStatusError", "status_code"),
+)
+_SERVER_SIDE_STATUS = frozenset({408, 429})
+
+
+def _loaded(module: str, path: str) -> Any:
+    """`module.path` when `module` is imported and has it, else None (never imports anything)."""
+    value: Any = sys.modules.get(module)
+    for part in path.split("."):
+        if value is None:
+            return None
+        value = getattr(value, part, None)
+    return value if isinstance(value, type) else None
+
+
+def _status(error: BaseException, path: str) -> Any:
+    value: Any = error
+    for part in path.split("."):
+        value = getattr(value, part, None)
+    return value
+
+
+def is_connection_error(error: BaseException) -> bool:
+    """Whether `error` says a server the runner calls was unreachable or failed in transport:
+    Python's `ConnectionError` (refused, reset, aborted, broken pipe), a transport error of the
+    HTTP clients runners use (`_TRANSPORT_ERRORS`; their timeouts too), an HTTP answer 5xx, 408 or
+    429, or an error raised `from` one of these. A plain `TimeoutError` is not: it is the
+    session's own `timeout`. Never raises."""
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        try:
+            if _one_connection_error(current):
+                return True
+        except Exception:  # noqa: BLE001 - an odd error object is simply not a connection error
+            return False
+        current = current.__cause__
+    return False
+
+
+def _one_connection_error(error: BaseException) -> bool:
+    if isinstance(error, ConnectionError):
+        return True
+    for module, path in _TRANSPORT_ERRORS:
+        kind = _loaded(module, path)
+        if kind is not None and isinstance(error, kind):
+            return True
+    for module, path, where in _HTTP_STATUS_ERRORS:
+        kind = _loaded(module, path)
+        if kind is not None and isinstance(error, kind):
+            status = _status(error, where)
+            if isinstance(status, int) and (status >= 500 or status in _SERVER_SIDE_STATUS):
+                return True
+    return False
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,6 +259,8 @@ def recorded_failure(error: BaseException) -> RecordedFailure:
 def _mapped_reason(error: BaseException) -> str:
     if isinstance(error, RolloutFailure):
         return RUNNER_ERROR  # unless its own reason can be recorded (see recorded_failure)
+    if is_connection_error(error):  # before TimeoutError: a client's transport timeout is one too
+        return CONNECTION_ERROR
     if isinstance(error, (TimeoutError, asyncio.TimeoutError)):
         return TIMEOUT
     if isinstance(error, InvalidInput) and _declared(error, "session_id")[0] is not None:

@@ -18,6 +18,7 @@ from sessions.errors import InvalidInput
 
 __all__ = [
     "ALL_SOURCES",
+    "CONNECTION_ERROR",
     "EMPTY_OUTPUT",
     "FAILURE_REASONS",
     "FINALIZE_ERROR",
@@ -57,6 +58,7 @@ SANDBOX_ERROR = "sandbox_error"  # a `SandboxError`
 EMPTY_OUTPUT = "empty_output"  # `complete` without a trajectory
 FINALIZE_ERROR = "finalize_error"
 INVALID_OUTPUT = "invalid_output"  # the runner's tokens, mask or reward were refused
+CONNECTION_ERROR = "connection_error"  # a server the runner calls (the LLM's) was unreachable
 #: The built-in reason the recovery sweep fails a session left open by a dead process with.
 ORPHANED = "orphaned"
 FAILURE_REASONS = (
@@ -66,6 +68,7 @@ FAILURE_REASONS = (
     EMPTY_OUTPUT,
     FINALIZE_ERROR,
     INVALID_OUTPUT,
+    CONNECTION_ERROR,
     ORPHANED,
 )
 #: The stream a run's configuration fingerprints are recorded in: `@run:<run>` (a session id may

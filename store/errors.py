@@ -30,6 +30,32 @@ class ConcurrencyError(StoreError):
         self.actual = actual
 
 
+class StepPrunedError(StoreError, ValueError):
+    """A session created in a step a prune already closed (docs/design.md §14): its payloads are
+    gone and its queue rows dropped, so nothing new may enter it. Nothing was written."""
+
+    def __init__(
+        self,
+        session_id: str,
+        run: str,
+        partition: str,
+        global_step: int,
+        prune_id: str,
+        position: int,
+    ) -> None:
+        super().__init__(
+            f"session {session_id!r}: run {run!r} {partition} step {global_step} was pruned by prune "
+            f"{prune_id} (log position {position}); a pruned step is closed — record this session in "
+            "a step that is not pruned"
+        )
+        self.session_id = session_id
+        self.run = run
+        self.partition = partition
+        self.global_step = global_step
+        self.prune_id = prune_id
+        self.position = position
+
+
 class SchemaError(StoreError):
     """The database's schema revision is unknown to this version of the library."""
 

@@ -67,6 +67,8 @@ def golden_logs() -> list[Path]:
 
 #: `events` columns added after the golden logs were written (revision 0004: a creation's slot).
 ADDED_LATER = ("session_index", "group_size")
+#: Revision 0008's mark of a pruned payload: NULL in a log that was never pruned.
+PRUNE_MARK = ("pruned_by",)
 
 
 def expectation_path(log: Path) -> Path:
@@ -90,7 +92,7 @@ def to_line(row: dict[str, Any]) -> str:
 def from_line(line: str) -> dict[str, Any]:
     """A JSON line back to an `events` row (bytes payload, aware datetime)."""
     raw = json.loads(line)
-    for name in ADDED_LATER:  # a log written before these columns existed: they are NULL there
+    for name in ADDED_LATER + PRUNE_MARK:  # a log written before these columns: NULL there
         raw.setdefault(name, None)
     missing = set(COLUMNS) - raw.keys()
     if missing:

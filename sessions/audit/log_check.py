@@ -9,9 +9,13 @@
    terminal event, a placeholder after each SessionFailed that emits one, nothing else after the
    terminal event; a run's own stream (`@run:<run>`) holds RunConfigured and PayloadsPruned
    events only.
-3. Prunes: a pruned trajectory's tombstone (`sessions.runs.retention`) states the length its
-   event's lengths give; every tombstone names a recorded `PayloadsPruned`, and each prune's
-   count, bytes and SHA-256 over its tombstones (in position order) are what it recorded.
+3. Prunes: a payload is a tombstone only where its row's `pruned_by` names a prune (never by the
+   bytes' shape: a token sequence that spells a tombstone is checked as tokens). A tombstone has
+   the layout a prune writes, names the prune its row does, and states the length its event's
+   lengths give; every `pruned_by` names a recorded `PayloadsPruned` whose steps hold the event
+   before the record, and each prune's count, bytes and SHA-256 over its tombstones (in position
+   order) are what it recorded. A recorded prune with none of its tombstones was cut between its
+   record and its rewrite: the finding says to run `rollout-ledger prune` again to finish it.
 
 Findings come back in log order (by position).
 """
@@ -93,6 +97,10 @@ _CONTENT_COLUMNS = (
     "data",
     "payload",
     "recorded_at",
+    "pruned_by",
+    "run",
+    "partition",
+    "global_step",
 )
 #: Texts up to this long whose event checks clean are remembered per (type, schema version):
 #: SessionStarted, most RewardPosted and SessionSucceeded data repeat across a log.
@@ -111,16 +119,20 @@ async def _check_content(
     clean: dict[tuple[str, int, str], Any] = {}
     async for rows in bulk.prefetched_pages(read, _CONTENT_COLUMNS, page_size=CONTENT_PAGE):
         folded = []
-        for position, sid, version, type_, schema, raw, payload, recorded_at in rows:
+        for row in rows:
+            position, sid, version, type_, schema, raw, payload, recorded_at, pruned_by = row[:9]
             short = type(raw) is str and len(raw) <= _REMEMBERED_TEXT
             remembered = (type_, schema, raw) if short else None
             data = clean.get(remembered) if remembered is not None else None
-            if payload is not None and len(payload) == retention.TOMBSTONE_SIZE:
-                prunes.tombstone(position, sid, payload)
+            if pruned_by is not None:
+                prunes.tombstone(position, sid, payload, pruned_by, (row[9], row[10], row[11]))
+                data = None  # a pruned payload is checked against its prune each time
             elif type_ == "PayloadsPruned":
-                prunes.record(position, sid, raw)
+                prunes.record(position, sid, raw, row[9])
             if data is None:
-                data, problems = _inspect_event(position, sid, version, type_, schema, raw, payload)
+                data, problems = _inspect_event(
+                    position, sid, version, type_, schema, raw, payload, pruned_by
+                )
                 for field_, expected, found in problems:
                     findings.append(
                         (
@@ -162,17 +174,28 @@ async def _check_content(
 
 
 def _inspect_event(
-    position: int, sid: str, version: int, type_: str, schema: int, raw: Any, payload: bytes | None
+    position: int,
+    sid: str,
+    version: int,
+    type_: str,
+    schema: int,
+    raw: Any,
+    payload: bytes | None,
+    pruned_by: str | None = None,
 ) -> tuple[Any, list[tuple[str, Any, Any]]]:
     """One stored event's parsed data (None if it does not parse) and (field, expected, found)
-    for what is wrong inside it."""
+    for what is wrong inside it; `pruned_by`: the prune its row says replaced its payload."""
     try:
         data = raw if isinstance(raw, dict) else parse_json(raw)
     except StoredJSONError as error:
         return None, [("data", "valid JSON", str(error))]
     payload = None if payload is None else bytes(payload)
-    stone = retention.read_tombstone(payload)
-    if stone is not None:
+    stone = None
+    if pruned_by is not None:
+        stone = retention.read_tombstone(payload)
+        if stone is None or stone.prune_id != pruned_by:
+            found = "bytes of another shape" if stone is None else f"one of prune {stone.prune_id}"
+            return data, [("payload", f"the tombstone prune {pruned_by} wrote", found)]
         payload = None  # pruned: its length and digest are checked against the prune
     try:
         decoded = data if CURRENT.get(type_) == schema else ev.upcast(type_, schema, data, payload)
@@ -258,31 +281,57 @@ def _tombstone_problems(
         yield ("pruned payload length", size, stone.length)
 
 
+@dataclass
+class _Tally:
+    """A prune's tombstones as the content pass met them (bounded: no per-event state)."""
+
+    count: int
+    size: int
+    chain: Any  # SHA-256 over the tombstones in position order
+    first: tuple[int, str]  # position and session of the first
+    last: tuple[int, str]  # position and session of the last
+    steps: set[tuple[str, str, int | None]]  # (run, partition, step) of the events
+
+
 class _Prunes:
-    """Tombstones tallied per prune id as the content pass meets them, and the recorded prunes."""
+    """Tombstones tallied per prune id (the rows' `pruned_by`) as the content pass meets them,
+    and the recorded prunes."""
 
     def __init__(self) -> None:
-        self.tally: dict[str, list[Any]] = {}  # id -> [count, bytes, sha256, first position, sid]
-        self.recorded: dict[str, tuple[int, str, dict[str, Any]]] = {}
+        self.tally: dict[str, _Tally] = {}
+        self.recorded: dict[str, tuple[int, str, str, dict[str, Any]]] = {}
 
-    def tombstone(self, position: int, sid: str, payload: bytes) -> None:
-        stone = retention.read_tombstone(bytes(payload))
-        if stone is None:
-            return
-        entry = self.tally.setdefault(stone.prune_id, [0, 0, hashlib.sha256(), position, sid])
-        entry[0] += 1
-        entry[1] += stone.length
-        entry[2].update(bytes(payload))
+    def tombstone(
+        self,
+        position: int,
+        sid: str,
+        payload: bytes | None,
+        prune_id: str,
+        step: tuple[str, str, int | None],
+    ) -> None:
+        payload = b"" if payload is None else bytes(payload)
+        stone = retention.read_tombstone(payload)
+        entry = self.tally.get(prune_id)
+        if entry is None:
+            entry = self.tally[prune_id] = _Tally(
+                0, 0, hashlib.sha256(), (position, sid), (position, sid), set()
+            )
+        entry.count += 1
+        entry.size += stone.length if stone is not None else 0
+        entry.chain.update(payload)
+        entry.last = (position, sid)
+        entry.steps.add(step)
 
-    def record(self, position: int, sid: str, raw: Any) -> None:
+    def record(self, position: int, sid: str, raw: Any, run: str) -> None:
         try:
             data = raw if isinstance(raw, dict) else parse_json(raw)
-            self.recorded[str(data["prune_id"])] = (position, sid, data)
+            self.recorded[str(data["prune_id"])] = (position, sid, run, data)
         except (StoredJSONError, KeyError, TypeError):
             return  # the content check names unreadable data
 
     def findings(self) -> Iterable[Finding]:
-        for prune_id, (_count, _size, _chain, position, sid) in self.tally.items():
+        for prune_id, tally in self.tally.items():
+            position, sid = tally.first
             if prune_id not in self.recorded:
                 yield (
                     position,
@@ -297,8 +346,29 @@ class _Prunes:
                         position,
                     ),
                 )
-        for prune_id, (position, sid, data) in self.recorded.items():
-            count, size, chain = self.tally.get(prune_id, [0, 0, hashlib.sha256()])[:3]
+            else:
+                yield from self._outside(prune_id, tally)
+        for prune_id, (position, sid, _run, data) in self.recorded.items():
+            tally = self.tally.get(prune_id)
+            if tally is None and data.get("events"):
+                yield (
+                    position,
+                    _CONTENT,
+                    Divergence(
+                        "events",
+                        f"session {sid}",
+                        f"prune {prune_id}",
+                        f"{data.get('events')} tombstones of its steps' payloads",
+                        f"prune {prune_id} is incomplete: run `rollout-ledger prune` again to "
+                        "finish it",
+                        sid,
+                        position,
+                    ),
+                )
+                continue
+            count, size, chain = (
+                (tally.count, tally.size, tally.chain) if tally else (0, 0, hashlib.sha256())
+            )
             found = {"events": count, "bytes": size, "digest": chain.hexdigest()}
             for name, value in found.items():
                 if data.get(name) != value:
@@ -315,6 +385,34 @@ class _Prunes:
                             position,
                         ),
                     )
+
+    def _outside(self, prune_id: str, tally: _Tally) -> Iterable[Finding]:
+        """A tombstone its prune does not cover: outside the recorded steps, or after the record."""
+        position, sid, run, data = self.recorded[prune_id]
+        try:
+            covered = {(run, str(data["partition"]), int(s)) for s in data["steps"]}
+        except (KeyError, TypeError, ValueError):
+            return  # the content check names unreadable data
+        where = (
+            tally.last
+            if tally.last[0] > position
+            else next((tally.first for step in tally.steps if step not in covered), None)
+        )
+        if where is not None:
+            yield (
+                where[0],
+                _CONTENT,
+                Divergence(
+                    "events",
+                    f"session {where[1]}",
+                    "payload",
+                    f"a tombstone of prune {prune_id} on an event of its steps before its record "
+                    f"(position {position})",
+                    f"one outside them (steps {sorted(tally.steps, key=repr)[:3]})",
+                    where[1],
+                    where[0],
+                ),
+            )
 
 
 # -------------------------------------------------------------------------------- structure

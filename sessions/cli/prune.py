@@ -115,8 +115,18 @@ async def run(args: argparse.Namespace) -> int:
             f"{report.queue_rows} queue rows dropped; database {report.bytes_before} -> "
             f"{report.bytes_after} bytes in use"
         )
+    if report.finished_prune_ids:
+        print(f"  finished prunes cut midway: {', '.join(report.finished_prune_ids)}")
     if report.skipped_claimed:
         print(f"  kept (claimed by a consumer, not acked): {report.skipped_claimed}")
+    if report.skipped_open:
+        print(
+            f"  kept (a session not ended when the prune came to record it): {report.skipped_open}"
+        )
+    if report.skipped_pruned:
+        print(f"  pruned by another prune meanwhile: {report.skipped_pruned}")
+    if report.skipped_busy:
+        print(f"  kept (still changing while read; prune again): {report.skipped_busy}")
     if mode == "none":
         print(
             "  the file was made without incremental auto_vacuum: freed pages stay in it for new "

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
+from typing import Any
 
 from sessions import validation
 from sessions.errors import StepNotSettled
@@ -137,12 +138,14 @@ async def _not_settled(
         )
     async with projector.engine.connect() as conn:
         uids = await rm.pending_uids(conn, run, partition, global_step)
+        keys = [(run, partition, global_step, uid) for uid in uids]
+        rows = await rm.load_groups(conn, keys)
+    waiting = [_Waiting.of(uid, rows.get(key)) for uid, key in zip(uids, keys)]
     pending = status.get("pending", 0)
     named = ", ".join(uids) + (" …" if pending > len(uids) else "")
     return StepNotSettled(
         f"run {run!r} {partition} step {global_step}: {pending} of {sum(status.values())} groups still "
-        f"unsettled after {timeout}s (uids: {named}); their sessions are still open — fail or cancel "
-        "them, or run `rollout-ledger recover --older-than DURATION`",
+        f"unsettled after {timeout}s (uids: {named}); " + _what_they_wait_for(waiting),
         run=run,
         partition=partition,
         global_step=global_step,
@@ -150,4 +153,58 @@ async def _not_settled(
         pending=pending,
         groups=sum(status.values()),
         pending_uids=uids,
+        open_sessions={w.uid: w.open for w in waiting if w.open},
+        never_created={w.uid: w.missing for w in waiting if w.missing},
     )
+
+
+@dataclass(frozen=True, slots=True)
+class _Waiting:
+    """What one unsettled group waits for: sessions created and not ended (`open`), and slots
+    below its `group_size` that no session was created for (`missing`)."""
+
+    uid: str
+    open: int
+    missing: tuple[int, ...]
+
+    @classmethod
+    def of(cls, uid: str, group: dict[str, Any] | None) -> _Waiting:
+        if group is None:  # not read back (a uid just read as pending has its row): say nothing
+            return cls(uid, 0, ())
+        seen = set(group["members"])
+        missing = tuple(i for i in range(group["group_size"]) if i not in seen)
+        return cls(uid, max(group["sessions_seen"] - group["terminal"], 0), missing)
+
+
+def _what_they_wait_for(waiting: list[_Waiting]) -> str:
+    """The two causes of an unsettled group, each with its own remedy: a session created and
+    never ended (a dead or hung worker), and a session never created (a worker that never
+    started one, or a `group_size` larger than the sessions the caller makes)."""
+    parts = []
+    if opened := [w for w in waiting if w.open]:
+        counts = ", ".join(f"{w.uid}: {w.open}" for w in opened)
+        parts.append(
+            f"{sum(w.open for w in opened)} session(s) created and still open ({counts}) — fail or "
+            "cancel them, or run `rollout-ledger recover --older-than DURATION`"
+        )
+    if absent := [w for w in waiting if w.missing]:
+        slots = "; ".join(f"{w.uid}: session_index {_spans(w.missing)}" for w in absent)
+        parts.append(
+            f"{sum(len(w.missing) for w in absent)} session(s) never created ({slots}) — create and "
+            "end them, or give group_size the number of sessions each uid really gets"
+        )
+    return "; ".join(parts) or "its sessions ended meanwhile — ask again"
+
+
+def _spans(indices: tuple[int, ...]) -> str:
+    """Sorted slot indices as runs: (0, 1, 2, 5) -> '0-2, 5'."""
+    out: list[str] = []
+    start = prev = indices[0]
+    for i in (*indices[1:], None):
+        if i is not None and i == prev + 1:
+            prev = i
+            continue
+        out.append(str(start) if start == prev else f"{start}-{prev}")
+        if i is not None:
+            start = prev = i
+    return ", ".join(out)

@@ -40,6 +40,9 @@ class Panel:
     gap: tuple[str, str] | None = None  # (lower, upper) labels: the area between them is shaded
     note: str | None = None  # drawn across a panel with nothing to show
     ylim: tuple[float, float] | None = None
+    #: The y axis starts at 0 (counts and lengths): on an axis cut to the data's range a small
+    #: dip fills the panel and reads as a crash. Rewards, which may be negative, are not.
+    zero_based: bool = False
 
     def get(self, label: str) -> _Series | None:
         return next((s for s in self.series if s.label == label), None)
@@ -111,7 +114,7 @@ def _outcomes(c: _Columns) -> Panel:
     series = [c.series(n, "stack", counter=True) for n in names]
     if c.table.has("sessions/excluded"):
         series.append(c.series("sessions/excluded", "dashed", counter=True))
-    return Panel(c.title(), series, "sessions per step")
+    return Panel(c.title(), series, "sessions per step", zero_based=True)
 
 
 def _stack(prefix: str, empty: str, extra: tuple[str, ...] = ()) -> Callable[[_Columns], Panel]:
@@ -120,7 +123,13 @@ def _stack(prefix: str, empty: str, extra: tuple[str, ...] = ()) -> Callable[[_C
     def build(c: _Columns) -> Panel:
         series = [c.series(n, "stack", counter=True) for n in c.table.names(prefix)]
         series += [c.series(n, "line", counter=True) for n in extra if c.table.has(n)]
-        return Panel(c.title(), series, "sessions per step", note=None if series else empty)
+        return Panel(
+            c.title(),
+            series,
+            "sessions per step",
+            note=None if series else empty,
+            zero_based=True,
+        )
 
     return build
 
@@ -135,7 +144,7 @@ def _attempts(c: _Columns) -> Panel:
     series = [
         c.series(n, counter=True) for n in ("attempts/total", "sessions/total") if c.table.has(n)
     ]
-    return Panel(c.title(), series, "per step")
+    return Panel(c.title(), series, "per step", zero_based=True)
 
 
 def _groups(c: _Columns) -> Panel:
@@ -145,14 +154,20 @@ def _groups(c: _Columns) -> Panel:
     series = [c.series(n, "stack", counter=True) for n in names]
     if c.table.has("groups/below_min_valid"):
         series.append(c.series("groups/below_min_valid", "dashed", counter=True))
-    return Panel(c.title(), series, "groups per step")
+    return Panel(c.title(), series, "groups per step", zero_based=True)
 
 
 def _lengths(c: _Columns) -> Panel:
     series = [
         c.series(n) for n in ("response_length/mean", "response_length/max") if c.table.has(n)
     ]
-    return Panel(c.title(), series, "tokens", note=None if series else "no response recorded")
+    return Panel(
+        c.title(),
+        series,
+        "tokens",
+        note=None if series else "no response recorded",
+        zero_based=True,
+    )
 
 
 def _any(columns: list[_Columns], test: Callable[[StepTable], bool]) -> bool:

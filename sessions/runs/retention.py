@@ -2,8 +2,9 @@
 for a pruned payload, the `PayloadsPruned` records as read back, and `check_pruned` for a batch.
 
 Each pruned event's payload is replaced by a 64-byte tombstone holding the original payload's
-length and SHA-256 and the prune's id (docs/decisions.md, "Retention"); the event's JSON `data`
-is never rewritten. Each pruned step gets a `PayloadsPruned` event in the run's own stream
+length and SHA-256 and the prune's id (docs/decisions.md, "Retention"), and its row is marked
+`pruned_by` the prune: that column, never the bytes' shape, says a payload is a tombstone, so no
+token sequence can be taken for one (revision 0008). The event's JSON `data` is never rewritten. Each pruned step gets a `PayloadsPruned` event in the run's own stream
 (`@run:<run>`) naming the steps, when, how many events and bytes, and the SHA-256 over its
 tombstones in position order, so `audit` can prove every tombstone is one a recorded prune wrote.
 The prune itself is `sessions.runs.pruning`.
@@ -58,7 +59,8 @@ def make_tombstone(prune_id: str, payload: bytes) -> bytes:
 
 
 def read_tombstone(payload: bytes | None) -> Tombstone | None:
-    """The tombstone a prune left in place of a payload, or None for a payload that is not one."""
+    """The fields of the tombstone a prune wrote in place of a payload — call it only on a row
+    whose `pruned_by` names a prune; None if the bytes are not a tombstone's layout (damage)."""
     if payload is None or len(payload) != TOMBSTONE_SIZE or not payload.startswith(_MAGIC):
         return None
     _magic, pid, length, digest = _LAYOUT.unpack(bytes(payload))
@@ -119,7 +121,8 @@ async def recorded_policy(engine: AsyncEngine, run: str) -> RetentionPolicy:
 # ---------------------------------------------------------------------------------- records
 @dataclass(frozen=True, slots=True)
 class PruneRecord:
-    """One `PayloadsPruned` event as read back."""
+    """One `PayloadsPruned` event as read back: its tombstones are the payloads of its steps
+    recorded before `position` (a pruned step is closed, docs/design.md §14)."""
 
     prune_id: str
     partition: str

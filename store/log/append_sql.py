@@ -15,9 +15,10 @@ from sqlalchemy.engine import Dialect as SqlDialect
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from store.dialects import Dialect, dialect_of
-from store.errors import ConcurrencyError, StoreError, StoreInvariantError
+from store.errors import ConcurrencyError, StepPrunedError, StoreError, StoreInvariantError
 from store.log.records import NewEvent
 from store.schema.tables import events
+from store.stored_json import load_json
 
 #: Bound parameters per IN (...) list; well below SQLite's and asyncpg's limits.
 CHUNK = 500
@@ -89,6 +90,7 @@ async def resolve(
     ]
     known: dict[str, str | None] = await _known_event_ids(conn, event_ids) if event_ids else {}
     slots = await GroupSlots.load(conn, batch)
+    closed = await _closed_steps(conn, batch) if slots else {}
     outcomes: list[Outcome] = []
     rows: list[tuple[Any, ...]] = []
     dialect = dialect_of(conn)
@@ -98,7 +100,9 @@ async def resolve(
         if request.expected_version == current and (
             not known or not any(e.event_id in known for e in request.events)
         ):
-            conflict = slots.claim(request) if slots else None
+            conflict = _refused_in_closed_step(request, closed) if closed else None
+            if conflict is None and slots:
+                conflict = slots.claim(request)
             if conflict is not None:
                 outcomes.append(conflict)
                 continue
@@ -201,6 +205,62 @@ class GroupSlots:
         for event in claims:
             self.taken.setdefault(_group_of(event), []).append((event.session_id, *event.slot))  # type: ignore[misc]
         return None
+
+
+async def _closed_steps(
+    conn: AsyncConnection, batch: list[AppendRequest]
+) -> dict[tuple[str, str, int], tuple[int, str]]:
+    """The pruned steps among those the batch's creations name: (run, partition, step) ->
+    (the prune record's position, its prune id). The append lock is held, so a prune recorded
+    meanwhile is seen, and a prune records only while it holds the same lock."""
+    steps: dict[tuple[str, str], set[int]] = {}
+    for request in batch:
+        for e in request.events:
+            if e.slot is not None and e.global_step is not None:
+                steps.setdefault((e.run, e.partition), set()).add(e.global_step)
+    closed: dict[tuple[str, str, int], tuple[int, str]] = {}
+    for (run, partition), wanted in sorted(steps.items()):
+        found = await pruned_steps(conn, run, partition, sorted(wanted))
+        closed.update({(run, partition, step): record for step, record in found.items()})
+    return closed
+
+
+async def pruned_steps(
+    conn: AsyncConnection, run: str, partition: str, steps: Sequence[int]
+) -> dict[int, tuple[int, str]]:
+    """step -> (position, prune id) of the prune records of the run's partition among `steps`,
+    through `ix_events_pruned_step` (its condition spelt as SQL text, as `_slot_key` says why)."""
+    found: dict[int, tuple[int, str]] = {}
+    wanted = list(steps)
+    for start in range(0, len(wanted), CHUNK):
+        result = await conn.execute(
+            select(events.c.global_step, events.c.position, events.c.data).where(
+                events.c.type == literal_column("'PayloadsPruned'"),
+                events.c.run == run,
+                events.c.partition == partition,
+                events.c.global_step.in_(wanted[start : start + CHUNK]),
+            )
+        )
+        for step, position, data in result:
+            record = data if isinstance(data, dict) else load_json(data)
+            found.setdefault(int(step), (int(position), str(record.get("prune_id"))))
+    return found
+
+
+def _refused_in_closed_step(
+    request: AppendRequest, closed: dict[tuple[str, str, int], tuple[int, str]]
+) -> StoreError | None:
+    """A creation in a pruned step (docs/design.md §14: a pruned step is closed), or None."""
+    for e in request.events:
+        if e.slot is None or e.global_step is None:
+            continue
+        record = closed.get((e.run, e.partition, e.global_step))
+        if record is not None:
+            position, prune_id = record
+            return StepPrunedError(
+                e.session_id, e.run, e.partition, e.global_step, prune_id, position
+            )
+    return None
 
 
 def _slot_key(run: str, partition: str, step: int | None) -> tuple[Any, ...]:

@@ -55,6 +55,8 @@ def step_key() -> Any:
 
 #: Only creation events claim a slot in a group (see `uq_events_group_slot`).
 _CREATION = text("type = 'SessionCreated'")
+#: Only prune records name a pruned step (see `ix_events_pruned_step`).
+_PRUNE_RECORD = text("type = 'PayloadsPruned'")
 
 events = Table(
     "events",
@@ -78,6 +80,10 @@ events = Table(
     # processes, and the event store checks siblings' group_size against it (store.log.append_sql).
     Column("session_index", Integer, nullable=True),
     Column("group_size", Integer, nullable=True),
+    # The prune that replaced this event's payload with a tombstone (revision 0008), NULL on every
+    # payload as recorded: a tombstone is known by this column, never by its bytes' shape, so no
+    # token sequence can pass for one (sessions.runs.retention).
+    Column("pruned_by", String(36), nullable=True),
     UniqueConstraint("session_id", "version"),
     Index(None, "run", "partition", "global_step"),
     Index(None, "run", "uid"),
@@ -95,6 +101,16 @@ events = Table(
         unique=True,
         sqlite_where=_CREATION,
         postgresql_where=_CREATION,
+    ),
+    # A step's prune record (a PayloadsPruned row carries its partition and step, revision 0008):
+    # the append looks a creation's step up here to refuse a session in a pruned step.
+    Index(
+        "ix_events_pruned_step",
+        "run",
+        "partition",
+        "global_step",
+        sqlite_where=_PRUNE_RECORD,
+        postgresql_where=_PRUNE_RECORD,
     ),
 )
 

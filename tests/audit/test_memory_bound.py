@@ -55,9 +55,10 @@ def small_pages(monkeypatch: pytest.MonkeyPatch) -> Iterator[pytest.MonkeyPatch]
 
 
 async def _late_creation(url: str) -> None:
+    # In the oldest step not pruned: a pruned step is closed to new sessions (design §14).
     async with Ledger.open(url, run=RUN) as ledger:
         late = await ledger.create_session(
-            "late-0", uid="late", session_index=0, group_size=1, partition="train", global_step=0
+            "late-0", uid="late", session_index=0, group_size=1, partition="train", global_step=2
         )
         await late.complete()
 

@@ -678,3 +678,111 @@ def test_metrics_dict_is_the_async_ledgers_own_through_every_face(ledger: SyncLe
     assert asyncio.run(ledger.ametrics_dict("val", 14)) == blocking
     with pytest.raises(TimeoutError, match="no sessions"):
         ledger.metrics_dict("val", 15, timeout=0.2)
+
+
+# ------------------------------------------------------------------- interpreter exit (issue 39)
+AT_EXIT = """
+import gc, sys, threading
+from sessions import SyncLedger
+
+url, ending = sys.argv[1], sys.argv[2]
+ledger = SyncLedger.open(url, run="at-exit", call_timeout=60)
+for index in range(3):
+    with ledger.session(f"done-{index}", uid="u", session_index=index, group_size=4,
+                        partition="train", global_step=0) as session:
+        session.record_trajectory(prompt_ids=[1, 2], response_ids=[3, 4 + index])
+        session.post_reward(float(index))
+left_open = ledger.create_session("left-open", uid="u", session_index=3, group_size=4,
+                                  partition="train", global_step=0)
+left_open.record_trajectory(prompt_ids=[1, 2], response_ids=[9])
+if ending in ("closed", "closed-twice"):
+    ledger.close()
+if ending == "closed-twice":
+    ledger.close()
+if ending == "collected":
+    del ledger, left_open, session  # every face holds its SyncLedger
+    gc.collect()
+    assert not [t for t in threading.enumerate() if t.name == "rollout-ledger-loop"], "not collected"
+print("recorded")
+"""
+
+
+@pytest.mark.parametrize("ending", ["never-closed", "closed", "closed-twice", "collected"])
+def test_interpreter_exit_closes_the_ledger_quietly_and_keeps_what_was_recorded(
+    db_url: str, ending: str
+) -> None:
+    """`docs/trl.md`'s setup never closes its SyncLedger: the interpreter's exit does, before
+    Python's thread pools stop taking work (the SQLite writer closes through one), so the run ends
+    without a traceback on stderr, an explicit close before exit is not repeated, and every
+    event recorded is committed (a session left open stays open, its trajectory kept)."""
+    done = subprocess.run(
+        [sys.executable, "-c", AT_EXIT, db_url, ending],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    assert (done.returncode, done.stdout, done.stderr) == (0, "recorded\n", "")
+    with SyncLedger.open(db_url, run="at-exit", call_timeout=CALL_TIMEOUT) as reader:
+        states = {
+            session_id: reader.load_session(session_id).state
+            for session_id in ("done-0", "done-1", "done-2", "left-open")
+        }
+        assert states == {
+            "done-0": "succeeded",
+            "done-1": "succeeded",
+            "done-2": "succeeded",
+            "left-open": "running",
+        }
+        assert reader.load_session("left-open").view.trajectories, "its trajectory was lost"
+        counts = scalar_metrics(reader, "train", 0)
+        assert (counts["sessions/succeeded"], counts["sessions/open"]) == (3.0, 1.0)
+        assert counts["reward/sum"] == 3.0
+
+
+AFTER_MAIN = """
+import sys, threading
+from sessions import SyncLedger
+
+ledger = SyncLedger.open(sys.argv[1], run="after-main", call_timeout=60)
+
+
+def worker():
+    threading.main_thread().join()  # returns once the exit hooks have run: record after them
+    for index in range(4):
+        with ledger.session(f"late-{index}", uid="u", session_index=index, group_size=4,
+                            partition="train", global_step=0) as session:
+            session.record_trajectory(prompt_ids=[1, 2], response_ids=[3])
+            session.post_reward(1.0)
+    print("worker recorded", flush=True)
+
+
+threading.Thread(target=worker).start()  # not a daemon: the interpreter waits for it
+print("main done", flush=True)
+"""
+
+
+def test_a_thread_still_recording_when_the_main_thread_ends_keeps_its_ledger(
+    pg_url: str,
+) -> None:
+    """The exit hook closes nothing while another non-daemon thread runs (the interpreter will
+    wait for it, and it may be recording): that thread records after the hooks have run, and the
+    SyncLedger closes at `atexit` once it has ended. (PostgreSQL: on SQLite every append goes
+    through a thread pool, which Python stops taking work at the same hook, whatever the ledger
+    does.)"""
+    done = subprocess.run(
+        [sys.executable, "-c", AFTER_MAIN, pg_url],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    assert (done.returncode, done.stdout, done.stderr) == (
+        0,
+        "main done\nworker recorded\n",
+        "",
+    )
+    with SyncLedger.open(pg_url, run="after-main", call_timeout=CALL_TIMEOUT) as reader:
+        assert scalar_metrics(reader, "train", 0)["sessions/succeeded"] == 4.0

@@ -11,8 +11,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
-from sessions import Ledger, StepNotSettled
+from sessions import Ledger, StepNotSettled, SyncLedger
 from sessions.projection import settled
 from sessions.projection.settled import settled_step
 from sessions.trackers.content import collect_step
@@ -124,3 +126,86 @@ async def test_the_trackers_log_what_metrics_dict_gives(
         assert reads == Counter()
         assert dict(content.scalars) == await ledger.metrics_dict(*STEP, timeout=5)
     assert content.failed_total == 3 and len(content.failed) == 3
+
+
+# ------------------------------------------------- what an unsettled group waits for (issue 39)
+#: One group as generated: its group_size, the slots a session was created for, and how each
+#: created session ended (None: still open).
+_ENDS = st.sampled_from([None, "complete", "fail", "cancel"])
+
+
+@st.composite
+def _group(draw: st.DrawFn) -> tuple[int, dict[int, str | None]]:
+    size = draw(st.integers(1, 5))
+    created = draw(st.sets(st.integers(0, size - 1), min_size=1))
+    return size, {slot: draw(_ENDS) for slot in sorted(created)}
+
+
+def test_step_not_settled_tells_sessions_never_created_from_sessions_still_open(
+    db_url: str,
+) -> None:
+    """Generated steps of groups whose sessions are open, ended, or never created: the error
+    names, per unsettled uid, how many sessions are open and which slots were never created, and
+    its message gives each cause only when it is there (a group whose missing session was never
+    created is not said to have sessions still open)."""
+    steps = iter(range(10**6))
+    with SyncLedger.open(db_url, call_timeout=60) as ledger:
+
+        @settings(
+            max_examples=25,
+            deadline=None,
+            suppress_health_check=[HealthCheck.function_scoped_fixture],
+        )
+        @given(st.lists(_group(), min_size=1, max_size=3))
+        def check(groups: list[tuple[int, dict[int, str | None]]]) -> None:
+            step = next(steps)
+            expected_open: dict[str, int] = {}
+            expected_missing: dict[str, tuple[int, ...]] = {}
+            for g, (size, slots) in enumerate(groups):
+                uid = f"u{g}"
+                for slot, end in slots.items():
+                    handle = ledger.create_session(
+                        f"{step}-{g}-{slot}",
+                        uid=uid,
+                        session_index=slot,
+                        group_size=size,
+                        partition="train",
+                        global_step=step,
+                    )
+                    if end == "complete":
+                        handle.record_trajectory(prompt_ids=[1], response_ids=[2])
+                        handle.complete()
+                    elif end == "fail":
+                        handle.fail("sandbox_error")
+                    elif end == "cancel":
+                        handle.cancel()
+                opened = sum(end is None for end in slots.values())
+                missing = tuple(i for i in range(size) if i not in slots)
+                if opened:
+                    expected_open[uid] = opened
+                if missing:
+                    expected_missing[uid] = missing
+            pending = sorted(expected_open.keys() | expected_missing.keys())
+            if not pending:  # every group settled: a row per session not cancelled
+                rows = sum(end != "cancel" for _, slots in groups for end in slots.values())
+                assert ledger.batch("train", step, timeout=5).batch_size[0] == rows
+                return
+            with pytest.raises(StepNotSettled) as caught:
+                ledger.batch("train", step, timeout=0)
+            error = caught.value
+            assert error.pending_uids == tuple(pending)
+            assert error.open_sessions == expected_open
+            assert error.never_created == expected_missing
+            message = str(error)
+            assert ("still open" in message) == bool(expected_open), message
+            assert ("never created" in message) == bool(expected_missing), message
+            for uid in expected_missing:
+                assert f"{uid}: session_index " in message
+
+        check()
+
+
+def test_the_never_created_slots_are_named_as_runs_of_indices() -> None:
+    assert settled._spans((0, 1, 2, 5)) == "0-2, 5"
+    assert settled._spans((3,)) == "3"
+    assert settled._spans((1, 3, 4)) == "1, 3-4"

@@ -464,3 +464,122 @@ async def test_the_reports_reads_agree_on_both_backends(db_url: str) -> None:
         "run_events": projected,
         "run_last": projected,
     }
+
+
+# ------------------------------------------------ how the figures read (issue 39): objects, not pixels
+#: The figures whose panels show counts or lengths: their y axes start at 0.
+_COUNTS_AND_LENGTHS = ("sessions", "failures", "exclusions", "retries", "groups", "response_length")
+
+
+def _lengths_near_four(steps: int) -> list[tuple[str, int, str, float]]:
+    """The synthetic run with response lengths between 3.77 and 4.0 (a 0.15-token dip at one
+    step) and every dashed series there is: an exclusion policy's default-rule mean, excluded
+    sessions, groups below min_valid; and retries."""
+    rows = []
+    for partition, step, name, value in _synthetic(steps):
+        if name == "response_length/mean":
+            value = 3.85 if step == steps // 2 else 4.0
+        elif name == "response_length/max":
+            value = 4.0 if step % 2 else 3.77
+        rows.append((partition, step, name, value))
+        if name == "reward/mean":
+            rows.append((partition, step, "reward/mean_default_rule", value * 0.9))
+    for partition in ("train", "val"):
+        for step in range(steps):
+            for name, value in {
+                "sessions/excluded": 2.0,
+                "excluded/timeout": 2.0,
+                "groups/below_min_valid": 1.0 + step % 2,
+                "attempts/total": 70.0,
+                "sessions/retried": 5.0,
+                "retries/sandbox_error": 6.0,
+            }.items():
+                rows.append((partition, step, name, value))
+    return rows
+
+
+def _rendered(steps: int) -> dict[str, Any]:
+    from sessions.report.drawing import render
+
+    tables, _ = step_tables(_lengths_near_four(steps))
+    figures = {spec.name: (spec, render(spec, dpi=40)) for spec in plan_figures(tables)}
+    for _, figure in figures.values():
+        figure.canvas.draw()  # lay out: legend and axes extents are final only after a draw
+    return figures
+
+
+@pytest.fixture(scope="module", params=[6, 60], ids=["bars", "areas"])
+def rendered(request: pytest.FixtureRequest) -> dict[str, Any]:
+    """Every figure of a synthetic run drawn (not saved): few steps (bars) and many (filled areas)."""
+    return _rendered(request.param)
+
+
+def _drawn_axes(figure: Any) -> list[Any]:
+    """The figure's panels that draw data (not hidden, not a note across an empty panel)."""
+    return [a for a in figure.axes if a.get_visible() and a.get_lines()]
+
+
+def test_axes_of_counts_and_lengths_start_at_zero(rendered: dict[str, Any]) -> None:
+    assert set(_COUNTS_AND_LENGTHS) <= rendered.keys()
+    for name in _COUNTS_AND_LENGTHS:
+        spec, figure = rendered[name]
+        panels = [p for row in spec.rows for p in row if p.note is None]
+        assert panels and all(p.zero_based for p in panels), name
+        for axes in figure.axes:
+            if not axes.get_visible() or not (axes.get_lines() or axes.patches or axes.collections):
+                continue
+            bottom, top = axes.get_ylim()
+            highest = (
+                max(max(line.get_ydata()) for line in axes.get_lines()) if axes.get_lines() else 0
+            )
+            assert bottom == 0.0 and top >= highest, (name, axes.get_title(), bottom, top)
+    _, lengths = rendered["response_length"]
+    for axes in _drawn_axes(lengths):  # 3.77 .. 4.0: the axis runs from 0, so the dip is a dent
+        bottom, top = axes.get_ylim()
+        assert bottom == 0.0 and 4.0 < top < 5.0  # the highest line off the frame
+    _, coverage = rendered["coverage"]
+    assert all(a.get_ylim() == (0.0, 1.05) for a in _drawn_axes(coverage))
+    spec, _ = rendered["reward"]
+    assert not any(p.zero_based for row in spec.rows for p in row)  # rewards may be negative
+
+
+def test_each_figure_has_one_legend_below_its_panels_covering_none(
+    rendered: dict[str, Any],
+) -> None:
+    for name, (spec, figure) in rendered.items():
+        assert all(a.get_legend() is None for a in figure.axes), f"{name}: a legend inside a panel"
+        labels = {s.label for row in spec.rows for p in row if p.note is None for s in p.series}
+        if not labels:
+            assert figure.legends == [], name
+            continue
+        (legend,) = figure.legends
+        shown = {t.get_text() for t in legend.get_texts()}
+        assert labels <= shown, (name, labels - shown)
+        renderer = figure.canvas.get_renderer()
+        box = legend.get_window_extent(renderer)
+        for axes in figure.axes:
+            if not axes.get_visible():
+                continue
+            panel = axes.get_tightbbox(renderer)  # the panel with its ticks and axis labels
+            assert not box.overlaps(panel), (name, axes.get_title())
+            assert box.y1 <= panel.y0, f"{name}: the legend is not below {axes.get_title()!r}"
+
+
+def test_dashed_lines_are_drawn_above_filled_areas_and_solid_lines(
+    rendered: dict[str, Any],
+) -> None:
+    checked = 0
+    for name, (_, figure) in rendered.items():
+        for axes in figure.axes:
+            dashed = [line for line in axes.get_lines() if line.get_linestyle() == "--"]
+            if not dashed:
+                continue
+            filled = [*axes.collections, *axes.patches]
+            solid = [line for line in axes.get_lines() if line.get_linestyle() == "-"]
+            below = max((a.get_zorder() for a in [*filled, *solid]), default=-math.inf)
+            assert filled or solid, (name, axes.get_title())
+            assert min(line.get_zorder() for line in dashed) > below, (name, axes.get_title())
+            checked += 1
+    # the reward's default-rule line over the shaded gap, excluded sessions over the outcome
+    # stacks, groups below min_valid over the group stacks: in both partitions
+    assert checked >= 6

@@ -54,13 +54,11 @@ async def _metrics(ledger: Ledger) -> list[Any]:
 
 
 async def _tombstones(ledger: Ledger) -> int:
+    """Payloads a prune replaced: known by their row's mark (revision 0008), not their size."""
     async with ledger.engine.connect() as conn:
         return int(
             (
-                await conn.execute(
-                    text("SELECT count(*) FROM events WHERE length(payload) = :n"),
-                    {"n": retention.TOMBSTONE_SIZE},
-                )
+                await conn.execute(text("SELECT count(*) FROM events WHERE pruned_by IS NOT NULL"))
             ).scalar_one()
         )
 
@@ -117,8 +115,9 @@ async def _tamper(url: str) -> None:
         async with ledger.engine.begin() as conn:
             row = (
                 await conn.execute(
-                    text("SELECT position, payload FROM events WHERE length(payload) = :n LIMIT 1"),
-                    {"n": retention.TOMBSTONE_SIZE},
+                    text(
+                        "SELECT position, payload FROM events WHERE pruned_by IS NOT NULL LIMIT 1"
+                    ),
                 )
             ).one()
             forged = bytes(row[1])[:-1] + bytes([bytes(row[1])[-1] ^ 1])

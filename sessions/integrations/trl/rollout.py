@@ -88,10 +88,8 @@ class LedgerRollout:
         metrics_timeout: float = 60.0,
         placeholder_token_id: int | None = None,
     ) -> None:
-        if not callable(runner):
-            raise TRLSetupError(
-                f"runner must be callable (prompt, context) -> dict, got {runner!r:.80}"
-            )
+        _check_runner(runner)
+        _check_ledger(ledger)
         if concurrency is not None and (
             isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1
         ):
@@ -163,10 +161,22 @@ class LedgerRollout:
 
     # ------------------------------------------------------------------------- internals
     def _setup(self, trainer: Any) -> None:
-        """Check the trainer once: settings under which the ledger's rows or figures would be wrong
-        are refused with the setting to change."""
+        """Check the trainer once (``check_trainer``), then take the launch's token, start the
+        runners' loop and register the evaluation callback."""
         if trainer is self._trainer:
             return
+        self.check_trainer(trainer)
+        self._token = launch_token(trainer)
+        if self._loop is None:
+            self._loop = RunnerLoop()
+        trainer.add_callback(eval_figures_callback(self, trainer))
+        self._trainer = trainer
+
+    def check_trainer(self, trainer: Any) -> None:
+        """Refuse, with the setting to change, a trainer under which the ledger's rows or figures
+        would be wrong. ``LedgerGRPOTrainer`` calls it when it is built, so a wrong setup is one
+        error before any rollout; with TRL's own ``GRPOTrainer`` it runs at the first rollout."""
+        _check_ledger(self.ledger)
         if not any(f is self.reward for f in getattr(trainer, "reward_funcs", ())):
             raise TRLSetupError(
                 "the trainer's reward_funcs lack this rollout's companion: pass "
@@ -198,11 +208,6 @@ class LedgerRollout:
                 UserWarning,
                 stacklevel=3,
             )
-        self._token = launch_token(trainer)
-        if self._loop is None:
-            self._loop = RunnerLoop()
-        trainer.add_callback(eval_figures_callback(self, trainer))
-        self._trainer = trainer
 
     def _placeholder_token(self, trainer: Any) -> int:
         if self.placeholder_token_id is not None:
@@ -286,6 +291,41 @@ class LedgerRollout:
         if inspect.isawaitable(result):
             result = await result
         return result
+
+
+def _check_runner(runner: Any) -> None:
+    """A runner that cannot take ``(prompt, context)`` refused when the wrapper is built, not as
+    a failed session per row."""
+    if not callable(runner):
+        raise TRLSetupError(
+            f"runner must be callable (prompt, context) -> dict, got {runner!r:.80}"
+        )
+    try:
+        signature = inspect.signature(runner)
+    except (TypeError, ValueError):  # a builtin or an extension type: nothing to check here
+        return
+    try:
+        signature.bind(None, None)
+    except TypeError as error:
+        raise TRLSetupError(
+            f"runner {getattr(runner, '__qualname__', runner)!r:.80} cannot be called as "
+            f"runner(prompt, context) ({error}); its signature is {signature}"
+        ) from None
+
+
+def _check_ledger(ledger: Any) -> None:
+    """The wrapper records through an open ``SyncLedger`` (its sessions run on the wrapper's own
+    loop, TRL's trainer is synchronous)."""
+    if not isinstance(ledger, SyncLedger):
+        raise TRLSetupError(
+            f"LedgerRollout needs a SyncLedger, got {type(ledger).__name__}: open it with "
+            "sessions.SyncLedger.open(URL, run=...) (an async Ledger serves its own event loop only)"
+        )
+    if ledger.closed:
+        raise TRLSetupError(
+            "the SyncLedger given to LedgerRollout is closed; open it before the trainer and close "
+            "it after train() (with SyncLedger.open(...) as ledger: ...)"
+        )
 
 
 def _is_async(runner: Callable[..., Any]) -> bool:

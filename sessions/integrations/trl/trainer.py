@@ -29,6 +29,9 @@ class LedgerGRPOTrainer(GRPOTrainer):  # type: ignore[misc]
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        check = getattr(getattr(self, "rollout_func", None), "check_trainer", None)
+        if callable(check):  # a LedgerRollout: a wrong setup is one error now, before any rollout
+            check(self)
         self._ledger_buffer: Any = None
         self._ledger_counts: list[list[float]] = []
         self._ledger_start = 0  # TRL's `_step` at the current optimizer step's first micro-batch

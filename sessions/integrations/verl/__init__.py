@@ -1,6 +1,6 @@
 """verl adapter (optional extra ``verl``): the ledger inside verl 0.9.1's training loop.
 
-One line on each side of a verl command (``docs/verl.md``, docs/design.md §13):
+Both sides of a verl command (``docs/verl.md`` counts the setup, docs/design.md §13):
 
 * the rollout side, ``agent_loop`` (``actor_rollout_ref.rollout.agent.agent_loop_config_path=``
   its ``AGENT_LOOP_CONFIG``): every agent-loop run a ledger session, a failed run a placeholder

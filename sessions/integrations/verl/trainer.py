@@ -1,6 +1,6 @@
 """``LedgerRayPPOTrainer``: verl's V0 trainer with the ledger's options on (docs/design.md §13).
 
-``python -m sessions.integrations.verl.main_ppo trainer.use_v1=false ...`` runs verl's own
+``python -m sessions.integrations.verl.main_ppo +ledger.url=... ...`` runs verl's own
 ``main_ppo`` with this class in place of ``RayPPOTrainer`` (the one line of the trainer side);
 it calls ``trainer_hook.LedgerTrainerHook`` at verl's actor update and validation. With the
 rollout side on (the ledger agent loop) every sample of a step yields a row, so the batch has

@@ -23,6 +23,10 @@ attributes intact). A call after `close()` raises `LedgerClosed` at once; a bloc
 ledger's own loop thread (it would wait on itself forever) raises `UsageError`; a caller that is
 interrupted (Ctrl-C, cancellation, `call_timeout`) cancels its call on the ledger's loop and waits,
 bounded, until the cancellation has been recorded, so the loop is never left stuck.
+
+A `SyncLedger` nobody closes is closed at interpreter exit, as `close()` would, before Python's
+thread pools stop taking work (`loop_thread`), so a script that never calls `close()` ends
+without a traceback and with everything it recorded committed.
 """
 
 from sessions.ledger.sync.faces import SessionProxy, SyncLedger, SyncSession

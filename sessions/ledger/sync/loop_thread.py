@@ -4,15 +4,25 @@
 has ended, so an interrupted caller can cancel it and still wait for the cancellation to land.
 `Runtime` is the loop, its thread, the ledger on it and the calls under way there; `shutdown`
 closes them once, whoever asks first (`close()`, the collector, interpreter exit).
+
+Interpreter exit closes every open `SyncLedger` before Python shuts down its thread pools: a
+`weakref.finalize` alone runs at `atexit`, after `concurrent.futures` has stopped taking work,
+so a ledger closed there met `RuntimeError: cannot schedule new futures after shutdown` on its
+loop thread (an unclosed `SyncLedger`, as `docs/trl.md`'s setup leaves it, ended every run with
+that traceback). `_close_all_at_exit` runs among `threading`'s exit hooks instead, registered
+after `concurrent.futures.thread`'s, so it runs first (they run last-registered first). While
+another non-daemon thread still runs (it may be recording), it leaves the close to `atexit`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import concurrent.futures.thread  # imported before our exit hook registers: see _close_all_at_exit
 import contextlib
 import logging
 import threading
+import weakref
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
@@ -127,12 +137,14 @@ class Runtime:
         self.loop = asyncio.new_event_loop()
         self.lock = threading.Lock()
         self.closed = False
+        self.shut = False  # shutdown has begun: it runs once
         self.ledger: Ledger | None = None
         self.stack = contextlib.AsyncExitStack()
         self.tasks: set[asyncio.Task[Any]] = set()  # touched on the loop only
         self._stopping = False
         self.thread = threading.Thread(target=self._serve, name=name, daemon=True)
         self.thread.start()
+        _LIVE.add(self)
 
     def _serve(self) -> None:
         asyncio.set_event_loop(self.loop)
@@ -191,10 +203,15 @@ class Runtime:
 
 
 def shutdown(runtime: Runtime) -> None:
-    """Close the ledger on its loop, stop the loop, join its thread. Runs once (weakref.finalize:
-    on `close()`, when the SyncLedger is collected, or at interpreter exit)."""
+    """Close the ledger on its loop, stop the loop, join its thread. Runs once, whoever asks
+    first: `close()` or the collector (through the SyncLedger's `weakref.finalize`), or
+    interpreter exit (`_close_all_at_exit`); a later ask returns at once."""
     with runtime.lock:
         runtime.closed = True
+        if runtime.shut:
+            return
+        runtime.shut = True
+    _LIVE.discard(runtime)
     if runtime.on_loop_thread():  # collected on its own loop: close without blocking it
         runtime.loop.create_task(runtime.aclose()).add_done_callback(lambda _: runtime.stop())
         return
@@ -202,6 +219,13 @@ def shutdown(runtime: Runtime) -> None:
         asyncio.run_coroutine_threadsafe(runtime.aclose(), runtime.loop).result(
             CANCEL_GRACE + _JOIN_TIMEOUT
         )
+    except RuntimeError as error:
+        if not _pools_stopped():
+            raise
+        # Closed at `atexit`, after Python stopped its thread pools (a thread still running when
+        # the main thread ended kept it open; `_close_all_at_exit`): what was recorded is
+        # committed, only the close's own clean-up could not run. One line, no traceback.
+        log.warning("rollout-ledger: a SyncLedger closed at interpreter exit: %s", error)
     finally:
         runtime.stop()
         runtime.thread.join(_JOIN_TIMEOUT)
@@ -209,6 +233,64 @@ def shutdown(runtime: Runtime) -> None:
             log.warning(
                 "rollout-ledger: the SyncLedger's loop thread did not end within %ss", _JOIN_TIMEOUT
             )
+
+
+#: The runtimes not shut down yet, for the exit hook; weak, so a collected one is not kept alive.
+_LIVE: weakref.WeakSet[Runtime] = weakref.WeakSet()
+
+
+def _close_all_at_exit() -> None:
+    """Shut every runtime still open down, as `close()` would: calls under way are cancelled
+    (their sessions recorded cancelled), what was recorded stays committed, the threads end.
+
+    Registered with `threading`'s exit hooks, which run when the main thread ends, before
+    non-daemon threads are joined and in the reverse order of registration; this module imports
+    `concurrent.futures.thread` first, so its hook (which stops every thread pool taking work)
+    runs after ours and the ledger's loop can still use its executor while it closes.
+
+    While another non-daemon thread is still running (one the interpreter will wait for, which
+    may still be recording), nothing is closed here: the SyncLedger's `weakref.finalize` closes
+    it at `atexit`, once that thread has ended, as before. A failure is logged, never raised:
+    the interpreter is leaving either way.
+    """
+    if _others_still_running():
+        return
+    for runtime in list(_LIVE):
+        try:
+            shutdown(runtime)
+        except Exception as error:  # noqa: BLE001 - at exit nothing can catch it; close the others
+            log.warning("rollout-ledger: closing a SyncLedger at exit failed: %r", error)
+
+
+def _others_still_running() -> bool:
+    """Whether a non-daemon thread other than this one and the thread pools' idle workers (which
+    end only after the exit hooks) is alive: the interpreter will wait for it to end."""
+    workers = set(getattr(concurrent.futures.thread, "_threads_queues", {}))
+    me = threading.current_thread()
+    return any(
+        thread.is_alive() and not thread.daemon and thread is not me and thread not in workers
+        for thread in threading.enumerate()
+    )
+
+
+def _pools_stopped() -> bool:
+    """Whether Python's thread pools refuse new work (interpreter exit has passed their hook)."""
+    return bool(getattr(concurrent.futures.thread, "_shutdown", False))
+
+
+def _register_exit_hook() -> None:
+    """`_close_all_at_exit` among `threading`'s exit hooks (CPython's, since 3.9), else `atexit`."""
+    register = getattr(threading, "_register_atexit", None)
+    if register is None:  # another implementation: atexit, late but still a close
+        import atexit
+
+        atexit.register(_close_all_at_exit)
+        return
+    with contextlib.suppress(RuntimeError):  # imported while the interpreter is already leaving
+        register(_close_all_at_exit)
+
+
+_register_exit_hook()
 
 
 def closed_meanwhile(what: str) -> LedgerClosed:

@@ -558,22 +558,30 @@ def test_the_factor_holds_across_accumulated_micro_batches_end_to_end(
 def test_a_trainer_without_the_companion_or_with_several_generations_a_step_is_refused(
     example: Any, sqlite_url: str, tmp_path: Path
 ) -> None:
+    """LedgerGRPOTrainer refuses a wrong setup when it is built, before any rollout; TRL's own
+    GRPOTrainer refuses it at the first rollout, before any session is recorded."""
+    from trl import GRPOTrainer
+
     plan = Plan(example.tiny_tokenizer(), {})
     with SyncLedger.open(sqlite_url) as ledger:
         rollout = LedgerRollout(plan.runner, ledger)
         other = LedgerRollout(plan.runner, ledger)
-        trainer = trainer_for(example, (rollout, other.reward), tmp_path / "a", steps=1)
+        with pytest.raises(TRLSetupError, match="reward_funcs lack this rollout's companion"):
+            trainer_for(example, (rollout, other.reward), tmp_path / "a", steps=1)
+        trainer = trainer_for(
+            example, (rollout, other.reward), tmp_path / "a", cls=GRPOTrainer, steps=1
+        )
         with pytest.raises(TRLSetupError, match="reward_funcs lack this rollout's companion"):
             trainer.train()
+        assert ledger.metrics("train", 0) == []  # nothing recorded
         rollout = LedgerRollout(plan.runner, ledger)
         options = dict(
             per_device_train_batch_size=ROWS // 4,
             gradient_accumulation_steps=4,
             steps_per_generation=1,
         )
-        trainer = trainer_for(example, rollout, tmp_path / "b", steps=1, **options)
         with pytest.raises(TRLSetupError, match="several\\s+times per optimizer step"):
-            trainer.train()
+            trainer_for(example, rollout, tmp_path / "b", steps=1, **options)
         rollout.close()
         other.close()
 

@@ -328,11 +328,16 @@ async def test_a_crashing_verifier_fails_its_runs_and_row_zero_still_has_the_rew
 
 
 async def test_retries_follow_the_run_retry_policy(model: Path, sqlite_url: str) -> None:
-    cfg = config(model, sqlite_url, "+ledger.max_attempts=2", "+ledger.retry_on=[runner_error]")
+    """`+ledger.max_attempts=2` alone retries a dropped connection to the LLM server (an infra
+    failure, `connection_error`), not the server's own crash (`runner_error`, policy)."""
+    cfg = config(model, sqlite_url, "+ledger.max_attempts=2")
     _, out = await generate(cfg, model, {2: "flaky", 7: "crash"}, step=5)
     assert placeholders(out) == [7]  # the flaky row's second attempt succeeded
+    assert out.non_tensor_batch["failure_reason"][7] == "runner_error"
     _, metrics = await ledger_view(sqlite_url, "train", 5, 0)
     assert metrics["ledger/train/all/sessions/succeeded"] == 15
+    assert metrics["ledger/train/all/retries/connection_error"] == 1
+    assert metrics["ledger/train/all/attempts/total"] == 17
 
 
 async def until_recorded(

@@ -29,7 +29,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import hydra
@@ -50,6 +50,7 @@ from sessions.recorder import SessionHandle, failure_reason
 from sessions.vocabulary import RUNNER_ERROR
 
 __all__ = [
+    "check_agent_loop_entries",
     "LedgerAgentLoop",
     "LedgerSingleTurnAgentLoop",
     "LedgerToolAgentLoop",
@@ -61,8 +62,15 @@ logger = logging.getLogger(__name__)
 _SINGLE_TURN = "verl.experimental.agent_loop.single_turn_agent_loop.SingleTurnAgentLoop"
 _TOOL_AGENT = "verl.experimental.agent_loop.tool_agent_loop.ToolAgentLoop"
 
-#: (inner loop, data source) -> the reward_extra_info of this process's last scored output
+#: (inner loop, data source) -> the reward_extra_info of this process's last output ({}: unscored)
 _REWARD_KEYS: dict[tuple[str, str | None], dict[str, Any]] = {}
+#: verl's own loops never score their outputs (verl's reward worker or its trainer does)
+_UNSCORED_LOOPS = frozenset({_SINGLE_TURN, _TOOL_AGENT})
+_DECLARE_KEYS = (
+    "declare them in the verl command: +ledger.reward_keys='{acc: 0.0, pred: \"\"}' (each extra "
+    "key of the reward function with the value a failed run carries), or +ledger.reward_keys='{}' "
+    "when it returns none"
+)
 
 
 def session_id_for(run: str, sample: VerlSample) -> str:
@@ -77,29 +85,76 @@ def session_id_for(run: str, sample: VerlSample) -> str:
 
 def _inner_config(inner_agent: str) -> Mapping[str, Any]:
     """What ``hydra.utils.instantiate`` builds the inner loop from: a registered agent loop by its
-    name, or a class by its dotted path."""
+    name, or a class by its dotted path. Its class is imported here, when the wrapper is built, so
+    a typo or an import error is one ``ConfigError`` naming the path, never a failed run per row."""
     from verl.experimental.agent_loop.agent_loop import _agent_loop_registry
 
     entry = _agent_loop_registry.get(inner_agent)
     if entry is None:
-        if "." in inner_agent:
-            return {"_target_": inner_agent}
-        raise ConfigError(
-            f"inner_agent {inner_agent!r} is not a registered agent loop ({sorted(_agent_loop_registry)}) "
-            "nor a dotted class path; name one in the agent_loop_config_path entry"
-        )
+        if "." not in inner_agent:
+            raise ConfigError(
+                f"inner_agent {inner_agent!r} is not a registered agent loop "
+                f"({sorted(_agent_loop_registry)}) nor a dotted class path; name one in the "
+                "agent_loop_config_path entry"
+            )
+        entry = {"_target_": inner_agent}
     target = str(entry.get("_target_", ""))
     try:
-        wraps_itself = issubclass(hydra.utils.get_class(target), LedgerAgentLoop)
-    except Exception:  # noqa: BLE001 - not importable here: hydra names it when building it
-        wraps_itself = False
-    if wraps_itself:
+        cls = hydra.utils.get_class(target)
+    except Exception as error:  # noqa: BLE001 - any import failure is the job's misconfiguration
+        raise ConfigError(
+            f"inner_agent {inner_agent!r}: cannot import its class {target!r} "
+            f"({type(error).__name__}: {error}); fix the class path in the agent_loop_config_path "
+            "entry, or the module's import"
+        ) from error
+    if not (isinstance(cls, type) and issubclass(cls, AgentLoopBase)):
+        raise ConfigError(
+            f"inner_agent {inner_agent!r}: {target!r} is not a verl agent loop (an AgentLoopBase "
+            "subclass); name the agent loop class the ledger should wrap"
+        )
+    if issubclass(cls, LedgerAgentLoop):
         raise ConfigError(
             f"inner_agent {inner_agent!r} is itself a ledger agent loop ({target}); name the loop it "
             "wraps by its class path instead (e.g. "
             f"{_SINGLE_TURN})"
         )
     return entry
+
+
+def check_agent_loop_entries(entries: Sequence[Mapping[str, Any]]) -> int:
+    """The entries of an agent-loop YAML checked where the job starts (the trainer's driver,
+    before Ray): each entry's class imported, and each ledger entry's inner loop resolved as the
+    wrapper will (``_inner_config``), so a typo is one ``ConfigError`` naming it. Returns how many
+    ledger entries were checked. Names the YAML registers are visible to each other, as in a
+    worker; verl's registry is left as it was."""
+    from verl.experimental.agent_loop.agent_loop import _agent_loop_registry
+
+    saved = dict(_agent_loop_registry)
+    _agent_loop_registry.update({str(entry["name"]): entry for entry in entries})
+    checked = 0
+    try:
+        for entry in entries:
+            target = str(entry.get("_target_", ""))
+            try:
+                cls = hydra.utils.get_class(target)
+            except Exception as error:  # noqa: BLE001 - named below
+                raise ConfigError(
+                    f"agent loop {entry.get('name')!r}: cannot import its class {target!r} "
+                    f"({type(error).__name__}: {error}); fix the agent_loop_config_path entry"
+                ) from error
+            if isinstance(cls, type) and issubclass(cls, LedgerAgentLoop):
+                inner = entry.get("inner_agent") or cls.default_inner_agent
+                if not inner:
+                    raise ConfigError(
+                        f"the ledger agent loop {entry.get('name')!r} needs inner_agent: the agent "
+                        "loop it wraps (a registered name such as tool_agent, or a class path)"
+                    )
+                _inner_config(str(inner))
+                checked += 1
+    finally:
+        _agent_loop_registry.clear()
+        _agent_loop_registry.update(saved)
+    return checked
 
 
 def _plain(value: Any) -> Any:
@@ -160,6 +215,7 @@ class LedgerAgentLoop(AgentLoopBase):
             self.config, pad_token_id=getattr(tokenizer, "pad_token_id", None)
         )
         self._inner_entry = _inner_config(inner)
+        self._unscored_inner = str(self._inner_entry.get("_target_")) in _UNSCORED_LOOPS
         self._inner_args = dict(
             trainer_config=trainer_config,
             server_manager=server_manager,
@@ -170,6 +226,20 @@ class LedgerAgentLoop(AgentLoopBase):
             hf_model_type=hf_model_type,
             **kwargs,
         )
+        #: the first attempt's inner loop, built now: a constructor that raises is one error
+        #: naming the loop before any rollout, not a failed session per row
+        self._first_inner: AgentLoopBase | None = self._build_inner()
+
+    def _build_inner(self) -> AgentLoopBase:
+        try:
+            return hydra.utils.instantiate(config=self._inner_entry, **self._inner_args)  # type: ignore[no-any-return]
+        except Exception as error:  # noqa: BLE001 - the user's constructor: named, then raised
+            cause = error.__cause__ or error  # hydra wraps the constructor's error
+            raise ConfigError(
+                f"inner_agent {self.inner_agent!r}: building {self._inner_entry.get('_target_')!r} "
+                f"raised {type(cause).__name__}: {cause}; fix its constructor or the arguments of its "
+                "agent_loop_config_path entry"
+            ) from error
 
     # ----------------------------------------------------------------------- one sample
     async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
@@ -200,6 +270,7 @@ class LedgerAgentLoop(AgentLoopBase):
                 raise
             return await self._unrecorded(sample, sampling_params, kwargs, error)
         if outcome.succeeded:
+            self._check_declared_keys(outputs[-1])
             return outputs[-1]
         logger.warning(
             "agent loop %s failed (%s) for uid %s, run %d: %s",
@@ -217,7 +288,9 @@ class LedgerAgentLoop(AgentLoopBase):
         """One attempt: a fresh inner loop, its output scored as verl would, within the timeout."""
 
         async def work() -> AgentLoopOutput:
-            inner = hydra.utils.instantiate(config=self._inner_entry, **self._inner_args)
+            inner, self._first_inner = self._first_inner, None
+            if inner is None:  # a retry (or a padding copy's run): a fresh inner loop
+                inner = self._build_inner()
             output = await inner.run(dict(sampling_params), **dict(kwargs))
             if isinstance(output, list):
                 raise InvalidArgumentType(
@@ -228,8 +301,12 @@ class LedgerAgentLoop(AgentLoopBase):
                 # verl's next step (AgentLoopWorker._agent_loop_postprocess) does exactly this;
                 # doing it here makes a failing reward a failed session too
                 await sample.worker._compute_score([output], kwargs=kwargs)
-            if output.reward_score is not None:
-                _REWARD_KEYS[(self.inner_agent, sample.data_source)] = _reward_info(output)
+            # what a placeholder of this loop carries: the reward function's keys, or none when
+            # the loop's outputs stay unscored here (verl scores them on the trainer)
+            scored = output.reward_score is not None
+            _REWARD_KEYS[(self.inner_agent, sample.data_source)] = (
+                _reward_info(output) if scored else {}
+            )
             return output
 
         timeout = self.settings.timeout
@@ -253,9 +330,34 @@ class LedgerAgentLoop(AgentLoopBase):
         kwargs: dict[str, Any],
         reason: str | None,
     ) -> AgentLoopOutput:
-        """The placeholder output, with the reward function's extra keys (learned once)."""
+        """The placeholder output, with the reward function's extra keys (``_placeholder_keys``)."""
+        keys = await self._placeholder_keys(sample, kwargs, reason)
+        return placeholder_output(
+            self.settings.placeholder_policy(),
+            reason=reason or RUNNER_ERROR,
+            logprobs=wants_logprobs(sampling_params),
+            reward_info=keys or None,
+            global_step=sample.global_step,
+        )
+
+    async def _placeholder_keys(
+        self, sample: VerlSample, kwargs: dict[str, Any], reason: str | None
+    ) -> dict[str, Any]:
+        """The reward keys a placeholder carries, each with a placeholder's value: verl takes the
+        batch's keys from row 0, so a placeholder short of them drops them for the batch (row 0)
+        or makes verl's ``_postprocess`` raise ``KeyError`` (a later row). In order: declared
+        (``+ledger.reward_keys``); learned from this process's last run of the loop (its reward
+        function's keys, or none when verl left it unscored); learned by scoring the
+        placeholder's own tokens with verl's reward worker; none for verl's own loops when verl
+        passes no reward worker (the trainer scores their rows). Otherwise nothing can tell, and
+        the run stops here with one ``ConfigError`` saying what to declare."""
+        declared = self.settings.placeholder_reward_keys()
+        if declared is not None:
+            return declared
         known = _REWARD_KEYS.get((self.inner_agent, sample.data_source))
-        if known is None and getattr(sample.worker, "reward_loop_worker_handles", None):
+        if known is not None:
+            return placeholder_reward_info(known)
+        if getattr(sample.worker, "reward_loop_worker_handles", None):
             probe = placeholder_output(
                 self.settings.placeholder_policy(),
                 reason=reason or RUNNER_ERROR,
@@ -266,16 +368,36 @@ class LedgerAgentLoop(AgentLoopBase):
             probe.reward_score = None
             try:  # the reward function on the placeholder's own tokens, only for its keys
                 await sample.worker._compute_score([probe], kwargs=kwargs)
-                known = _reward_info(probe)
-            except Exception as error:  # noqa: BLE001 - keys unknown: the batch may lack them
-                logger.warning("could not learn the reward keys for a placeholder: %s", error)
-        return placeholder_output(
-            self.settings.placeholder_policy(),
-            reason=reason or RUNNER_ERROR,
-            logprobs=wants_logprobs(sampling_params),
-            reward_info=None if known is None else placeholder_reward_info(known),
-            global_step=sample.global_step,
+            except Exception as error:  # noqa: BLE001 - named in the error below
+                raise ConfigError(
+                    f"the ledger agent loop {self.name!r} cannot tell which reward keys a failed run's "
+                    f"placeholder must carry: uid {sample.uid!r} failed before any run of this worker "
+                    f"was scored, and verl's reward function raised on the placeholder "
+                    f"({type(error).__name__}: {error}); {_DECLARE_KEYS}"
+                ) from error
+            return placeholder_reward_info(_reward_info(probe))
+        if self._unscored_inner:
+            return {}
+        raise ConfigError(
+            f"the ledger agent loop {self.name!r} cannot tell which reward keys a failed run's "
+            f"placeholder must carry: uid {sample.uid!r} failed before any run of this worker "
+            f"succeeded, verl passes no reward worker, and {self.inner_agent!r} may score itself; "
+            f"{_DECLARE_KEYS}"
         )
+
+    def _check_declared_keys(self, output: AgentLoopOutput) -> None:
+        """A scored success whose reward keys differ from ``+ledger.reward_keys`` is refused: its
+        placeholders would make verl drop the keys or raise ``KeyError`` on the batch."""
+        declared = self.settings.placeholder_reward_keys()
+        if declared is None or output.reward_score is None:
+            return
+        found = _reward_info(output)
+        if set(found) != set(declared):
+            raise ConfigError(
+                f"ledger.reward_keys declares {sorted(declared)}, but the reward of "
+                f"{self.inner_agent!r} returned {sorted(found)}; declare exactly the reward "
+                "function's extra keys (verl takes a batch's keys from its first row)"
+            )
 
     async def _unrecorded(
         self,

@@ -12,9 +12,9 @@ row 0 and raises (``TypeError`` / ``KeyError``) at any later row. So the placeho
   them (``logprobs``, verl's ``rollout.calculate_log_probs``), as every sibling's output has;
 * ``reward_score`` 0.0 always: where the siblings are scored every row has one, and where they
   are not, ``rm_scores`` is dropped with or without it;
-* ``reward_extra_info`` with the keys the reward function gives (scored on the placeholder's
-  own tokens by verl's reward worker, only to learn them, or remembered from this process's last
-  scored output), each valued as the ledger fills a placeholder's missing key
+* ``reward_extra_info`` with the keys the reward function gives (declared in
+  ``+ledger.reward_keys``, remembered from this process's last output, or scored on the
+  placeholder's own tokens by verl's reward worker only to learn them: ``loop``), each valued as the ledger fills a placeholder's missing key
   (``sessions.batches.reward_info.default_for``: 0.0 for numbers, False, "", else None), so
   ``acc`` and the like count a failure as zero in verl's figures as in the ledger's;
 * ``is_placeholder`` True and ``failure_reason`` in ``extra_fields`` (verl makes them non-tensor

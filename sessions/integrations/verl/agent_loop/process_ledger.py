@@ -16,7 +16,8 @@ import contextlib
 import weakref
 from dataclasses import dataclass, field
 
-from sessions.integrations.verl.agent_loop.settings import LedgerSettings
+from sessions.integrations.ledger_check import open_checked
+from sessions.integrations.verl.agent_loop.settings import URL_SETTING, LedgerSettings
 from sessions.ledger import Ledger
 
 __all__ = ["close_process_ledgers", "process_ledger"]
@@ -42,7 +43,7 @@ async def process_ledger(settings: LedgerSettings) -> Ledger:
         entry = opened[settings] = _Opened(asyncio.get_running_loop().create_future())
         try:
             ledger = await entry.stack.enter_async_context(
-                Ledger.open(settings.url, **settings.ledger_options())
+                open_checked(settings.url, setting=URL_SETTING, **settings.ledger_options())
             )
         except BaseException as error:
             del opened[settings]  # the next agent loop tries again

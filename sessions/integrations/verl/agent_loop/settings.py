@@ -6,6 +6,7 @@ travel in it as one more section, added with Hydra's ``+`` syntax::
     +ledger.url=postgresql://host/rollouts   # where every worker records (SQLite: one node only)
     +ledger.timeout=600                       # seconds per attempt of an agent loop (default: none)
     +ledger.max_attempts=2                    # the run's RetryPolicy (default: one attempt)
+    +ledger.reward_keys='{acc: 0.0}'          # a placeholder's reward keys, when it cannot learn them
 
 Each key falls back to an environment variable (``ROLLOUT_LEDGER_DB``, ``ROLLOUT_LEDGER_RUN``, ...),
 then to a default. The run defaults to verl's ``trainer.experiment_name``; the placeholder token
@@ -27,10 +28,12 @@ from sessions.failure_policy import RetryPolicy
 from sessions.placeholder import PlaceholderPolicy
 from sessions.vocabulary import INFRA
 
-__all__ = ["CONFIG_SECTION", "LedgerSettings"]
+__all__ = ["CONFIG_SECTION", "LedgerSettings", "URL_SETTING"]
 
 #: The top-level config section the settings live in (``+ledger.url=...``).
 CONFIG_SECTION = "ledger"
+#: How an error names the database setting (the config key, or its environment fallback).
+URL_SETTING = "+ledger.url (or $ROLLOUT_LEDGER_DB)"
 #: Environment fallbacks, by setting.
 _ENV = {
     "url": "ROLLOUT_LEDGER_DB",
@@ -49,6 +52,7 @@ _KEYS = (
     "placeholder_token_id",
     "placeholder_prompt_length",
     "placeholder_response_length",
+    "reward_keys",
 )
 
 
@@ -62,6 +66,9 @@ class LedgerSettings:
     (None: no limit). ``max_attempts`` / ``retry_on`` / ``backoff_s``: the run's ``RetryPolicy``.
     ``min_valid``: GRPO groups with fewer valid members get no signal (the trainer side zeroes
     them). ``placeholder_*``: the placeholder's token and lengths (docs/design.md §5).
+    ``reward_keys``: the reward function's extra keys, each with the value a placeholder carries
+    (``{acc: 0.0, pred: ""}``; ``{}``: none), for a loop whose placeholder cannot learn them
+    before its first success (None: learned, see ``loop.LedgerAgentLoop``).
     """
 
     url: str
@@ -74,6 +81,7 @@ class LedgerSettings:
     placeholder_token_id: int = 0
     placeholder_prompt_length: int = 1
     placeholder_response_length: int = 1
+    reward_keys: tuple[tuple[str, Any], ...] | None = None
     #: what `Ledger.open` gets on top (tests: engine options); not part of the job config
     open_kwargs: Mapping[str, Any] = field(default_factory=dict, compare=False, hash=False)
 
@@ -86,6 +94,8 @@ class LedgerSettings:
             raise ConfigError(f"ledger.timeout must be seconds > 0 or null, got {self.timeout!r}")
         self.retry_policy()  # checks max_attempts, retry_on, backoff_s
         self.placeholder_policy()  # checks the token and lengths
+        if self.reward_keys is not None:
+            _reward_keys(dict(self.reward_keys))
 
     def retry_policy(self) -> RetryPolicy:
         """The run's ``RetryPolicy``: which failed attempts of an agent loop run again."""
@@ -160,7 +170,12 @@ class LedgerSettings:
             placeholder_token_id=int(token),
             placeholder_prompt_length=int(pick("placeholder_prompt_length", 1)),
             placeholder_response_length=int(pick("placeholder_response_length", 1)),
+            reward_keys=_reward_keys(section.get("reward_keys")),
         )
+
+    def placeholder_reward_keys(self) -> dict[str, Any] | None:
+        """The declared reward keys with a placeholder's values, or None when none are declared."""
+        return None if self.reward_keys is None else dict(self.reward_keys)
 
 
 def _section(config: Any) -> dict[str, Any]:
@@ -191,6 +206,32 @@ def _experiment_name(config: Any) -> str:
             "no ledger run: set +ledger.run=NAME (or trainer.experiment_name) in the verl command"
         )
     return str(name)
+
+
+def _reward_keys(value: Any) -> tuple[tuple[str, Any], ...] | None:
+    """``+ledger.reward_keys``: a mapping of each extra key the reward function returns to the
+    value a placeholder carries for it (a number, a bool, a string or null); ``{}`` or ``[]``:
+    the reward function returns none."""
+    if value is None:
+        return None
+    if isinstance(value, (list, tuple)) and not value:
+        return ()
+    if not isinstance(value, Mapping):
+        raise ConfigError(
+            f"ledger.reward_keys must map each extra key of the reward function to a placeholder's "
+            f"value, e.g. +ledger.reward_keys='{{acc: 0.0, pred: \"\"}}' ({{}} for none), got {value!r}"
+        )
+    pairs = []
+    for key, example in value.items():
+        if not isinstance(key, str) or not key:
+            raise ConfigError(f"ledger.reward_keys: a key must be a name, got {key!r}")
+        if example is not None and not isinstance(example, (bool, int, float, str)):
+            raise ConfigError(
+                f"ledger.reward_keys[{key!r}] must be a number, a bool, a string or null (the "
+                f"value a failed run's row carries), got {example!r}"
+            )
+        pairs.append((key, example))
+    return tuple(pairs)
 
 
 def _names(value: Any) -> tuple[str, ...]:
