@@ -153,7 +153,8 @@ def is_connection_error(error: BaseException) -> bool:
                 return True
         except Exception:  # noqa: BLE001 - an odd error object is simply not a connection error
             return False
-        current = current.__cause__
+        cause = getattr(current, "__cause__", None)  # anything may be raised at us, not only errors
+        current = cause if isinstance(cause, BaseException) else None
     return False
 
 
