@@ -22,7 +22,13 @@ from sessions.errors import (
     UsageError,
 )
 from sessions.failure_policy import RetryPolicy
-from sessions.ledger.attempts import Runner, run_attempts, settle_or_note
+from sessions.ledger.attempts import (
+    Deadline,
+    LoopBlocks,
+    Runner,
+    run_attempts,
+    settle_or_note,
+)
 from sessions.ledger.config import (
     DEFAULT_RUN,
     ENGINE_OPTIONS,
@@ -102,6 +108,8 @@ class Ledger:
         self.projector = Projector(engine, sinks=settings.sinks, store=self.store)
         #: `run_session` work whose recording outlived its call (see `recording_timeout`).
         self._recording: set[asyncio.Future[SessionOutcome]] = set()
+        #: runner steps that blocked this ledger's event loop, named in the timeouts they caused
+        self._loop_blocks = LoopBlocks()
         #: the event loop the ledger serves: its engine's pooled connections and its store's
         #: group-commit worker belong to it (set on first use)
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -153,7 +161,14 @@ class Ledger:
             share = bool(engine_options.get("share_database"))
             ready = partial(upgrade, engine, share=share)
             ready = ready if migrate else partial(check_schema, engine)
-            await retry_transient(ready, what=f"open (migrate={migrate})", attempts=OPEN_ATTEMPTS)
+            # A server that refuses the connection (not up yet, restarting) is retried as long,
+            # then named in a DatabaseUnreachableError with what to check.
+            await retry_transient(
+                ready,
+                what=f"open (migrate={migrate})",
+                attempts=OPEN_ATTEMPTS,
+                connecting=engine.url,
+            )
             ledger = cls(engine, settings=settings)
             ledger._loop = asyncio.get_running_loop()
             try:
@@ -413,13 +428,16 @@ class Ledger:
         timeout = validation.seconds(timeout, "timeout", forever=True)
         recording_timeout = validation.seconds(recording_timeout, "recording_timeout")
         retry = retry or self.retry_policy
-        work = asyncio.ensure_future(
-            self._run_session(runner, session_id, timeout, retry, identity)
-        )
         if timeout is None:
-            return await work
+            return await asyncio.ensure_future(
+                self._run_session(runner, session_id, None, retry, identity, None)
+            )
         budget = timeout * retry.max_attempts + sum(
             retry.backoff(n) for n in range(1, retry.max_attempts)
+        )
+        deadline = Deadline(asyncio.get_running_loop().time() + budget + recording_timeout)
+        work = asyncio.ensure_future(
+            self._run_session(runner, session_id, timeout, retry, identity, deadline)
         )
         try:
             done, _ = await asyncio.wait({work}, timeout=budget + recording_timeout)
@@ -429,6 +447,7 @@ class Ledger:
             raise
         if done:
             return work.result()
+        deadline.given_up = True  # the timeout reported is true: no attempt starts after this
         self._recording.add(work)
         work.add_done_callback(self._recording.discard)
         return SessionOutcome(
@@ -451,10 +470,17 @@ class Ledger:
         timeout: float | None,
         retry: RetryPolicy,
         identity: RunSessionOptions,
+        deadline: Deadline | None,
     ) -> SessionOutcome:
         handle = await self.create_session(session_id, timeout_s=timeout, **identity)
         return await run_attempts(
-            handle, runner, retry=retry, metric_policy=self.metric_policy, timeout=timeout
+            handle,
+            runner,
+            retry=retry,
+            metric_policy=self.metric_policy,
+            timeout=timeout,
+            deadline=deadline,
+            blocks=self._loop_blocks,
         )
 
     # ----------------------------------------------------------- projection
