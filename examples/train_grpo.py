@@ -18,6 +18,7 @@ run logged is computed again from the replay and compared. `docs/training.md` wa
 
     pip install -e '.[verl]'                    # from a clone (verl 0.9.1 and its pins)
     python examples/train_grpo.py               # about two minutes on 2 CPU cores
+    python examples/train_grpo.py --resume      # after a crash: on from train_grpo.ckpt
     rollout-ledger report --db train_grpo.db --out report/
 """
 
@@ -96,6 +97,9 @@ class Settings:
     tensorboard: str | None = None
     evidence: bool = True
     quiet: bool = False
+    #: where the trainer's state goes after every step, and whether to start from it
+    checkpoint: str = "train_grpo.ckpt"
+    resume: bool = False
     # the shape of a step and of the update
     prompts: int = 16
     group_size: int = 8
@@ -108,15 +112,21 @@ class Settings:
     entropy_coeff: float = 0.001
 
     def fingerprint(self) -> dict[str, Any]:
-        paths = ("db", "run", "tensorboard", "evidence", "quiet")
+        paths = ("db", "run", "tensorboard", "evidence", "quiet", "checkpoint", "resume")
         return {k: v for k, v in vars(self).items() if k not in paths}
 
 
 # ------------------------------------------------------------------------------ the loop
 async def train(settings: Settings) -> RunResult:
     """The whole run: every step's record and, with `settings.evidence`, audit and replay."""
-    trainer = Trainer(settings)
-    run = settings.run or f"grpo-s{settings.seed}-{uuid.uuid4().hex[:6]}"
+    # Each start of the script is a launch of its run (docs/design.md §14): a resumed one re-runs
+    # the step the last launch died in with new uids, and the ledger counts that step on the
+    # new launch's sessions only, having failed the dead launch's open ones at once.
+    launch = f"train-grpo-{uuid.uuid4().hex[:12]}"
+    trainer = Trainer(settings, tag=f"r{launch[-6:]}" if settings.resume else "")
+    start, run = 0, settings.run or f"grpo-s{settings.seed}-{uuid.uuid4().hex[:6]}"
+    if settings.resume:
+        start, run = trainer.restore(Path(settings.checkpoint))
     url = settings.db if "://" in settings.db else f"sqlite+aiosqlite:///{settings.db}"
     records: list[StepRecord] = []
     threads = torch.get_num_threads()
@@ -129,12 +139,14 @@ async def train(settings: Settings) -> RunResult:
             run=run,
             retry_policy=RetryPolicy(max_attempts=settings.max_attempts, on=("infra",)),
             config=settings.fingerprint(),
+            launch=launch,
         ) as ledger:
             print_header(settings, run, url, trainer.parameters)
             trainer.clock.take()
-            for step in range(settings.steps):
+            for step in range(start, settings.steps):
                 record = await trainer.step(ledger, step)
                 records.append(record)
+                trainer.save(Path(settings.checkpoint), run, step + 1)
                 if not settings.quiet:
                     print(table_row(record), flush=True)
     finally:
@@ -150,8 +162,11 @@ async def train(settings: Settings) -> RunResult:
 class Trainer:
     """The policy, its optimizer and what a step uses around them."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, tag: str = "") -> None:
         self.settings = settings
+        #: a resumed launch's mark in its prompts' uids (and so its session ids): new uids for
+        #: the step it re-runs, as verl's trainer draws new ones
+        self.tag = tag
         torch.manual_seed(settings.seed)
         self.policy = Policy(width=settings.width)
         self.parameters = sum(p.numel() for p in self.policy.parameters())
@@ -173,7 +188,7 @@ class Trainer:
             loss_agg_mode="token-mean",
         )
         self.rng = random.Random(settings.seed)
-        self.val_set = problems(random.Random(settings.seed + 1), settings.val_prompts, "v")
+        self.val_set = problems(random.Random(settings.seed + 1), settings.val_prompts, f"v{tag}")
         self.board = None
         if settings.tensorboard:
             from sessions.trackers import TensorBoardTracker
@@ -183,6 +198,34 @@ class Trainer:
     def close(self) -> None:
         if self.board is not None:
             self.board.close()
+
+    def save(self, path: Path, run: str, next_step: int) -> None:
+        """The trainer's state after a step, written beside `path` and renamed into place (a
+        kill while writing leaves the previous checkpoint)."""
+        state = {
+            "run": run,
+            "next_step": next_step,
+            "policy": self.policy.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "schedule": self.schedule.state_dict(),
+            "rng": self.rng.getstate(),
+            "torch_rng": torch.get_rng_state(),
+        }
+        partial = path.with_name(path.name + ".partial")
+        torch.save(state, partial)
+        partial.replace(path)
+
+    def restore(self, path: Path) -> tuple[int, str]:
+        """Load a checkpoint `save` wrote; returns the step to go on from and the run."""
+        if not path.is_file():
+            raise SystemExit(f"--resume: no checkpoint at {path}; run without --resume first")
+        state = torch.load(path, weights_only=False)  # our own file: rng states are tuples
+        self.policy.load_state_dict(state["policy"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.schedule.load_state_dict(state["schedule"])
+        self.rng.setstate(state["rng"])
+        torch.set_rng_state(state["torch_rng"])
+        return int(state["next_step"]), str(state["run"])
 
     async def step(self, ledger: Ledger, step: int) -> StepRecord:
         """A training step, a validation step when one is due, and what they logged."""
@@ -204,7 +247,7 @@ class Trainer:
     ) -> tuple[dict[str, float], dict[str, float], Agreement]:
         s, clock = self.settings, self.clock
         # 1. rollouts: every sample an agent run, recorded as a session as it runs
-        batch_problems = problems(self.rng, s.prompts, f"t{step}")
+        batch_problems = problems(self.rng, s.prompts, f"t{step}{self.tag}")
         await rollouts(
             ledger, self.sampler, self.faults, clock, batch_problems, "train", step, s.group_size
         )
@@ -745,6 +788,14 @@ def parse(argv: list[str] | None) -> Settings:
         help="no audit and replay at the end",
     )
     parser.add_argument("--quiet", action="store_true", help="print nothing")
+    parser.add_argument(
+        "--checkpoint", default=d.checkpoint, help="the trainer's state, written after every step"
+    )
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="go on from --checkpoint (its run and next step) as a new launch of the run",
+    )
     args = parser.parse_args(argv)
     if args.steps < 1 or args.val_every < 1 or args.max_attempts < 1:
         parser.error("--steps, --val-every and --max-attempts must be >= 1")

@@ -44,6 +44,7 @@ __all__ = [
     "RewardPosted",
     "PayloadsPruned",
     "RunConfigured",
+    "RunLaunched",
     "SessionCancelled",
     "SessionCreated",
     "SessionFailed",
@@ -105,7 +106,12 @@ class Event:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SessionCreated(Event):
+    """Schema 2 added `launch`: the number of the run's launch that created the session
+    (`RunLaunched.number`; None when the ledger records no launches), so a step re-run by a
+    later launch supersedes the earlier launch's sessions (docs/design.md §14)."""
+
     TYPE: ClassVar[str] = "SessionCreated"
+    SCHEMA_VERSION: ClassVar[int] = 2
     run: str
     uid: str
     session_index: int
@@ -119,6 +125,7 @@ class SessionCreated(Event):
     #: GRPO: a group with fewer valid (non-placeholder) rows than this gives no signal; counted
     #: under `groups/below_min_valid` (None: `DEFAULT_MIN_VALID`).
     min_valid: int | None = None
+    launch: int | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -322,6 +329,22 @@ class RunConfigured(Event):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class RunLaunched(Event):
+    """A launch of the run (a job's start or its resume from a checkpoint), in the run's own
+    stream (`@run:<run>`), recorded once per launch id by the first of its processes to write.
+    `number` counts the run's launches from 1, in the stream's order; `resumed` says the run
+    had sessions already, and `last_steps` the last step each partition had then. Every session
+    the launch creates carries its `number` (`SessionCreated.launch`): a step a later launch
+    re-runs counts that launch's sessions only (docs/design.md §14)."""
+
+    TYPE: ClassVar[str] = "RunLaunched"
+    launch: str
+    number: int
+    resumed: bool = False
+    last_steps: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class PayloadsPruned(Event):
     """Token payloads of settled, consumed steps were pruned (`sessions.runs.retention`), in the
     run's own stream (`@run:<run>`). Each pruned event keeps its payload's length and SHA-256 in
@@ -361,6 +384,7 @@ EVENT_TYPES: dict[str, type[Event]] = {
         SessionCancelled,
         RunConfigured,
         PayloadsPruned,
+        RunLaunched,
     )
 }
 TERMINAL_EVENTS = frozenset({"SessionSucceeded", "SessionFailed", "SessionCancelled"})
@@ -452,6 +476,13 @@ def _trajectory_v2_to_v3(data: dict[str, Any]) -> dict[str, Any]:
     data["min_version"] = None
     data["max_version"] = None
     data["from_calls"] = []
+    return data
+
+
+@upcaster("SessionCreated", 1)
+def _created_v1_to_v2(data: dict[str, Any]) -> dict[str, Any]:
+    """v2 recorded the launch that created the session; before it, none was recorded."""
+    data["launch"] = None
     return data
 
 

@@ -104,6 +104,7 @@ DECLARATION: dict[str, dict[str, Field]] = {
         "sample_index": Field(kind="int", nullable=True, minimum=0),
         "metadata": Field(kind="json", free_text=True),
         "min_valid": Field("groups.min_valid", minimum=0),
+        "launch": Field("sessions.launch", minimum=1),
     },
     "SessionStarted": {
         "attempt": Field(kind="int", nullable=True, minimum=1, int_range=_INT32),
@@ -197,6 +198,12 @@ DECLARATION: dict[str, dict[str, Field]] = {
         "digest": Field(kind="str"),
         "config": Field(kind="json"),
         "change": Field(kind="json", nullable=True),
+    },
+    "RunLaunched": {
+        "launch": Field("events.session_id", nullable=False, minimum=1),
+        "number": Field("sessions.launch", nullable=False, minimum=1),
+        "resumed": Field(kind="bool"),
+        "last_steps": Field(kind="json"),
     },
     "PayloadsPruned": {
         "prune_id": Field(kind="str"),

@@ -9,6 +9,7 @@ writer can take the write lock up front; PostgreSQL: pre-ping) is its dialect's 
 `create_engine(url, require_ledger=True)` first checks, reading only, that a SQLite file is a
 rollout-ledger database at head (`store.schema.ledger_file`), and raises `SchemaError` saying what
 it found otherwise; on PostgreSQL connecting changes nothing, and `check_schema` does it.
+`create_engine(url, read_only=True)` opens for reading only: a SQLite file is not switched to WAL.
 """
 
 from __future__ import annotations
@@ -78,6 +79,7 @@ def create_engine(
     *,
     sqlite_busy_timeout: float | None = None,
     require_ledger: bool = False,
+    read_only: bool = False,
     **kwargs: Any,
 ) -> AsyncEngine:
     """Create an async engine with the settings the ledger depends on.
@@ -86,6 +88,8 @@ def create_engine(
     process's write lock. `require_ledger` (SQLite: checked here, before any connection;
     PostgreSQL: `check_schema` does it, connecting changes nothing there) refuses a file that is
     missing, empty, not a ledger or not at head, so that opening it writes nothing.
+    `read_only` is for a caller that only reads (`audit`, `sql`, `history`, …): a SQLite file
+    keeps its journal mode and its bytes (no switch to WAL) and writes are refused.
     """
     text = normalize_url(url)
     parsed = make_url(text)
@@ -94,7 +98,9 @@ def create_engine(
         database = dialect.local_file(parsed)
         if database is not None:
             require_ledger_file(database)
-    return dialect.create_engine(text, parsed, sqlite_busy_timeout=sqlite_busy_timeout, **kwargs)
+    return dialect.create_engine(
+        text, parsed, sqlite_busy_timeout=sqlite_busy_timeout, read_only=read_only, **kwargs
+    )
 
 
 def local_database_file(url: str | os.PathLike[str] | None) -> str | None:

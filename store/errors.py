@@ -83,6 +83,11 @@ class DriverError(StoreError):
         self.what = what
 
 
+class DatabaseUnreachableError(DriverError, ConnectionError):
+    """Opening a database found no server to talk to (the connection refused, reset or its host
+    unknown), after the open's retries: the message names the server and what to check."""
+
+
 class AppendOutcomeUnknown(DriverError):
     """An append whose commit may or may not have landed: the connection dropped while it ran,
     and the database could not be asked afterwards which of its events it holds. Nothing is

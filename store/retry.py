@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 from typing import Any
 
+from sqlalchemy.engine import URL
 from sqlalchemy.exc import DBAPIError
 
-from store.dialects import registered
-from store.errors import DriverError
+from store.dialects import dialect_of, registered
+from store.errors import DatabaseUnreachableError, DriverError, LedgerError
 
 log = logging.getLogger(__name__)
 
@@ -58,18 +60,59 @@ def _driver_cause(error: BaseException) -> BaseException:
     return error
 
 
-async def retry_transient(operation: Any, *, what: str, attempts: int = RETRY_ATTEMPTS) -> Any:
+async def retry_transient(
+    operation: Any, *, what: str, attempts: int = RETRY_ATTEMPTS, connecting: URL | None = None
+) -> Any:
     """Run `operation()` (a coroutine factory), retrying transient database errors with backoff;
-    the last attempt's error (or any error that is not transient) is raised as it is."""
+    the last attempt's error (or any error that is not transient) is raised as it is.
+
+    `connecting` (the database's URL, for an open): a connection the server refused or reset
+    (nothing listens yet, a restart) is retried too, and when the attempts run out — or the host
+    is unknown — `DatabaseUnreachableError` names the server and what to check."""
+    server = connecting is not None and dialect_of(connecting).local_file(connecting) is None
+    try:
+        return await _retrying(operation, what, attempts, server)
+    except OSError as error:
+        if connecting is None or not server or isinstance(error, LedgerError):
+            raise
+        if not (_refused(error) or isinstance(error, (socket.gaierror, TimeoutError))):
+            raise  # a connection dropped once made: the driver's error says so
+        dialect = dialect_of(connecting)
+        where, _ = dialect.describe(connecting)
+        tried = f" after {attempts} attempts" if _refused(error) else ""
+        raise DatabaseUnreachableError(
+            f"cannot connect to {where}{tried}: {type(error).__name__}: {error}; "
+            f"{dialect.unreachable_hint(connecting)}",
+            what=what,
+        ) from error
+
+
+def _refused(error: OSError) -> bool:
+    """A connection the server refused (nothing listens yet, a restart: worth another try), as
+    opposed to a host that does not resolve, a connect that timed out or a connection dropped
+    after it was made (the driver's own error, described as such). asyncio reports a refusal on
+    every address of a host (`localhost`: ::1 and 127.0.0.1) as one plain OSError."""
+    if isinstance(error, ConnectionRefusedError):
+        return True
+    return type(error) is OSError and error.errno is None and "Connect call failed" in str(error)
+
+
+async def _retrying(operation: Any, what: str, attempts: int, connecting: bool) -> Any:
     for attempt in range(attempts - 1):
         try:
             return await operation()
-        except (DBAPIError, DriverError) as error:
-            if not is_transient(error):
+        except (DBAPIError, DriverError, OSError) as error:
+            if not isinstance(error, (DBAPIError, DriverError)):
+                if not (connecting and _refused(error)):
+                    raise
+            elif not is_transient(error):
                 raise
             cause = _driver_cause(error)
             delay = RETRY_BASE_DELAY * (2**attempt)
-            log.warning(
+            # a refused connection is named, with its attempts, by the error if they all fail
+            refused = isinstance(error, OSError) and not isinstance(error, LedgerError)
+            log.log(
+                logging.INFO if refused else logging.WARNING,
                 "%s failed transiently (%s); retry %d/%d in %.2fs",
                 what,
                 getattr(cause, "orig", cause),

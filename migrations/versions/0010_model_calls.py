@@ -1,7 +1,7 @@
 """Model calls: per-session call counts, the weights versions of each queue row, the model_calls view.
 
 Revision ID: 0010
-Revises: 0008
+Revises: 0009
 Create Date: 2026-12-06
 
 * `sessions` gains `model_calls` (calls started, over all attempts) and `model_calls_failed`;
@@ -19,7 +19,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = "0010"
-down_revision = "0008"
+down_revision = "0009"
 branch_labels = None
 depends_on = None
 

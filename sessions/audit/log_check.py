@@ -7,7 +7,7 @@
 2. Structure, one session's stream at a time (in (session_id, version) order, which the unique
    index serves without sorting): versions 1..n in position order, a SessionCreated first, one
    terminal event, a placeholder after each SessionFailed that emits one, nothing else after the
-   terminal event; a run's own stream (`@run:<run>`) holds RunConfigured and PayloadsPruned
+   terminal event; a run's own stream (`@run:<run>`) holds RunConfigured, PayloadsPruned and RunLaunched
    events only.
 3. Model calls: a trajectory assembled from calls (`from_calls`) is what the attempt's recorded
    calls assemble (`sessions.calls`), byte for byte, so a removed or altered call is found; the
@@ -569,12 +569,12 @@ def _check_stream(sid: str, stream: list[_Entry]) -> Iterable[Finding]:
             return
     if sid.startswith(ev.RUN_STREAM_PREFIX):  # a run's configuration stream holds nothing else
         for item in stream:
-            if item.type not in ("RunConfigured", "PayloadsPruned"):
+            if item.type not in ("RunConfigured", "PayloadsPruned", "RunLaunched"):
                 yield div(
                     item.position,
                     _SHAPE,
                     "type",
-                    "RunConfigured or PayloadsPruned (a run's stream)",
+                    "RunConfigured, PayloadsPruned or RunLaunched (a run's stream)",
                     item.type,
                 )
         return

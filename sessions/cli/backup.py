@@ -43,11 +43,27 @@ def register(verbs: argparse._SubParsersAction, common: argparse.ArgumentParser)
 
 
 def check(args: argparse.Namespace) -> None:
+    """Refuse an `--out` that cannot or must not be written, before the database is opened: a
+    missing folder or a directory is `--out`'s fault, not `--db`'s."""
+    import os
+
+    from sessions.errors import ConfigError
     from sessions.export.outputs import check_target
     from store import backup
 
     backup.sqlite_file(args.db)  # a PostgreSQL URL is refused here, naming pg_dump
-    check_target(args.out, flag="--out", databases=[args.db], force=args.force)
+    out = args.out
+    if os.path.isdir(out):
+        raise ConfigError(
+            f"--out {out} is a directory: pass a file path such as {os.path.join(out, 'ledger-backup.db')}"
+        )
+    folder = os.path.dirname(os.path.abspath(out))
+    if not os.path.isdir(folder):
+        raise ConfigError(
+            f"--out {out}: folder {os.path.dirname(out) or folder} does not exist; create it first "
+            "(mkdir -p) or pass another path"
+        )
+    check_target(out, flag="--out", databases=[args.db], force=args.force)
 
 
 async def run(args: argparse.Namespace) -> int:

@@ -126,7 +126,8 @@ async def run(args: argparse.Namespace) -> int:
     from sessions.ledger import Ledger
 
     steps = getattr(args, "steps_range", None) or args.steps
-    async with Ledger.open(args.db, migrate=False) as ledger:
+    # reads only (as of the checkpoint): the file keeps its journal mode
+    async with Ledger.open(args.db, migrate=False, engine_options={"read_only": True}) as ledger:
         run_name = await _resolve_run(ledger.engine, args.run)
         with Progress(
             TextColumn("[bold]exporting"),

@@ -22,7 +22,7 @@ async def run(args: argparse.Namespace) -> int:
     from sessions.cli.render import history_table, print_table
     from store import EventStore, create_engine, normalize_url
 
-    engine = create_engine(normalize_url(args.db))
+    engine = create_engine(normalize_url(args.db), read_only=True)
     store = EventStore(engine)
     try:
         rows, view = await session_history(store, args.session_id, at_position=args.at)

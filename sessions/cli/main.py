@@ -241,12 +241,23 @@ async def _require_ledger(db: str | None) -> None:
     Reads only: a mistyped path is not created, and another application's file is neither
     migrated nor switched to WAL (the SQLite checks run before any connection is made).
     """
-    from store import check_schema, create_engine, local_database_file, retry_transient
+    from store import (
+        OPEN_ATTEMPTS,
+        check_schema,
+        create_engine,
+        local_database_file,
+        retry_transient,
+    )
 
     engine = create_engine(db, require_ledger=True)
     try:
         if local_database_file(db) is None:  # a local file was checked, read-only, by create_engine
-            await retry_transient(lambda: check_schema(engine), what="open (schema check)")
+            await retry_transient(
+                lambda: check_schema(engine),
+                what="open (schema check)",
+                attempts=OPEN_ATTEMPTS,
+                connecting=engine.url,
+            )
     finally:
         await engine.dispose()
 
@@ -422,7 +433,7 @@ async def _cmd_replay(args: argparse.Namespace) -> int:
     from sessions.audit.replay import replay
     from store import check_schema, create_engine, upgrade
 
-    source, target = create_engine(args.db), create_engine(args.into)
+    source, target = create_engine(args.db, read_only=True), create_engine(args.into)
     try:
         await check_schema(source)  # the source is only read; the target is created and migrated
         await upgrade(target)
@@ -444,7 +455,7 @@ async def _cmd_audit(args: argparse.Namespace) -> int:
     from sessions.audit.auditing import audit
     from store import check_schema, create_engine
 
-    engine = create_engine(args.db)
+    engine = create_engine(args.db, read_only=True)  # reads only: the file keeps its journal mode
     try:
         await check_schema(engine)
         with Progress(transient=True) as progress:
@@ -469,7 +480,7 @@ async def _cmd_sql(args: argparse.Namespace) -> int:
     from sessions.cli.render import json_value, print_json, rows_table, show
     from store import check_schema, console, create_engine
 
-    engine = create_engine(args.db)
+    engine = create_engine(args.db, read_only=True)  # reads only: the file keeps its journal mode
     try:
         await check_schema(engine)
         columns, rows = await console.run_query(

@@ -65,7 +65,7 @@ async def _rows_without_projecting(args: argparse.Namespace) -> tuple[list[Any],
     from store import create_engine, normalize_url
     from store import read_models as rm
 
-    engine = create_engine(normalize_url(args.db))
+    engine = create_engine(normalize_url(args.db), read_only=True)
     try:
         async with engine.connect() as conn:
             if await rm.get_checkpoint(conn) < await rm.log_end(conn):

@@ -80,7 +80,8 @@ async def run(args: argparse.Namespace) -> int:
     from sessions.report.write import DEFAULT_DPI, write_report
 
     failures = args.failures or FAILURE_ROWS
-    async with Ledger.open(args.db, migrate=False) as ledger:
+    reading = {"read_only": True} if args.no_project else {}  # only reads: keeps the journal mode
+    async with Ledger.open(args.db, migrate=False, engine_options=reading) as ledger:
         if not args.no_project:
             await ledger.project()
         run_name = await resolve_run(ledger.engine, args.run)

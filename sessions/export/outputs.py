@@ -121,7 +121,9 @@ def _alive(pid: int) -> bool:
 
 
 def _partial_pattern(path: Path, kind: str) -> re.Pattern[str]:
-    return re.compile(rf"^\.{re.escape(path.name)}\.(\d+)\.[0-9a-f]+\.{kind}$")
+    # a partial SQLite file (a backup) may have left its -journal, -wal or -shm beside it
+    sidecar = "(?:-journal|-wal|-shm)?" if kind == "part" else ""
+    return re.compile(rf"^\.{re.escape(path.name)}\.(\d+)\.[0-9a-f]+\.{kind}{sidecar}$")
 
 
 def clean_stale(path: Path) -> None:
@@ -163,15 +165,17 @@ def partial_path(path: Path) -> Path:
 @contextlib.contextmanager
 def partial_file(path: Path) -> Iterator[Path]:
     """A path beside `path` to write; it replaces `path` when the block ends, or is removed if the
-    block raises (Ctrl-C and SIGTERM included)."""
+    block raises (Ctrl-C and SIGTERM included), with the -journal, -wal or -shm a SQLite writer
+    left beside it."""
     clean_stale(path)
     partial = _beside(path, "part")
     try:
         yield partial
         os.replace(partial, path)
     finally:
-        with contextlib.suppress(FileNotFoundError):
-            partial.unlink()
+        for leftover in (partial, *(Path(f"{partial}{suffix}") for suffix in _SIDECARS[1:])):
+            with contextlib.suppress(FileNotFoundError):
+                leftover.unlink()
 
 
 @contextlib.contextmanager

@@ -24,7 +24,7 @@ from sessions.failure_policy import MetricPolicy, RetryPolicy
 from sessions.placeholder import PlaceholderPolicy
 from sessions.queues.sinks import QueueSink
 from sessions.recorder import MAX_EVENT_BYTES, MAX_SESSION_BYTES, MAX_SESSION_EVENTS, Limits
-from sessions.runs import fingerprint
+from sessions.runs import fingerprint, launches
 from sessions.runs.retention import RetentionPolicy
 
 __all__ = [
@@ -62,6 +62,10 @@ class LedgerConfig:
     it reads back None) and may not be given with any of them. `sinks` receive the projected
     rows before each page commits. `retention` (a `RetentionPolicy`, or its fields as a dict)
     is the run's size policy, recorded in its configuration; `prune(policy=True)` applies it.
+    `launch` names this launch of the job, the same in all its processes (default: the
+    `ROLLOUT_LEDGER_LAUNCH` environment variable, else none): a run opened by a later launch
+    fails the earlier launches' open sessions and counts a step it re-runs on its own sessions
+    only (`sessions.runs.launches`, docs/design.md §14).
     """
 
     run: str = DEFAULT_RUN
@@ -78,6 +82,7 @@ class LedgerConfig:
     max_session_bytes: int | None = MAX_SESSION_BYTES
     limits: Limits | None = None
     retention: RetentionPolicy | Mapping[str, Any] | None = None
+    launch: str | None = None
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__  # frozen: the defaults and folds are set once, here
@@ -135,6 +140,7 @@ class LedgerConfig:
                 argument="trajectory_selection",
             )
         self.caps  # noqa: B018 - Limits checks the three caps (ConfigError)
+        launches.check_launch(self.launch)
         try:
             fingerprint.canonical(self.config or {})
         except InvalidInput as error:
@@ -206,6 +212,7 @@ class LedgerOptions(TypedDict, total=False):
     max_session_bytes: int | None
     limits: Limits | None
     retention: RetentionPolicy | Mapping[str, Any] | None
+    launch: str | None
 
 
 class EngineOptions(TypedDict, total=False):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from functools import partial
@@ -21,7 +22,13 @@ from sessions.errors import (
     UsageError,
 )
 from sessions.failure_policy import RetryPolicy
-from sessions.ledger.attempts import Runner, run_attempts, settle_or_note
+from sessions.ledger.attempts import (
+    Deadline,
+    LoopBlocks,
+    Runner,
+    run_attempts,
+    settle_or_note,
+)
 from sessions.ledger.config import (
     DEFAULT_RUN,
     ENGINE_OPTIONS,
@@ -43,7 +50,7 @@ from sessions.recorder import (
     storable_envelopes,
     stored_bytes,
 )
-from sessions.runs import fingerprint
+from sessions.runs import fingerprint, launches
 from store import (
     OPEN_ATTEMPTS,
     AsyncEngine,
@@ -93,10 +100,16 @@ class Ledger:
         self.config = settings.fingerprinted()
         #: runs whose recorded configuration this ledger has checked (or is checking)
         self._configured: dict[str, asyncio.Future[None]] = {}
+        #: this launch of the job (`sessions.runs.launches`), None to record no launches
+        self.launch = settings.launch or launches.launch_from_environment()
+        #: the launch's number in each run it writes to, once recorded (or read back)
+        self._launch_numbers: dict[str, int] = {}
         self.limits = settings.caps
         self.projector = Projector(engine, sinks=settings.sinks, store=self.store)
         #: `run_session` work whose recording outlived its call (see `recording_timeout`).
         self._recording: set[asyncio.Future[SessionOutcome]] = set()
+        #: runner steps that blocked this ledger's event loop, named in the timeouts they caused
+        self._loop_blocks = LoopBlocks()
         #: the event loop the ledger serves: its engine's pooled connections and its store's
         #: group-commit worker belong to it (set on first use)
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -148,11 +161,22 @@ class Ledger:
             share = bool(engine_options.get("share_database"))
             ready = partial(upgrade, engine, share=share)
             ready = ready if migrate else partial(check_schema, engine)
-            await retry_transient(ready, what=f"open (migrate={migrate})", attempts=OPEN_ATTEMPTS)
+            # A server that refuses the connection (not up yet, restarting) is retried as long,
+            # then named in a DatabaseUnreachableError with what to check.
+            await retry_transient(
+                ready,
+                what=f"open (migrate={migrate})",
+                attempts=OPEN_ATTEMPTS,
+                connecting=engine.url,
+            )
             ledger = cls(engine, settings=settings)
             ledger._loop = asyncio.get_running_loop()
             try:
-                if settings.config is not None or settings.resume is not None:
+                if (
+                    settings.config is not None
+                    or settings.resume is not None
+                    or ledger.launch is not None
+                ):  # a launch is recorded at open, so the earlier launch's orphans fail at once
                     await ledger._ensure_configured(ledger.run)
                 yield ledger
             finally:
@@ -215,6 +239,7 @@ class Ledger:
                 sample_index=sample_index,
                 metadata=metadata,
                 min_valid=None if self.min_valid == ev.DEFAULT_MIN_VALID else self.min_valid,
+                launch=self._launch_numbers.get(run),
             )
         ]
         if start:
@@ -239,6 +264,19 @@ class Ledger:
         except asyncio.CancelledError:
             cancelled = True
             await asyncio.shield(self._ensure_configured(run))
+        number = self._launch_numbers.get(run)
+        if number is not None and getattr(decided[0], "launch", None) != number:
+            # the run's launch was recorded just now, by the check above: the creation carries it
+            decided, envelopes = storable_envelopes(
+                [dataclasses.replace(decided[0], launch=number), *decided[1:]],
+                session_id=session_id,
+                version=0,
+                run=run,
+                uid=uid,
+                partition=partition,
+                global_step=global_step,
+            )
+            size = self.limits.check(session_id, "metadata", 0, 0, envelopes)
         handle = self._handle(view, size)
         try:
             if cancelled:
@@ -289,9 +327,7 @@ class Ledger:
         check = self._configured.get(run)
         if check is None:  # one future for every waiter, not a shield each (store.futures says why)
             check = self._configured[run] = deferred_cancel(
-                asyncio.ensure_future(
-                    fingerprint.ensure_recorded(self.store, run, self.config, self.resume)
-                )
+                asyncio.ensure_future(self._configure(run))
             )
         try:
             await check
@@ -299,6 +335,34 @@ class Ledger:
             if check.done() and (check.cancelled() or check.exception() is not None):
                 self._configured.pop(run, None)  # a failed check is made again next time
             raise
+
+    async def _configure(self, run: str) -> None:
+        """The run's fingerprint checked (or recorded); then this ledger's launch recorded (or
+        read back) and, by the process that recorded it, the earlier launches' orphans failed."""
+        await fingerprint.ensure_recorded(self.store, run, self.config, self.resume)
+        if self.launch is None:
+            return
+        launch = await launches.ensure_launched(self.store, self.engine, run, self.launch)
+        self._launch_numbers[run] = launch.number
+        if launch.recorded and launch.resumed:
+            await launches.fail_orphans(self, run, launch)
+
+    async def begin_launch(self, launch: str) -> int:
+        """Record from now on as launch `launch` of the job (docs/design.md §14): for an adapter
+        that learns the launch after the ledger was opened (TRL's rank-0 token). The ledger's run
+        records it (or reads it back, when another process of the launch did) and, if this call
+        recorded a resume, fails the earlier launches' open sessions; every session created after
+        carries its number. Returns that number in the ledger's run."""
+        self._own_loop()
+        launch = launches.check_launch(launch)  # type: ignore[assignment]
+        if launch is None:
+            raise ConfigError("begin_launch needs a launch id, got None")
+        if launch != self.launch:
+            self.launch = launch
+            self._launch_numbers.clear()
+            self._configured.clear()  # every run checks its launch again at its next session
+        await self._ensure_configured(self.run)
+        return self._launch_numbers[self.run]
 
     @asynccontextmanager
     async def session(
@@ -364,13 +428,16 @@ class Ledger:
         timeout = validation.seconds(timeout, "timeout", forever=True)
         recording_timeout = validation.seconds(recording_timeout, "recording_timeout")
         retry = retry or self.retry_policy
-        work = asyncio.ensure_future(
-            self._run_session(runner, session_id, timeout, retry, identity)
-        )
         if timeout is None:
-            return await work
+            return await asyncio.ensure_future(
+                self._run_session(runner, session_id, None, retry, identity, None)
+            )
         budget = timeout * retry.max_attempts + sum(
             retry.backoff(n) for n in range(1, retry.max_attempts)
+        )
+        deadline = Deadline(asyncio.get_running_loop().time() + budget + recording_timeout)
+        work = asyncio.ensure_future(
+            self._run_session(runner, session_id, timeout, retry, identity, deadline)
         )
         try:
             done, _ = await asyncio.wait({work}, timeout=budget + recording_timeout)
@@ -380,6 +447,7 @@ class Ledger:
             raise
         if done:
             return work.result()
+        deadline.given_up = True  # the timeout reported is true: no attempt starts after this
         self._recording.add(work)
         work.add_done_callback(self._recording.discard)
         return SessionOutcome(
@@ -402,10 +470,17 @@ class Ledger:
         timeout: float | None,
         retry: RetryPolicy,
         identity: RunSessionOptions,
+        deadline: Deadline | None,
     ) -> SessionOutcome:
         handle = await self.create_session(session_id, timeout_s=timeout, **identity)
         return await run_attempts(
-            handle, runner, retry=retry, metric_policy=self.metric_policy, timeout=timeout
+            handle,
+            runner,
+            retry=retry,
+            metric_policy=self.metric_policy,
+            timeout=timeout,
+            deadline=deadline,
+            blocks=self._loop_blocks,
         )
 
     # ----------------------------------------------------------- projection

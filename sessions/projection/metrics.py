@@ -26,6 +26,9 @@ groups' means behind `reward/mean@k` (`rows/excluded`, `excluded/<reason>`, `ses
 count them), while `reward/mean_default_rule` — every row, failures as zeros — is always
 reported beside it; the two are equal when nothing is excluded. `rows/partial` counts the rows a
 `keep_partial` failure sent with its own reward (they are not in the success-only figures).
+A step re-run by a later launch of the run (`sessions.runs.launches`) counts that launch's
+sessions only: its scopes start again from zero when the later launch's first session arrives,
+keeping `sessions/superseded` (the earlier launches' sessions) and `launch` (whose sessions count).
 `attempts/total` counts attempts started, `sessions/retried` the sessions with a superseded
 attempt and `retries/<reason>` the superseded attempts by reason. `failed_origin/<origin>` counts
 failures by origin. `groups/below_min_valid` counts settled train groups with fewer valid
@@ -61,6 +64,8 @@ __all__ = [
     "ROWS_PARTIAL",
     "SESSIONS_EXCLUDED",
     "SESSIONS_RETRIED",
+    "SESSIONS_SUPERSEDED",
+    "LAUNCH",
     "GROUPS_FAILURE",
     "GROUPS_FINISHED",
     "GROUPS_TOTAL",
@@ -122,6 +127,11 @@ ROWS_EXCLUDED = "rows/excluded"
 REWARD_SUM_EXCLUDED = "reward/sum_excluded"
 ROWS_PARTIAL = "rows/partial"
 GROUPS_BELOW_MIN_VALID = "groups/below_min_valid"
+#: Sessions of earlier launches in a step a later launch re-ran: out of every other figure.
+SESSIONS_SUPERSEDED = "sessions/superseded"
+#: Not a counter: the number of the run's launch whose sessions the step's figures count, in the
+#: step's all-sources scope (set only once a launch is recorded; `sessions.runs.launches`).
+LAUNCH = "launch"
 #: Per row count k: the sum of the settled groups' means and how many groups have k rows.
 UID_MEAN_SUM = "reward/uid_mean_sum@{n}"
 UIDS = "reward/uids@{n}"

@@ -142,6 +142,8 @@ class Projector:
             rules = Rules(state)
             rules.apply_all(page)
             rules.finish()
+            for relaunched in state.relaunched:  # its held rows are an earlier launch's
+                held.steps.pop(relaunched, None)
             await _save_working_set(conn, state)
             if self.sinks:
                 items = await _queue_items(conn, state.queue)
@@ -350,6 +352,26 @@ async def _load_working_set(
                 if scope[3] is None and not values
             }
         )
+    # A creation of a launch may take its step over from an earlier launch (`Rules._relaunch`),
+    # which starts every scope of the step again: all of them are loaded, not only the page's.
+    launched: dict[tuple[str, str, int | None], int] = {}
+    for _p, _sid, _v, type_, data, _at, _problem in page:
+        if type_ == "SessionCreated" and data is not None and _has_identity(data):
+            launch = data.get("launch")
+            key = (data["run"], data["partition"], data.get("global_step"))
+            if isinstance(launch, int) and launch > launched.get(key, 0):
+                launched[key] = launch
+    later = [  # steps a creation of the page may take over from an earlier launch's sessions
+        key
+        for key, launch in launched.items()
+        if (every := state.metrics.get((*key, None))) is not None
+        and every.values
+        and launch > int(every.values.get(m.LAUNCH, 0))
+    ]
+    if later:
+        for scope, values in (await rm.load_step_metrics(conn, sorted(later, key=repr))).items():
+            if scope not in state.metrics:
+                state.metrics[scope] = m.MetricTable(values)
     state.stored_sessions = {
         sid: dict(state.sessions[sid]) for sid in touched if sid in state.sessions
     }
@@ -417,6 +439,8 @@ async def _save_working_set(conn: Any, state: WorkingSet) -> None:
         groups_old,
         [state.stored_groups.get(group_key(row)) for row in groups_old],
     )
+    if state.relaunched:  # started again: rows of metrics the earlier launch had must go
+        await rm.delete_step_metrics(conn, sorted(state.relaunched, key=repr))
     await rm.save_metrics(conn, state.changed_metrics())
     await rm.insert_queue_rows(conn, state.queue)
     await rm.insert_projection_errors(conn, state.errors)

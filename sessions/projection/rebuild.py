@@ -79,7 +79,13 @@ class Rebuild:
             self._watch_evicted(errors_before)
         # What the incremental projector writes back; a rebuild writes every row it holds, and
         # these sets would otherwise hold every session and group of the log.
-        for done in ("new_sessions", "touched_sessions", "new_groups", "touched_groups"):
+        for done in (
+            "new_sessions",
+            "touched_sessions",
+            "new_groups",
+            "touched_groups",
+            "relaunched",
+        ):
             getattr(self.state, done).clear()
         for row in rows:
             if row[3] == "PayloadsPruned":

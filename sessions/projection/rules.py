@@ -63,6 +63,10 @@ class Rules:
         self._touched = state.touched_sessions
         self._tables: dict[tuple[Any, ...], list[m.MetricTable]] = {}
         self._session_tables: dict[str, list[m.MetricTable]] = {}
+        #: each step's scopes in the working set, for `_relaunch` (a rebuild holds every step's)
+        self._step_scopes: dict[tuple[Any, ...], list[m.Scope]] = {}
+        for scope in state.metrics:
+            self._step_scopes.setdefault(scope[:3], []).append(scope)
 
     def forget(self, sids: list[str], steps: set[tuple[Any, Any, Any]]) -> None:
         """Drop the cached metric tables of sessions and steps a rebuild took out of memory."""
@@ -70,11 +74,15 @@ class Rules:
             self._session_tables.pop(sid, None)
         for key in [k for k in self._tables if k[:3] in steps]:
             del self._tables[key]
+        for step in steps:
+            self._step_scopes.pop(step, None)
 
     def apply(self, event: LogEvent) -> None:
         position, sid, version, type_, data, recorded_at, problem = event
-        if type_ in ("RunConfigured", "PayloadsPruned"):
-            return  # a run's own stream: read by the ledger (a prune drops its queue rows itself)
+        if type_ in ("RunConfigured", "PayloadsPruned", "RunLaunched"):
+            # a run's own stream: read by the ledger (a prune drops its queue rows itself; a
+            # launch is seen through its sessions' `launch`, `_created`)
+            return
         if type_ == "SessionCreated":
             self._created(sid, position, version, data, recorded_at, problem)
             return
@@ -128,6 +136,7 @@ class Rules:
                 table = self.state.metrics.get(scope)
                 if table is None:
                     table = self.state.metrics[scope] = m.MetricTable()
+                    self._step_scopes.setdefault(scope[:3], []).append(scope)
                 tables.append(table)
             self._tables[key] = tables
         return tables
@@ -136,12 +145,51 @@ class Rules:
         return self._scoped(row["run"], row["partition"], row["global_step"], row["data_source"])
 
     def _of_session(self, s: Row) -> list[m.MetricTable]:
-        """`_of` for a session, remembered per session (its scope never changes)."""
+        """`_of` for a session, remembered per session (its scope never changes); none for a
+        session a later launch superseded (`_relaunch` forgets what was remembered)."""
         sid = s["session_id"]
         tables = self._session_tables.get(sid)
         if tables is None:
-            tables = self._session_tables[sid] = self._of(s)
+            tables = self._session_tables[sid] = self._of(s) if self._current(s) else []
         return tables
+
+    # ---------------------------------------------------------- launches
+    def _launch_of_step(self, run: str, partition: str, step: int | None) -> int:
+        """The launch whose sessions a step counts: the latest that created one there (0 before
+        any launch was recorded), kept as the all-sources scope's `launch` value."""
+        return int(self._scoped(run, partition, step, None)[0].values.get(_LAUNCH, 0))
+
+    def _current(self, row: Row) -> bool:
+        """Whether a session or group row belongs to its step's launch (else it is superseded)."""
+        return (row.get("launch") or 0) >= self._launch_of_step(
+            row["run"], row["partition"], row["global_step"]
+        )
+
+    def _relaunch(self, run: str, partition: str, step: int | None, launch: int) -> None:
+        """A later launch's first session in a step: the step's figures start again from zero
+        for that launch's sessions, keeping how many sessions earlier launches had there
+        (`sessions/superseded`). Every scope of the step is in the working set (the projector
+        loads them for a creation that carries a launch; a rebuild holds all)."""
+        every_source = self._scoped(run, partition, step, None)[0]
+        if not every_source.values:  # the step's first session: nothing to start again
+            every_source.values[_LAUNCH] = float(launch)
+            every_source.dirty = True
+            return
+        for scope in self._step_scopes.get((run, partition, step), ()):
+            table = self.state.metrics.get(scope)
+            # An empty table is one the projector loaded for a session still to come: what it
+            # holds then is that session's alone, as in a rebuild, which makes it on creation.
+            if table is None or (not table.values and table is not every_source):
+                continue
+            values = table.values
+            superseded = values.get(_SUPERSEDED, 0.0) + values.get(m.SESSIONS_TOTAL, 0.0)
+            values.clear()
+            if superseded:
+                values[_SUPERSEDED] = superseded
+            table.dirty = True
+        every_source.values[_LAUNCH] = float(launch)  # read by `_launch_of_step`
+        self.state.relaunched.add((run, partition, step))
+        self._session_tables.clear()  # sessions of the step counted so far are superseded now
 
     # ---------------------------------------------------------- handlers
     def _created(
@@ -171,6 +219,12 @@ class Rules:
             return
         assert e is not None
         run, uid, partition, step = e["run"], e["uid"], e["partition"], e["global_step"]
+        launch, owner = e.get("launch"), self._launch_of_step(run, partition, step)
+        if launch is not None and launch > owner:
+            self._relaunch(run, partition, step, launch)
+            owner = launch
+        # A session recorded without a launch belongs to its step's launch of the moment.
+        launch = launch if launch is not None else (owner or None)
         key = (run, partition, step, uid)
         group = state.groups.get(key)
         conflict = group_conflict(group, e) if group is not None else None
@@ -209,10 +263,14 @@ class Rules:
             "terminal_position": None,
             "created_at": recorded_at,
             "terminal_at": None,
+            "launch": launch,
         }
         state.new_sessions.add(sid)
         state.touched_sessions.add(sid)
+        current = self._current(session)
         _add(self._of_session(session), m.SESSIONS_TOTAL)
+        if not current:  # an earlier launch's, arriving after a later one took its step
+            _add(self._of(session), _SUPERSEDED)
         if (
             conflict is not None
         ):  # it cannot join its group: failed on its own, no row, no group count
@@ -239,9 +297,11 @@ class Rules:
                 "members": [],
                 "valid_rows": 0,
                 "min_valid": group_min_valid(e),
+                "launch": launch,
             }
             state.new_groups.add(key)
-            _add(self._of(group), m.GROUPS_TOTAL)
+            if current:
+                _add(self._of(group), m.GROUPS_TOTAL)
         state.touched_groups.add(key)
         group["sessions_seen"] += 1
         group["members"] = sorted((*group["members"], e["session_index"]))
@@ -499,6 +559,9 @@ class Rules:
         counts. A `partial` row is a failed session's trajectory sent with its reward (keep_partial):
         in the reward means, not in the success-only figures. Rows of a session whose metric
         policy is `exclude` stay out of `reward/mean` and of their group's mean."""
+        tables = self._of_session(s)
+        if not tables:  # superseded by a later launch: no row, in no figure
+            return
         placeholder = data is None
         prompt_len = placeholder_lengths[0] if placeholder else int(data["prompt_len"])  # type: ignore[index]
         response_len = placeholder_lengths[1] if placeholder else int(data["response_len"])  # type: ignore[index]
@@ -530,9 +593,7 @@ class Rules:
             group["reward_count"] += 1
         if not placeholder:
             group["valid_rows"] += 1
-        for table in self._of_session(
-            s
-        ):  # `MetricTable.add` inlined: this runs once per row and scope
+        for table in tables:  # `MetricTable.add` inlined: this runs once per row and scope
             values = table.values
             table.dirty = True
             values[_ROWS] = values.get(_ROWS, 0.0) + 1.0
@@ -560,6 +621,8 @@ class Rules:
         if group["status"] == "pending" and group["terminal"] >= group["group_size"]:
             group["status"] = "finished" if group["succeeded"] > 0 else "failure"
             group["settled_position"] = position
+            if not self._current(group):  # superseded: settled in SQL, in no figure, no tag
+                return
             tables = self._of(group)
             _add(tables, m.GROUPS_FINISHED if group["status"] == "finished" else m.GROUPS_FAILURE)
             if group["partition"] == "train" and group["valid_rows"] < group["min_valid"]:
@@ -608,6 +671,7 @@ _REWARD_SUM_SUCCESS, _LENGTH_SUM, _LENGTH_MAX = (
     m.RESPONSE_LENGTH_MAX,
 )
 _UID_MEAN_SUM_ALL, _UIDS_ALL = m.UID_MEAN_SUM_ALL, m.UIDS_ALL
+_LAUNCH, _SUPERSEDED = m.LAUNCH, m.SESSIONS_SUPERSEDED
 _MINUS_INF = float("-inf")
 
 

@@ -66,6 +66,9 @@ class WorkingSet:
     #: Every session and group the rules changed (the others were only read).
     touched_sessions: set[str] = field(default_factory=set)
     touched_groups: set[GroupKey] = field(default_factory=set)
+    #: Steps (run, partition, global_step) a later launch took over in this run of the rules:
+    #: their metric scopes start again (`Rules._relaunch`), so what was stored for them goes.
+    relaunched: set[tuple[str, str, int | None]] = field(default_factory=set)
     #: Copies of the rows as stored before the run (the incremental projector's), so only the
     #: columns the rules changed are written back; the rules never read them.
     stored_sessions: dict[str, Row] = field(default_factory=dict)

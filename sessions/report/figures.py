@@ -114,6 +114,8 @@ def _outcomes(c: _Columns) -> Panel:
     series = [c.series(n, "stack", counter=True) for n in names]
     if c.table.has("sessions/excluded"):
         series.append(c.series("sessions/excluded", "dashed", counter=True))
+    if _nonzero(c, "sessions/superseded"):  # an earlier launch's, in a step a resume re-ran
+        series.append(c.series("sessions/superseded", "dashed", counter=True))
     return Panel(c.title(), series, "sessions per step", zero_based=True)
 
 

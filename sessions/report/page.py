@@ -94,6 +94,17 @@ def _position(data: ReportData) -> str:
         notes.append(
             "The run is still being written (or was stopped mid-step): " + "; ".join(still) + "."
         )
+    superseded = {
+        part: sum(t.series("sessions/superseded", absent=0.0)) for part, t in data.tables.items()
+    }
+    resumed = [f"{_e(part)}: {_num(n)}" for part, n in superseded.items() if n]
+    if resumed:
+        notes.append(
+            "The run was resumed: sessions of an earlier launch in steps a later launch re-ran are "
+            "kept in the log but out of every figure (sessions/superseded; "
+            + "; ".join(resumed)
+            + ")."
+        )
     return f'<p class="meta">{_e(text)}</p>' + "".join(f'<p class="warn">{n}</p>' for n in notes)
 
 

@@ -16,6 +16,7 @@ from sessions.vocabulary import ORPHANED
 from store import read_models as rm
 
 __all__ = [
+    "fail_orphaned",
     "parse_duration",
     "recover",
 ]
@@ -55,23 +56,32 @@ async def recover(
     cutoff = datetime.now(timezone.utc) - older_than
     async with ledger.engine.connect() as conn:
         candidates = await rm.open_sessions_last_event(conn, run=run)
-    stale = [(session_id, last) for session_id, last in candidates if last < cutoff]
+    return await fail_orphaned(
+        ledger,
+        {
+            session_id: f"no event since {last.isoformat()}; failed by the recovery sweep"
+            for session_id, last in candidates
+            if last < cutoff
+        },
+    )
+
+
+async def fail_orphaned(ledger: LedgerParts, messages: dict[str, str]) -> list[str]:
+    """Fail each session named as `orphaned` with its message, unless it ended meanwhile; returns
+    the ids failed here. The recovery sweep and a new launch (`sessions.runs.launches`) use it."""
     limit = asyncio.Semaphore(_RECOVER_CONCURRENCY)
 
-    async def fail(session_id: str, last: datetime) -> str | None:
+    async def fail(session_id: str, message: str) -> str | None:
         async with limit:
             handle = await ledger.load_session(session_id)
             if handle.terminal:
                 return None
             try:
-                await handle.fail(
-                    ORPHANED,
-                    message=f"no event since {last.isoformat()}; failed by the recovery sweep",
-                )
+                await handle.fail(ORPHANED, message=message)
             except (ConcurrencyError, InvalidTransition):
                 return None  # its owner was alive after all and moved it on
             return session_id
 
     # Concurrently, so the event store commits the failures in a few group commits, not one each.
-    done = await asyncio.gather(*(fail(session_id, last) for session_id, last in stale))
+    done = await asyncio.gather(*(fail(sid, message) for sid, message in messages.items()))
     return [session_id for session_id in done if session_id is not None]

@@ -169,14 +169,26 @@ class Dialect(ABC):
     # ------------------------------------------------------------------ engines and URLs
     @abstractmethod
     def create_engine(
-        self, url: str, parsed: URL, *, sqlite_busy_timeout: float | None, **kwargs: Any
+        self,
+        url: str,
+        parsed: URL,
+        *,
+        sqlite_busy_timeout: float | None,
+        read_only: bool = False,
+        **kwargs: Any,
     ) -> AsyncEngine:
-        """An async engine on a normalised URL, with the settings the ledger relies on."""
+        """An async engine on a normalised URL, with the settings the ledger relies on;
+        `read_only` for a caller that only reads: its connections change nothing of the database
+        by being opened (a file's journal mode) and refuse writes where the backend can."""
 
     def local_file(self, parsed: URL) -> str | None:
         """The database file a URL opens on this host, checked read-only before any connection
         when the caller requires a ledger; None where connecting alters nothing."""
         return None
+
+    def unreachable_hint(self, parsed: URL) -> str:
+        """What to check when connecting to `parsed` found no server (refused, reset, unknown host)."""
+        return "is the server running, and reachable from this host at the URL's host and port?"
 
     @abstractmethod
     def describe(self, parsed: URL) -> tuple[str, str]:

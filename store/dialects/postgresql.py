@@ -237,8 +237,16 @@ class PostgresDialect(Dialect):
         return None
 
     def create_engine(
-        self, url: str, parsed: URL, *, sqlite_busy_timeout: float | None, **kwargs: Any
+        self,
+        url: str,
+        parsed: URL,
+        *,
+        sqlite_busy_timeout: float | None,
+        read_only: bool = False,
+        **kwargs: Any,
     ) -> AsyncEngine:
+        # `read_only` needs nothing here: connecting to a server changes nothing of the database,
+        # and the `sql` verb makes its own statements read-only (`start_read_only`).
         if sqlite_busy_timeout is not None:
             raise StoreInputError(
                 "sqlite_busy_timeout applies to SQLite databases only (PostgreSQL appends use a lock timeout)"
@@ -254,6 +262,14 @@ class PostgresDialect(Dialect):
     async def bytes_in_use(self, conn: AsyncConnection) -> int:
         size = await conn.exec_driver_sql("SELECT pg_database_size(current_database())")
         return int(size.scalar_one())
+
+    def unreachable_hint(self, parsed: URL) -> str:
+        host, port = parsed.host or "localhost", parsed.port or 5432
+        return (
+            f"is the server running? Check that PostgreSQL listens on {host}:{port} and accepts "
+            f"TCP connections from this host (`pg_isready -h {host} -p {port}`), and that the "
+            "host and port in the URL point at it"
+        )
 
     def describe(self, parsed: URL) -> tuple[str, str]:
         # as a user would type it

@@ -119,9 +119,17 @@ class SqliteDialect(Dialect):
         await conn.exec_driver_sql("PRAGMA query_only = OFF")
 
     def create_engine(
-        self, url: str, parsed: URL, *, sqlite_busy_timeout: float | None, **kwargs: Any
+        self,
+        url: str,
+        parsed: URL,
+        *,
+        sqlite_busy_timeout: float | None,
+        read_only: bool = False,
+        **kwargs: Any,
     ) -> AsyncEngine:
-        return sqlite_engine(url, parsed, busy_timeout=sqlite_busy_timeout, **kwargs)
+        return sqlite_engine(
+            url, parsed, busy_timeout=sqlite_busy_timeout, read_only=read_only, **kwargs
+        )
 
     def local_file(self, parsed: URL) -> str | None:
         return None if in_memory(parsed) else sqlite_file(parsed)

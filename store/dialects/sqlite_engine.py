@@ -122,8 +122,16 @@ _WAL_SWITCH_WAIT_MS = 100
 
 
 def sqlite_engine(
-    url: str, parsed: Any, *, busy_timeout: float | None = None, **kwargs: Any
+    url: str,
+    parsed: Any,
+    *,
+    busy_timeout: float | None = None,
+    read_only: bool = False,
+    **kwargs: Any,
 ) -> AsyncEngine:
+    """An async engine on a SQLite URL. `read_only`: its connections neither switch the file to
+    WAL nor set its auto_vacuum, and refuse writes (`query_only`), so a verb that only reads
+    leaves a file in DELETE mode (a fresh backup) as it found it."""
     database = sqlite_file(parsed)
     busy_ms = _busy_timeout_ms(busy_timeout)
     memory = in_memory(parsed)
@@ -138,7 +146,7 @@ def sqlite_engine(
             )
     kwargs.setdefault("json_deserializer", load_json)
     engine = create_async_engine(url, **kwargs)
-    settings = _SqliteSettings(url, database, busy_ms, memory)
+    settings = _SqliteSettings(url, database, busy_ms, memory, read_only)
     _configure_sqlite(engine.sync_engine, settings)
     _SQLITE_SETTINGS[engine.sync_engine] = settings
     return engine
@@ -152,6 +160,7 @@ class _SqliteSettings:
     database: str | None
     busy_ms: int
     in_memory: bool
+    read_only: bool = False
 
 
 #: The settings each SQLite engine made by `create_engine` was opened with.
@@ -164,9 +173,9 @@ def writer_twin(engine: AsyncEngine) -> sqlalchemy.Engine | None:
     """A synchronous engine on the same SQLite file with the same settings (WAL, busy timeout,
     BEGIN IMMEDIATE under `WRITE_LOCK`), for the append writer's own thread
     (`store.log.sqlite_writer`); None for PostgreSQL, an in-memory database (a second connection
-    would see another database) or an engine not made by `create_engine`."""
+    would see another database), a read-only engine or an engine not made by `create_engine`."""
     settings = _SQLITE_SETTINGS.get(engine.sync_engine)
-    if settings is None or settings.in_memory:
+    if settings is None or settings.in_memory or settings.read_only:
         return None
     url = make_url(settings.url).set(drivername="sqlite+pysqlite")
     sync = sqlalchemy.create_engine(url, poolclass=NullPool, json_deserializer=load_json)
@@ -177,6 +186,7 @@ def writer_twin(engine: AsyncEngine) -> sqlalchemy.Engine | None:
 def _configure_sqlite(sync_engine: sqlalchemy.Engine, settings: _SqliteSettings) -> None:
     """Per-connection pragmas and our own BEGIN, for every connection the engine opens."""
     database, busy_ms, in_memory = settings.database, settings.busy_ms, settings.in_memory
+    read_only = settings.read_only
 
     @event.listens_for(sync_engine, "connect")
     def _on_connect(dbapi_connection: Any, _record: Any) -> None:
@@ -190,7 +200,10 @@ def _configure_sqlite(sync_engine: sqlalchemy.Engine, settings: _SqliteSettings)
         # one-time VACUUM converts it (`rollout-ledger prune --convert-vacuum`).
         # Only on an empty file: on one with pages the pragma would want the write lock that
         # another connection (a replay's one transaction) may hold for long.
-        if not in_memory:
+        if read_only:
+            # A reader changes nothing of the file: not its journal mode, not its auto_vacuum.
+            cursor.execute("PRAGMA query_only = ON")
+        elif not in_memory:
             try:  # the first read of the file: on a read-only filesystem, this is what fails
                 cursor.execute("PRAGMA page_count")
                 if not cursor.fetchone()[0]:

@@ -45,11 +45,13 @@ from store.read_models.queries import (
     latest_run,
     log_end,
     metric_rows,
+    open_sessions_before_launch,
     open_sessions_last_event,
     pending_uids,
     projection_error_rows,
     queue_rows_for,
     recent_runs,
+    run_last_steps,
     session_reward_infos,
 )
 from store.read_models.row_writes import execute_rows, insert_rows, plan_for, update_rows
@@ -171,6 +173,42 @@ async def load_metrics(
             scope = (row["run"], row["partition"], row["global_step"], row["data_source"])
             out.setdefault(scope, {})[row["metric"]] = row["value"]
     return out
+
+
+@wraps_faults()
+async def load_step_metrics(
+    conn: AsyncConnection, steps: Sequence[tuple[str, str, int | None]]
+) -> dict[MetricScope, dict[str, float]]:
+    """Every stored scope of each step (run, partition, global_step), whatever its data source:
+    what a later launch's first session in the step starts again."""
+    out: dict[MetricScope, dict[str, float]] = {}
+    for run, partition, step in steps:
+        result = await conn.execute(
+            select(metric_counts).where(
+                metric_counts.c.run == run,
+                metric_counts.c.partition == partition,
+                step_equals(metric_counts.c.global_step, step),
+            )
+        )
+        for row in result.mappings():
+            scope = (row["run"], row["partition"], row["global_step"], row["data_source"])
+            out.setdefault(scope, {})[row["metric"]] = row["value"]
+    return out
+
+
+@wraps_faults()
+async def delete_step_metrics(
+    conn: AsyncConnection, steps: Sequence[tuple[str, str, int | None]]
+) -> None:
+    """Delete every metric row of each step (its scopes are then written again whole)."""
+    for run, partition, step in steps:
+        await conn.execute(
+            metric_counts.delete().where(
+                metric_counts.c.run == run,
+                metric_counts.c.partition == partition,
+                step_equals(metric_counts.c.global_step, step),
+            )
+        )
 
 
 @wraps_faults()
@@ -334,6 +372,7 @@ __all__ = [
     "checkpoint_stamp",
     "chunks",
     "created_sessions",
+    "delete_step_metrics",
     "equals",
     "events_after",
     "get_checkpoint",
@@ -345,15 +384,18 @@ __all__ = [
     "load_groups",
     "load_metrics",
     "load_sessions",
+    "load_step_metrics",
     "log_end",
     "metric_rows",
     "next_queue_id",
+    "open_sessions_before_launch",
     "open_sessions_last_event",
     "pending_uids",
     "projection_error_rows",
     "queue_rows_for",
     "read_source_events",
     "recent_runs",
+    "run_last_steps",
     "save_groups",
     "save_metrics",
     "save_rows",

@@ -1,5 +1,6 @@
 """The reads behind `Ledger.batch`, `metrics`, the CLI and recovery: a step's queue rows and group
-counts, metric rows, quarantined events, runs, the log's end and the sessions left open."""
+counts (of the step's latest launch), metric rows, quarantined events, runs, the log's end and
+the sessions left open."""
 
 from __future__ import annotations
 
@@ -54,6 +55,22 @@ async def projection_error_rows(
     return [dict(row) for row in (await conn.execute(query)).mappings()]
 
 
+def _of_latest_launch(run: str, partition: str, global_step: int | None) -> Any:
+    """A condition on `groups`: the group belongs to its step's latest launch (the largest
+    `launch` of the step's groups, NULL counted as 0). A step a later launch re-ran is settled,
+    batched and named on that launch's groups only; the earlier ones stay for SQL."""
+    latest = (
+        select(func.max(func.coalesce(groups.c.launch, 0)))
+        .where(
+            groups.c.run == run,
+            groups.c.partition == partition,
+            step_equals(groups.c.global_step, global_step),
+        )
+        .scalar_subquery()
+    )
+    return func.coalesce(groups.c.launch, 0) == latest
+
+
 @wraps_faults()
 async def queue_rows_for(
     conn: AsyncConnection,
@@ -68,6 +85,16 @@ async def queue_rows_for(
     query = query.where(equals(queue_rows.c.global_step, global_step))
     if kind is not None:
         query = query.where(queue_rows.c.kind == kind)
+    query = query.where(
+        queue_rows.c.uid.in_(
+            select(groups.c.uid).where(
+                groups.c.run == run,
+                groups.c.partition == partition,
+                step_equals(groups.c.global_step, global_step),
+                _of_latest_launch(run, partition, global_step),
+            )
+        )
+    )
     result = await conn.execute(query.order_by(queue_rows.c.id))
     return [dict(row) for row in result.mappings()]
 
@@ -80,7 +107,10 @@ async def group_status(
     query = select(groups.c.status, func.count()).where(
         groups.c.run == run, groups.c.partition == partition
     )
-    query = query.where(step_equals(groups.c.global_step, global_step))
+    query = query.where(
+        step_equals(groups.c.global_step, global_step),
+        _of_latest_launch(run, partition, global_step),
+    )
     result = await conn.execute(query.group_by(groups.c.status))
     return {status: int(count) for status, count in result}
 
@@ -145,7 +175,10 @@ async def pending_uids(
     query = select(groups.c.uid).where(
         groups.c.run == run, groups.c.partition == partition, groups.c.status == "pending"
     )
-    query = query.where(step_equals(groups.c.global_step, global_step))
+    query = query.where(
+        step_equals(groups.c.global_step, global_step),
+        _of_latest_launch(run, partition, global_step),
+    )
     return list((await conn.execute(query.order_by(groups.c.uid).limit(limit))).scalars())
 
 
@@ -176,3 +209,27 @@ async def open_sessions_last_event(
             (session_id, last if last.tzinfo is not None else last.replace(tzinfo=timezone.utc))
         )
     return out
+
+
+@wraps_faults()
+async def run_last_steps(conn: AsyncConnection, run: str) -> dict[str, int | None]:
+    """Each partition the run has sessions in, with its last step (None: only step-less ones),
+    read from the log: what a launch records it resumes."""
+    result = await conn.execute(
+        select(events.c.partition, func.max(events.c.global_step))
+        .where(events.c.run == run, events.c.type == "SessionCreated")
+        .group_by(events.c.partition)
+    )
+    return {partition: None if step is None else int(step) for partition, step in result}
+
+
+@wraps_faults()
+async def open_sessions_before_launch(conn: AsyncConnection, run: str, launch: int) -> list[str]:
+    """The run's projected sessions still open (created, running or retrying) that belong to a
+    launch before `launch` (or to none): the sessions a dead launch left behind."""
+    query = select(sessions.c.session_id).where(
+        sessions.c.state.in_(("created", "running", "retrying")),
+        sessions.c.run == run,
+        func.coalesce(sessions.c.launch, 0) < launch,
+    )
+    return sorted((await conn.execute(query)).scalars())

@@ -20,9 +20,9 @@ from sqlalchemy.pool import NullPool
 
 from store.errors import SchemaError
 from store.faults import driver_error
-from store.schema.state import read_state, schema_problem
+from store.schema.state import SchemaState, read_state, schema_problem
 
-__all__ = ["holds_ledger", "require_ledger_file"]
+__all__ = ["holds_ledger", "read_file_state", "require_ledger_file"]
 
 #: The first 16 bytes of every SQLite database file.
 _SQLITE_HEADER = b"SQLite format 3\x00"
@@ -66,8 +66,19 @@ def require_ledger_file(database: str) -> None:
             f"{database} is not a database (not a SQLite file: it starts with bytes {header[:8].hex()}, "
             "not 'SQLite format 3'): point --db at a rollout-ledger database, or restore it from a backup"
         )
-    # Without a -wal or -journal beside it no connection has the file open and it holds every commit,
-    # so it is read as immutable: not even the -shm and -wal files a WAL reader creates appear.
+    problem = schema_problem(read_file_state(database), where, target)
+    if problem:
+        raise SchemaError(problem)
+
+
+def read_file_state(database: str) -> SchemaState:
+    """The schema state of the existing SQLite file `database`, read without writing a byte.
+
+    Without a -wal or -journal beside it no connection has the file open and it holds every
+    commit, so it is read as immutable: not even the -shm and -wal files a WAL reader creates
+    appear; otherwise read-only (`mode=ro`), which changes neither its bytes nor its journal mode.
+    """
+    path = Path(database).expanduser()
     busy = any(Path(f"{path}{suffix}").exists() for suffix in ("-wal", "-journal"))
     uri = f"file:{quote(str(path.resolve()))}?{'mode=ro' if busy else 'immutable=1'}"
     sync = sqlalchemy.create_engine(
@@ -75,15 +86,12 @@ def require_ledger_file(database: str) -> None:
     )
     try:
         with sync.connect() as conn:
-            state = read_state(conn)
+            return read_state(conn)
     except sqlalchemy.exc.DBAPIError as error:
         # sqlite3's own error ("file is not a database", "malformed", …) is the cause
         raise driver_error(f"reading SQLite file {database}", error) from error
     finally:
         sync.dispose()
-    problem = schema_problem(state, where, target)
-    if problem:
-        raise SchemaError(problem)
 
 
 def holds_ledger(path: str | os.PathLike[str]) -> bool:

@@ -7,6 +7,8 @@ of a ledger already at head is one query and no Alembic.
 
 from __future__ import annotations
 
+import asyncio
+import os
 from typing import TYPE_CHECKING
 
 from sqlalchemy import inspect, text
@@ -16,6 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from store.dialects import WRITE_LOCK, dialect_of
 from store.errors import SchemaError
 from store.faults import wraps_faults
+from store.schema.ledger_file import read_file_state
 from store.schema.state import (
     MIGRATIONS_DIR,
     SchemaState,
@@ -87,8 +90,11 @@ def _refuse_foreign(conn: Connection, share: bool) -> None:
     """A database that is not a ledger yet gets the ledger's tables only if it holds nothing else,
     or the caller said to share it: `migrate` on another application's file (a typo in --db) must
     not add eleven tables beside its own, nor half of them before a name clash stops it."""
-    state = read_state(conn)
-    where, target = describe(conn.engine.url)
+    _refuse_state(read_state(conn), *describe(conn.engine.url), share)
+
+
+def _refuse_state(state: SchemaState, where: str, target: str, share: bool) -> None:
+    """`_refuse_foreign`'s verdict on a state already read (`where`, `target`: how to name it)."""
     if state.revision is not None:
         if state.revision not in known_revisions()[0]:
             raise SchemaError(schema_problem(state, where, target))
@@ -109,6 +115,16 @@ def _refuse_foreign(conn: Connection, share: bool) -> None:
         )
 
 
+def _refuse_file(engine: AsyncEngine, share: bool) -> None:
+    """For an existing SQLite file, the refusals, read before any connection: connecting
+    switches a file to WAL, and a refusal must leave the file byte for byte as it was
+    (docs/design.md §11). A file that is not refused is then opened as every writer opens it."""
+    database = dialect_of(engine).local_file(engine.url)
+    if database is None or not os.path.isfile(database) or not os.path.getsize(database):
+        return
+    _refuse_state(read_file_state(database), *describe(engine.url), share)
+
+
 def _upgrade(conn: Connection, target: str, share: bool) -> None:
     from alembic import command
 
@@ -126,6 +142,7 @@ async def upgrade(engine: AsyncEngine, target: str = "head", *, share: bool = Fa
     A database of unknown revision raises SchemaError, and so does one that is not a ledger yet
     and holds another application's tables, unless `share` says to keep both in one database.
     """
+    await asyncio.to_thread(_refuse_file, engine, share)  # refused without a connection
     if target == "head":
         async with engine.connect() as conn:  # at head already (every open but the first): one read
             if await conn.run_sync(_current_if_versioned) == head_revision():
@@ -141,6 +158,11 @@ async def upgrade(engine: AsyncEngine, target: str = "head", *, share: bool = Fa
 
 @wraps_faults("reading the schema revision")
 async def current_revision(engine: AsyncEngine) -> str | None:
+    """The database's revision (None: no ledger schema); an existing SQLite file is read without
+    a connection, so asking changes nothing (no switch to WAL)."""
+    database = dialect_of(engine).local_file(engine.url)
+    if database is not None and os.path.isfile(database) and os.path.getsize(database):
+        return (await asyncio.to_thread(read_file_state, database)).revision
     async with engine.connect() as conn:
         return await conn.run_sync(_current_if_versioned)
 

@@ -149,6 +149,10 @@ sessions = Table(
     Column("terminal_position", BigInteger, nullable=True),
     Column("created_at", DateTime(timezone=True), nullable=False),
     Column("terminal_at", DateTime(timezone=True), nullable=True),
+    # Revision 0009: the number of the run's launch the session belongs to (its creation's, or
+    # the step's launch then for a session recorded without one); NULL before any launch. A
+    # session whose launch is below its step's latest is superseded (the `session_launches` view).
+    Column("launch", Integer, nullable=True),
     Index(None, "run", "partition", "global_step"),
     Index(None, "run", "uid"),
     Index(None, "state"),
@@ -178,6 +182,7 @@ groups = Table(
     Column("members", _Json, nullable=False),
     Column("valid_rows", Integer, nullable=True),  # non-placeholder rows (revision 0005)
     Column("min_valid", Integer, nullable=True),
+    Column("launch", Integer, nullable=True),  # its first session's launch (revision 0009)
     # Only the natural key (revision 0007 dropped the plain (run, partition, global_step) index):
     # reads by step spell `coalesce(global_step, -1)` (store.read_models.keys.step_equals), so
     # this is the one index that can serve them, with or without the planner's statistics.

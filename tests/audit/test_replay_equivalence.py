@@ -1,7 +1,8 @@
 """Property: the fast replay (one-pass fold, bulk copy) stores exactly what the incremental Projector does.
 
 Random logs are written straight to the event store — several runs, train and val, steps and no
-step, data sources or none, groups of 1-3 sessions whose outcomes cover success (with, without
+step, data sources or none, groups of launches 1-3 or none (a later launch taking a step over, an
+earlier one's straggling in after it) with the runs' `RunLaunched` records, groups of 1-3 sessions whose outcomes cover success (with, without
 and with an absent score, all or only the last trajectory selected), failure with the placeholder
 emitted or dropped, cancellation, and sessions left open; trajectories at schema v1 (upcast) and
 v2; every session's events interleaved at random with the others'. The incremental Projector
@@ -162,6 +163,9 @@ def random_log(rnd: random.Random) -> Log:
         step = rnd.choice([None, 0, 1, 2])
         source = rnd.choice([None, "gsm8k", "swe"])
         size = rnd.randint(1, 3)
+        # The launch that ran the group (None: none recorded): a later launch's group takes the
+        # step over; an earlier launch's arriving after it (a straggler) is superseded at once.
+        launch = rnd.choice([None, None, 1, 2, 3])
         for index in range(size):
             sid = f"{uid}-s{index}"
             items: list[tuple[ev.Event | None, str, int, dict[str, Any], bytes | None]] = []
@@ -191,7 +195,9 @@ def random_log(rnd: random.Random) -> Log:
                     "sample_index": None,
                     "metadata": {"seed": rnd.randrange(100)},
                     **({"min_valid": rnd.choice([0, 1, 3])} if rnd.random() < 0.3 else {}),
+                    **({"launch": launch} if launch is not None or rnd.random() < 0.5 else {}),
                 },
+                schema=2 if launch is not None or rnd.random() < 0.5 else 1,
             )
             outcome = rnd.choice(OUTCOMES)
             if outcome != "created":
@@ -331,20 +337,30 @@ def random_log(rnd: random.Random) -> Log:
     for run in ("alpha", "beta"):  # a run's configuration stream, sometimes resumed with another
         if rnd.random() < 0.5:
             stream = f"@run:{run}"
-            configs = [
-                {
-                    "digest": f"{k:064x}",
-                    "config": {"user": {"k": k}},
-                    "change": None if k == 0 else {"previous": f"{k - 1:064x}"},
-                }
+            records: list[tuple[str, dict[str, Any]]] = [
+                (
+                    "RunConfigured",
+                    {
+                        "digest": f"{k:064x}",
+                        "config": {"user": {"k": k}},
+                        "change": None if k == 0 else {"previous": f"{k - 1:064x}"},
+                    },
+                )
                 for k in range(rnd.randint(1, 2))
+            ]
+            records += [  # its launches (the rules read them off the sessions; the audit checks them)
+                (
+                    "RunLaunched",
+                    {"launch": f"job-{n}", "number": n, "resumed": n > 1, "last_steps": {}},
+                )
+                for n in range(1, rnd.randint(1, 3))
             ]
             log.streams[stream] = [
                 NewEvent(
                     str(uuid.UUID(int=rnd.getrandbits(128))),
                     stream,
                     version,
-                    "RunConfigured",
+                    type_,
                     1,
                     run,
                     "",
@@ -354,7 +370,7 @@ def random_log(rnd: random.Random) -> Log:
                     None,
                     next(clock),
                 )
-                for version, data in enumerate(configs, start=1)
+                for version, (type_, data) in enumerate(records, start=1)
             ]
     log.turns = [sid for sid, stream in log.streams.items() for _ in stream]
     rnd.shuffle(log.turns)  # a random interleaving that keeps each stream's own order

@@ -8,6 +8,7 @@ import os
 import shutil
 import sqlite3
 import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -132,3 +133,75 @@ def _database(url: str) -> str:
     from sqlalchemy.engine import make_url
 
     return make_url(url).database
+
+
+#: A writer of a partial backup killed mid-transaction: what SIGKILL leaves is the partial file and
+#: its rollback journal (the pid in the name is then dead).
+_KILLED_WRITER = """
+import sqlite3, sys
+conn = sqlite3.connect(sys.argv[1], isolation_level=None)
+conn.execute("CREATE TABLE t (x)")
+conn.execute("BEGIN")
+conn.execute("INSERT INTO t VALUES (zeroblob(100000))")
+conn.execute("CREATE TABLE u (y)")
+print("writing", flush=True)
+sys.stdin.read()
+"""
+
+
+def _killed_backup_leftovers(folder: Path, out: Path) -> list[Path]:
+    """A real partial backup of `out` whose writer was SIGKILLed mid-write: `.OUT.PID.HEX.part`
+    and its `-journal`, named by the dead writer's pid."""
+    partial = folder / "writing.db"
+    writer = subprocess.Popen(
+        [sys.executable, "-c", _KILLED_WRITER, str(partial)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert writer.stdout is not None and writer.stdout.readline().strip() == "writing"
+    writer.kill()  # SIGKILL: no cleanup runs
+    writer.wait()
+    dead = folder / f".{out.name}.{writer.pid}.0123abcd.part"
+    partial.rename(dead)
+    Path(f"{partial}-journal").rename(f"{dead}-journal")
+    left = sorted(p for p in folder.iterdir() if p.name.startswith(f".{out.name}."))
+    assert [p.name.rsplit(".", 1)[1] for p in left] == ["part", "part-journal"], left
+    return left
+
+
+def test_backup_removes_what_a_killed_backup_left(tmp_path: Path) -> None:
+    """A SIGKILLed `backup` leaves `.OUT.PID.HEX.part` and `.part-journal`; the next run removes
+    both (a live writer's, whose pid is alive, are left alone)."""
+    db = tmp_path / "ledger.db"
+    assert (
+        main(["demo", "--db", str(db), "--steps", "1", "--prompts", "1", "--group-size", "1"]) == 0
+    )
+    out = tmp_path / "copy.db"
+    left = _killed_backup_leftovers(tmp_path, out)
+    alive = tmp_path / f".{out.name}.{os.getppid()}.feedbeef.part-journal"
+    alive.write_bytes(b"a live writer's")
+    assert main(["backup", "--db", str(db), "--out", str(out)]) == 0
+    assert not any(p.exists() for p in left), left
+    assert alive.exists()
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert names == sorted(
+        ["ledger.db", "ledger.db-shm", "ledger.db-wal", "copy.db", alive.name]
+    ), names
+
+
+def test_backup_into_a_missing_folder_blames_out(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    db = tmp_path / "ledger.db"
+    assert (
+        main(["demo", "--db", str(db), "--steps", "1", "--prompts", "1", "--group-size", "1"]) == 0
+    )
+    capsys.readouterr()
+    out = tmp_path / "no-such-folder" / "copy.db"
+    assert main(["backup", "--db", str(db), "--out", str(out)]) == 1
+    line = capsys.readouterr().err.strip()
+    assert "--out" in line and "no-such-folder" in line and "does not exist" in line, line
+    assert "--db" not in line, line
+    assert main(["backup", "--db", str(db), "--out", str(tmp_path)]) == 1
+    assert "is a directory" in capsys.readouterr().err

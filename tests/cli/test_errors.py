@@ -374,9 +374,9 @@ def test_ctrl_c_stops_in_one_line(tmp_path: Path) -> None:
         while (
             not Path(f"{db}-wal").exists() and time.monotonic() < deadline and demo.poll() is None
         ):
-            time.sleep(0.1)  # the WAL appears once the demo is recording
-        time.sleep(0.5)
-        demo.send_signal(signal.SIGINT)
+            time.sleep(0.1)  # the WAL appears once the demo is recording (a poll, not a guess)
+        assert demo.poll() is None, "the demo ended before it was interrupted"
+        demo.send_signal(signal.SIGINT)  # inside asyncio.run by now: its handler is in place
         out, err = demo.communicate(timeout=60)
     finally:
         if demo.poll() is None:

@@ -292,3 +292,97 @@ async def test_the_library_can_open_the_same_way(tmp_path: Path) -> None:
             async with Ledger.open(str(db), migrate=False, require_ledger=True):
                 pytest.fail("opened what is not a ledger")
         assert _snapshot(tmp_path) == before
+
+
+# -- a refusal leaves the file byte for byte as it was; a read verb keeps the journal mode --------
+
+#: The verbs that create or migrate `--db`, each refused on a file that is not (yet) theirs.
+MIGRATING_VERBS = {
+    "migrate": ["migrate"],
+    "demo": ["demo", "--steps", "1", "--prompts", "1", "--group-size", "1"],
+}
+REFUSED = {
+    "foreign": ("not a rollout-ledger database", "customers, orders"),
+    "foreign-alembic": ("not a rollout-ledger database", "'ae1027a6acf'"),
+    "newer": ("'9999_from_the_future'", "newer rollout-ledger"),
+}
+
+
+@pytest.mark.parametrize("case", REFUSED)
+@pytest.mark.parametrize("verb", MIGRATING_VERBS)
+def test_a_refused_migration_leaves_the_file_byte_for_byte(
+    case: str, verb: str, tmp_path: Path
+) -> None:
+    """`migrate` (and `demo`) on another application's file, or a newer ledger's: refused, and
+    neither the bytes nor the journal mode change, nor does a -wal or -shm file appear (the
+    check is a read-only look before any connection)."""
+    db = CASES[case][0](tmp_path)
+    before, mode = _snapshot(tmp_path), _journal_mode(db)
+    line = one_line(cli(*MIGRATING_VERBS[verb], "--db", db.name, cwd=tmp_path))
+    for fragment in REFUSED[case]:
+        assert fragment in line, line
+    assert _snapshot(tmp_path) == before, "the refusal changed the folder"
+    assert _journal_mode(db) == mode
+
+
+async def test_a_refused_open_leaves_the_file_byte_for_byte(tmp_path: Path) -> None:
+    """The library's migrating open refuses the same way, before it connects."""
+    from store import SchemaError
+
+    db = _foreign(tmp_path)
+    before = _snapshot(tmp_path)
+    with pytest.raises(SchemaError, match="not a rollout-ledger database"):
+        async with Ledger.open(str(db)):
+            pytest.fail("migrated another application's file")
+    assert _snapshot(tmp_path) == before and _journal_mode(db) == "delete"
+
+
+def _backup_of_a_ledger(folder: Path) -> Path:
+    """A projected ledger with one ended session, and its backup: a file in DELETE mode."""
+    source = folder / "live.db"
+
+    async def record() -> None:
+        async with Ledger.open(str(source)) as ledger:
+            handle = await ledger.create_session("s0", **KW)
+            await handle.record_trajectory(prompt_ids=[1, 2], response_ids=[3, 4])
+            await handle.post_reward(1.0)
+            await handle.complete()
+            await ledger.project()
+
+    asyncio.run(record())
+    copy = folder / "copy.db"
+    done = cli("backup", "--db", str(source), "--out", str(copy), cwd=folder)
+    assert done.returncode == 0, done.stderr
+    assert _journal_mode(copy) == "delete"
+    return copy
+
+
+#: Every verb that only reads its `--db` (docs/design.md §11), with what it needs after `--db`.
+ONLY_READING = {
+    "audit": ["audit"],
+    "sql": ["sql", "SELECT count(*) FROM events"],
+    "history": ["history", "s0"],
+    "metrics": ["metrics"],  # the projector is at the log's end: read straight
+    "export-dataset": ["export-dataset", "--format", "jsonl", "--out", "{out}/sessions.jsonl"],
+    "report --no-project": ["report", "--no-project", "--out", "{out}/report"],
+    "replay": ["replay", "--into", "{out}/replayed.db"],
+    "backup": ["backup", "--out", "{out}/again.db"],
+}
+
+
+def test_a_read_verb_keeps_a_backups_bytes_and_journal_mode(tmp_path: Path) -> None:
+    """Verifying a backup (`audit`), or reading it any other way, changes none of its bytes and
+    leaves it in DELETE mode: it used to be switched to WAL by the first read."""
+    folder = tmp_path / "backups"
+    folder.mkdir()
+    copy = _backup_of_a_ledger(tmp_path)
+    copy = copy.rename(folder / copy.name)
+    outputs = tmp_path / "outputs"
+    outputs.mkdir()
+    before = _snapshot(folder)
+    for verb, args in ONLY_READING.items():
+        filled = [arg.format(out=outputs) for arg in args]
+        done = cli(filled[0], "--db", str(copy), *filled[1:], cwd=tmp_path)
+        assert done.returncode == 0, f"{verb}: {done.stderr}"
+        assert _snapshot(folder) == before, f"{verb} changed the backup's folder"
+        assert _journal_mode(copy) == "delete", verb

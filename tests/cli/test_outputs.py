@@ -16,7 +16,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -174,12 +173,18 @@ def test_a_folder_swap_cut_between_its_renames_is_put_back(tmp_path: Path) -> No
 def test_sigterm_during_an_export_leaves_no_partial_file(here: Path) -> None:
     """A dataset export stopped by SIGTERM cleans up as Ctrl-C does: no `.part` file is left, the
     exit is 143 with one line, and the old file at the path is untouched."""
+    # The first page's write waits, in the writer's thread, until the process has taken the
+    # SIGTERM (the CLI's handler sets `_terminated` before it interrupts the verb): the export
+    # cannot finish first, however loaded the machine is.
     script = (
-        "import sys, time\n"
+        "import sys\n"
         "import sessions.export.writers as w\n"
+        "from sessions.cli.errors import _terminated\n"
         "slow = w.JsonlWriter.write\n"
         "def write(self, page, rows):\n"
-        "    print('writing', flush=True); time.sleep(8); slow(self, page, rows)\n"
+        "    print('writing', flush=True)\n"
+        "    assert _terminated.wait(120), 'no SIGTERM came'\n"
+        "    slow(self, page, rows)\n"
         "w.JsonlWriter.write = write\n"
         "from sessions.cli import main\n"
         "raise SystemExit(main(sys.argv[1:]))\n"
@@ -193,9 +198,7 @@ def test_sigterm_during_an_export_leaves_no_partial_file(here: Path) -> None:
         text=True,
     )
     assert proc.stdout is not None
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and "writing" not in proc.stdout.readline():
-        pass
+    assert "writing" in proc.stdout.readline()  # the export is inside its write now
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 143, err

@@ -202,11 +202,26 @@ def test_project_follow_refuses_a_nonsense_backoff_in_one_line(tmp_path: Path) -
 
 def test_project_follow_stops_cleanly_on_sigterm(demo: Any, tmp_path: Path) -> None:
     import signal
-    import time
 
     db, _ = demo
     copy = tmp_path / "follow.db"
     copy.write_bytes(db.read_bytes())
+
+    async def unprojected_session() -> None:
+        """One session past the checkpoint: the follower's first page prints, once its SIGTERM
+        handler is in place, so the signal is sent at a known point rather than after a sleep."""
+        from sessions import Ledger
+
+        async with Ledger.open(str(copy), migrate=False) as ledger:
+            async with ledger.session(
+                "follow-me", uid="follow", session_index=0, group_size=1, partition="val"
+            ) as handle:
+                await handle.record_trajectory(prompt_ids=[1], response_ids=[2])
+                await handle.post_reward(1.0)
+
+    import asyncio
+
+    asyncio.run(unprojected_session())
     env = {k: v for k, v in os.environ.items() if k != "ROLLOUT_LEDGER_DB"}
     follower = subprocess.Popen(
         [
@@ -228,7 +243,9 @@ def test_project_follow_stops_cleanly_on_sigterm(demo: Any, tmp_path: Path) -> N
         stderr=subprocess.PIPE,
         text=True,
     )
-    time.sleep(3)
+    assert follower.stdout is not None
+    first = follower.stdout.readline()  # its first page: the handlers are installed by then
+    assert first.startswith("projected "), first + follower.stderr.read()
     follower.send_signal(signal.SIGTERM)
     out, err = follower.communicate(timeout=30)
     assert follower.returncode == 0, err

@@ -260,6 +260,7 @@ def test_event_registry_covers_every_event_of_the_design() -> None:
         "ModelCallStarted",  # a model call's intent, its record or its failure (design §15)
         "ModelCallRecorded",
         "ModelCallFailed",
+        "RunLaunched",  # a run's launches and resumes (issue 39)
     }
     for name, cls in ev.EVENT_TYPES.items():
         assert cls.TYPE == name

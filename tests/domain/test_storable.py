@@ -688,6 +688,7 @@ VALID: dict[str, ev.Event] = {
         call_id="c", prompt_shared=0, prompt_len=1, response_len=1, has_logprobs=False
     ),
     "ModelCallFailed": ev.ModelCallFailed(call_id="c", error_type="E", message="m"),
+    "RunLaunched": ev.RunLaunched(launch="job", number=1),
 }
 #: Text every bounded field takes (no `_`: a uid refuses it; lowercase: a reason's own rule).
 STORABLE = st.characters(min_codepoint=ord("a"), max_codepoint=ord("z"))

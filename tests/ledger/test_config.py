@@ -97,6 +97,7 @@ def _every_option() -> dict[str, Any]:
         "max_event_bytes": 1 << 20,
         "max_session_events": 100,
         "max_session_bytes": 1 << 24,
+        "launch": "job-1",
     }
     assert set(values) == set(_fields()) - {"limits"}
     defaults = LedgerConfig()
@@ -145,6 +146,7 @@ def test_the_ledger_uses_what_its_settings_say(tmp_path: Path) -> None:
         assert ledger.limits == Limits(1 << 20, 100, 1 << 24)
         assert ledger.projector.sinks == list(options["sinks"])
         assert ledger.config["user"] == {"lr": 1e-6}
+        assert ledger.launch == "job-1"
 
 
 def test_limits_is_the_three_caps_at_once() -> None:

@@ -103,12 +103,15 @@ async def test_an_append_waiting_on_a_held_lock_returns_within_the_bound(db_url:
 async def test_a_runner_failing_while_the_lock_is_held_is_recorded_afterwards(
     db_url: str,
 ) -> None:
-    """The runner fails at once, but the lock keeps its failure from being written: the call still
-    returns within the bound, and the failure lands with its own reason once the lock is gone.
-    `Ledger.close()` waits for a recording nobody awaited."""
+    """The lock is held before the call, so the creation waits on it past the bound: the call
+    returns within the bound, and once the lock is gone the session lands created and failed as
+    `timeout` — its runner, which would have crashed, is never called after the call returned
+    `timeout` (issue 40, case 7). `Ledger.close()` waits for a recording nobody awaited."""
+    calls: list[int] = []
     timeout, recording = 0.5, 0.5
 
     async def runner(handle: Any) -> None:
+        calls.append(1)
         raise RuntimeError("the tool crashed")
 
     async with Ledger.open(db_url) as ledger:
@@ -128,8 +131,9 @@ async def test_a_runner_failing_while_the_lock_is_held_is_recorded_afterwards(
             assert outcome.state == "recording"
     async with Ledger.open(db_url) as ledger:  # the first one's close() waited for the recording
         stored = await ledger.load_session("crashed")
-        assert (stored.state, stored.view.failure_reason) == ("failed", "runner_error")
-        assert stored.view.message == "the tool crashed"
+        assert (stored.state, stored.view.failure_reason) == ("failed", "timeout")
+        assert "was not started" in (stored.view.message or "")
+    assert calls == [], "the runner ran after run_session had returned timeout"
 
 
 async def test_a_lock_released_within_the_bound_gives_the_recorded_outcome(db_url: str) -> None:
@@ -162,7 +166,8 @@ async def test_a_lock_released_within_the_bound_gives_the_recorded_outcome(db_ur
 
 async def test_the_creation_waiting_on_the_lock_counts_in_the_bound(db_url: str) -> None:
     """The lock is held before the call: even creating the session waits, and the call still
-    returns within the bound; the session is created, run and failed once the lock is gone."""
+    returns within the bound; the session is created and failed (`timeout`) once the lock is
+    gone, its runner never called."""
     timeout, recording = 0.5, 0.5
 
     async def runner(handle: Any) -> None:
@@ -185,3 +190,4 @@ async def test_the_creation_waiting_on_the_lock_counts_in_the_bound(db_url: str)
             assert outcome.state == "recording"
         final = await outcome.recorded(timeout=30)
         assert (final.state, final.failure_reason) == ("failed", "timeout")
+        assert "was not started" in str(final.error)

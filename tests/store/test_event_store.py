@@ -7,13 +7,15 @@ idempotent re-sends, global ordering and paging, group commit, isolation of a ba
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import pytest
+import sqlalchemy
 from sqlalchemy import func, select
 
 from store import ConcurrencyError, EventStore, NewEvent, StoreError, create_engine, upgrade
@@ -334,6 +336,23 @@ async def test_events_of_one_append_get_contiguous_positions_across_writers(db_u
             await shut(s)
 
 
+@contextlib.contextmanager
+def _at_the_append_lock() -> Iterator[threading.Event]:
+    """An event set when an append issues the statement that takes the log's write lock
+    (SQLite's `BEGIN IMMEDIATE`, PostgreSQL's `LOCK TABLE events`), on any engine of this process."""
+    reached = threading.Event()
+
+    def seen(conn: Any, cursor: Any, statement: str, *_: Any) -> None:
+        if statement.startswith(("BEGIN IMMEDIATE", "LOCK TABLE events")):
+            reached.set()
+
+    sqlalchemy.event.listen(sqlalchemy.Engine, "before_cursor_execute", seen)
+    try:
+        yield reached
+    finally:
+        sqlalchemy.event.remove(sqlalchemy.Engine, "before_cursor_execute", seen)
+
+
 async def test_a_reader_never_sees_a_later_position_before_an_earlier_one(
     store: EventStore,
 ) -> None:
@@ -348,8 +367,10 @@ async def test_a_reader_never_sees_a_later_position_before_an_earlier_one(
         conn = await conn.execution_options(**{WRITE_LOCK: True})
         transaction = await conn.begin()
         await insert_events(conn, [slow])  # takes a position, not yet committed
-        append = asyncio.ensure_future(store.append("later", 0, batch("later", 0, 2)))
-        await asyncio.sleep(0.3)
+        with _at_the_append_lock() as waiting:
+            append = asyncio.ensure_future(store.append("later", 0, batch("later", 0, 2)))
+            # the append is at the lock the open transaction holds: a known point, not a sleep
+            assert await asyncio.to_thread(waiting.wait, 30), "the append never reached its lock"
         snapshot = [e.position for e in await store.read_from(0)]
         await transaction.commit()
     assert await asyncio.wait_for(append, 30) == 2

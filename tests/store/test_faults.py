@@ -207,12 +207,12 @@ async def test_follow_rejects_a_nonsense_backoff(sqlite_url: str) -> None:
 
 # ------------------------------------------------------------------------------ SQLite: locked
 HOLDER = r"""
-import sqlite3, sys, time
+import select, sqlite3, sys
 conn = sqlite3.connect(sys.argv[1], isolation_level=None)
 conn.execute("PRAGMA busy_timeout=10000")
 conn.execute("BEGIN IMMEDIATE")
 print("locked", flush=True)
-time.sleep(float(sys.argv[2]))
+select.select([sys.stdin], [], [], float(sys.argv[2]))  # until told (release), or at most this long
 conn.execute("COMMIT")
 print("released", flush=True)
 """
@@ -220,9 +220,13 @@ print("released", flush=True)
 
 @contextlib.contextmanager
 def write_lock_held(path: Path, seconds: float) -> Iterator[subprocess.Popen[str]]:
-    """Another process holding SQLite's write lock (BEGIN IMMEDIATE) for `seconds`."""
+    """Another process holding SQLite's write lock (BEGIN IMMEDIATE) for `seconds` at most, or
+    until `release(holder)` says to let go (a known point, where a test can choose one)."""
     holder = subprocess.Popen(
-        [sys.executable, "-c", HOLDER, str(path), str(seconds)], stdout=subprocess.PIPE, text=True
+        [sys.executable, "-c", HOLDER, str(path), str(seconds)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
     )
     try:
         assert holder.stdout is not None and holder.stdout.readline().strip() == "locked"
@@ -235,26 +239,41 @@ def write_lock_held(path: Path, seconds: float) -> Iterator[subprocess.Popen[str
             holder.wait(5)
 
 
+def release(holder: subprocess.Popen[str]) -> None:
+    """Tell `write_lock_held`'s process to let go, and return once it has."""
+    assert holder.stdin is not None and holder.stdout is not None
+    holder.stdin.write("\n")
+    holder.stdin.flush()
+    assert holder.stdout.readline().strip() == "released"
+
+
 async def test_sqlite_locked_by_another_writer_waits_and_then_succeeds(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     path = tmp_path / "ledger.db"
     caplog.set_level(logging.WARNING, logger="store.retry")
-    async with Ledger.open(path, sqlite_busy_timeout=0.2) as ledger:
-        handle = await ledger.create_session(
-            "busy-0", uid="busy", session_index=0, group_size=1, **KW
-        )
-        with write_lock_held(path, 0.6):
-            started = time.monotonic()
-            await handle.record_trajectory(prompt_ids=[1], response_ids=[2, 3])
-            waited = time.monotonic() - started
-        assert waited >= 0.4, (
-            f"the append cannot have committed while the other process held the lock ({waited:.2f}s)"
-        )
-        assert any(
+
+    def retried() -> bool:
+        return any(
             "database is locked" in r.getMessage() and "retry" in r.getMessage()
             for r in caplog.records
         )
+
+    # a busy timeout long enough that the retries outlast any delay in releasing the lock below
+    async with Ledger.open(path, sqlite_busy_timeout=2.0) as ledger:
+        handle = await ledger.create_session(
+            "busy-0", uid="busy", session_index=0, group_size=1, **KW
+        )
+        with write_lock_held(path, 60) as holder:
+            append = asyncio.ensure_future(
+                handle.record_trajectory(prompt_ids=[1], response_ids=[2, 3])
+            )
+            while not retried():  # the append met the lock and is retrying: a known point
+                assert not append.done(), append
+                await asyncio.sleep(0.01)
+            assert not append.done(), "the append committed while the lock was held"
+            await asyncio.to_thread(release, holder)
+            await asyncio.wait_for(append, 60)
         await handle.complete()
         await ledger.project()
         assert [s.version for s in await ledger.store.read_stream("busy-0")] == [1, 2, 3, 4]
@@ -269,12 +288,12 @@ async def test_sqlite_locked_beyond_the_retry_budget_fails_clearly_and_writes_no
         handle = await ledger.create_session(
             "busy-1", uid="busy", session_index=0, group_size=1, **KW
         )
-        with write_lock_held(path, 2.5) as holder:
+        with write_lock_held(path, 60) as holder:
             started = time.monotonic()
             with pytest.raises(StoreError) as caught:
                 await handle.record_trajectory(prompt_ids=[1], response_ids=[2, 3])
             assert time.monotonic() - started < 2.0, (
-                "the budget is a few busy timeouts, not the holder's 2.5 s"
+                "the budget is a few busy timeouts, not however long the holder holds"
             )
             message = str(caught.value)
             assert "busy-1" in message and "database is locked" in message
@@ -283,7 +302,7 @@ async def test_sqlite_locked_beyond_the_retry_budget_fails_clearly_and_writes_no
                     "busy-2", uid="busy2", session_index=0, group_size=1, **KW
                 )
             assert handle.version == 2 and handle.state == "running"
-            holder.wait(10)
+            release(holder)  # only now: the failures came while it was held
         # nothing of either append was written; the caller's retry after the holder let go succeeds
         assert [s.type for s in await ledger.store.read_stream("busy-1")] == [
             "SessionCreated",
@@ -309,7 +328,7 @@ async def test_a_locked_database_fails_a_whole_group_commit_within_one_retry_bud
             )
             for i in range(20)
         ]
-        with write_lock_held(path, 4.0) as holder:
+        with write_lock_held(path, 60) as holder:
             started = time.monotonic()
             results = await asyncio.gather(
                 *(h.record_trajectory(prompt_ids=[1], response_ids=[2, 3]) for h in handles),
@@ -322,7 +341,7 @@ async def test_a_locked_database_fails_a_whole_group_commit_within_one_retry_bud
             assert waited < 2.0, (
                 f"20 appends took {waited:.1f}s to fail: each paid its own retry budget"
             )
-            holder.wait(10)
+            release(holder)  # only now: the failures came while it was held
         assert all(h.version == 2 for h in handles)
         for h in handles:  # nothing was written; the callers' retries succeed
             await h.record_trajectory(prompt_ids=[1], response_ids=[2, 3])

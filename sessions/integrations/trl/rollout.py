@@ -167,6 +167,11 @@ class LedgerRollout:
             return
         self.check_trainer(trainer)
         self._token = launch_token(trainer)
+        if self.ledger.ledger.launch is None:
+            # A resumed trainer (`resume_from_checkpoint`) is a new launch, the same on every rank:
+            # the dead launch's open sessions fail at once and a re-run step counts this one's only
+            # (docs/design.md §14). A launch the user named (option, environment) is kept.
+            self.ledger.begin_launch(f"trl-{self._token}")
         if self._loop is None:
             self._loop = RunnerLoop()
         trainer.add_callback(eval_figures_callback(self, trainer))

@@ -15,6 +15,7 @@ loops, the ledger's settings and its database are checked first (``check_agent_l
 from __future__ import annotations
 
 import os
+import uuid
 from collections.abc import Sequence
 from typing import Any
 
@@ -30,7 +31,7 @@ from sessions.errors import ConfigError
 from sessions.integrations.ledger_check import check_ledger_sync
 from sessions.integrations.verl.agent_loop.settings import URL_SETTING, LedgerSettings
 
-__all__ = ["apply_ledger_defaults", "check_agent_loops", "check_ledger", "main"]
+__all__ = ["apply_ledger_defaults", "check_agent_loops", "check_ledger", "main", "with_launch"]
 
 _CONFIG_DIR = os.path.join(os.path.dirname(verl_main_ppo.__file__), "config")
 
@@ -58,6 +59,8 @@ def main(config: Any) -> None:
             "never settle; copy the entries of `python -m sessions.integrations.verl.agent_loop`'s "
             "file beside your own"
         )
+    # Named before the check, which then records the launch and fails the dead one's orphans.
+    with_launch(config)
     check_ledger(config)
     auto_set_device(config)
     validate_config(
@@ -122,6 +125,26 @@ def check_ledger(config: Any) -> LedgerSettings:
     settings = LedgerSettings.from_config(config)
     check_ledger_sync(settings.url, setting=URL_SETTING, **settings.ledger_options())
     return settings
+
+
+def with_launch(config: Any) -> None:
+    """Name this start of the job in the config every Ray worker receives (``ledger.launch``),
+    unless the command or ``ROLLOUT_LEDGER_LAUNCH`` names it: the workers of one job then agree
+    on their launch, and a restarted job, resumed from its checkpoint, is a new one
+    (docs/design.md §14)."""
+    from omegaconf import open_dict
+
+    if os.environ.get("ROLLOUT_LEDGER_LAUNCH"):
+        return
+    section = config.get("ledger")
+    if section is not None and section.get("launch"):
+        return
+    launch = f"verl-{uuid.uuid4().hex[:16]}"
+    with open_dict(config):
+        if section is None:
+            config.ledger = {"launch": launch}
+        else:
+            config.ledger.launch = launch
 
 
 if __name__ == "__main__":

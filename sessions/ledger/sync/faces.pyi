@@ -263,6 +263,18 @@ class SyncLedger:
         """A handle on an existing session, folded from its events (e.g. to fail an orphan)."""
     async def aload_session(self, session_id: str) -> SessionProxy:
         """A handle on an existing session, folded from its events (e.g. to fail an orphan)."""
+    def begin_launch(self, launch: str) -> int:
+        """Record from now on as launch `launch` of the job (docs/design.md §14): for an adapter
+        that learns the launch after the ledger was opened (TRL's rank-0 token). The ledger's run
+        records it (or reads it back, when another process of the launch did) and, if this call
+        recorded a resume, fails the earlier launches' open sessions; every session created after
+        carries its number. Returns that number in the ledger's run."""
+    async def abegin_launch(self, launch: str) -> int:
+        """Record from now on as launch `launch` of the job (docs/design.md §14): for an adapter
+        that learns the launch after the ledger was opened (TRL's rank-0 token). The ledger's run
+        records it (or reads it back, when another process of the launch did) and, if this call
+        recorded a resume, fails the earlier launches' open sessions; every session created after
+        carries its number. Returns that number in the ledger's run."""
     def project(self) -> int:
         """Project the log to its current end; returns the number of events projected."""
     async def aproject(self) -> int:

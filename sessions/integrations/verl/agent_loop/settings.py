@@ -7,6 +7,7 @@ travel in it as one more section, added with Hydra's ``+`` syntax::
     +ledger.timeout=600                       # seconds per attempt of an agent loop (default: none)
     +ledger.max_attempts=2                    # the run's RetryPolicy (default: one attempt)
     +ledger.reward_keys='{acc: 0.0}'          # a placeholder's reward keys, when it cannot learn them
+    +ledger.launch=job-20261206-1             # this start of the job (default: main_ppo's, or Ray's)
 
 Each key falls back to an environment variable (``ROLLOUT_LEDGER_DB``, ``ROLLOUT_LEDGER_RUN``, ...),
 then to a default. The run defaults to verl's ``trainer.experiment_name``; the placeholder token
@@ -28,7 +29,7 @@ from sessions.failure_policy import RetryPolicy
 from sessions.placeholder import PlaceholderPolicy
 from sessions.vocabulary import INFRA
 
-__all__ = ["CONFIG_SECTION", "LedgerSettings", "URL_SETTING"]
+__all__ = ["CONFIG_SECTION", "LedgerSettings", "URL_SETTING", "ray_launch"]
 
 #: The top-level config section the settings live in (``+ledger.url=...``).
 CONFIG_SECTION = "ledger"
@@ -40,6 +41,7 @@ _ENV = {
     "run": "ROLLOUT_LEDGER_RUN",
     "timeout": "ROLLOUT_LEDGER_TIMEOUT",
     "max_attempts": "ROLLOUT_LEDGER_MAX_ATTEMPTS",
+    "launch": "ROLLOUT_LEDGER_LAUNCH",
 }
 _KEYS = (
     "url",
@@ -53,6 +55,7 @@ _KEYS = (
     "placeholder_prompt_length",
     "placeholder_response_length",
     "reward_keys",
+    "launch",
 )
 
 
@@ -82,6 +85,9 @@ class LedgerSettings:
     placeholder_prompt_length: int = 1
     placeholder_response_length: int = 1
     reward_keys: tuple[tuple[str, Any], ...] | None = None
+    #: this launch of the job, the same in every worker (docs/design.md §14): the trainer's
+    #: ``main_ppo`` writes a fresh one into the config; else the Ray job's (`ray_launch`)
+    launch: str | None = None
     #: what `Ledger.open` gets on top (tests: engine options); not part of the job config
     open_kwargs: Mapping[str, Any] = field(default_factory=dict, compare=False, hash=False)
 
@@ -118,6 +124,7 @@ class LedgerSettings:
             "retry_policy": self.retry_policy(),
             "placeholder_policy": self.placeholder_policy(),
             "min_valid": self.min_valid,
+            "launch": self.launch,
             **self.open_kwargs,
         }
 
@@ -171,11 +178,34 @@ class LedgerSettings:
             placeholder_prompt_length=int(pick("placeholder_prompt_length", 1)),
             placeholder_response_length=int(pick("placeholder_response_length", 1)),
             reward_keys=_reward_keys(section.get("reward_keys")),
+            launch=_text(pick("launch", None)) or ray_launch(),
         )
 
     def placeholder_reward_keys(self) -> dict[str, Any] | None:
         """The declared reward keys with a placeholder's values, or None when none are declared."""
         return None if self.reward_keys is None else dict(self.reward_keys)
+
+
+def ray_launch() -> str | None:
+    """This process's Ray job as a launch id, the same in every worker of one job and new when
+    the job starts again (a resumed run): the Ray session (the cluster's start, named by its
+    time) and the job's id within it. None outside Ray."""
+    try:
+        import ray
+    except ImportError:
+        return None
+    if not ray.is_initialized():
+        return None
+    context = ray.get_runtime_context()
+    # The session names one start of the cluster (by its time); the job id counts from 1 in it.
+    return f"ray:{context.get_session_name()}:{context.get_job_id()}"[:128]
+
+
+def _text(value: Any) -> str | None:
+    """A setting's text, None for an empty or null value."""
+    if value is None or str(value).strip().lower() in ("", "null", "none"):
+        return None
+    return str(value)
 
 
 def _section(config: Any) -> dict[str, Any]:
