@@ -22,6 +22,9 @@ from sessions.placeholder import EMIT, KEEP_PARTIAL, PlaceholderPolicy
 __all__ = [
     "NEW",
     "SessionView",
+    "decide_call_failed",
+    "decide_call_recorded",
+    "decide_call_started",
     "decide_cancel",
     "decide_complete",
     "decide_fail",
@@ -41,6 +44,20 @@ class _TrajectoryInfo:
     num_turns: int
     prompt_len: int
     response_len: int
+
+
+@dataclass(slots=True)
+class _Call:
+    """One model call of the current attempt: its intent, then its record or its failure."""
+
+    call_id: str
+    turn: int
+    recorded: ev.ModelCallRecorded | None = None
+    failed: bool = False
+
+    @property
+    def open(self) -> bool:
+        return self.recorded is None and not self.failed
 
 
 @dataclass(slots=True)
@@ -83,10 +100,27 @@ class SessionView:
     retries: list[tuple[int, str]] = field(default_factory=list)
     failure_origin: str | None = None
     metric_decision: str | None = None
+    #: the current attempt's model calls by id, in the order their intents were recorded (a
+    #: failed attempt's are superseded with its trajectories)
+    calls: dict[str, _Call] = field(default_factory=dict)
+    #: the token context after the last recorded call of the attempt (its prompt and response):
+    #: what the next call's prompt is stored as a delta of
+    call_context: Any = None
+    #: model calls over all attempts, by how they ended
+    calls_recorded: int = 0
+    calls_failed: int = 0
 
     @property
     def terminal(self) -> bool:
         return self.state in machine.TERMINAL_STATES
+
+    def open_calls(self) -> list[str]:
+        """Ids of the attempt's calls with an intent and neither record nor failure."""
+        return [c.call_id for c in self.calls.values() if c.open]
+
+    def recorded_calls(self) -> list[ev.ModelCallRecorded]:
+        """The attempt's recorded calls, in the order their intents were recorded."""
+        return [c.recorded for c in self.calls.values() if c.recorded is not None]
 
     def apply(self, event: ev.Event) -> None:
         """Advance the view by one event (the events are trusted: they are the log)."""
@@ -131,11 +165,39 @@ def _trajectory(view: SessionView, e: ev.TrajectoryRecorded) -> None:
     view.recorded = max(view.recorded, e.index + 1)
 
 
+def _call_started(view: SessionView, e: ev.ModelCallStarted) -> None:
+    view.calls[e.call_id] = _Call(e.call_id, e.turn)
+
+
+def _call_recorded(view: SessionView, e: ev.ModelCallRecorded) -> None:
+    view.calls[e.call_id].recorded = e
+    view.calls_recorded += 1
+    try:
+        arrays = e.arrays()
+    except ValueError:  # a pruned payload: a settled session's, whose context nobody extends
+        view.call_context = None
+        return
+    import numpy as np  # the domain's folds import numpy only for sessions that record calls
+
+    shared = (
+        view.call_context[: e.prompt_shared]
+        if view.call_context is not None
+        else arrays.prompt_ids[:0]
+    )
+    view.call_context = np.concatenate((shared, arrays.prompt_ids, arrays.response_ids))
+
+
+def _call_failed(view: SessionView, e: ev.ModelCallFailed) -> None:
+    view.calls[e.call_id].failed = True
+    view.calls_failed += 1
+
+
 def _attempt_failed(view: SessionView, e: ev.AttemptFailed) -> None:
-    """The attempt's work is superseded: its trajectories and reward no longer count."""
+    """The attempt's work is superseded: its trajectories, calls and reward no longer count."""
     view.state = machine.RETRYING
     view.superseded += len(view.trajectories)
     view.trajectories = []
+    view.calls, view.call_context = {}, None
     view.reward, view.reward_posted, view.reward_info = None, False, {}
     view.retries.append((e.attempt, e.reason))
 
@@ -177,6 +239,9 @@ _APPLY: dict[type, Any] = {
     ev.SessionCreated: _created,
     ev.SessionStarted: _started,
     ev.TrajectoryRecorded: _trajectory,
+    ev.ModelCallStarted: _call_started,
+    ev.ModelCallRecorded: _call_recorded,
+    ev.ModelCallFailed: _call_failed,
     ev.RewardPosted: _reward,
     ev.AttemptFailed: _attempt_failed,
     ev.SessionSucceeded: _succeeded,
@@ -248,16 +313,114 @@ def decide_trajectory(view: SessionView, event: ev.TrajectoryRecorded) -> list[e
     return [event]
 
 
+def decide_call_started(
+    view: SessionView,
+    call_id: str,
+    turn: int,
+    sampling: dict[str, Any],
+    version: int | None,
+) -> list[ev.Event]:
+    """A model call's intent, before it is dispatched; its id is new in the attempt."""
+    machine.next_state(view.session_id, view.state, "start_call")
+    if call_id in view.calls:
+        raise InvalidInput(
+            view.session_id,
+            "call_id",
+            f"call {call_id!r} was started already in this attempt; give each call an id of its own",
+        )
+    return [ev.ModelCallStarted(call_id=call_id, turn=turn, sampling=sampling, version=version)]
+
+
+def _open_call(view: SessionView, command: str, call_id: str) -> None:
+    machine.next_state(view.session_id, view.state, command)
+    call = view.calls.get(call_id)
+    if call is None:
+        raise InvalidInput(
+            view.session_id,
+            "call_id",
+            f"no call {call_id!r} was started in this attempt: record its intent with "
+            "start_call() before the request leaves",
+        )
+    if not call.open:
+        ended = "recorded" if call.recorded is not None else "failed"
+        raise InvalidInput(view.session_id, "call_id", f"call {call_id!r} was {ended} already")
+
+
+def decide_call_recorded(view: SessionView, event: ev.ModelCallRecorded) -> list[ev.Event]:
+    """A started call's answer."""
+    _open_call(view, "record_call", event.call_id)
+    return [event]
+
+
+def decide_call_failed(
+    view: SessionView,
+    call_id: str,
+    *,
+    message: str = "",
+    error_type: str | None = None,
+    latency_s: float | None = None,
+) -> list[ev.Event]:
+    """A started call that ended without an answer."""
+    _open_call(view, "fail_call", call_id)
+    _check_text(view.session_id, "message", message)
+    _check_text(view.session_id, "error_type", error_type)
+    return [
+        ev.ModelCallFailed(
+            call_id=call_id,
+            error_type=None if error_type is None else error_type[: ev.ERROR_TYPE_LIMIT],
+            message=(message or "")[: ev.MESSAGE_LIMIT],
+            latency_s=latency_s,
+        )
+    ]
+
+
+def _from_calls(view: SessionView, recorded: list[ev.ModelCallRecorded]) -> list[ev.Event]:
+    """The trajectories the attempt's recorded calls make, numbered after those recorded."""
+    from sessions import calls, tokens
+
+    made: list[ev.Event] = []
+    for offset, row in enumerate(calls.assemble(recorded)):
+        arrays = tokens.TokenArrays(
+            row.prompt_ids, row.response_ids, row.response_mask, row.logprobs
+        )
+        made.append(
+            ev.TrajectoryRecorded(
+                index=view.recorded + offset,
+                num_turns=row.num_turns,
+                prompt_len=arrays.prompt_len,
+                response_len=arrays.response_len,
+                has_logprobs=row.logprobs is not None,
+                trainable_tokens=int(row.response_mask.sum()),
+                min_version=row.min_version,
+                max_version=row.max_version,
+                from_calls=row.call_ids,
+                payload=tokens.encode(arrays),
+            )
+        )
+    return made
+
+
+def _answered_before_the_first_open(view: SessionView) -> list[ev.ModelCallRecorded]:
+    """The attempt's recorded calls up to its first unanswered one: what partial work is."""
+    answered: list[ev.ModelCallRecorded] = []
+    for call in view.calls.values():
+        if call.open:
+            break
+        if call.recorded is not None:
+            answered.append(call.recorded)
+    return answered
+
+
 def decide_reward(view: SessionView, reward: float | None, info: dict[str, Any]) -> list[ev.Event]:
     machine.next_state(view.session_id, view.state, "post_reward")
     return [ev.RewardPosted(reward=reward, info=info)]
 
 
-def _select(view: SessionView, selection: str) -> list[int]:
-    """The current attempt's trajectories that go to the batch: all, or the longest."""
+def _select(trajectories: list[Any], selection: str) -> list[int]:
+    """The trajectories (of the current attempt) that go to the batch: all, or the longest."""
     if selection == "all":
-        return [t.index for t in view.trajectories]
-    longest = max(view.trajectories, key=lambda t: (t.prompt_len + t.response_len, t.index))
+        return [t.index for t in trajectories]
+    longest = max(trajectories, key=lambda t: (t.prompt_len + t.response_len, t.index))
     return [longest.index]
 
 
@@ -277,16 +440,30 @@ def decide_complete(
             "trajectory_selection",
             f"must be 'all' or 'longest', got {selection!r}",
         )
-    if not view.trajectories:
+    unanswered = view.open_calls()
+    if unanswered:  # fail closed: never a silently short row
+        return decide_fail(
+            view,
+            policy,
+            vocabulary.INCOMPLETE_CAPTURE,
+            message=f"complete() with {len(unanswered)} model call(s) started and never "
+            f"recorded or failed: {', '.join(unanswered)}",
+            metrics=metrics,
+            selection=selection,
+        )
+    made = [] if view.trajectories else _from_calls(view, view.recorded_calls())
+    trajectories = view.trajectories or made
+    if not trajectories:
         return decide_fail(
             view,
             policy,
             vocabulary.EMPTY_OUTPUT,
-            message="complete() with no recorded trajectory",
+            message="complete() with no recorded trajectory"
+            + (" and no recorded model call" if view.calls else ""),
             metrics=metrics,
             selection=selection,
         )
-    selected = _select(view, selection)
+    selected = _select(trajectories, selection)
     if score is not None:
         source = "external"
     elif view.reward_posted and view.reward is not None:
@@ -294,9 +471,10 @@ def decide_complete(
     else:
         source = "absent"
     return [
+        *made,
         ev.SessionSucceeded(
             selected=selected, trajectory_selection=selection, score=score, score_source=source
-        )
+        ),
     ]
 
 
@@ -327,16 +505,20 @@ def decide_fail(
     decision = policy.decide(view.partition, reason, origin)
     selected: list[int] = []
     score = None
+    made: list[ev.Event] = []
     if decision == KEEP_PARTIAL:
-        if view.trajectories and view.reward_posted and view.reward is not None:
-            selected, score = _select(view, selection), view.reward
+        if view.reward_posted and view.reward is not None and not view.trajectories:
+            made = _from_calls(view, _answered_before_the_first_open(view))
+        trajectories = view.trajectories or made
+        if trajectories and view.reward_posted and view.reward is not None:
+            selected, score = _select(trajectories, selection), view.reward
         else:
-            decision = EMIT
+            decision, made = EMIT, []
     failed = ev.SessionFailed(
         reason=reason,
         error_type=None if error_type is None else error_type[: ev.ERROR_TYPE_LIMIT],
         message=(message or "")[: ev.MESSAGE_LIMIT],
-        discarded_trajectories=len(view.trajectories) - len(selected),
+        discarded_trajectories=len(view.trajectories) + len(made) - len(selected),
         placeholder=decision,
         origin=origin,
         metric=metrics.decide(view.partition, reason, origin),
@@ -344,7 +526,7 @@ def decide_fail(
         score=score,
     )
     if decision != EMIT:
-        return [failed]
+        return [*made, failed]
     reward_info = {**view.reward_info, "reward": 0.0, "finished": False}
     return [
         failed,

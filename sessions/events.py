@@ -35,6 +35,9 @@ __all__ = [
     "Event",
     "FAILURE_REASONS",
     "MESSAGE_LIMIT",
+    "ModelCallFailed",
+    "ModelCallRecorded",
+    "ModelCallStarted",
     "PlaceholderEmitted",
     "Recorded",
     "RUN_STREAM_PREFIX",
@@ -138,11 +141,12 @@ class TrajectoryRecorded(Event):
 
     Schema 2 added `trainable_tokens`, the count of response tokens with mask 1, so metrics,
     `history` and audits read it without decoding the payload. `None` means unknown: an event
-    built without it, or schema-1 data upcast by a reader that did not load the payload.
+    built without it, or schema-1 data upcast by a reader that did not load the payload. Schema 3
+    added the weights versions and the model calls it was assembled from.
     """
 
     TYPE: ClassVar[str] = "TrajectoryRecorded"
-    SCHEMA_VERSION: ClassVar[int] = 2
+    SCHEMA_VERSION: ClassVar[int] = 3
     index: int
     num_turns: int
     prompt_len: int
@@ -151,6 +155,13 @@ class TrajectoryRecorded(Event):
     trainable_tokens: int | None = None
     materialization_reason: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    #: the weights versions (verl's `global_steps`) that produced the response: the lowest and the
+    #: highest; None when unknown (schema 3)
+    min_version: int | None = None
+    max_version: int | None = None
+    #: the call ids it was assembled from, in order (`sessions.calls`); empty when the runner
+    #: handed the trajectory over whole (schema 3)
+    from_calls: list[str] = field(default_factory=list)
     payload: bytes = field(default=b"", repr=False)
 
     #: the payload is the token arrays, stored beside the JSON data (`to_payload`)
@@ -168,6 +179,74 @@ class TrajectoryRecorded(Event):
         from sessions import tokens  # numpy, loaded only when token arrays are read (issue 28)
 
         return tokens.decode(self.payload, self.prompt_len, self.response_len, self.has_logprobs)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ModelCallStarted(Event):
+    """A model call about to be dispatched (its intent), appended before the request leaves: a
+    call with an intent and neither record nor failure when the session completes makes the
+    capture incomplete, and the session fails closed (docs/design.md §15)."""
+
+    TYPE: ClassVar[str] = "ModelCallStarted"
+    call_id: str
+    turn: int
+    sampling: dict[str, Any] = field(default_factory=dict)
+    #: the weights version asked for, if the caller knows it
+    version: int | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ModelCallRecorded(Event):
+    """A model call's answer, appended before the caller gets it.
+
+    The payload lays out the call as `tokens.encode` lays out a trajectory (mask all ones): the
+    prompt's tokens after its first `prompt_shared`, which it shares with the context of the call
+    recorded before it in the attempt (that call's prompt and response), then the response and
+    its log-probs. A multi-turn conversation so costs its new tokens once, not once per turn.
+    """
+
+    TYPE: ClassVar[str] = "ModelCallRecorded"
+    call_id: str
+    prompt_shared: int
+    prompt_len: int
+    response_len: int
+    has_logprobs: bool
+    finish_reason: str | None = None
+    min_version: int | None = None
+    max_version: int | None = None
+    latency_s: float | None = None
+    server: str | None = None
+    #: the response's text, only where the caller gives it
+    text: str | None = None
+    payload: bytes = field(default=b"", repr=False)
+
+    DATA_EXCLUDED: ClassVar[tuple[str, ...]] = ("payload",)
+
+    def to_payload(self) -> bytes | None:
+        return self.payload
+
+    @classmethod
+    def from_data(cls, data: Mapping[str, Any], payload: bytes | None) -> Event:
+        event = Event.from_data.__func__(cls, data, None)  # type: ignore[attr-defined]
+        return dataclasses.replace(event, payload=payload or b"")
+
+    def arrays(self) -> TokenArrays:
+        """The prompt's new tokens (after `prompt_shared`), the response and its log-probs."""
+        from sessions import tokens
+
+        return tokens.decode(self.payload, self.prompt_len, self.response_len, self.has_logprobs)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ModelCallFailed(Event):
+    """A model call that ended without an answer (the server refused, timed out, the connection
+    dropped): the call is settled, its tokens never reach a row."""
+
+    TYPE: ClassVar[str] = "ModelCallFailed"
+    call_id: str
+    error_type: str | None
+    message: str
+    latency_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -294,6 +373,9 @@ EVENT_TYPES: dict[str, type[Event]] = {
         SessionCreated,
         SessionStarted,
         TrajectoryRecorded,
+        ModelCallStarted,
+        ModelCallRecorded,
+        ModelCallFailed,
         RewardPosted,
         SessionSucceeded,
         AttemptFailed,
@@ -384,6 +466,16 @@ def _trajectory_v1_to_v2(data: dict[str, Any], payload: bytes | None) -> dict[st
     data["trainable_tokens"] = _count_trainable(
         payload, int(data["prompt_len"]), int(data["response_len"]), bool(data["has_logprobs"])
     )
+    return data
+
+
+@upcaster("TrajectoryRecorded", 2)
+def _trajectory_v2_to_v3(data: dict[str, Any]) -> dict[str, Any]:
+    """v3 recorded the weights versions and the calls a row was made from: a v2 trajectory was
+    handed over whole, its versions unknown."""
+    data["min_version"] = None
+    data["max_version"] = None
+    data["from_calls"] = []
     return data
 
 

@@ -27,14 +27,29 @@ CREATED, RUNNING, RETRYING = "created", "running", "retrying"
 SUCCEEDED, FAILED, CANCELLED = "succeeded", "failed", "cancelled"
 STATES = [CREATED, RUNNING, RETRYING, SUCCEEDED, FAILED, CANCELLED]
 TERMINAL_STATES = frozenset({SUCCEEDED, FAILED, CANCELLED})
-COMMANDS = ("start", "record_trajectory", "post_reward", "complete", "retry", "fail", "cancel")
+COMMANDS = (
+    "start",
+    "start_call",
+    "record_call",
+    "fail_call",
+    "record_trajectory",
+    "post_reward",
+    "complete",
+    "retry",
+    "fail",
+    "cancel",
+)
 
 MACHINE = Machine(
     model=None,
     states=STATES,
     transitions=[
         {"trigger": "start", "source": CREATED, "dest": RUNNING},
-        # Internal transitions (dest None): the session stays running.
+        # Internal transitions (dest None): the session stays running. A model call is an intent
+        # (start_call) then its record or its failure (docs/design.md §15).
+        {"trigger": "start_call", "source": RUNNING, "dest": None},
+        {"trigger": "record_call", "source": RUNNING, "dest": None},
+        {"trigger": "fail_call", "source": RUNNING, "dest": None},
         {"trigger": "record_trajectory", "source": RUNNING, "dest": None},
         {"trigger": "post_reward", "source": RUNNING, "dest": None},
         {"trigger": "complete", "source": RUNNING, "dest": SUCCEEDED},

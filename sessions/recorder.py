@@ -12,8 +12,8 @@ from typing import Any
 import numpy as np
 
 from sessions import aggregate as agg
+from sessions import calls, storable, tokens, validation
 from sessions import events as ev
-from sessions import storable, validation
 from sessions.errors import ConfigError, InvalidInput, LedgerError
 from sessions.failure_policy import MetricPolicy
 from sessions.placeholder import PlaceholderPolicy
@@ -237,8 +237,11 @@ class SessionHandle:
         num_turns: int = 1,
         materialization_reason: str | None = None,
         extra: dict[str, Any] | None = None,
+        min_version: int | None = None,
+        max_version: int | None = None,
     ) -> int:
-        """Record one trajectory; returns its index. Mask defaults to all 1 (every token trainable)."""
+        """Record one trajectory; returns its index. Mask defaults to all 1 (every token
+        trainable); `min_version` / `max_version`: the weights versions behind its response."""
         sid = self.session_id
         payload, prompt_len, response_len, has_logprobs, trainable = validation.trajectory_payload(
             sid, prompt_ids, response_ids, response_mask, response_logprobs
@@ -251,6 +254,7 @@ class SessionHandle:
             raise InvalidInput(sid, "num_turns", f"must be an integer >= 0, got {num_turns!r}")
         num_turns = int(num_turns)
         extra = validation.json_dict(sid, "extra", extra)
+        low, high = validation.versions(sid, min_version, max_version)
         async with self._locked():
             event = ev.TrajectoryRecorded(
                 index=self._view.recorded,
@@ -261,10 +265,115 @@ class SessionHandle:
                 trainable_tokens=trainable,
                 materialization_reason=materialization_reason,
                 extra=extra,
+                min_version=low,
+                max_version=high,
                 payload=payload,
             )
             await self._commit(agg.decide_trajectory(self._view, event), capped="trajectory")
             return event.index
+
+    async def start_call(
+        self,
+        call_id: str | None = None,
+        *,
+        turn: int | None = None,
+        sampling: dict[str, Any] | None = None,
+        version: int | None = None,
+    ) -> str:
+        """Record a model call's intent before the request leaves; returns its id (`c<n>`, the
+        attempt's n-th call, when none is given). `turn`: the conversation turn (default: the
+        attempt's count of calls so far); `version`: the weights version asked for, if known.
+        A call left without `record_call` or `fail_call` fails the session closed at `complete`."""
+        sid = self.session_id
+        if call_id is not None:
+            call_id = validation.label(sid, "call_id", call_id)
+        if turn is not None:
+            turn = validation.count(sid, "turn", turn)
+        sampling = validation.json_dict(sid, "sampling", sampling)
+        version = validation.version(sid, "version", version)
+        async with self._locked():
+            view = self._view
+            call_id = call_id if call_id is not None else f"c{len(view.calls) + 1}"
+            turn = turn if turn is not None else len(view.calls)
+            await self._commit(
+                agg.decide_call_started(view, call_id, turn, sampling, version), capped="sampling"
+            )
+        return call_id
+
+    async def record_call(
+        self,
+        call_id: str,
+        *,
+        prompt_ids: Any,
+        response_ids: Any,
+        response_logprobs: Any | None = None,
+        finish_reason: str | None = None,
+        min_version: int | None = None,
+        max_version: int | None = None,
+        latency_s: float | None = None,
+        server: str | None = None,
+        text: str | None = None,
+    ) -> None:
+        """Record a started call's answer, before the caller hands it on: the whole prompt as
+        sent (only what it adds to the previous call's context is stored), the response, its
+        log-probs, and the weights versions that served it (one version: pass it as both, or as
+        either). The session's row is assembled from its recorded calls at `complete`."""
+        sid = self.session_id
+        arrays = validation.trajectory(sid, prompt_ids, response_ids, None, response_logprobs)
+        low, high = validation.versions(sid, min_version, max_version)
+        latency_s = validation.latency(sid, latency_s)
+        async with self._locked():
+            view = self._view
+            shared = calls.shared_prefix(view.call_context, arrays.prompt_ids)
+            delta = tokens.TokenArrays(
+                arrays.prompt_ids[shared:],
+                arrays.response_ids,
+                arrays.response_mask,
+                arrays.logprobs,
+            )
+            event = ev.ModelCallRecorded(
+                call_id=validation.label(sid, "call_id", call_id),
+                prompt_shared=shared,
+                prompt_len=delta.prompt_len,
+                response_len=delta.response_len,
+                has_logprobs=delta.logprobs is not None,
+                finish_reason=finish_reason,
+                min_version=low,
+                max_version=high,
+                latency_s=latency_s,
+                server=server,
+                text=text,
+                payload=tokens.encode(delta),
+            )
+            await self._commit(agg.decide_call_recorded(view, event), capped="record_call")
+
+    async def fail_call(
+        self,
+        call_id: str,
+        error: BaseException | None = None,
+        *,
+        message: str = "",
+        error_type: str | None = None,
+        latency_s: float | None = None,
+    ) -> None:
+        """Record that a started call ended without an answer (`error`, or `message` and
+        `error_type`): the call is settled and none of its tokens reach a row."""
+        sid = self.session_id
+        if error is not None:
+            failure = recorded_failure(error)
+            message, error_type = message or failure.message, error_type or failure.error_type
+        latency_s = validation.latency(sid, latency_s)
+        async with self._locked():
+            await self._commit(
+                agg.decide_call_failed(
+                    self._view,
+                    validation.label(sid, "call_id", call_id),
+                    message=message,
+                    error_type=error_type,
+                    latency_s=latency_s,
+                ),
+                capped="message",
+            )
 
     async def post_reward(self, reward: float | None, **info: Any) -> None:
         """Post the reward (None = absent) and diagnostics; info merges into reward_info by key."""

@@ -30,7 +30,7 @@ from sessions import events as ev
 from sessions.errors import InvalidInput
 from sessions.failure_policy import METRIC_DECISIONS
 from sessions.placeholder import DECISIONS
-from sessions.vocabulary import ORIGINS, PARTITIONS, UID_FORBIDDEN
+from sessions.vocabulary import MAX_NAME_LENGTH, ORIGINS, PARTITIONS, UID_FORBIDDEN
 from store import ColumnSpec, column_spec
 
 __all__ = [
@@ -51,7 +51,8 @@ _INT32 = (-(2**31), 2**31 - 1)
 @dataclass(frozen=True)
 class Field:
     """One event field. `column`: the read-model column it is stored in (its spec decides type,
-    range, length and encoding); without one, `kind` ("int", "float", "bool", "json", "int_list")."""
+    range, length and encoding); without one, `kind` ("int", "float", "bool", "str", "json",
+    "int_list", "str_list"), with `max_length` for text."""
 
     column: str | None = None
     kind: str | None = None
@@ -62,6 +63,7 @@ class Field:
     forbidden: str = ""
     free_text: bool = False
     int_range: tuple[int, int] | None = None
+    max_length: int | None = None
 
     def spec(self) -> ColumnSpec:
         if self.column is not None:
@@ -71,12 +73,21 @@ class Field:
             if self.int_range is not None:
                 base = dataclasses.replace(base, int_range=self.int_range)
             return base
-        kind = "json" if self.kind == "int_list" else self.kind
+        kind = "json" if self.kind in ("int_list", "str_list") else self.kind
         assert kind is not None
         return ColumnSpec(
-            f"({self.kind})", kind, bool(self.nullable), int_range=self.int_range or _INT64
+            f"({self.kind})",
+            kind,
+            bool(self.nullable),
+            max_length=self.max_length,
+            int_range=self.int_range or _INT64,
         )
 
+
+#: A model call's id: a label, as long as the other ids.
+_CALL_ID = Field(kind="str", minimum=1, max_length=MAX_NAME_LENGTH)
+#: A weights version (verl's `global_steps`), unknown as None.
+_VERSION = Field(kind="int", nullable=True, minimum=0)
 
 #: Every field of every event type. Identity fields of SessionCreated are what a group and its
 #: queue keys are made of (`IDENTITY`).
@@ -108,6 +119,34 @@ DECLARATION: dict[str, dict[str, Field]] = {
         "trainable_tokens": Field(kind="int", nullable=True, minimum=0, int_range=_INT32),
         "materialization_reason": Field("queue_rows.materialization_reason"),
         "extra": Field(kind="json", free_text=True),
+        "min_version": _VERSION,
+        "max_version": _VERSION,
+        "from_calls": Field(kind="str_list"),
+    },
+    "ModelCallStarted": {
+        "call_id": _CALL_ID,
+        "turn": Field(kind="int", minimum=0, int_range=_INT32),
+        "sampling": Field(kind="json", free_text=True),
+        "version": _VERSION,
+    },
+    "ModelCallRecorded": {
+        "call_id": _CALL_ID,
+        "prompt_shared": Field(kind="int", minimum=0, int_range=_INT32),
+        "prompt_len": Field(kind="int", minimum=0, int_range=_INT32),
+        "response_len": Field(kind="int", minimum=1, int_range=_INT32),
+        "has_logprobs": Field(kind="bool"),
+        "finish_reason": Field(kind="str", nullable=True, free_text=True, max_length=32),
+        "min_version": _VERSION,
+        "max_version": _VERSION,
+        "latency_s": Field(kind="float", nullable=True, minimum=0),
+        "server": Field(kind="str", nullable=True, free_text=True, max_length=MAX_NAME_LENGTH),
+        "text": Field(kind="str", nullable=True, free_text=True),
+    },
+    "ModelCallFailed": {
+        "call_id": _CALL_ID,
+        "error_type": Field("sessions.error_type", free_text=True),
+        "message": Field("sessions.message", nullable=False, free_text=True),
+        "latency_s": Field(kind="float", nullable=True, minimum=0),
     },
     "RewardPosted": {
         "reward": Field("sessions.reward"),
@@ -191,6 +230,12 @@ def _problem(name: str, field: Field, spec: ColumnSpec, value: Any) -> str | Non
         ):
             return f"must be a list of integers in [0, 2**31), got {value!r:.60}"
         return None
+    if field.kind == "str_list":
+        if not isinstance(value, list) or any(
+            _CALL_ID.spec().problem(i) is not None or not i for i in value
+        ):
+            return f"must be a list of non-empty ids of at most {MAX_NAME_LENGTH} characters, got {value!r:.60}"
+        return None
     if field.choices is not None and value not in field.choices:
         return f"must be one of {', '.join(map(repr, field.choices))}, got {value!r:.60}"
     if (
@@ -226,6 +271,11 @@ def _fast_test(field: Field, spec: ColumnSpec, constants: dict[str, Any]) -> str
 
     if field.kind == "int_list":
         return "(type(v) is list and all(type(i) is int and 0 <= i < 2147483648 for i in v))"
+    if field.kind == "str_list":
+        return (
+            f"(type(v) is list and all(type(i) is str and 0 < len(i) <= {MAX_NAME_LENGTH} "
+            "and i.isascii() and '\\x00' not in i for i in v))"
+        )
     if field.choices is not None:  # None is in no set of choices
         name = f"choices_{len(constants)}"
         constants[name] = frozenset(  # a choice its column cannot store goes to the full check

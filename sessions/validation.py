@@ -16,7 +16,10 @@ from sessions.tokens import TokenArrays
 __all__ = [
     "TOKEN_LIMIT",
     "check_identity",
+    "count",
     "flag",
+    "label",
+    "latency",
     "read_step",
     "seconds",
     "json_dict",
@@ -24,6 +27,8 @@ __all__ = [
     "token_array",
     "trajectory",
     "trajectory_payload",
+    "version",
+    "versions",
 ]
 
 TOKEN_LIMIT = 2**31
@@ -236,6 +241,48 @@ def reward(session_id: str, field: str, value: Any) -> float | None:
         ) from None
     if not math.isfinite(number):
         raise InvalidInput(session_id, field, f"must be finite, got {number}")
+    return number
+
+
+def label(session_id: str, field: str, value: Any) -> str:
+    """An id given by the caller (a model call's): a non-empty string; its length and characters
+    are the declaration's to check (`sessions.storable`)."""
+    if not isinstance(value, str) or not value:
+        raise InvalidInput(session_id, field, f"must be a non-empty string, got {value!r:.60}")
+    return value
+
+
+def count(session_id: str, field: str, value: Any) -> int:
+    """An integer >= 0 (a turn index)."""
+    if isinstance(value, (bool, np.bool_)) or not _is_int(value) or value < 0:
+        raise InvalidInput(session_id, field, f"must be an integer >= 0, got {value!r:.60}")
+    return int(value)
+
+
+def version(session_id: str, field: str, value: Any) -> int | None:
+    """A weights version (verl's `global_steps`): an integer >= 0, or None when unknown."""
+    return None if value is None else count(session_id, field, value)
+
+
+def versions(session_id: str, low: Any, high: Any) -> tuple[int | None, int | None]:
+    """The lowest and highest weights version behind a response; one given stands for both."""
+    low, high = version(session_id, "min_version", low), version(session_id, "max_version", high)
+    low = high if low is None else low
+    high = low if high is None else high
+    if low is not None and high is not None and low > high:
+        raise InvalidInput(
+            session_id, "min_version", f"is {low}, above max_version {high}; pass them in order"
+        )
+    return low, high
+
+
+def latency(session_id: str, value: Any) -> float | None:
+    """A call's duration in seconds: finite and >= 0, or None when not measured."""
+    if value is None:
+        return None
+    number = reward(session_id, "latency_s", value)
+    if number is None or number < 0:
+        raise InvalidInput(session_id, "latency_s", f"must be >= 0 seconds, got {value!r}")
     return number
 
 

@@ -22,6 +22,7 @@ __all__ = [
     "EMPTY_OUTPUT",
     "FAILURE_REASONS",
     "FINALIZE_ERROR",
+    "INCOMPLETE_CAPTURE",
     "INVALID_OUTPUT",
     "RUN_STREAM_PREFIX",
     "RUNNER_ERROR",
@@ -61,6 +62,9 @@ INVALID_OUTPUT = "invalid_output"  # the runner's tokens, mask or reward were re
 CONNECTION_ERROR = "connection_error"  # a server the runner calls (the LLM's) was unreachable
 #: The built-in reason the recovery sweep fails a session left open by a dead process with.
 ORPHANED = "orphaned"
+#: The built-in reason a session ends with when it completes with a model call whose intent has
+#: no record (fail closed: never a silently short row, docs/design.md §15).
+INCOMPLETE_CAPTURE = "incomplete_capture"
 FAILURE_REASONS = (
     RUNNER_ERROR,
     TIMEOUT,
@@ -70,6 +74,7 @@ FAILURE_REASONS = (
     INVALID_OUTPUT,
     CONNECTION_ERROR,
     ORPHANED,
+    INCOMPLETE_CAPTURE,
 )
 #: The stream a run's configuration fingerprints are recorded in: `@run:<run>` (a session id may
 #: not start with `@run:`).
@@ -91,7 +96,7 @@ UNPROJECTABLE = "unprojectable"
 #: Names no failure may take: rules match the origins and `*` as keys, and the projector's own.
 _RESERVED_REASONS = frozenset({*ORIGINS, ANY, UNPROJECTABLE})
 #: Built-in reasons only the ledger records: a runner that raised one would pass for the sweep.
-_SWEEP_REASONS = frozenset({ORPHANED})
+_SWEEP_REASONS = frozenset({ORPHANED, INCOMPLETE_CAPTURE})
 #: `sessions.failure_reason` is VARCHAR(32); a reason is also a metric name part (`failed/<reason>`).
 MAX_REASON_LENGTH = 32
 _REASON = re.compile(rf"[a-z][a-z0-9_]{{0,{MAX_REASON_LENGTH - 1}}}")

@@ -56,11 +56,12 @@ EXPECTED_METRICS = (
 #: v1: the seed's events; v2: TrajectoryRecorded gained `trainable_tokens`; v3:
 #: SessionFailed gained origin / metric / partial selection, PlaceholderEmitted its lengths, and
 #: the log gained AttemptFailed and RunConfigured; v4: SessionCreated gained `launch` (the run's
-#: launch that created it; null here, the scenario's ledger records none).
+#: launch that created it), TrajectoryRecorded gained versions and `from_calls`, and the log
+#: gained RunLaunched and the model-call events.
 LOG_VERSION = 4
 LOG_SCHEMAS = {
     "SessionCreated": 2,
-    "TrajectoryRecorded": 2,
+    "TrajectoryRecorded": 3,
     "SessionFailed": 2,
     "PlaceholderEmitted": 2,
 }

@@ -304,10 +304,10 @@ def citations() -> list[tuple[str, int, str, list[int]]]:
     return found
 
 
-def test_the_design_has_sections_one_to_fourteen_in_order() -> None:
+def test_the_design_numbers_its_sections_from_one_without_a_gap() -> None:
     text = DESIGN.read_text(encoding="utf-8")
     numbers = [int(n) for n in re.findall(r"^## (\d+)\. ", text, flags=re.MULTILINE)]
-    assert numbers == list(range(1, 15))
+    assert len(numbers) >= 15 and numbers == list(range(1, len(numbers) + 1))
     assert set(design_sections()) == set(numbers)
 
 

@@ -27,7 +27,7 @@ def describe(event: ev.Event) -> str:
         return f"attempt={event.attempt or 1} timeout=" + (
             "-" if event.timeout_s is None else f"{event.timeout_s}s"
         )
-    if isinstance(event, ev.TrajectoryRecorded):
+    if isinstance(event, ev.TrajectoryRecorded) and not event.from_calls:
         trainable = (
             "?" if event.trainable_tokens is None else event.trainable_tokens
         )  # from the data: no decode
@@ -35,6 +35,32 @@ def describe(event: ev.Event) -> str:
             f"#{event.index} prompt {event.prompt_len} + response {event.response_len} tokens "
             f"({trainable} trainable), {event.num_turns} turns"
             + (", logprobs" if event.has_logprobs else "")
+        )
+    if isinstance(event, ev.ModelCallStarted):
+        return f"call {event.call_id} turn {event.turn}" + (
+            "" if event.version is None else f" version={event.version}"
+        )
+    if isinstance(event, ev.ModelCallRecorded):
+        versions = (
+            "-"
+            if event.min_version is None
+            else str(event.min_version)
+            if event.min_version == event.max_version
+            else f"{event.min_version}..{event.max_version}"
+        )
+        return (
+            f"call {event.call_id}: prompt +{event.prompt_len} (after {event.prompt_shared} "
+            f"shared), response {event.response_len} tokens, finish={event.finish_reason or '-'}, "
+            f"version={versions}"
+            + ("" if event.latency_s is None else f", {event.latency_s * 1000:.0f} ms")
+        )
+    if isinstance(event, ev.ModelCallFailed):
+        return f"call {event.call_id} failed: {event.error_type or ''} {event.message}".rstrip()
+    if isinstance(event, ev.TrajectoryRecorded) and event.from_calls:
+        return (
+            f"#{event.index} assembled from calls {', '.join(event.from_calls)}: prompt "
+            f"{event.prompt_len} + response {event.response_len} tokens "
+            f"({event.trainable_tokens} trainable), {event.num_turns} turns"
         )
     if isinstance(event, ev.RewardPosted):
         info = ", ".join(f"{k}={v}" for k, v in sorted(event.info.items()))

@@ -9,7 +9,10 @@
    terminal event, a placeholder after each SessionFailed that emits one, nothing else after the
    terminal event; a run's own stream (`@run:<run>`) holds RunConfigured, PayloadsPruned and RunLaunched
    events only.
-3. Prunes: a payload is a tombstone only where its row's `pruned_by` names a prune (never by the
+3. Model calls: a trajectory assembled from calls (`from_calls`) is what the attempt's recorded
+   calls assemble (`sessions.calls`), byte for byte, so a removed or altered call is found; the
+   calls of sessions still open are held until their session ends.
+4. Prunes: a payload is a tombstone only where its row's `pruned_by` names a prune (never by the
    bytes' shape: a token sequence that spells a tombstone is checked as tokens). A tombstone has
    the layout a prune writes, names the prune its row does, and states the length its event's
    lengths give; every `pruned_by` names a recorded `PayloadsPruned` whose steps hold the event
@@ -78,8 +81,9 @@ async def check_log(
     result = _LogCheck()
     findings: list[Finding] = []
     prunes = _Prunes()
+    calls = _Calls()
     async with driver.reader(engine) as read:
-        result.events = await _check_content(read, findings, on_progress, on_page, prunes)
+        result.events = await _check_content(read, findings, on_progress, on_page, prunes, calls)
         result.sessions = await _check_structure(read, findings)
     findings.extend(prunes.findings())
     findings.sort(key=lambda f: (f[0], f[1]))  # stable: a stream's findings keep their order
@@ -114,6 +118,7 @@ async def _check_content(
     on_progress: Callable[[str, int], None] | None,
     on_page: Callable[[list[tuple[Any, ...]]], Awaitable[None] | None] | None,
     prunes: _Prunes,
+    calls: _Calls,
 ) -> int:
     count, reported = 0, 0
     clean: dict[tuple[str, int, str], Any] = {}
@@ -150,6 +155,9 @@ async def _check_content(
                     and len(clean) < _REMEMBERED
                 ):
                     clean[remembered] = data
+            if data is not None and type_ in _Calls.TYPES:
+                kept = None if pruned_by is not None else payload  # a tombstone holds no tokens
+                findings.extend(calls.see(position, sid, type_, schema, data, kept))
             # A short text goes to the fold as text: its decoder decodes each distinct one once.
             folded.append(
                 (
@@ -412,6 +420,89 @@ class _Prunes:
                     where[1],
                     where[0],
                 ),
+            )
+
+
+# ------------------------------------------------------------------------------ model calls
+class _Calls:
+    """Each open session's recorded calls of its current attempt, to re-assemble the rows made
+    from them; a session's are dropped when it ends (memory: the open sessions' calls)."""
+
+    TYPES = frozenset({"ModelCallRecorded", "AttemptFailed", "TrajectoryRecorded", *TERMINAL})
+
+    def __init__(self) -> None:
+        self._recorded: dict[str, dict[str, ev.ModelCallRecorded | None]] = {}
+
+    def see(
+        self, position: int, sid: str, type_: str, schema: int, data: Any, payload: Any
+    ) -> Iterable[Finding]:
+        if type_ in TERMINAL:
+            self._recorded.pop(sid, None)
+        elif type_ == "AttemptFailed":
+            self._recorded.pop(sid, None)
+        elif type_ == "ModelCallRecorded":
+            self._record(sid, data, payload)
+        elif isinstance(data, dict) and data.get("from_calls"):
+            yield from self._check_row(position, sid, data, payload)
+
+    def _record(self, sid: str, data: Any, payload: Any) -> None:
+        calls = self._recorded.setdefault(sid, {})
+        call: ev.ModelCallRecorded | None = None
+        if payload is not None:  # None: pruned, so its rows cannot be re-assembled
+            try:
+                call = ev.ModelCallRecorded.from_data(data, bytes(payload))
+                call.arrays()  # a damaged payload (the content pass names it)
+            except (TypeError, ValueError, KeyError):
+                call = None
+        if isinstance(data, dict) and isinstance(data.get("call_id"), str):
+            calls[data["call_id"]] = call
+
+    def _check_row(
+        self, position: int, sid: str, data: dict[str, Any], payload: Any
+    ) -> Iterable[Finding]:
+        from sessions import calls as assembly
+
+        def finding(expected: Any, found: Any) -> Finding:
+            return (
+                position,
+                _CONTENT,
+                Divergence(
+                    "events", f"session {sid}", "from_calls", expected, found, sid, position
+                ),
+            )
+
+        named = list(data["from_calls"])
+        recorded = self._recorded.get(sid, {})
+        missing = [c for c in named if c not in recorded]
+        if missing:
+            yield finding(
+                f"recorded calls {', '.join(named)}", f"no record of {', '.join(missing)}"
+            )
+            return
+        if any(recorded[c] is None for c in recorded):
+            return  # a pruned call: nothing to re-assemble from (the prune check covers it)
+        rows = [
+            r for r in assembly.assemble([c for c in recorded.values() if c]) if r.call_ids == named
+        ]
+        if not rows:
+            yield finding(
+                f"a row of calls {', '.join(named)}", "the recorded calls make no such row"
+            )
+            return
+        row = rows[0]
+        made = tokens.encode(
+            tokens.TokenArrays(row.prompt_ids, row.response_ids, row.response_mask, row.logprobs)
+        )
+        if payload is None:
+            return  # pruned: the prune check covers its length and digest
+        stored = bytes(payload)
+        if made != stored or (row.min_version, row.max_version) != (
+            data.get("min_version"),
+            data.get("max_version"),
+        ):
+            yield finding(
+                "the row its recorded calls assemble",
+                f"a row that differs from calls {', '.join(named)} (tokens or versions)",
             )
 
 

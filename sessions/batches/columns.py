@@ -49,6 +49,10 @@ META_COLUMNS: tuple[str, ...] = (
     "materialization_reason",
     # True on a failed session's trajectory sent with its own reward (placeholder policy keep_partial)
     "is_partial",
+    # the lowest and highest weights version behind the response (verl's names; None unknown or
+    # a placeholder: docs/design.md §15)
+    "min_global_steps",
+    "max_global_steps",
 )
 
 #: a queue row's columns that ``sessions.batches.rows`` copies into its ``BatchRow.meta``: the

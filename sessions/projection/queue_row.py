@@ -34,6 +34,8 @@ COLUMNS: tuple[str, ...] = (
     "response_len",
     "tags",
     "produced_position",
+    "min_global_steps",
+    "max_global_steps",
 )
 #: What a group tag holds in the columns of a batch row: nothing, and it is no placeholder.
 _TAG_BASE: Row = {**dict.fromkeys(COLUMNS), "is_placeholder": False, "is_partial": False}
@@ -52,6 +54,7 @@ def batch_row(
     materialization: str | None,
     num_turns: int,
     lengths: tuple[int, int],
+    versions: tuple[int | None, int | None] = (None, None),
 ) -> Row:
     """The queue row of session `s`'s row `key_index`, produced at log `position`."""
     prompt_len, response_len = lengths
@@ -87,6 +90,8 @@ def batch_row(
             **({"is_partial": True} if partial else {}),
         },
         "produced_position": position,
+        "min_global_steps": versions[0],
+        "max_global_steps": versions[1],
     }
 
 

@@ -257,6 +257,8 @@ class Rules:
             "failure_origin": None,
             "metric_policy": None,
             "partial": False,
+            "model_calls": 0,
+            "model_calls_failed": 0,
             "created_position": position,
             "terminal_position": None,
             "created_at": recorded_at,
@@ -472,6 +474,17 @@ class Rules:
         _add(self._of_session(s), m.SESSIONS_CANCELLED)
         self._settle(s, position)
 
+    def _call_started(self, s: Row, position: int, e: dict[str, Any], recorded_at: Any) -> None:
+        """A model call: counted on its session; its tokens reach the read models through the
+        trajectory assembled from it at `complete` (the log keeps it for audits and history)."""
+        s["model_calls"] += 1
+
+    def _call_recorded(self, s: Row, position: int, e: dict[str, Any], recorded_at: Any) -> None:
+        """A call's answer: in the log; its row is the trajectory assembled from it."""
+
+    def _call_failed(self, s: Row, position: int, e: dict[str, Any], recorded_at: Any) -> None:
+        s["model_calls_failed"] += 1
+
     # -------------------------------------------------------- quarantine
     def _error(
         self, position: int, sid: str, type_: str, field_: str | None, reason: str, outcome: str
@@ -568,6 +581,9 @@ class Rules:
                 materialization=materialization,
                 num_turns=0 if placeholder else int(data["num_turns"]),  # type: ignore[index]
                 lengths=(prompt_len, response_len),
+                versions=(None, None)
+                if placeholder
+                else (data.get("min_version"), data.get("max_version")),  # type: ignore[union-attr]
             )
         )
         group = self.state.groups[group_key(s)]
@@ -636,6 +652,10 @@ _HANDLERS: dict[str, Callable[[Rules, Row, int, dict[str, Any], Any], None]] = {
     "SessionFailed": Rules._failed,
     "PlaceholderEmitted": Rules._placeholder,
     "SessionCancelled": Rules._cancelled,
+    # A model call reaches the read models through the trajectory assembled from it.
+    "ModelCallStarted": Rules._call_started,
+    "ModelCallRecorded": Rules._call_recorded,
+    "ModelCallFailed": Rules._call_failed,
 }
 
 

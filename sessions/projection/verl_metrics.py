@@ -44,6 +44,7 @@ __all__ = [
     "data_metrics",
     "ledger_metrics",
     "metrics_dict",
+    "off_policy_metrics",
     "validation_metrics",
 ]
 
@@ -216,7 +217,53 @@ def metrics_dict(
             max_prompt_length=max_prompt_length,
             max_response_length=max_response_length,
         )
-    return {**verl, **ledger_metrics(metric_rows)}
+    out = {**verl, **ledger_metrics(metric_rows)}
+    step = rows[0].get("global_step") if rows else None
+    if partition == "train" and step is not None:
+        out.update(
+            off_policy_metrics(
+                int(step),
+                [q.get("min_global_steps") for q in rows],
+                [q.get("max_global_steps") for q in rows],
+            )
+        )
+    return out
+
+
+def off_policy_metrics(
+    global_step: int,
+    min_versions: Sequence[int | None],
+    max_versions: Sequence[int | None],
+) -> dict[str, float]:
+    """verl V1's staleness figures (`training/off_policy/...`, from `PPOTrainer._compute_metrics`)
+    over the rows whose weights versions are known, and the ledger's count of them and of those
+    that spanned a weight update (`ledger/train/all/off_policy/...`). Placeholders and rows
+    recorded without versions have none and are left out, where verl would have no such row.
+    `global_step` is the step the batch trains (verl's `global_steps`: weights version
+    `global_step - 1` is the current policy). Empty when no row has versions."""
+    known = [
+        (int(low), int(high))
+        for low, high in zip(min_versions, max_versions)
+        if low is not None and high is not None
+    ]
+    if not known:
+        return {}
+    low = np.array([k[0] for k in known], dtype=int)
+    high = np.array([k[1] for k in known], dtype=int)
+    spans = high - low + 1
+    figures = {
+        "trajectory_spans": spans,
+        "trajectory_staleness": (global_step - 1) - high,
+        "trajectory_staleness_worst": (global_step - 1) - low,
+    }
+    out: dict[str, float] = {}
+    for name, values in figures.items():
+        for stat in ("mean", "max", "min"):
+            out[f"training/off_policy/{name}/{stat}"] = float(getattr(values, stat)())
+    prefix = f"{LEDGER_PREFIX}/train/{ALL_SOURCES}/off_policy"
+    out[f"{prefix}/rows_with_versions"] = float(len(known))
+    out[f"{prefix}/rows_spanning_updates"] = float(int((spans > 1).sum()))
+    return out
 
 
 # ------------------------------------------------------------------ validation internals

@@ -142,6 +142,9 @@ sessions = Table(
     Column("failure_origin", String(8), nullable=True),
     Column("metric_policy", String(8), nullable=True),
     Column("partial", Boolean, nullable=True),
+    # Revision 0010: model calls started over all attempts, and those that failed (design §15).
+    Column("model_calls", Integer, nullable=True),
+    Column("model_calls_failed", Integer, nullable=True),
     Column("created_position", BigInteger, nullable=False),
     Column("terminal_position", BigInteger, nullable=True),
     Column("created_at", DateTime(timezone=True), nullable=False),
@@ -238,6 +241,9 @@ queue_rows = Table(
     Column(
         "is_partial", Boolean, nullable=True
     ),  # a keep_partial failure's trajectory (revision 0005)
+    # the weights versions behind a trajectory's response, verl's names (revision 0010)
+    Column("min_global_steps", BigInteger, nullable=True),
+    Column("max_global_steps", BigInteger, nullable=True),
     Index(None, "run", "partition", "global_step"),
     Index("uq_queue_rows_key", "run", "partition", step_key(), "key", unique=True),
 )

@@ -1,4 +1,4 @@
-"""The documented SQL views (created by Alembic revisions 0002, 0005 and 0009, described in docs/sql.md).
+"""The documented SQL views (created by Alembic revisions 0002, 0005, 0009 and 0010, described in docs/sql.md).
 
 Views are pure SQL over `events` and the read models, so they are as rebuildable as the tables
 they read. They are not part of `store.schema.tables.metadata` (Alembic's autogenerate compares tables
@@ -15,6 +15,8 @@ GROUP_STATUS = "group_status"
 _SESSION_ATTEMPTS = "session_attempts"
 #: Each session's launch and whether a later launch superseded it (revision 0009).
 SESSION_LAUNCHES = "session_launches"
+#: One row per model call, read from the log (revision 0010).
+_MODEL_CALLS = "model_calls"
 
 #: Every view the schema defines at head, in creation order.
 VIEWS = (
@@ -24,4 +26,5 @@ VIEWS = (
     GROUP_STATUS,
     _SESSION_ATTEMPTS,
     SESSION_LAUNCHES,
+    _MODEL_CALLS,
 )

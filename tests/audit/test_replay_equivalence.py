@@ -98,6 +98,61 @@ def _trajectory(rnd: random.Random, index: int, v1: bool) -> tuple[dict[str, Any
     return data, payload
 
 
+def _schema_3(rnd: random.Random, data: dict[str, Any]) -> dict[str, Any]:
+    """A v2 trajectory's data as schema 3 writes it for a trajectory handed over whole: its
+    versions (rows assembled from calls must be what the calls assemble, which the audit checks:
+    tests/domain/test_calls.py generates those)."""
+    low = rnd.choice([None, 0, 3])
+    return {
+        **data,
+        "min_version": low,
+        "max_version": None if low is None else low + rnd.randint(0, 2),
+        "from_calls": [],
+    }
+
+
+def _calls(rnd: random.Random, add: Any) -> None:
+    """A few model calls of an attempt: intents, each recorded or failed, or left open."""
+    for c in range(rnd.randint(1, 3)):
+        cid = f"c{c}"
+        add("ModelCallStarted", {"call_id": cid, "turn": c, "sampling": {}, "version": None})
+        fate = rnd.random()
+        if fate < 0.7:
+            prompt = np.array([rnd.randrange(1, 500) for _ in range(rnd.randint(0, 3))], "<i4")
+            response = np.array([rnd.randrange(1, 500) for _ in range(rnd.randint(1, 3))], "<i4")
+            payload = tokens.encode(
+                tokens.TokenArrays(prompt, response, np.ones(len(response), np.uint8), None)
+            )
+            version = rnd.choice([None, 1, 2])
+            add(
+                "ModelCallRecorded",
+                {
+                    "call_id": cid,
+                    "prompt_shared": 0 if c == 0 else rnd.randint(0, 2),
+                    "prompt_len": len(prompt),
+                    "response_len": len(response),
+                    "has_logprobs": False,
+                    "finish_reason": rnd.choice([None, "stop"]),
+                    "min_version": version,
+                    "max_version": version,
+                    "latency_s": rnd.choice([None, 0.5]),
+                    "server": None,
+                    "text": rnd.choice([None, "ok"]),
+                },
+                payload,
+            )
+        elif fate < 0.9:
+            add(
+                "ModelCallFailed",
+                {
+                    "call_id": cid,
+                    "error_type": "ConnectionError",
+                    "message": "reset",
+                    "latency_s": None,
+                },
+            )
+
+
 def random_log(rnd: random.Random) -> Log:
     log = Log()
     clock = iter(T0 + timedelta(microseconds=7 * i) for i in range(10**6))
@@ -173,12 +228,17 @@ def random_log(rnd: random.Random) -> Log:
                         },
                     )
                     add("SessionStarted", {"attempt": attempt + 1, "timeout_s": None})
+                if rnd.random() < 0.4:
+                    _calls(rnd, add)
                 count = rnd.randint(0, 3)
                 rewards: list[float | None] = []
                 for t in range(recorded, recorded + count):
                     v1 = rnd.random() < 0.3
                     data, payload = _trajectory(rnd, t, v1)
-                    add("TrajectoryRecorded", data, payload, 1 if v1 else 2)
+                    if not v1 and rnd.random() < 0.5:
+                        add("TrajectoryRecorded", _schema_3(rnd, data), payload, 3)
+                    else:
+                        add("TrajectoryRecorded", data, payload, 1 if v1 else 2)
                     if rnd.random() < 0.6 and outcome != "succeed_no_reward":
                         reward = rnd.choice(
                             [None, 0.0, 1.0, round(rnd.uniform(-1, 1), 6), rnd.random()]
@@ -460,6 +520,7 @@ def test_the_generator_covers_every_outcome() -> None:
     assert {
         ("TrajectoryRecorded", 1),
         ("TrajectoryRecorded", 2),
+        ("TrajectoryRecorded", 3),
         ("SessionFailed", 1),
         ("SessionFailed", 2),
         ("PlaceholderEmitted", 1),

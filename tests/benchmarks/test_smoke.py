@@ -59,3 +59,18 @@ def test_quick_suite_reports_every_figure(
     assert any(w == "replay/audit" and n.startswith("disk write speed") for w, n in names)
     targeted = {f["name"] for f in figures if f["target"]}
     assert "audit (check log + fold + compare in memory)" in targeted
+
+
+def test_the_model_calls_benchmark_reports_each_figure_beside_its_baseline(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`python -m benchmarks.calls` at its smallest on a SQLite file: every figure printed with
+    its baseline and target (speed is never asserted)."""
+    from benchmarks.calls import main as calls_main
+
+    db = f"sqlite+aiosqlite:///{tmp_path / 'calls.db'}"
+    assert calls_main(["--sessions", "2", "--calls", "3", "--reps", "1", "--db", db]) == 0
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("given:")]
+    assert len(lines) == 3, lines
+    assert "JSONL baseline" in lines[0] and "target <= 150 µs" in lines[0]
+    assert "recorded whole" in lines[2] and "target <= 1.2x" in lines[2]

@@ -687,6 +687,11 @@ def generated_cases() -> list[Case]:
         add(refused("record", "materialization_reason", label, value))
     for label, value in [*good_texts(declared, spec), ("empty", "")]:
         add(accepted("record", "materialization_reason", label, value, value))
+    for name in ("min_version", "max_version"):  # weights versions: an integer >= 0, or None
+        for label, value in (("negative", -1), ("float", 1.5), ("text", "3"), ("bool", True)):
+            add(refused("record", name, label, value))
+        for label, value in (("zero", 0), ("none", None), ("numpy-int64", np.int64(7))):
+            add(accepted("record", name, label, value, None if value is None else int(value)))
     for label, value in bad_json(mapping_only=False):
         add(refused("record", "extra", label, value))
     for label, value in good_json(string_keys_only=False):

@@ -257,6 +257,9 @@ def test_event_registry_covers_every_event_of_the_design() -> None:
         "AttemptFailed",
         "RunConfigured",  # retries and run fingerprints (issue 16)
         "PayloadsPruned",  # retention (issue 28)
+        "ModelCallStarted",  # a model call's intent, its record or its failure (design §15)
+        "ModelCallRecorded",
+        "ModelCallFailed",
         "RunLaunched",  # a run's launches and resumes (issue 39)
     }
     for name, cls in ev.EVENT_TYPES.items():

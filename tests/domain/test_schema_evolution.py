@@ -1,5 +1,5 @@
-"""Schema evolution: TrajectoryRecorded v2 (`trainable_tokens`), its upcaster, golden v1 logs, and
-events this library cannot read (docs/design.md §4, §9)."""
+"""Schema evolution: TrajectoryRecorded v2 (`trainable_tokens`) and v3 (versions, `from_calls`), their
+upcasters, golden v1 logs, and events this library cannot read (docs/design.md §4, §9)."""
 
 from __future__ import annotations
 
@@ -68,8 +68,8 @@ def _v1_data(prompt_len: int, response_len: int, has_logprobs: bool) -> dict[str
 
 
 # ------------------------------------------------------------------ the v2 shape
-def test_trajectory_recorded_is_schema_2_and_round_trips_trainable_tokens() -> None:
-    assert ev.TrajectoryRecorded.SCHEMA_VERSION == 2
+def test_trajectory_recorded_is_schema_3_and_round_trips_trainable_tokens() -> None:
+    assert ev.TrajectoryRecorded.SCHEMA_VERSION == 3
     arrays = _arrays([1, 0, 0, 1, 1], logprobs=True)
     event = ev.TrajectoryRecorded(
         index=1,
@@ -79,6 +79,9 @@ def test_trajectory_recorded_is_schema_2_and_round_trips_trainable_tokens() -> N
         has_logprobs=True,
         trainable_tokens=3,
         extra={"tool": "sh"},
+        min_version=2,
+        max_version=4,
+        from_calls=["c1", "c2"],
         payload=tokens.encode(arrays),
     )
     data = event.to_data()
@@ -87,7 +90,7 @@ def test_trajectory_recorded_is_schema_2_and_round_trips_trainable_tokens() -> N
     new = ev.envelope(
         event, session_id="s", version=3, run="r", uid="u", partition="val", global_step=0
     )
-    assert new.schema_version == 2
+    assert new.schema_version == 3
     back = ev.decode(_raw("TrajectoryRecorded", new.schema_version, new.data, new.payload)).event
     assert back == event
     # Only changed shapes are bumped (the golden logs' record of them).
@@ -110,10 +113,14 @@ async def test_the_recorder_counts_trainable_tokens(sqlite_url: str) -> None:
         stored = [
             s for s in await ledger.store.read_stream("s-t") if s.type == "TrajectoryRecorded"
         ]
-    assert [(s.schema_version, s.data["trainable_tokens"]) for s in stored] == [(2, 3), (2, 2)]
+    assert [(s.schema_version, s.data["trainable_tokens"]) for s in stored] == [(3, 3), (3, 2)]
 
 
 # ------------------------------------------------------------------ the upcaster
+#: What the v2 -> v3 upcaster adds: a trajectory handed over whole, its versions unknown.
+_V3_FIELDS = {"min_version": None, "max_version": None, "from_calls": []}
+
+
 def test_v1_trajectory_upcasts_to_v2_counting_the_payload_mask() -> None:
     mask = [0, 1, 1, 0, 1, 1]
     for has_logprobs in (False, True):
@@ -123,7 +130,7 @@ def test_v1_trajectory_upcasts_to_v2_counting_the_payload_mask() -> None:
         event = ev.decode(stored).event
         assert isinstance(event, ev.TrajectoryRecorded)
         assert event.trainable_tokens == 4
-        assert event.to_data() == {**data, "trainable_tokens": 4}
+        assert event.to_data() == {**data, "trainable_tokens": 4, **_V3_FIELDS}
         assert stored.data == data and "trainable_tokens" not in stored.data, (
             "upcasting must not mutate stored data"
         )
@@ -139,6 +146,7 @@ def test_v1_upcast_without_the_payload_means_unknown() -> None:
     assert ev.upcast("TrajectoryRecorded", 2, {**data, "trainable_tokens": 7}) == {
         **data,
         "trainable_tokens": 7,
+        **_V3_FIELDS,
     }
 
 
@@ -153,12 +161,12 @@ def test_the_v1_upcaster_is_registered_with_payload_access() -> None:
 
 
 def test_payload_upcasters_chain_with_data_only_ones(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A data-only v2 -> v3 step after the payload-aware v1 -> v2 one (a future bump)."""
+    """A data-only v3 -> v4 step after the payload-aware v1 -> v2 one (a future bump)."""
     monkeypatch.setattr(ev, "UPCASTERS", dict(ev.UPCASTERS))
-    monkeypatch.setattr(ev.TrajectoryRecorded, "SCHEMA_VERSION", 3)
+    monkeypatch.setattr(ev.TrajectoryRecorded, "SCHEMA_VERSION", 4)
 
-    @ev.upcaster("TrajectoryRecorded", 2)
-    def two_to_three(data: dict[str, Any]) -> dict[str, Any]:
+    @ev.upcaster("TrajectoryRecorded", 3)
+    def three_to_four(data: dict[str, Any]) -> dict[str, Any]:
         data["extra"] = {**data["extra"], "lifted": True}
         return data
 
@@ -369,6 +377,6 @@ def test_cli_names_an_unknown_type_and_version(
 
 
 def test_upcaster_registry_is_not_left_patched() -> None:
-    assert ev.TrajectoryRecorded.SCHEMA_VERSION == 2
-    assert ("TrajectoryRecorded", 2) not in ev.UPCASTERS
+    assert ev.TrajectoryRecorded.SCHEMA_VERSION == 3
+    assert ("TrajectoryRecorded", 3) not in ev.UPCASTERS
     assert dataclasses.fields(ev.TrajectoryRecorded)

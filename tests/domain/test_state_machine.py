@@ -29,6 +29,9 @@ DESIGN_TABLE = {
     ("created", "start"): "running",
     ("created", "fail"): "failed",
     ("created", "cancel"): "cancelled",
+    ("running", "start_call"): "running",  # a model call: intent, then record or failure (§15)
+    ("running", "record_call"): "running",
+    ("running", "fail_call"): "running",
     ("running", "record_trajectory"): "running",
     ("running", "post_reward"): "running",
     ("running", "complete"): "succeeded",

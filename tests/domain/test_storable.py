@@ -683,6 +683,11 @@ VALID: dict[str, ev.Event] = {
     ),
     "PlaceholderEmitted": ev.PlaceholderEmitted(reason="timeout", token_id=0),
     "SessionCancelled": ev.SessionCancelled(message="m"),
+    "ModelCallStarted": ev.ModelCallStarted(call_id="c", turn=0),
+    "ModelCallRecorded": ev.ModelCallRecorded(
+        call_id="c", prompt_shared=0, prompt_len=1, response_len=1, has_logprobs=False
+    ),
+    "ModelCallFailed": ev.ModelCallFailed(call_id="c", error_type="E", message="m"),
     "RunLaunched": ev.RunLaunched(launch="job", number=1),
 }
 #: Text every bounded field takes (no `_`: a uid refuses it; lowercase: a reason's own rule).

@@ -59,8 +59,52 @@ class SessionProxy:
         num_turns: int = 1,
         materialization_reason: str | None = None,
         extra: dict[str, Any] | None = None,
+        min_version: int | None = None,
+        max_version: int | None = None,
     ) -> int:
-        """Record one trajectory; returns its index. Mask defaults to all 1 (every token trainable)."""
+        """Record one trajectory; returns its index. Mask defaults to all 1 (every token
+        trainable); `min_version` / `max_version`: the weights versions behind its response."""
+    async def start_call(
+        self,
+        call_id: str | None = None,
+        *,
+        turn: int | None = None,
+        sampling: dict[str, Any] | None = None,
+        version: int | None = None,
+    ) -> str:
+        """Record a model call's intent before the request leaves; returns its id (`c<n>`, the
+        attempt's n-th call, when none is given). `turn`: the conversation turn (default: the
+        attempt's count of calls so far); `version`: the weights version asked for, if known.
+        A call left without `record_call` or `fail_call` fails the session closed at `complete`."""
+    async def record_call(
+        self,
+        call_id: str,
+        *,
+        prompt_ids: Any,
+        response_ids: Any,
+        response_logprobs: Any | None = None,
+        finish_reason: str | None = None,
+        min_version: int | None = None,
+        max_version: int | None = None,
+        latency_s: float | None = None,
+        server: str | None = None,
+        text: str | None = None,
+    ) -> None:
+        """Record a started call's answer, before the caller hands it on: the whole prompt as
+        sent (only what it adds to the previous call's context is stored), the response, its
+        log-probs, and the weights versions that served it (one version: pass it as both, or as
+        either). The session's row is assembled from its recorded calls at `complete`."""
+    async def fail_call(
+        self,
+        call_id: str,
+        error: BaseException | None = None,
+        *,
+        message: str = "",
+        error_type: str | None = None,
+        latency_s: float | None = None,
+    ) -> None:
+        """Record that a started call ended without an answer (`error`, or `message` and
+        `error_type`): the call is settled and none of its tokens reach a row."""
     async def post_reward(self, reward: float | None, **info: Any) -> None:
         """Post the reward (None = absent) and diagnostics; info merges into reward_info by key."""
     async def complete(
@@ -392,8 +436,52 @@ class SyncSession:
         num_turns: int = 1,
         materialization_reason: str | None = None,
         extra: dict[str, Any] | None = None,
+        min_version: int | None = None,
+        max_version: int | None = None,
     ) -> int:
-        """Record one trajectory; returns its index. Mask defaults to all 1 (every token trainable)."""
+        """Record one trajectory; returns its index. Mask defaults to all 1 (every token
+        trainable); `min_version` / `max_version`: the weights versions behind its response."""
+    def start_call(
+        self,
+        call_id: str | None = None,
+        *,
+        turn: int | None = None,
+        sampling: dict[str, Any] | None = None,
+        version: int | None = None,
+    ) -> str:
+        """Record a model call's intent before the request leaves; returns its id (`c<n>`, the
+        attempt's n-th call, when none is given). `turn`: the conversation turn (default: the
+        attempt's count of calls so far); `version`: the weights version asked for, if known.
+        A call left without `record_call` or `fail_call` fails the session closed at `complete`."""
+    def record_call(
+        self,
+        call_id: str,
+        *,
+        prompt_ids: Any,
+        response_ids: Any,
+        response_logprobs: Any | None = None,
+        finish_reason: str | None = None,
+        min_version: int | None = None,
+        max_version: int | None = None,
+        latency_s: float | None = None,
+        server: str | None = None,
+        text: str | None = None,
+    ) -> None:
+        """Record a started call's answer, before the caller hands it on: the whole prompt as
+        sent (only what it adds to the previous call's context is stored), the response, its
+        log-probs, and the weights versions that served it (one version: pass it as both, or as
+        either). The session's row is assembled from its recorded calls at `complete`."""
+    def fail_call(
+        self,
+        call_id: str,
+        error: BaseException | None = None,
+        *,
+        message: str = "",
+        error_type: str | None = None,
+        latency_s: float | None = None,
+    ) -> None:
+        """Record that a started call ended without an answer (`error`, or `message` and
+        `error_type`): the call is settled and none of its tokens reach a row."""
     def post_reward(self, reward: float | None, **info: Any) -> None:
         """Post the reward (None = absent) and diagnostics; info merges into reward_info by key."""
     def complete(
