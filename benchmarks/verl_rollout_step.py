@@ -33,8 +33,8 @@ SHOWN = (
 
 
 async def run(db: Path, timeout: float) -> int:
-    from tests import test_verl_agent_loop as t
     from tests.integrations.verl import llm_server as llm
+    from tests.integrations.verl import test_agent_loop as t
 
     model = llm.build_model_folder(Path(tempfile.mkdtemp(prefix="tiny-policy-")))
     url = f"sqlite+aiosqlite:///{db}"

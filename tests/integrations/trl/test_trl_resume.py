@@ -16,6 +16,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlalchemy import text
@@ -24,8 +25,15 @@ from sessions import SyncLedger
 from store import create_engine
 from tests import REPO
 from tests.conftest import BACKENDS
-from tests.integrations.trl import resume_job as job
 from tests.integrations.trl.test_trl import ROWS, require_trl
+
+
+def _job() -> Any:
+    """`resume_job`, which imports TRL at its top: imported once `require_trl()` has passed, so
+    the module collects where TRL is not installed (the verl-pins environment)."""
+    from tests.integrations.trl import resume_job
+
+    return resume_job
 
 
 def _launch(url: str, folder: Path, phase: str) -> subprocess.CompletedProcess[str]:
@@ -44,6 +52,7 @@ def test_a_killed_trl_run_resumed_from_its_checkpoint_counts_the_re_run_step_onc
     db_url: str, tmp_path: Path
 ) -> None:
     require_trl()
+    job = _job()
     crashed = _launch(db_url, tmp_path, "crash")
     assert crashed.returncode == job.EXIT_CODE, crashed.stderr[-3000:]
     assert (tmp_path / f"checkpoint-{job.CRASH_STEP}").is_dir()
@@ -79,6 +88,7 @@ def test_a_killed_trl_run_resumed_from_its_checkpoint_counts_the_re_run_step_onc
 
 async def _counts(url: str) -> tuple[int, int]:
     """Open sessions of the run, and superseded ones of the re-run step, read through SQL."""
+    job = _job()
     engine = create_engine(url)
     try:
         async with engine.connect() as conn:
