@@ -135,8 +135,33 @@ class SessionStarted(Event):
     timeout_s: float | None = None
 
 
+class _TokenPayload:
+    """An event whose token arrays travel in the binary payload, beside its JSON data: the
+    payload is stored as given, and its arrays decoded only when read (folds never need them)."""
+
+    __slots__ = ()
+    DATA_EXCLUDED: ClassVar[tuple[str, ...]] = ("payload",)
+    payload: bytes
+    prompt_len: int
+    response_len: int
+    has_logprobs: bool
+
+    def to_payload(self) -> bytes | None:
+        return self.payload
+
+    @classmethod
+    def from_data(cls, data: Mapping[str, Any], payload: bytes | None) -> Event:
+        event = Event.from_data.__func__(cls, data, None)  # type: ignore[attr-defined]
+        return dataclasses.replace(event, payload=payload or b"")
+
+    def arrays(self) -> TokenArrays:
+        from sessions import tokens  # numpy, loaded only when token arrays are read (issue 28)
+
+        return tokens.decode(self.payload, self.prompt_len, self.response_len, self.has_logprobs)
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
-class TrajectoryRecorded(Event):
+class TrajectoryRecorded(_TokenPayload, Event):
     """One trajectory; its token arrays are the payload (decoded lazily: folds never need them).
 
     Schema 2 added `trainable_tokens`, the count of response tokens with mask 1, so metrics,
@@ -164,22 +189,6 @@ class TrajectoryRecorded(Event):
     from_calls: list[str] = field(default_factory=list)
     payload: bytes = field(default=b"", repr=False)
 
-    #: the payload is the token arrays, stored beside the JSON data (`to_payload`)
-    DATA_EXCLUDED: ClassVar[tuple[str, ...]] = ("payload",)
-
-    def to_payload(self) -> bytes | None:
-        return self.payload
-
-    @classmethod
-    def from_data(cls, data: Mapping[str, Any], payload: bytes | None) -> Event:
-        event = Event.from_data.__func__(cls, data, None)  # type: ignore[attr-defined]
-        return dataclasses.replace(event, payload=payload or b"")
-
-    def arrays(self) -> TokenArrays:
-        from sessions import tokens  # numpy, loaded only when token arrays are read (issue 28)
-
-        return tokens.decode(self.payload, self.prompt_len, self.response_len, self.has_logprobs)
-
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ModelCallStarted(Event):
@@ -196,7 +205,7 @@ class ModelCallStarted(Event):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class ModelCallRecorded(Event):
+class ModelCallRecorded(_TokenPayload, Event):
     """A model call's answer, appended before the caller gets it.
 
     The payload lays out the call as `tokens.encode` lays out a trajectory (mask all ones): the
@@ -218,23 +227,8 @@ class ModelCallRecorded(Event):
     server: str | None = None
     #: the response's text, only where the caller gives it
     text: str | None = None
+    #: `arrays()`: the prompt's new tokens (after `prompt_shared`), the response, its log-probs
     payload: bytes = field(default=b"", repr=False)
-
-    DATA_EXCLUDED: ClassVar[tuple[str, ...]] = ("payload",)
-
-    def to_payload(self) -> bytes | None:
-        return self.payload
-
-    @classmethod
-    def from_data(cls, data: Mapping[str, Any], payload: bytes | None) -> Event:
-        event = Event.from_data.__func__(cls, data, None)  # type: ignore[attr-defined]
-        return dataclasses.replace(event, payload=payload or b"")
-
-    def arrays(self) -> TokenArrays:
-        """The prompt's new tokens (after `prompt_shared`), the response and its log-probs."""
-        from sessions import tokens
-
-        return tokens.decode(self.payload, self.prompt_len, self.response_len, self.has_logprobs)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
