@@ -172,19 +172,12 @@ def _call_started(view: SessionView, e: ev.ModelCallStarted) -> None:
 def _call_recorded(view: SessionView, e: ev.ModelCallRecorded) -> None:
     view.calls[e.call_id].recorded = e
     view.calls_recorded += 1
+    from sessions import calls  # numpy: only the folds of sessions that record calls load it
+
     try:
-        arrays = e.arrays()
+        view.call_context = calls.extend(view.call_context, e)[1]
     except ValueError:  # a pruned payload: a settled session's, whose context nobody extends
         view.call_context = None
-        return
-    import numpy as np  # the domain's folds import numpy only for sessions that record calls
-
-    shared = (
-        view.call_context[: e.prompt_shared]
-        if view.call_context is not None
-        else arrays.prompt_ids[:0]
-    )
-    view.call_context = np.concatenate((shared, arrays.prompt_ids, arrays.response_ids))
 
 
 def _call_failed(view: SessionView, e: ev.ModelCallFailed) -> None:

@@ -20,7 +20,7 @@ import numpy as np
 from sessions import tokens
 from sessions.events import ModelCallRecorded
 
-__all__ = ["AssembledRow", "assemble", "full_prompts", "shared_prefix"]
+__all__ = ["AssembledRow", "assemble", "extend", "full_prompts", "shared_prefix"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,14 +48,24 @@ def shared_prefix(context: np.ndarray | None, prompt: np.ndarray) -> int:
     return int(differs[0]) if differs.size else length
 
 
+def extend(
+    context: np.ndarray | None, call: ModelCallRecorded, arrays: tokens.TokenArrays | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """`call`'s whole prompt, and the context after it (that prompt and its response), from the
+    context after the call recorded before it (None before the first); `arrays`: the call's
+    decoded arrays when the caller has them already."""
+    arrays = call.arrays() if arrays is None else arrays
+    shared = arrays.prompt_ids[:0] if context is None else context[: call.prompt_shared]
+    prompt = np.concatenate((shared, arrays.prompt_ids))
+    return prompt, np.concatenate((prompt, arrays.response_ids))
+
+
 def full_prompts(recorded: Sequence[ModelCallRecorded]) -> list[tuple[np.ndarray, np.ndarray]]:
     """Each call's (whole prompt, context after it), rebuilt from the shared prefixes."""
     out: list[tuple[np.ndarray, np.ndarray]] = []
-    context = np.zeros(0, dtype=tokens.INT32)
+    context: np.ndarray | None = None
     for call in recorded:
-        arrays = call.arrays()
-        prompt = np.concatenate((context[: call.prompt_shared], arrays.prompt_ids))
-        context = np.concatenate((prompt, arrays.response_ids))
+        prompt, context = extend(context, call)
         out.append((prompt, context))
     return out
 
@@ -103,8 +113,9 @@ def assemble(recorded: Sequence[ModelCallRecorded]) -> list[AssembledRow]:
             )
         )
 
-    for call, (whole, context) in zip(recorded, full_prompts(recorded)):
-        arrays = call.arrays()
+    for call in recorded:
+        arrays = call.arrays()  # decoded once: its prompt, response and log-probs all serve
+        whole, context = extend(previous, call, arrays)
         extends = previous is not None and call.prompt_shared == previous.shape[0]
         if not extends:
             close()
