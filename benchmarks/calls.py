@@ -58,6 +58,18 @@ def _conversation(calls: int, seed: int) -> list[tuple[np.ndarray, np.ndarray, n
     return out
 
 
+async def _session(ledger: Any, run: str, index: int) -> Any:
+    """Session `index` of the step: a group of its own at train step 0."""
+    return await ledger.create_session(
+        f"{run}-{index}",
+        uid=f"u{index}",
+        session_index=0,
+        group_size=1,
+        partition="train",
+        global_step=0,
+    )
+
+
 async def _plain(sessions: int, calls: int) -> float:
     """The loop thread's CPU seconds for the same sessions making the same calls, unrecorded."""
 
@@ -81,14 +93,7 @@ async def _with_calls(
 
     async def one(index: int) -> None:
         nonlocal spent
-        handle = await ledger.create_session(
-            f"{run}-{index}",
-            uid=f"u{index}",
-            session_index=0,
-            group_size=1,
-            partition="train",
-            global_step=0,
-        )
+        handle = await _session(ledger, run, index)
         for prompt, response, logprobs in _conversation(calls, index):
             t0 = time.perf_counter()
             call = await handle.start_call()
@@ -144,14 +149,7 @@ async def _whole(ledger: Any, run: str, sessions: int, calls: int) -> float:
 
     async def one(index: int) -> None:
         row = rows[index]
-        handle = await ledger.create_session(
-            f"{run}-{index}",
-            uid=f"u{index}",
-            session_index=0,
-            group_size=1,
-            partition="train",
-            global_step=0,
-        )
+        handle = await _session(ledger, run, index)
         await handle.record_trajectory(
             prompt_ids=row.prompt_ids,
             response_ids=row.response_ids,
