@@ -377,6 +377,8 @@ LAYERS: list[tuple[str, str]] = [
         "sessions.trackers",
         "a step's metrics through the ledger, its text shown as the report shows it",
     ),
+    ("sessions.otel", "sessions as OpenTelemetry traces, read through the ledger"),
+    ("sessions.gateway", "an OpenAI-compatible endpoint records calls through the ledger"),
     ("sessions.integrations", "verl, TRL and TransferQueue drive the ledger"),
     ("sessions.cli", "every verb"),
 ]

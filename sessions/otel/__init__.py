@@ -1,0 +1,1 @@
+"""Sessions as OpenTelemetry traces (issue 45; docs/otel.md)."""
