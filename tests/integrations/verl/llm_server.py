@@ -20,7 +20,14 @@ step), which is how a test injects a failure into one chosen row (``faults``: ro
 * ``tool``: the first answer is a tool call (``sandbox``), for verl's tool agent loop;
 * ``sandbox``: a tool call whose sandbox dies when it is released (the tool raises
   ``SandboxError`` out of verl's tool agent loop, which catches only ``execute``'s errors);
-* ``sandbox_hang``: a tool call whose sandbox never answers.
+* ``sandbox_hang``: a tool call whose sandbox never answers;
+* ``tools3``: the first three answers are tool calls (a conversation of four model calls);
+* ``tools2_crash``: the first two answers are tool calls, and the server crashes on the third
+  request (a run that dies after two calls of four).
+
+Rows in ``spanning`` see a weight update mid-rollout: their first request is served by the weights
+of step ``global_step - 1`` and every later one by ``global_step`` (verl stamps each answer's
+``global_steps``; its server client turns them into ``min_global_steps`` / ``max_global_steps``).
 
 A prompt whose text contains ``[kind]`` fails so in every row (what a Ray worker in another
 process sees, without the in-process plan).
@@ -52,7 +59,11 @@ CHAT_TEMPLATE = (
 )
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<tool_call>", "</tool_call>"]
 TOOL_CALL = '<tool_call>{"name": "sandbox", "arguments": {"code": "1 + 1"}}</tool_call>'
-_MARK = re.compile(r"\[(crash_once|crash|hang|flaky|tool|sandbox|sandbox_hang)\]")
+_MARK = re.compile(
+    r"\[(crash_once|crash|hang|flaky|tools3|tools2_crash|tool|sandbox|sandbox_hang)\]"
+)
+#: fault -> how many of the first answers are tool calls
+TOOL_TURNS = {"tool": 1, "sandbox": 1, "sandbox_hang": 1, "tools3": 3, "tools2_crash": 2}
 
 #: row (the request's priority) -> injected fault, for the sandbox tool in this process
 TOOL_FAULTS: dict[int, str] = {}
@@ -192,7 +203,11 @@ class TinyPolicyServer:
     """What ``vLLMHttpServer`` is to verl's agent loops: ``generate`` -> ``TokenOutput``."""
 
     def __init__(
-        self, model: Path | str, faults: Mapping[int, str] | None = None, global_step: int = 0
+        self,
+        model: Path | str,
+        faults: Mapping[int, str] | None = None,
+        global_step: int = 0,
+        spanning: Sequence[int] = (),
     ) -> None:
         from transformers import AutoTokenizer
 
@@ -200,6 +215,7 @@ class TinyPolicyServer:
         self.policy = TinyPolicy(len(self.tokenizer), self.tokenizer.eos_token_id)
         self.faults = dict(faults or {})
         self.global_step = global_step
+        self.spanning = frozenset(spanning)
         self.requests: dict[str, int] = {}
         self.crashed_once: set[str] = set()
 
@@ -234,9 +250,11 @@ class TinyPolicyServer:
             await asyncio.sleep(3600)
         if fault == "flaky" and turn == 1:
             raise ConnectionError(f"injected: the LLM server dropped {request_id} once")
+        if fault == "tools2_crash" and turn == 3:
+            raise RuntimeError(f"injected: the LLM server crashed on call 3 of {request_id}")
         temperature = float(sampling_params.get("temperature") or 0.0) or 1.0
         budget = min(RESPONSE_LENGTH, PROMPT_LENGTH + RESPONSE_LENGTH - len(prompt_ids))
-        if fault in ("tool", "sandbox", "sandbox_hang") and turn == 1:
+        if turn <= TOOL_TURNS.get(fault or "", 0):
             ids = self.tokenizer.encode(TOOL_CALL) + [self.tokenizer.eos_token_id]
             log_probs = self.policy.score(prompt_ids, ids, temperature)
         else:
@@ -248,8 +266,14 @@ class TinyPolicyServer:
             log_probs=log_probs[:budget] if sampling_params.get("logprobs") else None,
             stop_reason="completed",
             num_preempted=0,
-            extra_fields={"global_steps": self.global_step},
+            extra_fields={"global_steps": self._version(request_id, turn)},
         )
+
+    def _version(self, request_id: str, turn: int) -> int:
+        """The weights version serving this request (a spanning row's first: the step before)."""
+        match = re.fullmatch(r"det-(\d+)", request_id)
+        row = int(match.group(1)) if match else None
+        return self.global_step - 1 if row in self.spanning and turn == 1 else self.global_step
 
 
 class _Remote:

@@ -124,7 +124,9 @@ async def generate(
     return batch, out
 
 
-async def ledger_view(url: str, partition: str, step: int, pad: int) -> tuple[Any, dict]:
+async def ledger_view(
+    url: str, partition: str, step: int, pad: int, response_width: int = llm.RESPONSE_LENGTH
+) -> tuple[Any, dict]:
     from sessions.integrations.verl.agent_loop import close_process_ledgers
 
     await close_process_ledgers()
@@ -134,7 +136,7 @@ async def ledger_view(url: str, partition: str, step: int, pad: int) -> tuple[An
             step,
             timeout=10,
             prompt_width=llm.PROMPT_LENGTH,
-            response_width=llm.RESPONSE_LENGTH,
+            response_width=response_width,
             pad_token_id=pad,
             reward_info=True,
         )
@@ -143,7 +145,7 @@ async def ledger_view(url: str, partition: str, step: int, pad: int) -> tuple[An
             step,
             timeout=10,
             max_prompt_length=llm.PROMPT_LENGTH,
-            max_response_length=llm.RESPONSE_LENGTH,
+            max_response_length=response_width,
         )
         return batch, metrics
 

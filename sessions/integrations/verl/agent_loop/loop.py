@@ -8,10 +8,14 @@ registered one, and makes each run a session of the ledger:
 
 * the session's slot comes from verl's own fields (``sample``); its ledger is the worker
   process's (``process_ledger``), with the job's settings (``settings``);
+* each ``generate`` call of the inner loop is recorded as a model call as it happens, with the
+  weights versions verl's server client stamps on it (``calls``): a run that dies after k calls
+  leaves k calls in the log;
 * an attempt runs the inner loop, then scores its output with verl's own reward worker when the
   loop did not score it (exactly what verl would do next; verl then skips it), under the
-  configured timeout; the output is recorded (tokens, mask, log-probs, turns, reward and
-  ``reward_extra_info``) and returned unchanged;
+  configured timeout; the session's row is the one its calls assemble when that is verl's output
+  token for token, else the output handed over whole (tokens, mask, log-probs, turns, versions);
+  the reward and ``reward_extra_info`` are posted and the output returned unchanged;
 * an exception or a timeout fails the attempt, which the run's ``RetryPolicy`` may retry with a
   fresh inner loop; the final failure is a failed session, and the loop returns the placeholder
   output (``placeholder_output``): verl's step completes with one row per sample;
@@ -38,6 +42,12 @@ from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopOutp
 
 from sessions.batches.reward_info import RESERVED
 from sessions.errors import ConfigError, InvalidArgumentType, InvalidInput
+from sessions.integrations.verl.agent_loop.calls import (
+    RecordingServer,
+    made_from_calls,
+    recording,
+    stamped_version,
+)
 from sessions.integrations.verl.agent_loop.placeholder_output import (
     placeholder_output,
     placeholder_reward_info,
@@ -218,7 +228,7 @@ class LedgerAgentLoop(AgentLoopBase):
         self._unscored_inner = str(self._inner_entry.get("_target_")) in _UNSCORED_LOOPS
         self._inner_args = dict(
             trainer_config=trainer_config,
-            server_manager=server_manager,
+            server_manager=RecordingServer(server_manager),
             tokenizer=tokenizer,
             processor=processor,
             dataset_cls=dataset_cls,
@@ -248,7 +258,8 @@ class LedgerAgentLoop(AgentLoopBase):
         outputs: list[AgentLoopOutput] = []
 
         async def runner(handle: SessionHandle) -> None:
-            output = await self._attempt(sample, sampling_params, kwargs)
+            with recording(handle):
+                output = await self._attempt(sample, sampling_params, kwargs)
             await self._record(handle, output)
             outputs.append(output)
 
@@ -313,13 +324,17 @@ class LedgerAgentLoop(AgentLoopBase):
         return await (work() if timeout is None else asyncio.wait_for(work(), timeout))
 
     async def _record(self, handle: SessionHandle, output: AgentLoopOutput) -> None:
-        await handle.record_trajectory(
-            prompt_ids=output.prompt_ids,
-            response_ids=output.response_ids,
-            response_mask=output.response_mask,
-            response_logprobs=output.response_logprobs,
-            num_turns=output.num_turns,
-        )
+        if not made_from_calls(handle, output):
+            fields = output.extra_fields
+            await handle.record_trajectory(
+                prompt_ids=output.prompt_ids,
+                response_ids=output.response_ids,
+                response_mask=output.response_mask,
+                response_logprobs=output.response_logprobs,
+                num_turns=output.num_turns,
+                min_version=stamped_version(fields.get("min_global_steps")),
+                max_version=stamped_version(fields.get("max_global_steps")),
+            )
         if output.reward_score is not None:
             await handle.post_reward(float(output.reward_score), **_reward_info(output))
 
