@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from functools import partial
@@ -39,7 +40,7 @@ from sessions.ledger.config import (
     SessionOptions,
     resolve,
 )
-from sessions.projection import verl_metrics
+from sessions.projection import staleness, verl_metrics
 from sessions.projection.metrics import MetricRow
 from sessions.projection.projector import Projector
 from sessions.projection.settled import SettledStep, settled_step
@@ -68,6 +69,8 @@ from store import read_models as rm
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack  # typing's own from Python 3.11
+
+logger = logging.getLogger(__name__)
 
 #: Seconds `run_session` waits, past the runner's timeout, for the session's end to be recorded.
 RECORDING_TIMEOUT = 10.0
@@ -506,6 +509,7 @@ class Ledger:
         poll_interval: float = 0.5,
         reward_info: bool = False,
         logprobs: bool | None = None,
+        max_staleness: int | None = None,
     ) -> Any:
         """The step's batch (a TensorDict) once every group of the step is settled.
 
@@ -520,7 +524,12 @@ class Ledger:
         `to_data_proto` names verl's `reward_extra_keys`. `logprobs=True` gives the padded batch a
         `rollout_log_probs` column even when no row carries log-probs (an empty step's batch then
         concatenates with a normal one); `False` leaves it out; None: only when a row has them.
+        `max_staleness=k` leaves out the rows whose oldest token came from weights more than `k`
+        steps behind the policy being trained (`sessions.projection.staleness`; rows of unknown
+        version are kept), logged with their count and share; `metrics_dict(...,
+        max_staleness=k)` reports the same rows under `ledger/<partition>/all/left_out/stale`.
         """
+        bound = staleness.check_bound(max_staleness)
         jagged = validation.flag(jagged, "jagged")
         reward_info = validation.flag(reward_info, "reward_info")
         if logprobs is not None:
@@ -536,17 +545,20 @@ class Ledger:
                 "none (densify it with sessions.batches.densify(batch, prompt_width=..., response_width=...))"
             )
         step = await self._settled(partition, global_step, run, timeout, poll_interval)
+        split = staleness.split_stale(step.rows, step.global_step, bound)
+        if split.left_out:
+            logger.warning("batch of %s %s", partition, split.describe(step.global_step))
         infos: dict[str, Any] = {}
         if reward_info:
             async with self.engine.connect() as conn:
-                infos = await rm.session_reward_infos(conn, [q["session_id"] for q in step.rows])
+                infos = await rm.session_reward_infos(conn, [q["session_id"] for q in split.kept])
         from sessions.batches import (
             build_jagged,
             build_padded,
         )  # torch: imported only when batches are built
         from sessions.batches.rows import materialise
 
-        rows = materialise(step.rows, step.sources)
+        rows = materialise(split.kept, step.sources)
         if jagged:
             batch = build_jagged(
                 rows,
@@ -581,6 +593,7 @@ class Ledger:
         max_prompt_length: int | None = None,
         max_response_length: int | None = None,
         poll_interval: float = 0.5,
+        max_staleness: int | None = None,
     ) -> dict[str, float]:
         """One flat dict for an experiment tracker (verl's `Tracking.log(data=..., step=...)`).
 
@@ -590,19 +603,25 @@ class Ledger:
         `train`: the batch-only parts of `compute_data_metrics` (`critic/score/*`,
         `response_length/*`, ...) -- plus every one of the ledger's metric counts under
         `ledger/<partition>/<data_source or all>/<metric>`. `max_*_length` are verl's clip
-        thresholds for the `clip_ratio` figures of `train`.
+        thresholds for the `clip_ratio` figures of `train`. `max_staleness`: as `batch`'s, the
+        figures are those of the rows it keeps, and the rows left out are counted.
         """
+        bound = staleness.check_bound(max_staleness)
         step = await self._settled(
             partition, global_step, run, timeout, poll_interval, sources=False
         )
+        split = staleness.split_stale(step.rows, step.global_step, bound)
         rows = await self.metrics(partition, global_step, run=step.run, project=False)
-        return verl_metrics.metrics_dict(
-            partition,
-            step.rows,
-            rows,
-            max_prompt_length=max_prompt_length,
-            max_response_length=max_response_length,
-        )
+        return {
+            **verl_metrics.metrics_dict(
+                partition,
+                split.kept,
+                rows,
+                max_prompt_length=max_prompt_length,
+                max_response_length=max_response_length,
+            ),
+            **split.metrics(partition),
+        }
 
     async def _settled(
         self,

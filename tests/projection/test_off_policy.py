@@ -107,3 +107,114 @@ async def test_metrics_dict_of_a_train_step_holds_its_staleness(module_db_url: s
     assert figures["training/off_policy/trajectory_staleness_worst/max"] == 2.0
     assert figures["ledger/train/all/off_policy/rows_with_versions"] == 2.0
     assert figures["ledger/train/all/off_policy/rows_spanning_updates"] == 1.0
+
+
+# --- the staleness bound (`sessions.projection.staleness`) --------------------------------------
+rows_with_versions = st.lists(
+    st.one_of(
+        st.none(),
+        st.tuples(st.integers(0, 12), st.integers(0, 3)).map(lambda t: (t[0], t[0] + t[1])),
+    ),
+    max_size=25,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    versions=rows_with_versions,
+    step=st.integers(1, 14),
+    bound=st.none() | st.integers(0, 12),
+    markers=st.integers(0, 2),
+)
+def test_the_bound_leaves_out_exactly_the_rows_whose_oldest_token_is_too_old(
+    versions: list[tuple[int, int] | None], step: int, bound: int | None, markers: int
+) -> None:
+    from sessions.projection.staleness import split_stale
+
+    rows: list[dict[str, Any]] = [
+        {
+            "kind": "row",
+            "n": i,
+            "min_global_steps": None if v is None else v[0],
+            "max_global_steps": None if v is None else v[1],
+        }
+        for i, v in enumerate(versions)
+    ]
+    rows += [{"kind": "group_end", "n": -1 - i} for i in range(markers)]  # never rows, never cut
+    split = split_stale(rows, step, bound)
+    worst = {
+        r["n"]: (step - 1) - r["min_global_steps"]
+        for r in rows
+        if r.get("min_global_steps") is not None
+    }
+    expected = [r for r in rows if bound is None or r["n"] not in worst or worst[r["n"]] <= bound]
+    assert split.kept == expected  # the same rows, in their order
+    assert split.left_out == len(rows) - len(expected)
+    assert split.total == len(versions)
+    figures = split.metrics("train")
+    if bound is None:
+        assert figures == {}
+    else:
+        assert figures["ledger/train/all/left_out/stale"] == split.left_out
+        share = split.left_out / len(versions) if versions else 0.0
+        assert figures["ledger/train/all/left_out/stale_share"] == pytest.approx(share)
+        kept_worst = [worst[r["n"]] for r in split.kept if r["n"] in worst]
+        assert all(age <= bound for age in kept_worst)
+
+
+@pytest.mark.parametrize("bad", [-1, 1.5, "2", True])
+def test_a_bound_that_is_not_a_count_of_steps_is_refused(bad: Any) -> None:
+    from sessions.errors import InvalidArgument
+    from sessions.projection.staleness import check_bound
+
+    with pytest.raises(InvalidArgument, match="max_staleness must be a number of steps"):
+        check_bound(bad)
+
+
+async def test_a_session_spanning_a_weight_update_is_left_out_by_the_bound_and_counted(
+    module_db_url: str,
+) -> None:
+    """Step 8 trains weights 7. Session 0 made two calls, served by weights 5 then 7 (spans 3, its
+    oldest token 2 steps behind); session 1 is on-policy; session 2 failed (a placeholder, kept:
+    its zero stays in the step). `max_staleness=1` leaves session 0 out of the batch and of
+    verl's figures, and counts it; `max_staleness=2` keeps everything."""
+    from sessions import Ledger
+    from sessions.batches import non_tensor
+
+    run = f"bound{uuid.uuid4().hex[:8]}"
+    async with Ledger.open(module_db_url, run=run) as ledger:
+        for index, versions in enumerate([(5, 7), (7, 7), None]):
+            handle = await ledger.create_session(
+                f"{run}-{index}",
+                uid="u",
+                session_index=index,
+                group_size=3,
+                partition="train",
+                global_step=8,
+            )
+            if versions is None:
+                await handle.fail("sandbox_error")
+                continue
+            first = await handle.start_call()
+            await handle.record_call(
+                first, prompt_ids=[1, 2], response_ids=[3], min_version=versions[0]
+            )
+            second = await handle.start_call()
+            await handle.record_call(
+                second, prompt_ids=[1, 2, 3, 4], response_ids=[5], min_version=versions[1]
+            )
+            await handle.post_reward(1.0)
+            await handle.complete()
+        everything = await ledger.batch("train", 8, timeout=30, max_staleness=2)
+        bounded = await ledger.batch("train", 8, timeout=30, max_staleness=1)
+        figures = await ledger.metrics_dict("train", 8, timeout=30, max_staleness=1)
+        unbounded = await ledger.metrics_dict("train", 8, timeout=30)
+    assert sorted(non_tensor(everything, "session_index")) == [0, 1, 2]
+    assert sorted(non_tensor(bounded, "session_index")) == [1, 2]
+    assert unbounded["training/off_policy/trajectory_spans/max"] == 3.0
+    assert unbounded["ledger/train/all/off_policy/rows_spanning_updates"] == 1.0
+    assert "ledger/train/all/left_out/stale" not in unbounded
+    assert figures["ledger/train/all/left_out/stale"] == 1.0
+    assert figures["ledger/train/all/left_out/stale_share"] == pytest.approx(1 / 3)
+    assert figures["training/off_policy/trajectory_spans/max"] == 1.0  # of the rows kept
+    assert figures["ledger/train/all/off_policy/rows_spanning_updates"] == 0.0

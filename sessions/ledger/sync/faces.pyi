@@ -296,6 +296,7 @@ class SyncLedger:
         poll_interval: float = 0.5,
         reward_info: bool = False,
         logprobs: bool | None = None,
+        max_staleness: int | None = None,
     ) -> Any:
         """The step's batch (a TensorDict) once every group of the step is settled.
 
@@ -309,7 +310,11 @@ class SyncLedger:
         (`sessions.batches.reward_info`: a placeholder gets 0.0 for a numeric key), which
         `to_data_proto` names verl's `reward_extra_keys`. `logprobs=True` gives the padded batch a
         `rollout_log_probs` column even when no row carries log-probs (an empty step's batch then
-        concatenates with a normal one); `False` leaves it out; None: only when a row has them."""
+        concatenates with a normal one); `False` leaves it out; None: only when a row has them.
+        `max_staleness=k` leaves out the rows whose oldest token came from weights more than `k`
+        steps behind the policy being trained (`sessions.projection.staleness`; rows of unknown
+        version are kept), logged with their count and share; `metrics_dict(...,
+        max_staleness=k)` reports the same rows under `ledger/<partition>/all/left_out/stale`."""
     async def abatch(
         self,
         partition: str,
@@ -327,6 +332,7 @@ class SyncLedger:
         poll_interval: float = 0.5,
         reward_info: bool = False,
         logprobs: bool | None = None,
+        max_staleness: int | None = None,
     ) -> Any:
         """The step's batch (a TensorDict) once every group of the step is settled.
 
@@ -340,7 +346,11 @@ class SyncLedger:
         (`sessions.batches.reward_info`: a placeholder gets 0.0 for a numeric key), which
         `to_data_proto` names verl's `reward_extra_keys`. `logprobs=True` gives the padded batch a
         `rollout_log_probs` column even when no row carries log-probs (an empty step's batch then
-        concatenates with a normal one); `False` leaves it out; None: only when a row has them."""
+        concatenates with a normal one); `False` leaves it out; None: only when a row has them.
+        `max_staleness=k` leaves out the rows whose oldest token came from weights more than `k`
+        steps behind the policy being trained (`sessions.projection.staleness`; rows of unknown
+        version are kept), logged with their count and share; `metrics_dict(...,
+        max_staleness=k)` reports the same rows under `ledger/<partition>/all/left_out/stale`."""
     def metrics_dict(
         self,
         partition: str,
@@ -351,6 +361,7 @@ class SyncLedger:
         max_prompt_length: int | None = None,
         max_response_length: int | None = None,
         poll_interval: float = 0.5,
+        max_staleness: int | None = None,
     ) -> dict[str, float]:
         """One flat dict for an experiment tracker (verl's `Tracking.log(data=..., step=...)`).
 
@@ -360,7 +371,8 @@ class SyncLedger:
         `train`: the batch-only parts of `compute_data_metrics` (`critic/score/*`,
         `response_length/*`, ...) -- plus every one of the ledger's metric counts under
         `ledger/<partition>/<data_source or all>/<metric>`. `max_*_length` are verl's clip
-        thresholds for the `clip_ratio` figures of `train`."""
+        thresholds for the `clip_ratio` figures of `train`. `max_staleness`: as `batch`'s, the
+        figures are those of the rows it keeps, and the rows left out are counted."""
     async def ametrics_dict(
         self,
         partition: str,
@@ -371,6 +383,7 @@ class SyncLedger:
         max_prompt_length: int | None = None,
         max_response_length: int | None = None,
         poll_interval: float = 0.5,
+        max_staleness: int | None = None,
     ) -> dict[str, float]:
         """One flat dict for an experiment tracker (verl's `Tracking.log(data=..., step=...)`).
 
@@ -380,7 +393,8 @@ class SyncLedger:
         `train`: the batch-only parts of `compute_data_metrics` (`critic/score/*`,
         `response_length/*`, ...) -- plus every one of the ledger's metric counts under
         `ledger/<partition>/<data_source or all>/<metric>`. `max_*_length` are verl's clip
-        thresholds for the `clip_ratio` figures of `train`."""
+        thresholds for the `clip_ratio` figures of `train`. `max_staleness`: as `batch`'s, the
+        figures are those of the rows it keeps, and the rows left out are counted."""
     def metrics(
         self,
         partition: str | None = None,
