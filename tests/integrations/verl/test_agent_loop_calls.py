@@ -174,16 +174,17 @@ async def test_a_run_whose_server_dies_on_its_third_call_keeps_its_two_calls(
 async def test_versions_reach_the_batch_and_verls_staleness_lines_agree(
     model: Path, sqlite_url: str
 ) -> None:
-    """Step 9, served by weights 9; rows 0-1 (tool conversations, two calls) and 8 (one call) got
-    their first answer from weights 8. Rows 0-1 span the update (versions 8..9), row 8 is one step
-    stale (8..8), every other row is on-policy (9..9); verl V1's own staleness lines on the
-    ledger's version columns give the ledger's figures."""
+    """Step 9 trains on weights 8 (verl V1 stamps the weights it syncs at the end of step n with
+    n); rows 0-1 (tool conversations, two calls) and 8 (one call) got their first answer from
+    weights 7. Rows 0-1 span the update (versions 7..8), row 8 is one step stale (7..7), every
+    other row is on-policy (8..8); verl V1's own staleness lines on the ledger's version columns
+    give the ledger's figures."""
     from verl.experimental.agent_loop.agent_loop import AgentLoopWorker
 
     cfg = config(model, sqlite_url, TOOL_AGENT)
     pad = llm.TinyPolicyServer(model).tokenizer.pad_token_id
     batch_in = llm.prompt_batch(PROMPTS, N, step=9)
-    server = llm.TinyPolicyServer(model, {0: "tool", 1: "tool"}, global_step=9, spanning=(0, 1, 8))
+    server = llm.TinyPolicyServer(model, {0: "tool", 1: "tool"}, global_step=8, spanning=(0, 1, 8))
     client = llm.llm_client(cfg, llm.InProcessHandle(server))
     worker = AgentLoopWorker(cfg, client, reward_loop_worker_handles=llm.reward_handles(cfg))
     out = await worker.generate_sequences(batch_in)
@@ -192,8 +193,8 @@ async def test_versions_reach_the_batch_and_verls_staleness_lines_agree(
     highs = np.asarray(non_tensor(batch, "max_global_steps"))
     uids, index = non_tensor(batch, "uid"), non_tensor(batch, "session_index")
     versions = {(uid, int(i)): (lo, hi) for uid, i, lo, hi in zip(uids, index, lows, highs)}
-    expected = {key: (9, 9) for key in versions}
-    expected.update({("p9u0", 0): (8, 9), ("p9u0", 1): (8, 9), ("p9u2", 0): (8, 8)})
+    expected = {key: (8, 8) for key in versions}
+    expected.update({("p9u0", 0): (7, 8), ("p9u0", 1): (7, 8), ("p9u2", 0): (7, 7)})
     assert versions == expected
     # verl's own row versions (its tool loop keeps the first answer's min and the last max)
     theirs = out.non_tensor_batch
