@@ -76,9 +76,20 @@ async def run(db: Path) -> int:
         [sys.executable, "-m", "sessions.cli", "history", "--db", str(db), failed], check=True
     )
     print(f"\nmodel_calls of {failed}:")
-    print("call_id turn outcome  prompt_tokens response_tokens min_v max_v finish    error_type")
+    header = (
+        "call_id",
+        "turn",
+        "outcome",
+        "prompt",
+        "response",
+        "min_v",
+        "max_v",
+        "finish",
+        "error",
+    )
+    print(" ".join(f"{h:<9}" for h in header))
     for row in calls:
-        print(" ".join(f"{'' if v is None else v!s:<8}" for v in row))
+        print(" ".join(f"{'' if v is None else v!s:<9}" for v in row).rstrip())
 
     lows = np.asarray(non_tensor(batch, "min_global_steps"))
     highs = np.asarray(non_tensor(batch, "max_global_steps"))
