@@ -42,6 +42,7 @@ from sessions.errors import (
     NotFound,
     ProjectionError,
     RowIndexError,
+    RunHalted,
     SchemaError,
     StepNotSettled,
     StepPrunedError,
@@ -63,6 +64,7 @@ from sessions.queues.consumer import QueueConsumer
 from sessions.queues.sinks import InProcessQueue, QueueItem, QueueSink
 from sessions.recorder import SessionHandle, SessionOutcome
 from sessions.runner_failure import RolloutFailure, SandboxError, ServerConnectionError
+from sessions.runs.breaker import CircuitBreaker
 from sessions.runs.fingerprint import RunConfigMismatch
 from sessions.runs.pruning import PruneReport, prune
 from sessions.runs.retention import RetentionPolicy
@@ -73,6 +75,7 @@ __all__ = [
     "BatchPruned",
     "BatchRow",
     "BatchTooLongError",
+    "CircuitBreaker",
     "ConcurrencyError",
     "ConfigError",
     "DEFAULT_RUN",
@@ -106,6 +109,7 @@ __all__ = [
     "RolloutFailure",
     "RowIndexError",
     "RunConfigMismatch",
+    "RunHalted",
     "SandboxError",
     "SchemaError",
     "ServerConnectionError",

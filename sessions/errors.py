@@ -50,6 +50,7 @@ __all__ = [
     "NotFound",
     "ProjectionError",
     "RowIndexError",
+    "RunHalted",
     "SchemaError",
     "StepNotSettled",
     "StepPrunedError",
@@ -156,6 +157,24 @@ class StepNotSettled(LedgerTimeout):
         self.pending_uids = tuple(pending_uids)
         self.open_sessions = dict(open_sessions or {})
         self.never_created = {uid: tuple(slots) for uid, slots in (never_created or {}).items()}
+
+
+class RunHalted(LedgerError, RuntimeError):
+    """The run's circuit breaker tripped (`sessions.runs.breaker`): its sessions kept failing of
+    a cause that says a dependency is down, so no session of the run is created, and no step's
+    batch or metrics handed to training, until the run is launched again. `run`, `rule` and
+    `tripped_at` (the log position of the session end that tripped it) say where; the message
+    says what failed, what to check and how to resume."""
+
+    def __init__(self, run: str, rule: str, tripped_at: int, why: str) -> None:
+        super().__init__(
+            f"run {run!r} halted by its circuit breaker at log position {tripped_at}: {why}. "
+            "Check the service behind those failures (`rollout-ledger history` shows a "
+            "session's errors; the failure_breakdown view the counts), then resume the run "
+            "with a new launch (restart the job: `Ledger.open(..., launch=...)` or "
+            "$ROLLOUT_LEDGER_LAUNCH); `circuit_breaker=` in the ledger's settings sets the rule"
+        )
+        self.run, self.rule, self.tripped_at = run, rule, tripped_at
 
 
 class UsageError(LedgerError, RuntimeError):

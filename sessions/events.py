@@ -28,6 +28,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "AttemptFailed",
+    "BreakerTripped",
     "DEFAULT_MIN_VALID",
     "DEFAULT_ORIGINS",
     "ERROR_TYPE_LIMIT",
@@ -45,6 +46,7 @@ __all__ = [
     "PayloadsPruned",
     "RunConfigured",
     "RunLaunched",
+    "RUN_STREAM_EVENTS",
     "SessionCancelled",
     "SessionCreated",
     "SessionFailed",
@@ -339,6 +341,25 @@ class RunLaunched(Event):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class BreakerTripped(Event):
+    """The run's circuit breaker tripped (`sessions.runs.breaker`), in the run's own stream: no
+    session of the run is created until its next launch. `rule` is the rule that tripped
+    (`consecutive` or `share`), `tripped_at` the log position of the session end that tripped
+    it, the counts what the rule saw, `by_reason` the counted failures by reason, `last_errors`
+    the last few of each reason (session id and message), `breaker` the rule's settings."""
+
+    TYPE: ClassVar[str] = "BreakerTripped"
+    rule: str
+    tripped_at: int
+    consecutive: int = 0
+    window_failures: int = 0
+    window_sessions: int = 0
+    by_reason: dict[str, Any] = field(default_factory=dict)
+    last_errors: dict[str, Any] = field(default_factory=dict)
+    breaker: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class PayloadsPruned(Event):
     """Token payloads of settled, consumed steps were pruned (`sessions.runs.retention`), in the
     run's own stream (`@run:<run>`). Each pruned event keeps its payload's length and SHA-256 in
@@ -379,9 +400,12 @@ EVENT_TYPES: dict[str, type[Event]] = {
         RunConfigured,
         PayloadsPruned,
         RunLaunched,
+        BreakerTripped,
     )
 }
 TERMINAL_EVENTS = frozenset({"SessionSucceeded", "SessionFailed", "SessionCancelled"})
+#: The event types of a run's own stream (`@run:<run>`): never a session's.
+RUN_STREAM_EVENTS = frozenset({"RunConfigured", "PayloadsPruned", "RunLaunched", "BreakerTripped"})
 
 
 def _data_function(cls: type[Event]) -> Callable[[Event], dict[str, Any]]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
@@ -16,6 +16,7 @@ from sessions import calls, storable, tokens, validation
 from sessions import events as ev
 from sessions.errors import ConfigError, InvalidInput, LedgerError
 from sessions.failure_policy import MetricPolicy
+from sessions.machine import FAILED
 from sessions.placeholder import PlaceholderPolicy
 from sessions.runner_failure import (
     RecordedFailure,
@@ -169,8 +170,12 @@ class SessionHandle:
         limits: Limits | None = None,
         stored_bytes: int = 0,
         metrics: MetricPolicy | None = None,
+        on_failed: Callable[[str], None] | None = None,
     ) -> None:
         self._store = store
+        #: told the run of each failure this handle records (the ledger's circuit breaker looks
+        #: at the log before its next session, `sessions.runs.halts`)
+        self._on_failed = on_failed
         self._view = view
         self._policy = policy
         self._metrics = metrics or MetricPolicy()
@@ -509,8 +514,11 @@ class SessionHandle:
                     for event in decided:
                         view.apply(event)
                 raise
+            was = view.state
             for event in decided:
                 view.apply(event)
+            if self._on_failed is not None and view.state == FAILED != was:
+                self._on_failed(view.run)
         except AppendOutcomeUnknown:
             self._in_doubt = _Doubt(before, decided, envelopes, size)
             raise

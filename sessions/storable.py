@@ -205,6 +205,16 @@ DECLARATION: dict[str, dict[str, Field]] = {
         "resumed": Field(kind="bool"),
         "last_steps": Field(kind="json"),
     },
+    "BreakerTripped": {
+        "rule": Field(kind="str"),
+        "tripped_at": Field(kind="int", minimum=1),
+        "consecutive": Field(kind="int", minimum=0),
+        "window_failures": Field(kind="int", minimum=0),
+        "window_sessions": Field(kind="int", minimum=0),
+        "by_reason": Field(kind="json"),
+        "last_errors": Field(kind="json", free_text=True),
+        "breaker": Field(kind="json"),
+    },
     "PayloadsPruned": {
         "prune_id": Field(kind="str"),
         "partition": Field(kind="str"),

@@ -58,7 +58,7 @@ EXPECTED_METRICS = (
 #: the log gained AttemptFailed and RunConfigured; v4: SessionCreated gained `launch` (the run's
 #: launch that created it), TrajectoryRecorded gained versions and `from_calls`, and the log
 #: gained RunLaunched and the model-call events.
-LOG_VERSION = 4
+LOG_VERSION = 5
 LOG_SCHEMAS = {
     "SessionCreated": 2,
     "TrajectoryRecorded": 3,

@@ -7,7 +7,7 @@
 2. Structure, one session's stream at a time (in (session_id, version) order, which the unique
    index serves without sorting): versions 1..n in position order, a SessionCreated first, one
    terminal event, a placeholder after each SessionFailed that emits one, nothing else after the
-   terminal event; a run's own stream (`@run:<run>`) holds RunConfigured, PayloadsPruned and RunLaunched
+   terminal event; a run's own stream (`@run:<run>`) holds `events.RUN_STREAM_EVENTS`
    events only.
 3. Model calls: a trajectory assembled from calls (`from_calls`) is what the attempt's recorded
    calls assemble (`sessions.calls`), byte for byte, so a removed or altered call is found; the
@@ -32,6 +32,7 @@ from typing import Any
 
 from sessions import events as ev
 from sessions import tokens
+from sessions.audit.breaker_check import BreakerCheck
 from sessions.audit.divergence import Divergence
 from sessions.errors import UnknownEventError
 from sessions.placeholder import EMIT
@@ -82,8 +83,11 @@ async def check_log(
     findings: list[Finding] = []
     prunes = _Prunes()
     calls = _Calls()
+    breakers = BreakerCheck(_CONTENT)
     async with driver.reader(engine) as read:
-        result.events = await _check_content(read, findings, on_progress, on_page, prunes, calls)
+        result.events = await _check_content(
+            read, findings, on_progress, on_page, prunes, calls, breakers
+        )
         result.sessions = await _check_structure(read, findings)
     findings.extend(prunes.findings())
     findings.sort(key=lambda f: (f[0], f[1]))  # stable: a stream's findings keep their order
@@ -119,6 +123,7 @@ async def _check_content(
     on_page: Callable[[list[tuple[Any, ...]]], Awaitable[None] | None] | None,
     prunes: _Prunes,
     calls: _Calls,
+    breakers: BreakerCheck,
 ) -> int:
     count, reported = 0, 0
     clean: dict[tuple[str, int, str], Any] = {}
@@ -158,6 +163,8 @@ async def _check_content(
             if data is not None and type_ in _Calls.TYPES:
                 kept = None if pruned_by is not None else payload  # a tombstone holds no tokens
                 findings.extend(calls.see(position, sid, type_, schema, data, kept))
+            if data is not None and type_ in BreakerCheck.TYPES:
+                findings.extend(breakers.see(position, sid, type_, data, row[9]))
             # A short text goes to the fold as text: its decoder decodes each distinct one once.
             folded.append(
                 (
@@ -569,12 +576,12 @@ def _check_stream(sid: str, stream: list[_Entry]) -> Iterable[Finding]:
             return
     if sid.startswith(ev.RUN_STREAM_PREFIX):  # a run's configuration stream holds nothing else
         for item in stream:
-            if item.type not in ("RunConfigured", "PayloadsPruned", "RunLaunched"):
+            if item.type not in ev.RUN_STREAM_EVENTS:
                 yield div(
                     item.position,
                     _SHAPE,
                     "type",
-                    "RunConfigured, PayloadsPruned or RunLaunched (a run's stream)",
+                    f"{' or '.join(sorted(ev.RUN_STREAM_EVENTS))} (a run's stream)",
                     item.type,
                 )
         return

@@ -25,6 +25,7 @@ from sessions.placeholder import PlaceholderPolicy
 from sessions.queues.sinks import QueueSink
 from sessions.recorder import MAX_EVENT_BYTES, MAX_SESSION_BYTES, MAX_SESSION_EVENTS, Limits
 from sessions.runs import fingerprint, launches
+from sessions.runs.breaker import CircuitBreaker
 from sessions.runs.retention import RetentionPolicy
 
 __all__ = [
@@ -65,7 +66,9 @@ class LedgerConfig:
     `launch` names this launch of the job, the same in all its processes (default: the
     `ROLLOUT_LEDGER_LAUNCH` environment variable, else none): a run opened by a later launch
     fails the earlier launches' open sessions and counts a step it re-runs on its own sessions
-    only (`sessions.runs.launches`, docs/design.md §14).
+    only (`sessions.runs.launches`, docs/design.md §14). `circuit_breaker` (a `CircuitBreaker`,
+    its fields as a dict, or None for none) halts the run when its failures say a dependency is
+    down (`sessions.runs.breaker`, docs/failures.md); recorded in the run's configuration.
     """
 
     run: str = DEFAULT_RUN
@@ -83,9 +86,26 @@ class LedgerConfig:
     limits: Limits | None = None
     retention: RetentionPolicy | Mapping[str, Any] | None = None
     launch: str | None = None
+    circuit_breaker: CircuitBreaker | Mapping[str, Any] | None = CircuitBreaker()
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__  # frozen: the defaults and folds are set once, here
+        breaker = self.circuit_breaker
+        if isinstance(breaker, Mapping):
+            known = {f.name for f in dataclasses.fields(CircuitBreaker)}
+            unknown = sorted(set(breaker) - known)
+            if unknown:
+                raise ConfigError(
+                    f"circuit_breaker: unknown keys {unknown}; its keys are {sorted(known)}",
+                    argument="circuit_breaker",
+                )
+            set_(self, "circuit_breaker", CircuitBreaker(**breaker))
+        elif breaker is not None and not isinstance(breaker, CircuitBreaker):
+            raise ConfigError(
+                f"circuit_breaker must be a CircuitBreaker, its fields as a dict, or None (no "
+                f"breaker), got {breaker!r:.80}",
+                argument="circuit_breaker",
+            )
         if self.retention is not None and not isinstance(self.retention, RetentionPolicy):
             set_(self, "retention", RetentionPolicy.from_config(self.retention))
         for name, kind in (
@@ -189,6 +209,11 @@ class LedgerConfig:
                 if isinstance(self.retention, RetentionPolicy) and not self.retention.empty
                 else {}
             ),
+            **(
+                {"breaker": self.circuit_breaker.as_config()}
+                if isinstance(self.circuit_breaker, CircuitBreaker)
+                else {}
+            ),
         }
 
 
@@ -213,6 +238,7 @@ class LedgerOptions(TypedDict, total=False):
     limits: Limits | None
     retention: RetentionPolicy | Mapping[str, Any] | None
     launch: str | None
+    circuit_breaker: CircuitBreaker | Mapping[str, Any] | None
 
 
 class EngineOptions(TypedDict, total=False):

@@ -20,6 +20,8 @@ from sessions.errors import (
     InvalidArgument,
     InvalidArgumentType,
     InvalidInput,
+    RunHalted,
+    StepNotSettled,
     UsageError,
 )
 from sessions.failure_policy import RetryPolicy
@@ -52,6 +54,7 @@ from sessions.recorder import (
     stored_bytes,
 )
 from sessions.runs import fingerprint, launches
+from sessions.runs.halts import RunWatch
 from store import (
     OPEN_ATTEMPTS,
     AsyncEngine,
@@ -71,6 +74,16 @@ if TYPE_CHECKING:
     from typing_extensions import Unpack  # typing's own from Python 3.11
 
 logger = logging.getLogger(__name__)
+
+
+async def _halt(watch: RunWatch) -> RunHalted | None:
+    """The run's halt, looked up now (None while it runs)."""
+    try:
+        await watch.check(now=True)
+    except RunHalted as halted:
+        return halted
+    return None
+
 
 #: Seconds `run_session` waits, past the runner's timeout, for the session's end to be recorded.
 RECORDING_TIMEOUT = 10.0
@@ -107,6 +120,8 @@ class Ledger:
         self.launch = settings.launch or launches.launch_from_environment()
         #: the launch's number in each run it writes to, once recorded (or read back)
         self._launch_numbers: dict[str, int] = {}
+        #: each run's circuit breaker as this ledger follows it (`sessions.runs.halts`)
+        self._watches: dict[str, RunWatch] = {}
         self.limits = settings.caps
         self.projector = Projector(engine, sinks=settings.sinks, store=self.store)
         #: `run_session` work whose recording outlived its call (see `recording_timeout`).
@@ -261,9 +276,11 @@ class Ledger:
         # input passed: a refused session writes nothing. A cancellation meanwhile still creates
         # the session and records it cancelled (as one during the creation append does), so its
         # group settles.
+        # A halted run creates no session (`RunHalted`); those in flight settle as they would.
         cancelled = False
         try:
             await self._ensure_configured(run)
+            await self._watch(run).check()
         except asyncio.CancelledError:
             cancelled = True
             await asyncio.shield(self._ensure_configured(run))
@@ -322,7 +339,13 @@ class Ledger:
             limits=self.limits,
             stored_bytes=size,
             metrics=self.metric_policy,
+            on_failed=self._session_failed,
         )
+
+    def _session_failed(self, run: str) -> None:
+        watch = self._watches.get(run)
+        if watch is not None:
+            watch.look_soon()
 
     async def _ensure_configured(self, run: str) -> None:
         """Check (once per run) that `run` was recorded with this ledger's configuration, or
@@ -638,16 +661,35 @@ class Ledger:
         self._own_loop()
         vocabulary.check_partition(partition)
         run = self.run if run is None else vocabulary.check_run(run)
-        return await settled_step(
-            self.projector,
-            self.store,
-            run,
-            partition,
-            global_step,
-            timeout=timeout,
-            poll_interval=poll_interval,
-            sources=sources,
-        )
+        watch = self._watch(run)
+        halted = await _halt(watch)
+        try:
+            step = await settled_step(
+                self.projector,
+                self.store,
+                run,
+                partition,
+                global_step,
+                timeout=0 if halted is not None else timeout,
+                poll_interval=poll_interval,
+                sources=sources,
+            )
+        except StepNotSettled:
+            if halted is not None:  # its sessions will not be created: the halt is the answer
+                raise halted from None
+            raise
+        halted = halted or await _halt(watch)
+        if halted is not None and any(
+            row.get("source_position", 0) >= halted.tripped_at for row in step.rows
+        ):
+            raise halted  # the step saw the failures that halted the run: not one to train on
+        return step
+
+    def _watch(self, run: str) -> RunWatch:
+        watch = self._watches.get(run)
+        if watch is None:
+            watch = self._watches[run] = RunWatch(self.store, self.engine, run)
+        return watch
 
     async def metrics(
         self,

@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from sessions.events import RUN_STREAM_EVENTS
 from sessions.failure_policy import EXCLUDE, ZERO
 from sessions.placeholder import DROP, EMIT, KEEP_PARTIAL
 from sessions.projection import metrics as m
@@ -79,7 +80,7 @@ class Rules:
 
     def apply(self, event: LogEvent) -> None:
         position, sid, version, type_, data, recorded_at, problem = event
-        if type_ in ("RunConfigured", "PayloadsPruned", "RunLaunched"):
+        if type_ in RUN_STREAM_EVENTS:
             # a run's own stream: read by the ledger (a prune drops its queue rows itself; a
             # launch is seen through its sessions' `launch`, `_created`)
             return

@@ -37,6 +37,7 @@ from store.read_models.log_reads import (
     created_sessions,
     events_after,
     read_source_events,
+    run_ends_after,
     source_events,
     trajectory_events,
 )
@@ -395,6 +396,7 @@ __all__ = [
     "queue_rows_for",
     "read_source_events",
     "recent_runs",
+    "run_ends_after",
     "run_last_steps",
     "save_groups",
     "save_metrics",

@@ -50,6 +50,22 @@ async def events_after(
     return out
 
 
+@wraps_faults()
+async def run_ends_after(
+    conn: AsyncConnection, run: str, types: Sequence[str], after: int, limit: int
+) -> list[tuple[int, str, str, str]]:
+    """Up to `limit` events of `run` of the given types after a position, in log order:
+    (position, session_id, type, data as stored JSON). The range on `position` keeps the read to
+    the log's tail since the caller's last one (the circuit breaker's)."""
+    result = await conn.execute(
+        select(events.c.position, events.c.session_id, events.c.type, cast(events.c.data, Text))
+        .where(events.c.position > after, events.c.run == run, events.c.type.in_(list(types)))
+        .order_by(events.c.position)
+        .limit(limit)
+    )
+    return [(int(r[0]), str(r[1]), str(r[2]), str(r[3])) for r in result]
+
+
 def _decoder_columns() -> list[Any]:
     """`DECODER_COLUMNS`, with `data` as its stored text: the decoder parses it, so a row of
     malformed JSON is one event to quarantine, not a page that cannot be read."""

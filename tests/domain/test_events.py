@@ -261,6 +261,7 @@ def test_event_registry_covers_every_event_of_the_design() -> None:
         "ModelCallRecorded",
         "ModelCallFailed",
         "RunLaunched",  # a run's launches and resumes (issue 39)
+        "BreakerTripped",  # the run's circuit breaker halted it (issue 43)
     }
     for name, cls in ev.EVENT_TYPES.items():
         assert cls.TYPE == name

@@ -231,6 +231,7 @@ async def test_the_newest_golden_log_is_what_todays_recorder_writes(tmp_path: Pa
         f"sqlite+aiosqlite:///{tmp_path / 'g.db'}",
         run=make_golden.RUN,
         placeholder_policy=make_golden.POLICY,
+        circuit_breaker=make_golden.BREAKER,
     ) as ledger:
         await make_golden.record_scenario(ledger)
         rows = make_golden.normalise(await golden.dump_rows(ledger.engine))

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from sessions import (
+    CircuitBreaker,
     InProcessQueue,
     Ledger,
     LedgerConfig,
@@ -98,6 +99,7 @@ def _every_option() -> dict[str, Any]:
         "max_session_events": 100,
         "max_session_bytes": 1 << 24,
         "launch": "job-1",
+        "circuit_breaker": CircuitBreaker(consecutive=7),
     }
     assert set(values) == set(_fields()) - {"limits"}
     defaults = LedgerConfig()
