@@ -12,6 +12,7 @@ TRL (TRL's log-prob shape, the refusals) run without it.
 from __future__ import annotations
 
 import asyncio
+import re
 from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,7 @@ from sessions.integrations.trl import LedgerRollout, RolloutContext, RunnerOutpu
 from sessions.integrations.trl.completion import parse_completion
 from sessions.integrations.trl.turns import STEP_VERSION, sampled_logprobs
 from store import create_engine
+from tests import REPO
 from tests.conftest import BACKENDS
 from tests.integrations.trl.test_trl import ROWS, load_example, require_trl, reward_of, trainer_for
 
@@ -348,3 +350,32 @@ def test_a_blocking_form_on_an_event_loop_is_refused_with_the_awaitable_one() ->
     with pytest.raises(TRLSetupError, match="awaits context.calls.astart"):
         asyncio.run(blocked())
     assert repr(STEP_VERSION) == "STEP_VERSION"
+
+
+def test_the_docs_per_turn_block_runs_as_printed(
+    example: Any, sqlite_url: str, tmp_path: Path
+) -> None:
+    """docs/trl.md's per-turn runner, with the user's generation, tool and score stand-ins."""
+    text = (REPO / "docs" / "trl.md").read_text(encoding="utf-8")
+    block = re.search(r"<!-- per-turn:[^\n]*-->\n```python\n(.*?)```", text, re.S)
+    assert block is not None
+    namespace: dict[str, Any] = {
+        "tokenizer": example.tiny_tokenizer(),
+        "my_generate": lambda ids: {"completion_ids": [3 + len(ids) % 60, 4 + len(ids) % 59]},
+        "run_tool": lambda completion: [5, 6, 7],
+        "my_score": lambda ids: len(ids) % 3 / 2,
+    }
+    exec(compile(block.group(1), "docs/trl.md", "exec"), namespace)  # noqa: S102 - the doc's code
+    with SyncLedger.open(sqlite_url, run="trl-docs") as ledger:
+        rollout = LedgerRollout(namespace["my_agent"], ledger)
+        trainer = trainer_for(example, rollout, tmp_path, steps=1, max_completion_length=32)
+        try:
+            trainer.train()
+        finally:
+            rollout.close()
+        batch = ledger.batch("train", 0)
+    calls = model_calls(sqlite_url)
+    assert len(calls) == 3 * ROWS and {c["outcome"] for c in calls} == {"recorded"}
+    assert not bool(batch["is_placeholder"].any())
+    masks = [batch["response_mask"][i][: int(batch["response_length"][i])] for i in range(ROWS)]
+    assert all(mask.tolist() == [1, 1, 0, 0, 0, 1, 1, 0, 0, 0, 1, 1] for mask in masks)
