@@ -264,7 +264,10 @@ class LedgerRollout:
             async def runner(session: Any) -> None:
                 recorder = ModelCalls(session, asyncio.get_running_loop(), generation.global_step)
                 result = await self._invoke(prompts[i], replace(context, calls=recorder))
-                completion = parse_completion(result, _assembled(session, result))
+                assembled = _assembled(session, result)
+                if assembled == []:  # calls started, none answered: `complete` fails it closed
+                    return
+                completion = parse_completion(result, assembled)
                 if not completion.call_ids:  # else the ledger assembles this row at complete
                     await session.record_trajectory(
                         prompt_ids=completion.prompt_ids,
@@ -315,11 +318,11 @@ class LedgerRollout:
 
 def _assembled(session: Any, result: Any) -> list[AssembledRow] | None:
     """The rows the attempt's recorded calls make, when the runner's result leaves its row to
-    them; None when it recorded none (or returned its row itself)."""
-    if not builds_from_calls(result):
+    them (none when it started calls and none was answered); None when it started no call (or
+    returned its row itself)."""
+    if not builds_from_calls(result) or not session.view.calls:
         return None
-    recorded = session.view.recorded_calls()
-    return assemble(recorded) if recorded else None
+    return assemble(session.view.recorded_calls())
 
 
 def _check_runner(runner: Any) -> None:
