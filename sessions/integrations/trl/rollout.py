@@ -81,7 +81,9 @@ class LedgerRollout:
 
     `runner(prompt, context)` (a function or an async function) runs one completion and returns a
     dict with `prompt_ids`, `completion_ids`, `reward` and optionally `logprobs`, `env_mask`,
-    `num_turns` and extra columns for TRL's reward functions. `timeout` is seconds per attempt;
+    `num_turns` and extra columns for TRL's reward functions; a runner that recorded its turns
+    through `context.calls` may return only `reward` (and extra columns), and its row is the one
+    its calls make (docs/trl.md, "Per-turn model calls"). `timeout` is seconds per attempt;
     `retry` defaults to the ledger's `retry_policy`. `concurrency` bounds the sessions running at
     once (default: all of a call for an async runner, one for a synchronous one, which often
     drives the trainer's own model). `metrics_timeout` bounds the wait for a step to settle before

@@ -19,6 +19,8 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from sessions import SandboxError, SyncLedger
 from sessions.calls import AssembledRow
@@ -50,6 +52,28 @@ def test_trls_logprobs_become_one_per_token() -> None:
     assert sampled_logprobs([-0.25, -0.5]) == [-0.25, -0.5]
     with pytest.raises(RunnerOutputError, match="not among its logprob_token_ids"):
         sampled_logprobs(top, [[7, 8], [4, 9]], [8, 5])
+
+
+@given(
+    st.lists(
+        st.tuples(
+            st.lists(st.integers(0, 500), min_size=1, max_size=6, unique=True),
+            st.data(),
+        ),
+        max_size=12,
+    )
+)
+def test_the_sampled_tokens_logprob_is_picked_wherever_it_ranks(tokens: list[Any]) -> None:
+    """TRL's top-k `[token][k]` lists: the entry of the sampled token, at any rank."""
+    logprobs, ids, completion, expected = [], [], [], []
+    for candidates, data in tokens:
+        sampled = data.draw(st.sampled_from(candidates))
+        values = [-0.5 * (rank + 1) for rank in range(len(candidates))]
+        logprobs.append(values)
+        ids.append(candidates)
+        completion.append(sampled)
+        expected.append(values[candidates.index(sampled)])
+    assert sampled_logprobs(logprobs, ids, completion) == expected
 
 
 def _row(call_ids: list[str], logprobs: bool = True) -> AssembledRow:
