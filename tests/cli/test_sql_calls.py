@@ -23,8 +23,8 @@ from typing import Any
 
 import pytest
 
-from sessions import Ledger
-from sessions.cli.demo import DemoConfig, policies, run_demo
+from sessions import ConfigError, Ledger
+from sessions.cli.demo import MAX_CALLS, DemoConfig, policies, run_demo
 from sessions.cli.sql import run_query
 from tests.cli.test_sql import calls_examples
 from tests.conftest import BACKENDS, fresh_database
@@ -279,3 +279,13 @@ async def test_the_same_seed_records_the_same_calls(demo_url: str, tmp_path: Pat
         for step in range(CONFIG.steps):
             ours = rows_of(await ledger.batch("train", step))
             assert ours == rows_of(await ledger.batch("train", step, run=RUN))
+
+
+def test_calls_join_the_runs_fingerprint_only_when_asked_for() -> None:
+    """A run recorded before `--calls` existed keeps its fingerprint (and can be grown); a run
+    with calls is another configuration (a rerun of `--run NAME` with other `--calls` is refused)."""
+    plain = policies(DemoConfig())["config"]
+    assert "calls" not in plain["demo"]  # type: ignore[index]
+    assert policies(DemoConfig(calls=4))["config"] == {"demo": {**plain["demo"], "calls": 4}}  # type: ignore[index]
+    with pytest.raises(ConfigError, match="--calls must be in"):
+        DemoConfig(calls=MAX_CALLS + 1)
