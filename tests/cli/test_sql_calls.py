@@ -26,7 +26,7 @@ import pytest
 from sessions import ConfigError, Ledger
 from sessions.cli.demo import MAX_CALLS, DemoConfig, policies, run_demo
 from sessions.cli.sql import run_query
-from tests.cli.test_sql import calls_examples
+from tests.cli.test_sql import calls_examples, cli
 from tests.conftest import BACKENDS, fresh_database
 
 RUN = "calls"
@@ -289,3 +289,21 @@ def test_calls_join_the_runs_fingerprint_only_when_asked_for() -> None:
     assert policies(DemoConfig(calls=4))["config"] == {"demo": {**plain["demo"], "calls": 4}}  # type: ignore[index]
     with pytest.raises(ConfigError, match="--calls must be in"):
         DemoConfig(calls=MAX_CALLS + 1)
+
+
+async def test_the_cli_flag_records_calls(tmp_path: Path) -> None:
+    """`rollout-ledger demo --calls 2`: two calls per session reach the log through the verb."""
+    db = str(tmp_path / "demo.db")
+    code, _, err = await cli(
+        "demo", "--db", db, "--steps", "1", "--prompts", "2", "--calls", "2", "--run", "flag",
+        "--fail-rate", "0", "--cancel-rate", "0", cwd=tmp_path,
+    )  # fmt: skip
+    assert code == 0, err
+    async with Ledger.open(db, migrate=False) as ledger:
+        _, rows = await run_query(
+            ledger.engine,
+            "SELECT COUNT(DISTINCT session_id), SUM(CASE WHEN outcome = 'recorded' THEN 1 ELSE 0 END) "
+            "FROM model_calls",
+        )
+    sessions = 2 * 2 * DemoConfig().group_size  # train and val, two prompts
+    assert rows == [(sessions, 2 * sessions)]
