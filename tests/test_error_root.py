@@ -68,6 +68,10 @@ ALLOWED: dict[tuple[str, str, str], str] = {
         "the demo's simulated agent crashing as real agent code does; the recorder turns it into "
         "a runner_error failure, which is what the demo shows"
     ),
+    ("sessions.cli.demo_calls", "calling_agent", "RuntimeError"): (
+        "the demo's --calls agent crashing between two model calls as real agent code does; its "
+        "recorded calls stay in the log beside the runner_error failure, which is what it shows"
+    ),
     ("sessions.lazy", "lazy_names.__getattr__", "AttributeError"): (
         "the `__getattr__` lazy_names builds for each lazy package of sessions: PEP 562, as "
         "LAZY_GETATTR (hasattr() and `from package import x` rely on AttributeError)"

@@ -6,7 +6,9 @@ tokens, 1-6 turns of model output (mask 1) interleaved with tool output (mask 0)
 requested rates. Outcomes are drawn from `--seed`, so a run is reproducible. `--max-attempts N`
 retries sandbox failures (a retry finds a healthy host three times in four), `--exclude-infra`
 leaves infrastructure failures out of the reward means, and `--keep-partial` sends a timed-out
-agent's verified partial work to the batch instead of a placeholder.
+agent's verified partial work to the batch instead of a placeholder. `--calls N` makes each
+session a conversation of N model calls recorded as they happen, its row assembled from them
+(`demo_calls.py`).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import dataclasses
 import random
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -33,6 +35,8 @@ DATA_SOURCES = ("gsm8k", "swe-lite")
 VOCAB = 32_000
 _TIMEOUT_S = 1.5  # generous: only the injected hangs should time out, never the ledger
 _HANG_S = 5.0
+#: The most model calls a demo session makes (a conversation's context grows with each).
+MAX_CALLS = 64
 
 
 @dataclass(frozen=True)
@@ -55,6 +59,9 @@ class DemoConfig:
     keep_partial: bool = False
     #: The first step recorded: a run is grown by `demo --run NAME --start-step N` (steps N..).
     start_step: int = 0
+    #: Model calls per session, each recorded as it happens (0: the agent hands over a whole
+    #: trajectory, as the demo always did).
+    calls: int = 0
 
     def __post_init__(self) -> None:
         for name in ("steps", "prompts", "group_size", "concurrency", "max_attempts"):
@@ -67,6 +74,8 @@ class DemoConfig:
                 raise ConfigError(
                     f"--{name.replace('_', '-')} must be in [0, 1], got {getattr(self, name)}"
                 )
+        if not 0 <= self.calls <= MAX_CALLS:
+            raise ConfigError(f"--calls must be in [0, {MAX_CALLS}], got {self.calls}")
         if self.fail_rate + self.cancel_rate > 1.0:
             raise ConfigError("--fail-rate plus --cancel-rate must not exceed 1")
 
@@ -110,6 +119,8 @@ def policies(config: DemoConfig) -> dict[str, object]:
     # (`steps` and `start_step` say how far, not how: a run grown by --start-step keeps its digest)
     settings = dataclasses.asdict(config)
     del settings["steps"], settings["start_step"]
+    if not config.calls:  # a run recorded before --calls existed keeps its fingerprint
+        del settings["calls"]
     options: dict[str, object] = {"config": {"demo": settings}}
     if config.max_attempts > 1:
         options["retry_policy"] = RetryPolicy(
@@ -190,10 +201,12 @@ async def run_demo(
     events_before = ledger.store.events_committed
 
     async def one(session_id: str, plan: Plan, **identity: object) -> None:
+        step = identity["global_step"]
+        assert isinstance(step, int)
         async with limit:
             task = asyncio.ensure_future(
                 ledger.run_session(
-                    lambda h: agent(h, plan), session_id, timeout=_TIMEOUT_S, **identity
+                    _runner(plan, step, config.calls), session_id, timeout=_TIMEOUT_S, **identity
                 )
             )
             if plan.outcome == "cancel":
@@ -240,6 +253,35 @@ async def run_demo(
         "events": appended,
         "events_per_second": appended / elapsed if elapsed else 0.0,
     }
+
+
+def _runner(plan: Plan, step: int, calls: int) -> Callable[[SessionHandle], Awaitable[None]]:
+    """The session's agent: a whole trajectory handed over, or `calls` model calls recorded."""
+    if not calls:
+        return lambda handle: agent(handle, plan)
+    from sessions.cli.demo_calls import calling_agent
+
+    def run(handle: SessionHandle) -> Awaitable[None]:
+        outcome = plan.outcome
+        if outcome == SANDBOX_ERROR and handle.attempt > 1 and _healthy_host(plan, handle.attempt):
+            outcome = "ok"
+        return calling_agent(
+            handle,
+            outcome=outcome,
+            seed=plan.seed,
+            difficulty=plan.difficulty,
+            prompt_len=plan.prompt_len,
+            step=step,
+            calls=calls,
+        )
+
+    return run
+
+
+def _healthy_host(plan: Plan, attempt: int) -> bool:
+    """Whether a retried sandbox finds a healthy host: the draw `agent` makes for it."""
+    rng = np.random.default_rng(plan.seed + 7919 * (attempt - 1))
+    return bool(rng.random() >= _SANDBOX_REFAIL)
 
 
 def example_session(run: str, config: DemoConfig) -> str:

@@ -80,6 +80,14 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="placeholder policy: a timed-out session's verified partial trajectory goes to the batch",
     )
+    demo.add_argument(
+        "--calls",
+        type=integer(0, 64),
+        default=0,
+        metavar="N",
+        help="model calls per session, each recorded as it happens and the row assembled from "
+        "them (default 0: each session hands over a whole trajectory)",
+    )
 
     project = verbs.add_parser(
         "project", parents=[common], help="run the projector to the end of the log"
@@ -301,6 +309,7 @@ async def _cmd_demo(args: argparse.Namespace) -> int:
         exclude_infra=args.exclude_infra,
         keep_partial=args.keep_partial,
         start_step=args.start_step,
+        calls=args.calls,
     )
     if args.start_step and not args.run:
         raise ConfigError("--start-step grows an existing run: name it with --run NAME")

@@ -2,7 +2,9 @@
 
 A runner returns one mapping per completion: `prompt_ids`, `completion_ids` and `reward` always;
 `logprobs`, `env_mask` (1 = the model's token, 0 = tool or environment output) and `num_turns`
-when it has them; any other key is a column TRL forwards to the reward functions. A failed
+when it has them; any other key is a column TRL forwards to the reward functions. A runner that
+recorded its turns as model calls (`turns.py`) may leave `prompt_ids` and `completion_ids` out:
+its row is then the one its calls make, as the ledger assembles it. A failed
 session's row is the placeholder TRL accepts (`docs/design.md §5`, shaped for TRL): one prompt
 and one completion token (the pad token, which TRL counts as a terminated completion),
 `env_mask` [0] so no token reaches the loss, logprob 0.0, and reward `None`, which TRL leaves out
@@ -14,9 +16,12 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sessions.integrations.trl.errors import RunnerOutputError, TRLSetupError
+
+if TYPE_CHECKING:
+    from sessions.calls import AssembledRow
 
 __all__ = [
     "FAILURE",
@@ -33,6 +38,8 @@ FAILURE = "ledger_failure"
 SESSION = "ledger_session_id"
 REQUIRED = ("prompt_ids", "completion_ids", "reward")
 OPTIONAL = ("logprobs", "env_mask", "num_turns")
+#: The keys of a row the runner builds itself; without both, its recorded calls make the row.
+ROW_KEYS = frozenset({"prompt_ids", "completion_ids"})
 #: Names TRL itself passes to reward functions (or reads from the output): a column of that name
 #: would collide with them.
 RESERVED = frozenset(
@@ -52,6 +59,9 @@ class Completion:
     env_mask: list[int] | None = None
     num_turns: int = 1
     extra: dict[str, Any] = field(default_factory=dict)
+    #: the recorded model calls the row was assembled from (`turns.py`); empty when the runner
+    #: returned the row itself
+    call_ids: tuple[str, ...] = ()
 
 
 def _plain(value: Any) -> Any:
@@ -77,32 +87,38 @@ def _ints(name: str, value: Any, *, allowed: tuple[int, ...] | None = None) -> l
     return out
 
 
-def parse_completion(result: Any) -> Completion:
+def builds_from_calls(result: Any) -> bool:
+    """Whether a runner's result leaves its row to its recorded calls: a dict with neither
+    `prompt_ids` nor `completion_ids`."""
+    return isinstance(result, Mapping) and not (ROW_KEYS & result.keys())
+
+
+def parse_completion(result: Any, assembled: Sequence[AssembledRow] | None = None) -> Completion:
     """Check a runner's result; a `RunnerOutputError` (the session fails as `invalid_output`)
-    names the first thing wrong."""
+    names the first thing wrong. `assembled`: the rows the attempt's recorded model calls make
+    (None when it recorded none), which are the completion when the result leaves its row to
+    them (`builds_from_calls`)."""
     if not isinstance(result, Mapping):
         raise RunnerOutputError(
             f"the runner returned {type(result).__name__}; return a dict with {', '.join(REQUIRED)}"
         )
+    if assembled is not None and builds_from_calls(result):
+        return _from_calls(result, assembled)
     missing = [key for key in REQUIRED if key not in result]
     if missing:
-        raise RunnerOutputError(
-            f"the runner's result lacks {', '.join(missing)} (keys: {sorted(result)})"
+        calls = (
+            "; or record each turn through context.calls and leave prompt_ids and "
+            "completion_ids out"
+            if ROW_KEYS & set(missing)
+            else ""
         )
-    clash = sorted(set(result) & RESERVED)
-    if clash:
         raise RunnerOutputError(
-            f"the runner's result uses {clash}, which TRL or the ledger already pass to reward functions; rename them"
+            f"the runner's result lacks {', '.join(missing)} (keys: {sorted(result)}){calls}"
         )
+    _check_names(result)
     prompt_ids = _ints("prompt_ids", result["prompt_ids"])
     completion_ids = _ints("completion_ids", result["completion_ids"])
-    reward = _plain(result["reward"])
-    if (
-        isinstance(reward, bool)
-        or not isinstance(reward, (int, float))
-        or not math.isfinite(reward)
-    ):
-        raise RunnerOutputError(f"the runner's reward must be a finite number, got {reward!r:.80}")
+    reward = _reward(result)
     logprobs = _plain(result.get("logprobs"))
     if logprobs is not None:
         if not isinstance(logprobs, (list, tuple)) or len(logprobs) != len(completion_ids):
@@ -123,8 +139,57 @@ def parse_completion(result: Any) -> Completion:
             f"the runner's num_turns must be an integer >= 0, got {num_turns!r}"
         )
     extra = {k: v for k, v in result.items() if k not in REQUIRED and k not in OPTIONAL}
+    return Completion(prompt_ids, completion_ids, reward, logprobs, env_mask, num_turns, extra)
+
+
+def _check_names(result: Mapping[str, Any]) -> None:
+    clash = sorted(set(result) & RESERVED)
+    if clash:
+        raise RunnerOutputError(
+            f"the runner's result uses {clash}, which TRL or the ledger already pass to reward functions; rename them"
+        )
+
+
+def _reward(result: Mapping[str, Any]) -> float:
+    reward = _plain(result["reward"])
+    if (
+        isinstance(reward, bool)
+        or not isinstance(reward, (int, float))
+        or not math.isfinite(reward)
+    ):
+        raise RunnerOutputError(f"the runner's reward must be a finite number, got {reward!r:.80}")
+    return float(reward)
+
+
+def _from_calls(result: Mapping[str, Any], assembled: Sequence[AssembledRow]) -> Completion:
+    """The completion a runner's recorded calls make: the row the ledger assembles from them at
+    `complete` (`sessions.calls.assemble`), so TRL trains on the session's own row."""
+    if "reward" not in result:
+        raise RunnerOutputError(f"the runner's result lacks reward (keys: {sorted(result)})")
+    _check_names(result)
+    given = sorted(set(OPTIONAL) & result.keys())
+    if given:
+        raise RunnerOutputError(
+            f"the runner's result gives {given}, but its row is assembled from its recorded model "
+            "calls, which say them; leave them out, or return prompt_ids and completion_ids too"
+        )
+    if len(assembled) != 1:
+        starts = [row.call_ids[0] for row in assembled[1:]]
+        raise RunnerOutputError(
+            f"the runner's recorded calls make {len(assembled)} rows, and TRL takes one completion "
+            f"per session: call(s) {', '.join(starts)} do not extend the context before them (each "
+            "turn's prompt must be the previous prompt and completion plus the new tokens)"
+        )
+    (row,) = assembled
     return Completion(
-        prompt_ids, completion_ids, float(reward), logprobs, env_mask, num_turns, extra
+        prompt_ids=row.prompt_ids.tolist(),
+        completion_ids=row.response_ids.tolist(),
+        reward=_reward(result),
+        logprobs=None if row.logprobs is None else row.logprobs.tolist(),
+        env_mask=row.response_mask.tolist(),
+        num_turns=row.num_turns,
+        extra={k: v for k, v in result.items() if k != "reward"},
+        call_ids=tuple(row.call_ids),
     )
 
 

@@ -6,7 +6,9 @@ The wrapper runs the user's runner once per completion under `SyncLedger.arun_se
 per-session timeout, the run's `RetryPolicy`), and returns TRL a row for every session: the
 runner's completion, or a placeholder (`completion.py`) for a failed one. Group identity comes
 from TRL's own layout (`identity.py`), partition from the trainer's mode (`train`, else `val`),
-the step from `trainer.state.global_step`. `docs/trl.md` shows the whole setup.
+the step from `trainer.state.global_step`. A runner may record each turn's generation as a
+model call through `context.calls` (`turns.py`) and leave its row to them: the row TRL gets is
+then the one the ledger assembles from the calls. `docs/trl.md` shows the whole setup.
 """
 
 from __future__ import annotations
@@ -15,16 +17,23 @@ import asyncio
 import inspect
 import warnings
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from sessions import RetryPolicy, SessionOutcome, SyncLedger
-from sessions.integrations.trl.completion import Completion, parse_completion, trl_output
+from sessions.calls import AssembledRow, assemble
+from sessions.integrations.trl.completion import (
+    Completion,
+    builds_from_calls,
+    parse_completion,
+    trl_output,
+)
 from sessions.integrations.trl.errors import TRLSetupError
 from sessions.integrations.trl.identity import Slot, launch_token, slots
 from sessions.integrations.trl.loss_types import ROW_MEAN_LOSS_TYPES
 from sessions.integrations.trl.reward import LedgerReward, eval_figures_callback, ledger_figures
 from sessions.integrations.trl.runner_loop import RunnerLoop, in_thread
+from sessions.integrations.trl.turns import ModelCalls
 
 __all__ = ["Generation", "LedgerRollout", "RolloutContext"]
 
@@ -45,6 +54,9 @@ class RolloutContext:
     row: int
     #: which `rollout_func` call this is (0, 1, ... in this launch, the same on every rank)
     call: int
+    #: records the runner's model calls, turn by turn, in its session (`turns.py`; docs/trl.md
+    #: "Per-turn model calls"); None outside a `LedgerRollout` session
+    calls: ModelCalls | None = None
 
 
 @dataclass
@@ -69,7 +81,9 @@ class LedgerRollout:
 
     `runner(prompt, context)` (a function or an async function) runs one completion and returns a
     dict with `prompt_ids`, `completion_ids`, `reward` and optionally `logprobs`, `env_mask`,
-    `num_turns` and extra columns for TRL's reward functions. `timeout` is seconds per attempt;
+    `num_turns` and extra columns for TRL's reward functions; a runner that recorded its turns
+    through `context.calls` may return only `reward` (and extra columns), and its row is the one
+    its calls make (docs/trl.md, "Per-turn model calls"). `timeout` is seconds per attempt;
     `retry` defaults to the ledger's `retry_policy`. `concurrency` bounds the sessions running at
     once (default: all of a call for an async runner, one for a synchronous one, which often
     drives the trainer's own model). `metrics_timeout` bounds the wait for a step to settle before
@@ -250,14 +264,20 @@ class LedgerRollout:
             )
 
             async def runner(session: Any) -> None:
-                completion = parse_completion(await self._invoke(prompts[i], context))
-                await session.record_trajectory(
-                    prompt_ids=completion.prompt_ids,
-                    response_ids=completion.completion_ids,
-                    response_mask=completion.env_mask,
-                    response_logprobs=completion.logprobs,
-                    num_turns=completion.num_turns,
-                )
+                recorder = ModelCalls(session, asyncio.get_running_loop(), generation.global_step)
+                result = await self._invoke(prompts[i], replace(context, calls=recorder))
+                assembled = _assembled(session, result)
+                if assembled == []:  # calls started, none answered: `complete` fails it closed
+                    return
+                completion = parse_completion(result, assembled)
+                if not completion.call_ids:  # else the ledger assembles this row at complete
+                    await session.record_trajectory(
+                        prompt_ids=completion.prompt_ids,
+                        response_ids=completion.completion_ids,
+                        response_mask=completion.env_mask,
+                        response_logprobs=completion.logprobs,
+                        num_turns=completion.num_turns,
+                    )
                 await session.post_reward(completion.reward)
                 completions[i] = completion  # the final attempt's, set only once it is recorded
 
@@ -296,6 +316,15 @@ class LedgerRollout:
         if inspect.isawaitable(result):
             result = await result
         return result
+
+
+def _assembled(session: Any, result: Any) -> list[AssembledRow] | None:
+    """The rows the attempt's recorded calls make, when the runner's result leaves its row to
+    them (none when it started calls and none was answered); None when it started no call (or
+    returned its row itself)."""
+    if not builds_from_calls(result) or not session.view.calls:
+        return None
+    return assemble(session.view.recorded_calls())
 
 
 def _check_runner(runner: Any) -> None:
