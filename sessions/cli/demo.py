@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from sessions.errors import ConfigError
+from sessions.errors import ConfigError, RunHalted
 from sessions.failure_policy import EXCLUDE, MetricPolicy, RetryPolicy
 from sessions.ledger import Ledger
 from sessions.placeholder import KEEP_PARTIAL, PlaceholderPolicy
@@ -62,6 +62,9 @@ class DemoConfig:
     #: Model calls per session, each recorded as it happens (0: the agent hands over a whole
     #: trajectory, as the demo always did).
     calls: int = 0
+    #: The sandbox service is down from this step on: every session fails `sandbox_error`, every
+    #: retry too (what the world did, not a setting of the run: outside its fingerprint).
+    outage_from_step: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("steps", "prompts", "group_size", "concurrency", "max_attempts"):
@@ -95,9 +98,11 @@ def new_run_name() -> str:
     return f"demo-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
 
 
-def _plan_session(rng: random.Random, config: DemoConfig, difficulty: float) -> Plan:
+def _plan_session(rng: random.Random, config: DemoConfig, difficulty: float, step: int = 0) -> Plan:
     x = rng.random()
-    if x < config.cancel_rate:
+    if config.outage_from_step is not None and step >= config.outage_from_step:
+        outcome = SANDBOX_DOWN
+    elif x < config.cancel_rate:
         outcome = "cancel"
     elif x < config.cancel_rate + config.fail_rate:
         outcome = rng.choice((RUNNER_ERROR, SANDBOX_ERROR, TIMEOUT))
@@ -106,6 +111,9 @@ def _plan_session(rng: random.Random, config: DemoConfig, difficulty: float) -> 
     return Plan(outcome, rng.randint(1, 6), rng.randint(24, 400), difficulty, rng.randrange(2**31))
 
 
+#: A session planned while the sandbox service is down (`--outage-from-step`): it fails
+#: `sandbox_error` on every attempt.
+SANDBOX_DOWN = "sandbox_down"
 #: How often a sandbox that failed fails again on the retry (a flaky host, not a bad task).
 _SANDBOX_REFAIL = 0.25
 #: Seconds between attempts in the demo's retry policy.
@@ -118,7 +126,7 @@ def policies(config: DemoConfig) -> dict[str, object]:
     # as the ledger opens, so a rerun of `--run NAME` with other flags is refused, not mixed in
     # (`steps` and `start_step` say how far, not how: a run grown by --start-step keeps its digest)
     settings = dataclasses.asdict(config)
-    del settings["steps"], settings["start_step"]
+    del settings["steps"], settings["start_step"], settings["outage_from_step"]
     if not config.calls:  # a run recorded before --calls existed keeps its fingerprint
         del settings["calls"]
     options: dict[str, object] = {"config": {"demo": settings}}
@@ -162,6 +170,12 @@ async def agent(handle: SessionHandle, plan: Plan) -> None:
         if plan.outcome == "cancel" and turn == plan.turns // 2:
             await asyncio.sleep(_HANG_S)  # a stuck tool call: the cancel ends it
     await _record(handle, rng, prompt, pieces, masks, plan.turns, plan.difficulty)
+
+
+async def _sandbox_down(handle: SessionHandle) -> None:
+    """The agent while the sandbox service is down: its sandbox is refused at once."""
+    await asyncio.sleep(0.001)
+    raise SandboxError("sandbox pool unreachable: connection refused (the service is down)")
 
 
 async def _record(
@@ -231,7 +245,7 @@ async def run_demo(
                 difficulty = rng.betavariate(2, 2)
                 source = DATA_SOURCES[p % len(DATA_SOURCES)]
                 for k in range(config.group_size):
-                    plan = _plan_session(rng, config, difficulty)
+                    plan = _plan_session(rng, config, difficulty, step)
                     jobs.append(
                         one(
                             f"{run_tag}-{partition}{step}-p{p}-s{k}",
@@ -245,7 +259,12 @@ async def run_demo(
                             runner="demo-agent",
                         )
                     )
-        await asyncio.gather(*jobs)
+        # every session of the step settles, even once the run is halted (then RunHalted)
+        ended = await asyncio.gather(*jobs, return_exceptions=True)
+        errors = [e for e in ended if isinstance(e, BaseException)]
+        halts = [e for e in errors if isinstance(e, RunHalted)]
+        if errors:
+            raise halts[0] if halts else errors[0]
     elapsed = time.perf_counter() - started
     appended = ledger.store.events_committed - events_before
     return {
@@ -257,6 +276,8 @@ async def run_demo(
 
 def _runner(plan: Plan, step: int, calls: int) -> Callable[[SessionHandle], Awaitable[None]]:
     """The session's agent: a whole trajectory handed over, or `calls` model calls recorded."""
+    if plan.outcome == SANDBOX_DOWN:
+        return _sandbox_down
     if not calls:
         return lambda handle: agent(handle, plan)
     from sessions.cli.demo_calls import calling_agent

@@ -88,6 +88,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="model calls per session, each recorded as it happens and the row assembled from "
         "them (default 0: each session hands over a whole trajectory)",
     )
+    demo.add_argument(
+        "--outage-from-step",
+        type=integer(0, 2**62, "a step"),
+        default=None,
+        metavar="N",
+        help="the sandbox service is down from step N on: every session fails sandbox_error, "
+        "until the run's circuit breaker halts it (RunHalted); resume with --start-step",
+    )
 
     project = verbs.add_parser(
         "project", parents=[common], help="run the projector to the end of the log"
@@ -310,15 +318,20 @@ async def _cmd_demo(args: argparse.Namespace) -> int:
         keep_partial=args.keep_partial,
         start_step=args.start_step,
         calls=args.calls,
+        outage_from_step=args.outage_from_step,
     )
     if args.start_step and not args.run:
         raise ConfigError("--start-step grows an existing run: name it with --run NAME")
     run = args.run or new_run_name()
     console = make_console()
     total = config.steps * 2 * config.prompts * config.group_size
+    # growing a run is a new launch of it (a resume): it re-arms a run its breaker halted
+    import uuid
+
     from sessions.cli.demo import policies
 
-    async with Ledger.open(args.db, run=run, **policies(config)) as ledger:
+    launch = f"demo-from-step-{args.start_step}-{uuid.uuid4().hex[:8]}" if args.start_step else None
+    async with Ledger.open(args.db, run=run, launch=launch, **policies(config)) as ledger:
         if args.start_step:
             await _check_start_step(ledger, run, args.start_step)
         with Progress(

@@ -16,6 +16,7 @@ reader with other settings halts where the run did.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from typing import Any
@@ -71,6 +72,9 @@ class RunWatch:
         #: the run's recorded halt since its last launch, if any
         self.halted: ev.BreakerTripped | None = None
         self._unrecorded: Trip | None = None
+        #: the look in flight: callers that arrive meanwhile wait for its answer instead of
+        #: passing the interval's gate while it reads (a step's creations come all at once)
+        self._look: asyncio.Future[None] | None = None
 
     def look_soon(self) -> None:
         """A session of this ledger failed: the next `check` reads the log."""
@@ -79,8 +83,26 @@ class RunWatch:
     async def check(self, *, now: bool = False) -> None:
         """Read the run's session ends since the last look (unless one was less than `interval`
         ago and `now` is False), record a trip, and raise `RunHalted` if the run is halted."""
-        if self.halted is None and not now and time.monotonic() - self._looked < self._interval:
-            return
+        look = self._look
+        if look is None:
+            if self.halted is None and not now and time.monotonic() - self._looked < self._interval:
+                return
+            look = self._look = asyncio.ensure_future(self._read())
+            look.add_done_callback(self._looked_once)
+        await asyncio.shield(look)
+        if self.halted is not None:
+            raise RunHalted(
+                self.run, self.halted.rule, self.halted.tripped_at, self._why(self.halted)
+            )
+
+    def _looked_once(self, look: asyncio.Future[None]) -> None:
+        if self._look is look:
+            self._look = None
+        if not look.cancelled():
+            look.exception()  # retrieved here: every waiter has it raised, none left unread
+
+    async def _read(self) -> None:
+        """One look: the run's ends since the last, folded; a trip recorded."""
         self._looked = time.monotonic()
         if self._position is None:
             self._position = await self._start()
@@ -96,10 +118,6 @@ class RunWatch:
                 break
         if self._unrecorded is not None and self.halted is None:
             await self._record(self._unrecorded)
-        if self.halted is not None:
-            raise RunHalted(
-                self.run, self.halted.rule, self.halted.tripped_at, self._why(self.halted)
-            )
 
     def _observe(self, position: int, session_id: str, type_: str, data: dict[str, Any]) -> None:
         assert self._fold is not None
