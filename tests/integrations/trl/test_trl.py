@@ -597,3 +597,24 @@ def test_the_example_trains_and_shows_the_crash_without_the_ledger(example: Any)
             trl_reward == success_only and float(honest) < float(trl_reward) and float(failed) > 0
         )
     assert any(line.startswith("without the ledger: train() raised") for line in lines), done.stdout
+
+
+def test_a_sandbox_service_that_is_down_halts_train_before_it_trains_on_zeros(
+    example: Any, sqlite_url: str, tmp_path: Path
+) -> None:
+    """Every sandbox of step 0 fails to start (`sandbox_error`, an infrastructure failure): its
+    sessions all settle, and `train()` stops with the breaker's `RunHalted` (naming the cause
+    and how to resume, docs/failures.md) before an optimizer step trains on the zeros."""
+    from sessions import CircuitBreaker, RunHalted
+
+    plan = Plan(example.tiny_tokenizer(), {(0, i): ["sandbox"] for i in range(ROWS)})
+    breaker = CircuitBreaker(consecutive=4, window=None)
+    with SyncLedger.open(sqlite_url, circuit_breaker=breaker) as ledger:
+        rollout = LedgerRollout(plan.runner, ledger)
+        trainer = trainer_for(example, rollout, tmp_path, steps=2)
+        with pytest.raises(RunHalted, match=r"sandbox_error ×\d+.*new launch"):
+            trainer.train()
+        rollout.close()
+        ours = figures(ledger, "train", 0)
+    assert ours["failed/sandbox_error"] == ROWS  # step 0 settled whole before the halt
+    assert trainer.state.global_step == 0  # no optimizer step on the step that saw the outage

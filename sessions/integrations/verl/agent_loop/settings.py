@@ -8,6 +8,7 @@ travel in it as one more section, added with Hydra's ``+`` syntax::
     +ledger.max_attempts=2                    # the run's RetryPolicy (default: one attempt)
     +ledger.reward_keys='{acc: 0.0}'          # a placeholder's reward keys, when it cannot learn them
     +ledger.launch=job-20261206-1             # this start of the job (default: main_ppo's, or Ray's)
+    +ledger.circuit_breaker='{consecutive: 10}'  # when failures halt the run (null: never)
 
 Each key falls back to an environment variable (``ROLLOUT_LEDGER_DB``, ``ROLLOUT_LEDGER_RUN``, ...),
 then to a default. The run defaults to verl's ``trainer.experiment_name``; the placeholder token
@@ -27,6 +28,7 @@ from sessions.errors import ConfigError
 from sessions.events import DEFAULT_MIN_VALID
 from sessions.failure_policy import RetryPolicy
 from sessions.placeholder import PlaceholderPolicy
+from sessions.runs.breaker import CircuitBreaker
 from sessions.vocabulary import INFRA
 
 __all__ = ["CONFIG_SECTION", "LedgerSettings", "URL_SETTING", "ray_launch"]
@@ -56,6 +58,7 @@ _KEYS = (
     "placeholder_response_length",
     "reward_keys",
     "launch",
+    "circuit_breaker",
 )
 
 
@@ -88,6 +91,8 @@ class LedgerSettings:
     #: this launch of the job, the same in every worker (docs/design.md §14): the trainer's
     #: ``main_ppo`` writes a fresh one into the config; else the Ray job's (`ray_launch`)
     launch: str | None = None
+    #: the run's circuit breaker (``+ledger.circuit_breaker='{consecutive: 10}'``; null: none)
+    circuit_breaker: CircuitBreaker | None = CircuitBreaker()
     #: what `Ledger.open` gets on top (tests: engine options); not part of the job config
     open_kwargs: Mapping[str, Any] = field(default_factory=dict, compare=False, hash=False)
 
@@ -125,6 +130,7 @@ class LedgerSettings:
             "placeholder_policy": self.placeholder_policy(),
             "min_valid": self.min_valid,
             "launch": self.launch,
+            "circuit_breaker": self.circuit_breaker,
             **self.open_kwargs,
         }
 
@@ -179,6 +185,7 @@ class LedgerSettings:
             placeholder_response_length=int(pick("placeholder_response_length", 1)),
             reward_keys=_reward_keys(section.get("reward_keys")),
             launch=_text(pick("launch", None)) or ray_launch(),
+            circuit_breaker=_breaker(section),
         )
 
     def placeholder_reward_keys(self) -> dict[str, Any] | None:
@@ -262,6 +269,32 @@ def _reward_keys(value: Any) -> tuple[tuple[str, Any], ...] | None:
             )
         pairs.append((key, example))
     return tuple(pairs)
+
+
+def _breaker(section: Mapping[str, Any]) -> CircuitBreaker | None:
+    """``+ledger.circuit_breaker``: the rule's fields as a mapping (the others default), or null
+    for no breaker; absent: the default rule."""
+    if "circuit_breaker" not in section:
+        return CircuitBreaker()
+    value = section["circuit_breaker"]
+    if value is None or value in ("null", "none", "None"):
+        return None
+    if not isinstance(value, Mapping):
+        raise ConfigError(
+            "ledger.circuit_breaker must be the breaker's fields, e.g. "
+            f"+ledger.circuit_breaker='{{consecutive: 10, window: null}}', or null for none; got {value!r:.80}"
+        )
+    known = {"consecutive", "window", "max_share", "origins", "reasons"}
+    unknown = sorted(set(value) - known)
+    if unknown:
+        raise ConfigError(
+            f"ledger.circuit_breaker: unknown keys {unknown}; its keys are {sorted(known)}"
+        )
+    fields = dict(value)
+    for key in ("origins", "reasons"):
+        if key in fields:
+            fields[key] = _names(fields[key])
+    return CircuitBreaker(**fields)
 
 
 def _names(value: Any) -> tuple[str, ...]:
