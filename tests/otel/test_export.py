@@ -39,7 +39,7 @@ from sessions.otel.export import (  # noqa: E402
 )
 from sessions.report.text import visible  # noqa: E402
 from tests.conftest import BACKENDS, fresh_database  # noqa: E402
-from tests.otel.recording import CALL_STEP, HOSTILE, MODEL, RUN, record_run  # noqa: E402
+from tests.otel.recording import HOSTILE, MODEL, RUN, record_run  # noqa: E402
 
 
 @dataclass
