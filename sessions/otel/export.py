@@ -74,13 +74,12 @@ class OtelExportSummary:
         return out
 
 
-def parse_header(text: str) -> tuple[str, str]:
+def parse_header(text: str, *, flag: str = "--header") -> tuple[str, str]:
     """`K=V` as (K, V): the form of OTLP's own OTEL_EXPORTER_OTLP_HEADERS entries."""
     key, sep, value = text.partition("=")
     if not sep or not key.strip():
-        raise ConfigError(
-            f"--header {text!r} is not KEY=VALUE; e.g. --header 'authorization=Bearer TOKEN'"
-        )
+        example = "wandb.project=NAME" if flag == "--resource" else "'authorization=Bearer TOKEN'"
+        raise ConfigError(f"{flag} {text!r} is not KEY=VALUE; e.g. {flag} {example}")
     return key.strip(), value.strip()
 
 
@@ -116,9 +115,12 @@ def otlp_exporter(
     )
 
 
-def resource_for(run: str, project: str | None = None) -> Any:
-    """The resource every span of a run carries: the service, the run, and the Phoenix project
-    (default: the run's name), so each run is a project of its own there."""
+def resource_for(
+    run: str, project: str | None = None, extra: Mapping[str, str] | None = None
+) -> Any:
+    """The resource every span of a run carries: the service, the run, the Phoenix project
+    (default: the run's name, so each run is a project of its own there), and `extra` (W&B
+    Weave routes by `wandb.entity` and `wandb.project`)."""
     require_sdk()
     from opentelemetry.sdk.resources import Resource
 
@@ -128,6 +130,7 @@ def resource_for(run: str, project: str | None = None) -> Any:
             "service.name": A.SERVICE_NAME,
             A.RUN: shown,
             "openinference.project.name": visible(project) if project else shown,
+            **{visible(k): visible(v) for k, v in (extra or {}).items()},
         }
     )
 
@@ -166,6 +169,7 @@ async def export_otel(
     run: str | None = None,
     steps: Any = None,
     project: str | None = None,
+    resource: Mapping[str, str] | None = None,
     page_size: int = DEFAULT_PAGE_SIZE,
     on_progress: Callable[[int, int], None] | None = None,
 ) -> OtelExportSummary:
@@ -174,7 +178,7 @@ async def export_otel(
 
     `ledger`: an open `Ledger` (its engine and its store are read). `run`: default the ledger's,
     else the run of the log's latest event. `steps`: N, (A, B) or 'A:B', both ends included.
-    `on_progress(done, total)` after each page, in sessions."""
+    `project` and `resource`: see `resource_for`. `on_progress(done, total)` after each page, in sessions."""
     require_sdk()
     started = time.perf_counter()
     if isinstance(page_size, bool) or not isinstance(page_size, int) or page_size < 1:
@@ -197,7 +201,7 @@ async def export_otel(
         which = export_reads.SessionFilter(run, None, step_min, step_max)
         counts = await export_reads.count_sessions(conn, which, checkpoint)
         total = sum(counts.get(s, 0) for s in _TERMINAL)
-        resource = resource_for(run, project)
+        spans_resource = resource_for(run, project, resource)
         after: tuple[str, str] | None = None
         done = 0
         while True:
@@ -214,7 +218,7 @@ async def export_otel(
                 break
             after = (page[-1]["uid"], page[-1]["session_id"])
             streams = await store.read_streams([row["session_id"] for row in page])
-            built = session_spans(streams, page, resource)
+            built = session_spans(streams, page, spans_resource)
             await send_spans(exporter, built)
             spans += len(built)
             requests += 1 if built else 0

@@ -11,7 +11,7 @@ viewer keyed on span ids shows once. That is the one repeat possible, at most on
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,6 +45,7 @@ async def follow_otel(
     name: str = DEFAULT_FOLLOWER,
     run: str | None = None,
     project: str | None = None,
+    resource: Mapping[str, str] | None = None,
     page_size: int = DEFAULT_PAGE_SIZE,
     poll_s: float = 1.0,
     stop: asyncio.Event | None = None,
@@ -56,7 +57,7 @@ async def follow_otel(
 
     Runs until `stop` is set, or with `until_caught_up` until no ended session is left past the
     checkpoint (the projector's, as of that read). `run` None follows every run of the database
-    (each run's spans carry its own resource). `poll_s`: the wait when nothing new has ended.
+    (each run's spans carry its own resource; `project` and `resource` as `resource_for`). `poll_s`: the wait when nothing new has ended.
     `on_page` is called after each page's checkpoint committed."""
     require_sdk()
     if not name:
@@ -89,10 +90,10 @@ async def follow_otel(
         streams = await store.read_streams([row["session_id"] for row in page])
         spans: list[Any] = []
         for row in page:
-            resource = resources.get(row["run"])
-            if resource is None:
-                resource = resources[row["run"]] = resource_for(row["run"], project)
-            spans.extend(session_spans(streams, [row], resource))
+            made = resources.get(row["run"])
+            if made is None:
+                made = resources[row["run"]] = resource_for(row["run"], project, resource)
+            spans.extend(session_spans(streams, [row], made))
         await send_spans(exporter, spans)
         moved_to = int(page[-1]["terminal_position"])
         async with engine.begin() as conn:
