@@ -217,7 +217,9 @@ async def export_otel(
             if not page:
                 break
             after = (page[-1]["uid"], page[-1]["session_id"])
-            streams = await store.read_streams([row["session_id"] for row in page])
+            streams = await store.read_streams(
+                [row["session_id"] for row in page], with_payload=False
+            )
             built = session_spans(streams, page, spans_resource)
             await send_spans(exporter, built)
             spans += len(built)

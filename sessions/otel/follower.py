@@ -87,7 +87,7 @@ async def follow_otel(
                 except TimeoutError:
                     pass
             continue
-        streams = await store.read_streams([row["session_id"] for row in page])
+        streams = await store.read_streams([row["session_id"] for row in page], with_payload=False)
         spans: list[Any] = []
         for row in page:
             made = resources.get(row["run"])

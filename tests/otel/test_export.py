@@ -335,3 +335,30 @@ def test_derived_ids_are_valid_and_differ_for_different_keys(
         assert ids.trace_id(a[0]) != ids.trace_id(b[0])
     # a key's parts never run together: ("ab", "c") and ("a", "bc") are different calls
     assert ids.call_span_id(a[0] + "1", 1, a[2]) != ids.call_span_id(a[0], 11, a[2])
+
+
+async def test_hostile_run_session_and_group_ids_reach_the_spans_escaped(sqlite_url: str) -> None:
+    run, session_id, uid = "r\x1b[2Jx", "s<b>\x1b[31m\u202e", "u\x07<i>"
+    async with Ledger.open(sqlite_url, run=run) as ledger:
+        async with ledger.session(
+            session_id, uid=uid, session_index=0, group_size=1, partition="train", global_step=0
+        ) as s:
+            call = await s.start_call(sampling={"model": "m\x1b[0m"})
+            await s.record_call(call, prompt_ids=[1], response_ids=[2], text="\x00\x1b]8;;x\x07")
+        await ledger.project()
+        exporter = InMemorySpanExporter()
+        await export_otel(ledger, exporter)
+    spans = exporter.get_finished_spans()
+    assert {s.context.trace_id for s in spans} == {ids.trace_id(session_id)}
+    root = _root(spans)
+    assert root.attributes[A.CONVERSATION_ID] == visible(session_id) == "s<b>\\x1b[31m\\u202e"
+    assert root.attributes[A.RUN] == visible(run)
+    assert root.attributes[A.GROUP] == visible(uid)
+    assert root.name == f"session {visible(session_id)}"
+    for span in spans:
+        values = [span.name, *span.resource.attributes.values(), *span.attributes.values()]
+        for value in values:
+            for item in value if isinstance(value, tuple) else (value,):
+                if isinstance(item, str):
+                    assert item.isprintable(), (span.name, item)
+    assert root.resource.attributes["openinference.project.name"] == visible(run)
