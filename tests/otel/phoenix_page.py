@@ -3,7 +3,8 @@ there, keep a screenshot, and print what the trace's panel shows as JSON.
 
 Run by the Phoenix virtualenv's Python (playwright is installed there, not in the project's):
     python phoenix_page.py URL CHROMIUM SCREENSHOT EXPECTED_TEXT...
-Exit 0 with {"url", "panel"} on stdout once every expected text is visible; exit 1 with the
+Exit 0 with {"url", "body", "dialogs"} on stdout once every expected text is visible (`dialogs`:
+the messages of any alert the page raised, which stored text must never do); exit 1 with the
 page's text when one is not within the deadline (the screenshot is kept either way).
 """
 
@@ -25,6 +26,13 @@ def main(url: str, chromium: str, screenshot: str, expected: list[str]) -> int:
         )
         try:
             page = browser.new_page(viewport={"width": 1600, "height": 1000})
+            dialogs: list[str] = []
+
+            def dismiss(dialog: object) -> None:
+                dialogs.append(dialog.message)  # type: ignore[attr-defined]
+                dialog.dismiss()  # type: ignore[attr-defined]
+
+            page.on("dialog", dismiss)
             page.goto(url, timeout=DEADLINE_MS)
             missing = None
             try:
@@ -41,7 +49,7 @@ def main(url: str, chromium: str, screenshot: str, expected: list[str]) -> int:
             if missing is not None:
                 print(json.dumps({"url": page.url, "missing": missing, "body": body}))
                 return 1
-            print(json.dumps({"url": page.url, "body": body}))
+            print(json.dumps({"url": page.url, "body": body, "dialogs": dialogs}))
             return 0
         finally:
             browser.close()

@@ -15,6 +15,7 @@ a session recorded afterwards, has arrived: Phoenix inserts in the order it rece
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import re
 import subprocess
@@ -221,19 +222,15 @@ def test_hostile_text_is_stored_as_its_escapes(sent: Sent) -> None:
     assert "\x1b" not in root["status_message"] and "\\x1b" in root["status_message"]
 
 
-def test_the_failed_sessions_page_shows_its_status_and_error(sent: Sent, phoenix: Phoenix) -> None:
+def _open_page(phoenix: Phoenix, session_id: str, name: str, expected: list[str]) -> dict[str, Any]:
+    """Phoenix's page for the session's trace in headless Chromium, once every `expected` text
+    is visible on it; the screenshot kept as ARTIFACTS/<name>."""
     require(VENV / "bin" / "python", "the Phoenix virtualenv")
     require(CHROMIUM, "Chromium (Debian's chromium package)")
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    screenshot = ARTIFACTS / "otel-phoenix-failed-session.png"
+    screenshot = ARTIFACTS / name
     screenshot.unlink(missing_ok=True)
-    trace = f"{ids.trace_id('calls-call-failed'):032x}"
-    expected = [
-        "session calls-call-failed",
-        "Error",
-        "connection_error: the model server went away",
-        "attempt 1",
-    ]
+    trace = f"{ids.trace_id(session_id):032x}"
     shown = subprocess.run(
         [
             str(VENV / "bin" / "python"),
@@ -248,5 +245,36 @@ def test_the_failed_sessions_page_shows_its_status_and_error(sent: Sent, phoenix
         timeout=600,
     )
     assert shown.returncode == 0, shown.stdout[-3000:] + shown.stderr[-3000:]
-    assert f"/traces/{trace}" in shown.stdout
     assert screenshot.stat().st_size > 10_000
+    page = json.loads(shown.stdout.strip().splitlines()[-1])
+    assert f"/traces/{trace}" in page["url"]
+    return page
+
+
+def test_the_failed_sessions_page_shows_its_status_and_error(sent: Sent, phoenix: Phoenix) -> None:
+    page = _open_page(
+        phoenix,
+        "calls-call-failed",
+        "otel-phoenix-failed-session.png",
+        [
+            "session calls-call-failed",
+            "Error",
+            "connection_error: the model server went away",
+            "attempt 1",
+        ],
+    )
+    assert page["dialogs"] == []
+
+
+def test_hostile_text_shows_as_text_on_the_page(sent: Sent, phoenix: Phoenix) -> None:
+    """The message with a script tag and terminal escapes is shown as its characters: the tag
+    as text (no alert), the escapes as `\\x1b` sequences."""
+    page = _open_page(
+        phoenix,
+        "calls-sandbox",
+        "otel-phoenix-hostile-text.png",
+        ["session calls-sandbox", "attempt 1", visible(HOSTILE)[:40]],
+    )
+    assert page["dialogs"] == []
+    assert "<script>alert('x')</script>" in page["body"]
+    assert "\x1b" not in page["body"] and "\\x1b[31m" in page["body"]
