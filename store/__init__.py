@@ -4,7 +4,7 @@
 session is. This module is the whole of what `sessions` may use (tests/test_architecture.py
 checks it): the names below, and a few modules used as namespaces because their functions
 belong together (`read_models`, `queue_claims`, `driver`, `bulk_copy`, `bulk_read_models`,
-`console`, `export_reads`, `retention`).
+`console`, `export_reads`, `retention`, `otel_follower`).
 Everything that differs between SQLite and PostgreSQL is answered by `store.dialects`, what a
 driver's error means too (`raised_by_driver`, `describe_driver_error`, `driver_install_hint`,
 `is_transient`): `sessions` names no driver.
@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # what an editor and a type checker see; nothing is imported at run time
     from sqlalchemy.ext.asyncio import AsyncEngine
 
-    from store import backup, read_models, retention
+    from store import backup, otel_follower, read_models, retention
     from store.bulk import bulk_copy, bulk_read_models, driver
     from store.dialects import driver_install_hint, raised_by_driver
     from store.engine import (
@@ -63,6 +63,7 @@ if TYPE_CHECKING:  # what an editor and a type checker see; nothing is imported 
 _EXPORTS: dict[str, tuple[str, str | None]] = {
     "AsyncEngine": ("sqlalchemy.ext.asyncio", "AsyncEngine"),
     "backup": ("store.backup", None),
+    "otel_follower": ("store.otel_follower", None),
     "read_models": ("store.read_models", None),
     "retention": ("store.retention", None),
     "bulk_copy": ("store.bulk.bulk_copy", None),
@@ -173,6 +174,7 @@ __all__ = [
     "is_transient",
     "load_json",
     "normalize_url",
+    "otel_follower",
     "projection_page",
     "queue_claims",
     "raised_by_driver",

@@ -201,6 +201,7 @@ _VERB_MODULES = {
     "backup": "sessions.cli.backup",
     "export": "sessions.cli.export_batch",
     "export-dataset": "sessions.cli.export_dataset",
+    "export-otel": "sessions.cli.export_otel",
     "prune": "sessions.cli.prune",
     "report": "sessions.cli.report",
 }

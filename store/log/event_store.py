@@ -383,14 +383,18 @@ class EventStore:
             return [to_stored(row) for row in result.mappings()]
 
     @wraps_faults("reading sessions' streams")
-    async def read_streams(self, session_ids: Sequence[str]) -> dict[str, list[StoredEvent]]:
-        """Several sessions' streams in one round trip per chunk."""
+    async def read_streams(
+        self, session_ids: Sequence[str], *, with_payload: bool = True
+    ) -> dict[str, list[StoredEvent]]:
+        """Several sessions' streams in one round trip per chunk; `with_payload=False` leaves the
+        token payloads unread (None) for a reader that needs only the events' data."""
         out: dict[str, list[StoredEvent]] = {sid: [] for sid in session_ids}
+        columns = [events] if with_payload else [c for c in events.c if c.name != "payload"]
         async with self.engine.connect() as conn:
             for start in range(0, len(session_ids), CHUNK):
                 chunk = list(session_ids[start : start + CHUNK])
                 result = await conn.execute(
-                    select(events)
+                    select(*columns)
                     .where(events.c.session_id.in_(chunk))
                     .order_by(events.c.session_id, events.c.version)
                 )

@@ -156,6 +156,8 @@ sessions = Table(
     Index(None, "run", "partition", "global_step"),
     Index(None, "run", "uid"),
     Index(None, "state"),
+    # Revision 0011: the OpenTelemetry follower reads sessions in the order they ended.
+    Index(None, "terminal_position"),
 )
 
 #: A group is (run, partition, global_step, uid): a uid that comes back at a later step is a new
@@ -277,6 +279,17 @@ checkpoints = Table(
     metadata,
     Column("name", String(NAME), primary_key=True),
     Column("position", BigInteger, nullable=False),
+    Column("updated_at", DateTime(timezone=True), nullable=False),
+)
+
+#: How far each OpenTelemetry follower has sent the log's settled sessions (revision 0011): the
+#: terminal position of the last one sent. A follower's own state, never rebuilt by `replay`.
+otel_checkpoints = Table(
+    "otel_checkpoints",
+    metadata,
+    Column("name", String(NAME), primary_key=True),
+    Column("position", BigInteger, nullable=False),
+    Column("sessions", BigInteger, nullable=False),
     Column("updated_at", DateTime(timezone=True), nullable=False),
 )
 

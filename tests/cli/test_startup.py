@@ -86,6 +86,15 @@ def _sample_arguments(db: str) -> dict[str, list[str]]:
         "backup": ["backup", "--db", db, "--out", str(Path(db).with_name("copy.db"))],
         "demo": ["demo", "--db", db, "--steps", "1", "--prompts", "1", "--group-size", "1"],
         "diagram": ["diagram"],
+        "export-otel": [
+            "export-otel",
+            "--db",
+            db,
+            "--endpoint",
+            "http://127.0.0.1:9/v1/traces",  # nothing answers: the export fails after its imports
+            "--timeout",
+            "1",
+        ],
         "history": ["history", "no-such-session", "--db", db],
         "metrics": ["metrics", "--db", db],
         "migrate": ["migrate", "--db", db],

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import threading
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -161,6 +162,13 @@ async def test_read_stream_is_in_version_order_and_isolated_per_session(store: E
     assert [e.version for e in many["a"]] == [1, 2, 3]
     assert [e.data["sid"] for e in many["c"]] == ["c"] * 3
     assert many["missing"] == []
+    # without payloads: the same events, their payloads left unread
+    await store.append("p", 0, [mk("p", 1, payload=b"\x01\x02")])
+    with_payload = (await store.read_streams(["p"]))["p"]
+    without = (await store.read_streams(["p"], with_payload=False))["p"]
+    assert [e.payload for e in with_payload] == [b"\x01\x02"]
+    assert [e.payload for e in without] == [None]
+    assert [dataclasses.replace(e, payload=None) for e in with_payload] == without
     # as of a position: only what had been appended by then
     b_stream = await store.read_stream("b")
     at = b_stream[1].position
