@@ -42,7 +42,7 @@ from sessions.ledger.config import (
     SessionOptions,
     resolve,
 )
-from sessions.projection import staleness, verl_metrics
+from sessions.projection import costs, staleness, verl_metrics
 from sessions.projection.metrics import MetricRow
 from sessions.projection.projector import Projector
 from sessions.projection.settled import SettledStep, settled_step
@@ -627,7 +627,8 @@ class Ledger:
         `response_length/*`, ...) -- plus every one of the ledger's metric counts under
         `ledger/<partition>/<data_source or all>/<metric>`. `max_*_length` are verl's clip
         thresholds for the `clip_ratio` figures of `train`. `max_staleness`: as `batch`'s, the
-        figures are those of the rows it keeps, and the rows left out are counted.
+        figures are those of the rows it keeps, and the rows left out are counted. What the
+        step's failures cost is under `ledger/<partition>/all/cost/` (`sessions.projection.costs`).
         """
         bound = staleness.check_bound(max_staleness)
         step = await self._settled(
@@ -635,6 +636,11 @@ class Ledger:
         )
         split = staleness.split_stale(step.rows, step.global_step, bound)
         rows = await self.metrics(partition, global_step, run=step.run, project=False)
+        async with self.engine.connect() as conn:
+            wasted = await rm.wasted_call_tokens(
+                conn, step.run, partition, step.global_step, self.min_valid
+            )
+        counts = {r.metric: r.value for r in rows if r.data_source is None}
         return {
             **verl_metrics.metrics_dict(
                 partition,
@@ -644,6 +650,7 @@ class Ledger:
                 max_response_length=max_response_length,
             ),
             **split.metrics(partition),
+            **costs.cost_metrics(partition, step.rows, counts, wasted, self.min_valid),
         }
 
     async def _settled(

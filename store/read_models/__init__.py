@@ -54,6 +54,7 @@ from store.read_models.queries import (
     recent_runs,
     run_last_steps,
     session_reward_infos,
+    wasted_call_tokens,
 )
 from store.read_models.row_writes import execute_rows, insert_rows, plan_for, update_rows
 from store.schema.tables import (
@@ -406,4 +407,5 @@ __all__ = [
     "set_checkpoint",
     "source_events",
     "trajectory_events",
+    "wasted_call_tokens",
 ]

@@ -9,7 +9,7 @@ from datetime import datetime, timezone
 from types import EllipsisType
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import column, func, select, table
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from store.faults import wraps_faults
@@ -233,3 +233,75 @@ async def open_sessions_before_launch(conn: AsyncConnection, run: str, launch: i
         func.coalesce(sessions.c.launch, 0) < launch,
     )
     return sorted((await conn.execute(query)).scalars())
+
+
+_model_calls = table(
+    "model_calls",
+    column("session_id"),
+    column("run"),
+    column("partition"),
+    column("global_step"),
+    column("attempt"),
+    column("outcome"),
+    column("response_tokens"),
+)
+_session_attempts = table(
+    "session_attempts",
+    column("session_id"),
+    column("attempt"),
+    column("outcome"),
+    column("reason"),
+)
+
+
+@wraps_faults()
+async def wasted_call_tokens(
+    conn: AsyncConnection, run: str, partition: str, global_step: int | None, min_valid: int
+) -> list[tuple[str, str, int]]:
+    """A step's model-call response tokens that trained nothing, as (cause, reason, tokens):
+    `retried` and `failed` (the attempt the tokens came from ended so, with its reason), and
+    `no_signal` (a successful session's last attempt in a group with fewer than `min_valid`
+    successes: GRPO gives its rows advantage 0; reason `below_min_valid`)."""
+    m, a = _model_calls, _session_attempts
+    ended = (
+        select(a.c.outcome, a.c.reason, func.sum(m.c.response_tokens))
+        .select_from(m.join(a, (a.c.session_id == m.c.session_id) & (a.c.attempt == m.c.attempt)))
+        .where(
+            m.c.run == run,
+            m.c.partition == partition,
+            equals(m.c.global_step, global_step),
+            m.c.outcome == "recorded",
+            a.c.outcome.in_(("retried", "failed")),
+        )
+        .group_by(a.c.outcome, a.c.reason)
+    )
+    out = [(str(o), str(r), int(t or 0)) for o, r, t in await conn.execute(ended)]
+    weak = (
+        select(func.sum(m.c.response_tokens))
+        .select_from(
+            m.join(sessions, sessions.c.session_id == m.c.session_id).join(
+                groups,
+                (groups.c.run == sessions.c.run)
+                & (groups.c.partition == sessions.c.partition)
+                & (groups.c.uid == sessions.c.uid)
+                & (
+                    func.coalesce(groups.c.global_step, -1)
+                    == func.coalesce(sessions.c.global_step, -1)
+                ),
+            )
+        )
+        .where(
+            m.c.run == run,
+            m.c.partition == partition,
+            equals(m.c.global_step, global_step),
+            m.c.outcome == "recorded",
+            sessions.c.state == "succeeded",
+            m.c.attempt == sessions.c.attempts,
+            groups.c.succeeded < min_valid,
+            _of_latest_launch(run, partition, global_step),
+        )
+    )
+    tokens = (await conn.execute(weak)).scalar()
+    if tokens:
+        out.append(("no_signal", "below_min_valid", int(tokens)))
+    return out

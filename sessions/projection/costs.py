@@ -1,0 +1,56 @@
+"""What a step's failures cost (docs/failures.md "What failures cost"): figures `metrics_dict`
+adds under `ledger/<partition>/all/cost/`.
+
+* `masked_share` and `masked_share/<reason>`: the share of the step's batch rows that are
+  placeholders (response mask 0), all together and by failure reason;
+* `reward_gap`: `reward/mean_success_only - reward/mean`, what dropping failures would have
+  inflated the headline by (NeMo-Gym: "the score a run lost to its own infrastructure");
+* `groups_all_failed`: groups with no successful session;
+* `rows_no_signal`: successful rows of groups with fewer than `min_valid` successes, whose GRPO
+  advantage is 0 (miles: dropping a group for one failure wastes 1 - (1 - p)^n of rollouts);
+* `wasted_tokens/<cause>/<reason>` and `wasted_tokens`: model-call response tokens that trained
+  nothing, where calls are recorded: of attempts `retried` or `failed`, by reason, and of
+  successful sessions in groups that gave `no_signal`.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from sessions.projection.verl_metrics import LEDGER_PREFIX
+from sessions.vocabulary import ALL_SOURCES
+
+__all__ = ["cost_metrics"]
+
+
+def cost_metrics(
+    partition: str,
+    rows: Sequence[Mapping[str, Any]],
+    counts: Mapping[str, float],
+    wasted: Iterable[tuple[str, str, int]],
+    min_valid: int,
+) -> dict[str, float]:
+    """The step's cost figures from its batch rows (queue rows of kind `row`), its all-sources
+    metric counts by name, and its wasted call tokens as (cause, reason, tokens)."""
+    prefix = f"{LEDGER_PREFIX}/{partition}/{ALL_SOURCES}/cost"
+    batch = [r for r in rows if r.get("kind", "row") == "row"]
+    out: dict[str, float] = {}
+    masked = [r for r in batch if r.get("is_placeholder")]
+    if batch:
+        out[f"{prefix}/masked_share"] = len(masked) / len(batch)
+        for reason, n in sorted(Counter(str(r.get("failure_reason")) for r in masked).items()):
+            out[f"{prefix}/masked_share/{reason}"] = n / len(batch)
+    honest, inflated = counts.get("reward/mean"), counts.get("reward/mean_success_only")
+    if honest is not None and inflated is not None:
+        out[f"{prefix}/reward_gap"] = inflated - honest
+    out[f"{prefix}/groups_all_failed"] = float(counts.get("groups/failure", 0.0))
+    valid: Counter[str] = Counter(str(r["uid"]) for r in batch if not r.get("is_placeholder"))
+    out[f"{prefix}/rows_no_signal"] = float(sum(n for n in valid.values() if n < min_valid))
+    total = 0
+    for cause, reason, tokens in wasted:
+        out[f"{prefix}/wasted_tokens/{cause}/{reason}"] = float(tokens)
+        total += tokens
+    out[f"{prefix}/wasted_tokens"] = float(total)
+    return out
