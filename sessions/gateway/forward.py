@@ -72,7 +72,9 @@ async def model_call(
         )
     except NoServerAnswered as error:
         await call.fail("ConnectionError", f"no inference server answered: {error}")
-        raise Refusal(502, "upstream_unreachable", f"no inference server answered: {error}")
+        raise Refusal(
+            502, "upstream_unreachable", f"no inference server answered: {error}"
+        ) from None
     except httpx.HTTPError as error:
         await call.fail(type(error).__name__, f"sending the call failed: {error}")
         raise Refusal(502, "upstream_error", f"sending the call failed: {error}") from None
@@ -206,7 +208,9 @@ class _Call:
             await self.fail(
                 "InvalidResponse", f"{self.server} answered with no JSON object: {error}"
             )
-            raise Refusal(502, "upstream_error", f"the server's answer is not JSON: {error}")
+            raise Refusal(
+                502, "upstream_error", f"the server's answer is not JSON: {error}"
+            ) from None
         self.capture.take(payload)
         self._version_from(payload)
         await self.record()

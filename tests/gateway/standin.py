@@ -97,7 +97,7 @@ class StandIn:
         options = {
             "token_ids": ids_given and bool(body.get("return_token_ids")),
             "as_ids": ids_given and bool(body.get("return_tokens_as_token_ids")),
-            "logprobs": body.get("logprobs") not in (None, False),
+            "logprobs": body.get("logprobs") is not None and body.get("logprobs") is not False,
         }
         headers = {"x-weights-version": str(WEIGHTS_VERSION)}
         if body.get("stream"):
