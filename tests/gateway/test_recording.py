@@ -29,9 +29,7 @@ async def converse(agent: openai.AsyncOpenAI, *, stream: bool, turns: int = 2) -
     texts = []
     for turn in range(turns):
         if stream:
-            chunks = await agent.chat.completions.create(
-                model="m", messages=messages, stream=True
-            )
+            chunks = await agent.chat.completions.create(model="m", messages=messages, stream=True)
             text = "".join([c.choices[0].delta.content or "" async for c in chunks if c.choices])
         else:
             reply = await agent.chat.completions.create(model="m", messages=messages)
