@@ -187,6 +187,7 @@ _VERB_MODULES = {
     "export-dataset": "sessions.cli.export_dataset",
     "prune": "sessions.cli.prune",
     "report": "sessions.cli.report",
+    "gateway": "sessions.cli.gateway",
 }
 
 
@@ -204,7 +205,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 #: The verbs that may create or migrate the `--db` database (docs/design.md §11); `replay` creates only
 #: its `--into` target. Every other verb opens an existing ledger at head, or refuses in one line.
-CREATING_VERBS = frozenset({"demo", "migrate"})
+CREATING_VERBS = frozenset({"demo", "migrate", "gateway"})
 
 
 async def _dispatch(args: argparse.Namespace) -> int:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import quote
 
-from sessions.errors import InvalidInput, LedgerTimeout
+from sessions.errors import ConfigError, InvalidInput, LedgerTimeout
 from sessions.gateway.keys import SessionKeys
 from sessions.gateway.refusals import Refusal
 from sessions.gateway.settings import GatewaySettings
@@ -76,6 +76,7 @@ class Gateway:
             down_for_s=settings.down_for_s,
         )
         self.base_url = ""
+        self._server: asyncio.Future[Any] | None = None
         self._live: dict[str, LiveSession] = {}
         self._loading: dict[str, asyncio.Future[LiveSession]] = {}
         self._background: set[asyncio.Future[Any]] = set()
@@ -113,7 +114,7 @@ class Gateway:
             timeout_graceful_shutdown=5,
         )
         server = uvicorn.Server(config)
-        task = asyncio.ensure_future(server.serve())
+        task = gateway._server = asyncio.ensure_future(server.serve())
         try:
             await _started(server, task)
             bound = server.servers[0].sockets[0].getsockname()
@@ -126,6 +127,11 @@ class Gateway:
             with contextlib.suppress(BaseException):
                 await task
             await gateway.close()
+
+    async def wait(self) -> None:
+        """Until the server stops (Ctrl-C or SIGTERM, which uvicorn turns into a graceful stop)."""
+        if self._server is not None:
+            await asyncio.shield(self._server)
 
     async def close(self) -> None:
         """Wait for settling work under way, then close the pooled client."""
@@ -266,8 +272,14 @@ async def _started(server: Any, task: asyncio.Future[Any]) -> None:
     deadline = loop.time() + START_TIMEOUT_S
     while not server.started:
         if task.done():
-            task.result()
-            raise LedgerTimeout("the gateway's server stopped before it listened")
+            try:
+                task.result()
+            except SystemExit:  # uvicorn exits when it cannot bind
+                pass
+            raise ConfigError(
+                f"the gateway could not listen on {server.config.host}:{server.config.port} "
+                "(in use, or not an address of this machine): pick another --host/--port"
+            )
         if loop.time() > deadline:
             raise LedgerTimeout(f"the gateway's server did not listen within {START_TIMEOUT_S:g}s")
         await asyncio.sleep(0.01)
