@@ -102,7 +102,7 @@ def read_or_create_key(path: Path) -> bytes:
 
 
 async def run(args: argparse.Namespace) -> int:
-    from sessions.gateway.gateway import Gateway
+    from sessions.gateway.server import serve
     from sessions.gateway.settings import GatewaySettings
     from sessions.ledger import Ledger
 
@@ -117,7 +117,7 @@ async def run(args: argparse.Namespace) -> int:
     ledger_options = {} if args.run is None else {"run": args.run}
     async with (
         Ledger.open(args.db, **ledger_options) as ledger,
-        Gateway.serve(ledger, host=args.host, port=args.port, settings=settings) as gateway,
+        serve(ledger, host=args.host, port=args.port, settings=settings) as gateway,
     ):
         print(
             f"gateway serving on {gateway.base_url} for {len(args.upstream)} inference server(s); "

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 from sessions.vocabulary import RUNNER_ERROR, TIMEOUT
 
 if TYPE_CHECKING:
-    from sessions.gateway.gateway import GatewaySession
+    from sessions.recorder import SessionHandle
 
 __all__ = ["AgentExit", "run_agent"]
 
@@ -59,15 +59,17 @@ class AgentExit:
 
 
 async def run_agent(
-    session: GatewaySession,
+    handle: SessionHandle,
+    session_environment: dict[str, str],
     argv: Sequence[str],
     *,
     timeout: float | None = None,
     env: dict[str, str] | None = None,
     cwd: str | None = None,
 ) -> AgentExit:
-    """Run `argv` as the session's agent (see the module); its exit."""
-    environment = {**os.environ, **(env or {}), **session.environment()}
+    """Run `argv` as the agent of `handle`'s session, with the session's variables
+    (`session_environment`) over the process's and `env` (see the module); its exit."""
+    environment = {**os.environ, **(env or {}), **session_environment}
     try:
         process = await asyncio.create_subprocess_exec(
             *argv,
@@ -95,7 +97,7 @@ async def run_agent(
         tail = stderr.decode(errors="replace").strip()[-STDERR_TAIL:]
         result = AgentExit(process.returncode, timed_out, tail)
     failure = result.failure(timeout)
-    if failure is not None and not session.handle.terminal:
+    if failure is not None and not handle.terminal:
         reason, message = failure
-        await session.handle.fail(reason, message=message, error_type="AgentExit")
+        await handle.fail(reason, message=message, error_type="AgentExit")
     return result

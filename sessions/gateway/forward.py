@@ -201,16 +201,15 @@ class _Call:
         finally:
             await response.aclose()
         try:
-            payload = json.loads(raw)
-            if not isinstance(payload, dict):
-                raise ValueError(f"a JSON {type(payload).__name__}, not an object")
+            payload: Any = json.loads(raw)
+            problem = None if isinstance(payload, dict) else f"a JSON {type(payload).__name__}"
         except ValueError as error:
-            await self.fail(
-                "InvalidResponse", f"{self.server} answered with no JSON object: {error}"
-            )
+            problem = str(error)
+        if problem is not None:
+            await self.fail("InvalidResponse", f"{self.server} answered no JSON object: {problem}")
             raise Refusal(
-                502, "upstream_error", f"the server's answer is not JSON: {error}"
-            ) from None
+                502, "upstream_error", f"the server's answer is no JSON object: {problem}"
+            )
         self.capture.take(payload)
         self._version_from(payload)
         await self.record()

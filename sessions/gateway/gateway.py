@@ -1,8 +1,8 @@
 """The gateway: the ledger's sessions served to agents over an OpenAI-compatible HTTP endpoint.
 
-`Gateway.serve(ledger, upstreams)` runs the server in the caller's event loop (the ledger's), on
-127.0.0.1 unless told otherwise; `gateway.session(...)` creates a session and yields its base URL
-and key for an agent; the session ends when the block does (docs/gateway.md).
+`sessions.gateway.server.serve(ledger, upstreams)` runs one in the caller's event loop (the
+ledger's); `gateway.session(...)` creates a session and yields its base URL and key for an agent;
+the session ends when the block does (docs/gateway.md).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import quote
 
-from sessions.errors import ConfigError, InvalidInput, LedgerTimeout
+from sessions.errors import InvalidInput
 from sessions.gateway.keys import SessionKeys
 from sessions.gateway.refusals import Refusal
 from sessions.gateway.settings import GatewaySettings
@@ -29,8 +29,6 @@ if TYPE_CHECKING:
 __all__ = ["Gateway", "GatewaySession", "LiveSession"]
 
 T = TypeVar("T")
-#: How long `serve` waits for the server to listen before it gives up.
-START_TIMEOUT_S = 30.0
 
 
 @dataclass(slots=True)
@@ -63,7 +61,8 @@ class LiveSession:
 
 class Gateway:
     """An OpenAI-compatible endpoint in front of `settings.upstreams` that records every call
-    through `ledger`'s session handles. Use `Gateway.serve(...)`."""
+    through `ledger`'s session handles: its sessions, keys and servers (the HTTP routes are
+    `app.build_app(gateway)`; `server.serve` runs them)."""
 
     def __init__(self, ledger: Ledger, settings: GatewaySettings) -> None:
         self.ledger = ledger
@@ -76,62 +75,17 @@ class Gateway:
             down_for_s=settings.down_for_s,
         )
         self.base_url = ""
-        self._server: asyncio.Future[Any] | None = None
+        #: the server's task while `server.serve` runs this gateway
+        self.serving: asyncio.Future[Any] | None = None
         self._live: dict[str, LiveSession] = {}
         self._loading: dict[str, asyncio.Future[LiveSession]] = {}
         self._background: set[asyncio.Future[Any]] = set()
-        from sessions.gateway.app import build_app
-
-        self.app = build_app(self)
 
     # ------------------------------------------------------------------ serving
-    @classmethod
-    @contextlib.asynccontextmanager
-    async def serve(
-        cls,
-        ledger: Ledger,
-        upstreams: Sequence[str] | None = None,
-        *,
-        host: str = "127.0.0.1",
-        port: int = 0,
-        settings: GatewaySettings | None = None,
-        **options: Any,
-    ) -> AsyncIterator[Gateway]:
-        """Serve on `host:port` (port 0: a free one; `gateway.base_url` says which) until the
-        block ends; `settings` or its fields as keywords (`upstreams` first)."""
-        import uvicorn
-
-        if settings is None:
-            settings = GatewaySettings(upstreams=list(upstreams or ()), **options)
-        gateway = cls(ledger, settings)
-        config = uvicorn.Config(
-            gateway.app,
-            host=host,
-            port=port,
-            log_level="warning",
-            access_log=False,
-            lifespan="off",
-            timeout_graceful_shutdown=5,
-        )
-        server = uvicorn.Server(config)
-        task = gateway._server = asyncio.ensure_future(server.serve())
-        try:
-            await _started(server, task)
-            bound = server.servers[0].sockets[0].getsockname()
-            shown = "127.0.0.1" if host in ("0.0.0.0", "") else host
-            shown = f"[{shown}]" if ":" in shown else shown
-            gateway.base_url = f"http://{shown}:{bound[1]}"
-            yield gateway
-        finally:
-            server.should_exit = True
-            with contextlib.suppress(BaseException):
-                await task
-            await gateway.close()
-
     async def wait(self) -> None:
         """Until the server stops (Ctrl-C or SIGTERM, which uvicorn turns into a graceful stop)."""
-        if self._server is not None:
-            await asyncio.shield(self._server)
+        if self.serving is not None:
+            await asyncio.shield(self.serving)
 
     async def close(self) -> None:
         """Wait for settling work under way, then close the pooled client."""
@@ -263,23 +217,6 @@ class GatewaySession:
         signal, a failure to start or `timeout` fails the session (its calls kept)."""
         from sessions.gateway.agent import run_agent
 
-        return await run_agent(self, argv, timeout=timeout, env=env, cwd=cwd)
-
-
-async def _started(server: Any, task: asyncio.Future[Any]) -> None:
-    """Wait (bounded) until uvicorn listens; its own error if it stopped first."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + START_TIMEOUT_S
-    while not server.started:
-        if task.done():
-            try:
-                task.result()
-            except SystemExit:  # uvicorn exits when it cannot bind
-                pass
-            raise ConfigError(
-                f"the gateway could not listen on {server.config.host}:{server.config.port} "
-                "(in use, or not an address of this machine): pick another --host/--port"
-            )
-        if loop.time() > deadline:
-            raise LedgerTimeout(f"the gateway's server did not listen within {START_TIMEOUT_S:g}s")
-        await asyncio.sleep(0.01)
+        return await run_agent(
+            self.handle, self.environment(), argv, timeout=timeout, env=env, cwd=cwd
+        )

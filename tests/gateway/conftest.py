@@ -22,14 +22,14 @@ def url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
 @contextlib.asynccontextmanager
 async def stack(url: str, **options: Any) -> AsyncIterator[tuple[Any, StandIn]]:
     """A ledger at `url`, the stand-in server and a gateway in front of it, in this loop."""
-    from sessions.gateway.gateway import Gateway
+    from sessions.gateway.server import serve
     from sessions.ledger import Ledger
 
     standin = StandIn()
     async with (
         Ledger.open(url, run="gw") as ledger,
         serving(standin.app) as upstream,
-        Gateway.serve(ledger, [upstream], **options) as gateway,
+        serve(ledger, [upstream], **options) as gateway,
     ):
         yield gateway, standin
 
