@@ -1,7 +1,8 @@
 """`rollout-ledger gateway --upstream URL [--upstream URL ...]` (issue 42): serve the ledger's
 sessions to agents over an OpenAI-compatible endpoint until Ctrl-C or SIGTERM (docs/gateway.md).
 
-The gateway key (every session's secret derives from it) is read from `--key-file`, which is
+`--db` must be a ledger already (`rollout-ledger migrate` makes one): a mistyped path is not
+created. The gateway key (every session's secret derives from it) is read from `--key-file`, which is
 created with a fresh random key when it does not exist, so agents' keys survive a restart.
 Nothing heavy (starlette, uvicorn, httpx, the database) is imported until the verb runs.
 """

@@ -205,7 +205,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 #: The verbs that may create or migrate the `--db` database (docs/design.md §11); `replay` creates only
 #: its `--into` target. Every other verb opens an existing ledger at head, or refuses in one line.
-CREATING_VERBS = frozenset({"demo", "migrate", "gateway"})
+CREATING_VERBS = frozenset({"demo", "migrate"})
 
 
 async def _dispatch(args: argparse.Namespace) -> int:

@@ -70,6 +70,8 @@ async def test_the_verb_serves_sessions_the_training_side_makes_and_survives_a_r
         "partition": "train",
         "global_step": 0,
     }
+    async with Ledger.open(url):  # the verb opens an existing ledger only, as `migrate` makes
+        pass
     async with serving(standin.app) as upstream, httpx.AsyncClient() as http:
         async with gateway_process(url, upstream, key_file) as (base, admin):
             auth = {"authorization": f"Bearer {admin}"}
