@@ -3,8 +3,8 @@
 Its "tokenizer" is bytes (id = byte + 10) inside a chat template of special ids, so a
 conversation's next prompt extends the previous prompt and answer exactly, as a real chat
 template does. The model name picks a behaviour: `fail` answers 500, `no-ids` answers as a server
-that gives no token ids (SGLang's OpenAI endpoint), `drop` breaks a stream before `[DONE]`;
-anything else answers normally. Each answer's weights version is sent in `x-weights-version`.
+that gives no token ids (SGLang's OpenAI endpoint), `drop` breaks a stream before `[DONE]`,
+`stall` streams two chunks and then waits for `release`; anything else answers normally. Each answer's weights version is sent in `x-weights-version`.
 """
 
 from __future__ import annotations
@@ -58,6 +58,7 @@ class StandIn:
     def __init__(self) -> None:
         self.answered: list[dict[str, Any]] = []  # {"prompt_ids", "response_ids", "logprobs"}
         self.requests: list[dict[str, Any]] = []
+        self.release = asyncio.Event()  # what a `stall` stream waits for
         self.app = Starlette(
             routes=[
                 Route("/v1/chat/completions", self.chat, methods=["POST"]),
@@ -130,6 +131,8 @@ class StandIn:
         for n, token in enumerate(response):
             if model == "drop" and n == 2:
                 return  # the connection ends before [DONE]
+            if model == "stall" and n == 2:
+                await self.release.wait()
             choice: dict[str, Any] = {"index": 0, "finish_reason": None}
             if endpoint == "chat":
                 choice["delta"] = {"content": token_text(token)}

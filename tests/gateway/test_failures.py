@@ -3,10 +3,12 @@ recorded calls kept, and the session's placeholder row in the step's batch."""
 
 from __future__ import annotations
 
+import asyncio
 import sys
 from pathlib import Path
 from typing import Any
 
+import httpx
 import openai
 import pytest
 
@@ -124,3 +126,25 @@ async def test_an_agent_that_exits_cleanly_leaves_the_session_to_the_training_si
         assert handle.state == "succeeded" and handle.view.reward == 1.0
         batch = await gateway.ledger.batch("train", 0, timeout=60)
         assert not bool(batch["is_placeholder"][0])
+
+
+async def test_an_agent_that_leaves_mid_stream_leaves_a_failed_call(url: str) -> None:
+    async with stack(url) as (gateway, standin), httpx.AsyncClient() as http:
+        async with gateway.session("left", **identity()) as s:
+            async with http.stream(
+                "POST",
+                s.base_url + "/chat/completions",
+                json={"model": "stall", "messages": CONVERSATION, "stream": True},
+                headers={"authorization": f"Bearer {s.api_key}"},
+            ) as response:
+                async for line in response.aiter_lines():
+                    if line.startswith("data:"):
+                        break  # one chunk read, then the agent goes away
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + 60
+            while not s.handle.view.calls["c1"].failed:  # a condition with a deadline
+                assert loop.time() < deadline, "the abandoned call was never settled"
+                await asyncio.sleep(0.02)
+            standin.release.set()
+        failed = await failed_call_of(gateway, "left", "c1")
+        assert failed.error_type == "ClientDisconnected"
