@@ -4,7 +4,8 @@ Its "tokenizer" is bytes (id = byte + 10) inside a chat template of special ids,
 conversation's next prompt extends the previous prompt and answer exactly, as a real chat
 template does. The model name picks a behaviour: `fail` answers 500, `no-ids` answers as a server
 that gives no token ids (SGLang's OpenAI endpoint), `drop` breaks a stream before `[DONE]`,
-`stall` streams two chunks and then waits for `release`; anything else answers normally. Each answer's weights version is sent in `x-weights-version`.
+`stall` streams two chunks and then waits for `release`, `slow` answers after 8 ms (so calls are in
+flight when a test kills the gateway); anything else answers normally. Each answer's weights version is sent in `x-weights-version`.
 """
 
 from __future__ import annotations
@@ -82,6 +83,8 @@ class StandIn:
                 status_code=500,
             )
         ids_given = model != "no-ids"
+        if model == "slow":
+            await asyncio.sleep(0.008)  # a server's latency, not a wait for the test
         if endpoint == "chat":
             prompt = chat_prompt(body["messages"])
         else:

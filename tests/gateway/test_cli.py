@@ -50,7 +50,7 @@ async def gateway_process(
         if match is None:
             stderr = await process.stderr.read() if process.stderr else b""
             raise AssertionError(f"no serving line: {line!r} {stderr.decode()!r}")
-        yield match.group(1), match.group(2)
+        yield match.group(1), match.group(2), process
     finally:
         if process.returncode is None:
             process.send_signal(signal.SIGTERM)
@@ -73,7 +73,7 @@ async def test_the_verb_serves_sessions_the_training_side_makes_and_survives_a_r
     async with Ledger.open(url):  # the verb opens an existing ledger only, as `migrate` makes
         pass
     async with serving(standin.app) as upstream, httpx.AsyncClient() as http:
-        async with gateway_process(url, upstream, key_file) as (base, admin):
+        async with gateway_process(url, upstream, key_file) as (base, admin, _):
             auth = {"authorization": f"Bearer {admin}"}
             refused = await http.post(base + "/sessions", json=identity)
             assert refused.status_code == 401  # the training side's paths need its key
@@ -85,7 +85,7 @@ async def test_the_verb_serves_sessions_the_training_side_makes_and_survives_a_r
             )
             await agent.chat.completions.create(model="m", messages=CONVERSATION)
         assert key_file.stat().st_mode & 0o077 == 0  # the key is its owner's only
-        async with gateway_process(url, upstream, key_file) as (base, admin):
+        async with gateway_process(url, upstream, key_file) as (base, admin, _):
             auth = {"authorization": f"Bearer {admin}"}
             agent = openai.AsyncOpenAI(
                 base_url=base + "/v1", api_key=session["api_key"], max_retries=0
