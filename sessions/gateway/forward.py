@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import httpx
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from sessions.errors import LedgerError
+from sessions.errors import InvalidInput, LedgerError
 from sessions.gateway import wire
 from sessions.gateway.refusals import Refusal, error_body
 from sessions.gateway.upstream import NoServerAnswered
@@ -57,6 +57,8 @@ async def model_call(
         call_id = await handle.start_call(
             sampling=wire.sampling_of(body) if body is not None else {"endpoint": endpoint}
         )
+    except InvalidInput as error:  # sampling knobs the log cannot hold (NaN, too large)
+        raise Refusal(400, "invalid_request", f"the request's sampling fields: {error}") from None
     except LedgerError as error:
         raise Refusal(409, "session_not_open", f"session {handle.session_id!r}: {error}") from None
     if body is None:
