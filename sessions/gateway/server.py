@@ -49,6 +49,9 @@ async def serve(
         access_log=False,
         lifespan="off",
         timeout_graceful_shutdown=5,
+        # agents' pooled connections stay open longer than their clients keep them (httpx, and
+        # so the openai SDK: 5 s), so a client never sends on a connection the gateway is closing
+        timeout_keep_alive=75,
     )
     server = uvicorn.Server(config)
     task = asyncio.ensure_future(server.serve())

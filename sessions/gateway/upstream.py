@@ -56,8 +56,12 @@ class Upstreams:
         # configured servers (or send them elsewhere).
         self.client = httpx.AsyncClient(
             timeout=httpx.Timeout(timeout_s, connect=connect_timeout_s),
+            # idle connections are let go after 2 s, before a server closes them (uvicorn, and
+            # so vLLM's server, after 5 s): a request never races the server's close
             limits=httpx.Limits(
-                max_connections=max_connections, max_keepalive_connections=max_connections
+                max_connections=max_connections,
+                max_keepalive_connections=max_connections,
+                keepalive_expiry=2.0,
             ),
             trust_env=False,
         )
