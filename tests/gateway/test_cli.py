@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import re
 import signal
+import subprocess
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -103,3 +104,35 @@ async def test_the_verb_serves_sessions_the_training_side_makes_and_survives_a_r
         handle = await ledger.load_session("h1")
         assert handle.state == "succeeded" and handle.view.reward == 1.0
         assert len(handle.view.recorded_calls()) == 2 == len(standin.answered)
+
+
+def run_verb(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "sessions.cli", "gateway", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_the_verb_refuses_bad_arguments_in_one_line(tmp_path: Path) -> None:
+    import asyncio as aio
+
+    db = tmp_path / "ledger.db"
+
+    async def migrate() -> None:
+        async with Ledger.open(str(db)):
+            pass
+
+    aio.run(migrate())
+    upstream = ["--upstream", "http://127.0.0.1:9"]
+    bad_url = run_verb("--db", str(db), "--upstream", "ftp://x", cwd=tmp_path)
+    assert bad_url.returncode != 0 and "http://host:port" in bad_url.stderr
+    (tmp_path / "bad.key").write_text("not hex\n")
+    bad_key = run_verb("--db", str(db), *upstream, "--key-file", "bad.key", cwd=tmp_path)
+    assert bad_key.returncode != 0 and "not a gateway key" in bad_key.stderr
+    missing = run_verb("--db", str(tmp_path / "typo.db"), *upstream, cwd=tmp_path)
+    assert missing.returncode != 0 and not (tmp_path / "typo.db").exists()
+    for result in (bad_url, bad_key, missing):
+        assert len(result.stderr.strip().splitlines()) == 1, result.stderr
