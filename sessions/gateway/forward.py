@@ -77,6 +77,13 @@ async def model_call(
         raise Refusal(
             502, "upstream_unreachable", f"no inference server answered: {error}"
         ) from None
+    except httpx.TimeoutException as error:
+        await call.fail(
+            type(error).__name__, f"the inference server did not answer in time: {error}"
+        )
+        raise Refusal(
+            504, "upstream_timeout", f"the inference server did not answer in time: {error}"
+        ) from None
     except httpx.HTTPError as error:
         await call.fail(type(error).__name__, f"sending the call failed: {error}")
         raise Refusal(502, "upstream_error", f"sending the call failed: {error}") from None

@@ -79,6 +79,10 @@ async def test_sloppy_bodies_and_paths(url: str) -> None:
             answer = await http.post(chat, json=huge, headers=bearer(s.api_key))
             assert answer.status_code == 413
             assert await versions(gateway, "s") == before  # nothing written
+            nan = b'{"model": "m", "messages": [], "temperature": NaN}'
+            answer = await http.post(chat, content=nan, headers=bearer(s.api_key))
+            assert answer.status_code == 400 and "finite" in answer.json()["error"]["message"]
+            assert await versions(gateway, "s") == before  # refused before its intent
             answer = await http.post(chat, content=b"{not json", headers=bearer(s.api_key))
             assert answer.status_code == 400 and "not JSON" in answer.json()["error"]["message"]
             assert s.handle.view.calls["c1"].failed  # the refused call is in the log, failed
