@@ -1,12 +1,12 @@
 """The gateway's added latency and memory (issue 42's benchmark; a measurement, not a test).
 
-`python -m tests.gateway.bench_gateway [--sessions 256] [--calls 8] [--db PATH]`: the stand-in
+`python -m tests.gateway.bench_gateway [--sessions 256] [--calls 8] [--rounds 1] [--db PATH]`: the stand-in
 server and `rollout-ledger gateway` each in a process of their own; this process drives
 `--sessions` concurrent agent sessions of `--calls` chat calls each, first straight to the
 server and then through the gateway (the same requests, token options included), and prints
 each path's latency per call at p50 / p99, their difference (what the gateway adds: forward,
 record, answer), that every call was recorded, and the gateway process's resident memory at its
-start and end.
+start and after each round (`--rounds`: that many steps of sessions, one after another).
 """
 
 from __future__ import annotations
@@ -97,6 +97,7 @@ async def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--sessions", type=int, default=256)
     parser.add_argument("--calls", type=int, default=8)
+    parser.add_argument("--rounds", type=int, default=1, help="steps of --sessions sessions")
     parser.add_argument("--db", default=None)
     args = parser.parse_args(argv)
     folder = Path(tempfile.mkdtemp(prefix="gw-bench-"))
@@ -120,39 +121,46 @@ async def main(argv: list[str]) -> None:
         assert match, line
         base, admin = match.groups()
         await wait_listening(upstream)
-        memory_start = rss_kib(gateway.pid)
+        memory = [rss_kib(gateway.pid)]
         limits = httpx.Limits(
-            max_connections=args.sessions, max_keepalive_connections=args.sessions
+            max_connections=args.sessions,
+            max_keepalive_connections=args.sessions,
+            keepalive_expiry=2.0,  # before the stand-in's uvicorn closes an idle one (5 s)
         )
+        admin_auth = {"authorization": f"Bearer {admin}"}
+        direct: list[float] = []
+        through: list[float] = []
+        names: list[str] = []
         async with httpx.AsyncClient(limits=limits, timeout=120, trust_env=False) as http:
-            targets = []
-            for n in range(args.sessions):
-                made = await http.post(
-                    base + "/sessions",
-                    json={
-                        "session_id": f"b{n}",
-                        "uid": f"u{n}",
-                        "session_index": 0,
-                        "group_size": 1,
-                        "partition": "train",
-                        "global_step": 0,
-                    },
-                    headers={"authorization": f"Bearer {admin}"},
+            for round_ in range(args.rounds):
+                targets = []
+                for n in range(args.sessions):
+                    name = f"b{round_}-{n}"
+                    made = await http.post(
+                        base + "/sessions",
+                        json={
+                            "session_id": name,
+                            "uid": f"u{n}",
+                            "session_index": 0,
+                            "group_size": 1,
+                            "partition": "train",
+                            "global_step": round_,
+                        },
+                        headers=admin_auth,
+                    )
+                    made.raise_for_status()
+                    names.append(name)
+                    targets.append((made.json()["base_url"], made.json()["api_key"]))
+                direct += await drive(
+                    http, [(upstream + "/v1", "x")] * args.sessions, args.calls, direct=True
                 )
-                made.raise_for_status()
-                targets.append((made.json()["base_url"], made.json()["api_key"]))
-            direct = await drive(
-                http, [(upstream + "/v1", "x")] * args.sessions, args.calls, direct=True
-            )
-            through = await drive(http, targets, args.calls, direct=False)
-            for n in range(args.sessions):
-                ended = await http.post(
-                    base + f"/sessions/b{n}/end",
-                    json={},
-                    headers={"authorization": f"Bearer {admin}"},
-                )
-                ended.raise_for_status()
-        memory_end = rss_kib(gateway.pid)
+                through += await drive(http, targets, args.calls, direct=False)
+                for name in names[-args.sessions :]:
+                    ended = await http.post(
+                        base + f"/sessions/{name}/end", json={}, headers=admin_auth
+                    )
+                    ended.raise_for_status()
+                memory.append(rss_kib(gateway.pid))
     finally:
         gateway.send_signal(signal.SIGTERM)
         await gateway.wait()
@@ -160,8 +168,8 @@ async def main(argv: list[str]) -> None:
         await standin.wait()
     async with Ledger.open(db) as ledger:
         recorded = 0
-        for n in range(args.sessions):
-            recorded += len((await ledger.load_session(f"b{n}")).view.recorded_calls())
+        for name in names:
+            recorded += len((await ledger.load_session(name)).view.recorded_calls())
     figures = {
         "sessions": args.sessions,
         "calls": len(through),
@@ -170,8 +178,7 @@ async def main(argv: list[str]) -> None:
         "direct_p99_ms": percentile(direct, 0.99) * 1e3,
         "gateway_p50_ms": percentile(through, 0.5) * 1e3,
         "gateway_p99_ms": percentile(through, 0.99) * 1e3,
-        "gateway_rss_start_mib": memory_start / 1024,
-        "gateway_rss_end_mib": memory_end / 1024,
+        "gateway_rss_mib_at_start_and_after_each_round": [round(m / 1024, 1) for m in memory],
         "cpus": os.cpu_count(),
     }
     figures["added_p50_ms"] = figures["gateway_p50_ms"] - figures["direct_p50_ms"]
