@@ -5,7 +5,8 @@ conversation's next prompt extends the previous prompt and answer exactly, as a 
 template does. The model name picks a behaviour: `fail` answers 500, `no-ids` answers as a server
 that gives no token ids (SGLang's OpenAI endpoint), `drop` breaks a stream before `[DONE]`,
 `stall` streams two chunks and then waits for `release`, `slow` answers after 8 ms (so calls are in
-flight when a test kills the gateway); anything else answers normally. Each answer's weights version is sent in `x-weights-version`.
+flight when a test kills the gateway), `tool` asks for the request's first tool (not streamed)
+until the conversation holds a tool result; anything else answers normally. Each answer's weights version is sent in `x-weights-version`.
 """
 
 from __future__ import annotations
@@ -32,11 +33,26 @@ def encode(text: str) -> list[int]:
     return [byte + OFFSET for byte in text.encode()]
 
 
+def call_text(name: str, arguments: str) -> str:
+    """How the template writes a tool call (and how the model "says" one)."""
+    return f"<call {name} {arguments}>"
+
+
+def message_text(message: dict[str, Any]) -> str:
+    content = message.get("content") or ""
+    if isinstance(content, list):  # content parts
+        content = "".join(part.get("text", "") for part in content if isinstance(part, dict))
+    calls = message.get("tool_calls") or []
+    return content + "".join(
+        call_text(c["function"]["name"], c["function"]["arguments"]) for c in calls
+    )
+
+
 def chat_prompt(messages: list[dict[str, Any]]) -> list[int]:
     ids: list[int] = []
     for message in messages:
         ids += [BOS, ROLES.get(message.get("role", "user"), 4)]
-        ids += encode(message.get("content") or "") + [EOS]
+        ids += encode(message_text(message)) + [EOS]
     return ids + [BOS, ROLES["assistant"]]
 
 
@@ -90,6 +106,13 @@ class StandIn:
         else:
             prompt = [BOS, *encode(body["prompt"])]
         text = answer_for(prompt)
+        tool_call = None
+        messages = body.get("messages") or [{}]
+        if model == "tool" and body.get("tools") and messages[-1].get("role") != "tool":
+            # the model asks for the first tool, as a tool-using agent's model would
+            name = body["tools"][0]["function"]["name"]
+            tool_call = {"name": name, "arguments": json.dumps({"a": 2, "b": 2})}
+            text = call_text(tool_call["name"], tool_call["arguments"])
         response = [*encode(text), EOS]
         self.answered.append(
             {
@@ -110,7 +133,9 @@ class StandIn:
                 media_type="text/event-stream",
                 headers=headers,
             )
-        return JSONResponse(_whole(endpoint, model, prompt, response, options), headers=headers)
+        return JSONResponse(
+            _whole(endpoint, model, prompt, response, options, tool_call), headers=headers
+        )
 
     async def _stream(
         self,
@@ -177,11 +202,23 @@ def _logprobs(endpoint: str, tokens: list[int], as_ids: bool) -> dict[str, Any]:
 
 
 def _whole(
-    endpoint: str, model: str, prompt: list[int], response: list[int], options: dict[str, bool]
+    endpoint: str,
+    model: str,
+    prompt: list[int],
+    response: list[int],
+    options: dict[str, bool],
+    tool_call: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     text = "".join(token_text(t) for t in response)
     choice: dict[str, Any] = {"index": 0, "finish_reason": "stop"}
-    if endpoint == "chat":
+    if endpoint == "chat" and tool_call is not None:
+        choice["message"] = {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [{"id": "call_1", "type": "function", "function": tool_call}],
+        }
+        choice["finish_reason"] = "tool_calls"
+    elif endpoint == "chat":
         choice["message"] = {"role": "assistant", "content": text}
     else:
         choice["text"] = text
