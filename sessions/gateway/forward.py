@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
 import httpx
+from starlette.background import BackgroundTask
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from sessions.errors import InvalidInput, LedgerError
@@ -54,17 +55,33 @@ async def model_call(
     body, problem = parse(raw)
     handle = live.handle
     try:
-        call_id = await handle.start_call(
-            sampling=wire.sampling_of(body) if body is not None else {"endpoint": endpoint}
+        call_id, number = await live.start_call(
+            wire.sampling_of(body) if body is not None else {"endpoint": endpoint}
         )
     except InvalidInput as error:  # sampling knobs the log cannot hold (NaN, too large)
         raise Refusal(400, "invalid_request", f"the request's sampling fields: {error}") from None
     except LedgerError as error:
         raise Refusal(409, "session_not_open", f"session {handle.session_id!r}: {error}") from None
+    call = _Call(gateway, live, call_id, number, endpoint, wire.asked_for(body or {}))
+    try:
+        return await _forward(gateway, call, endpoint, body, problem, headers)
+    except BaseException:
+        call.settle_if_left()  # a refusal settled it already; anything else must not block
+        raise
+
+
+async def _forward(
+    gateway: Gateway,
+    call: _Call,
+    endpoint: wire.Endpoint,
+    body: dict[str, Any] | None,
+    problem: str | None,
+    headers: Any,
+) -> Response:
+    handle = call.live.handle
     if body is None:
-        await handle.fail_call(call_id, message=problem or "", error_type="InvalidRequest")
+        await call.fail("InvalidRequest", problem or "")
         raise Refusal(400, "invalid_request", problem or "invalid request")
-    call = _Call(gateway, live, call_id, endpoint, wire.asked_for(body))
     sent = wire.dumps(wire.for_upstream(endpoint, body))
     forwarded = {k: headers[k] for k in _FORWARDED_HEADERS if k in headers}
     forwarded["content-type"] = "application/json"
@@ -94,7 +111,12 @@ async def model_call(
     if response.status_code >= 400:
         return await call.upstream_refused(response)
     if body.get("stream"):
-        return StreamingResponse(call.relay(response), media_type="text/event-stream")
+        # the background task also runs when the stream never started (the agent left first)
+        return StreamingResponse(
+            call.relay(response),
+            media_type="text/event-stream",
+            background=BackgroundTask(call.after_stream, response),
+        )
     return await call.whole(response)
 
 
@@ -106,12 +128,14 @@ class _Call:
         gateway: Gateway,
         live: LiveSession,
         call_id: str,
+        number: int,
         endpoint: wire.Endpoint,
         asked: wire.Asked,
     ) -> None:
         self.gateway = gateway
         self.live = live
         self.call_id = call_id
+        self.number = number
         self.asked = asked
         self.capture = wire.Capture(endpoint)
         self.server = ""
@@ -126,12 +150,16 @@ class _Call:
         if self.settled:
             return
         self.settled = True
+        latency = self.latency()
         try:
+            await self.live.turn(self.number)
             await self.live.handle.fail_call(
-                self.call_id, message=message, error_type=error_type, latency_s=self.latency()
+                self.call_id, message=message, error_type=error_type, latency_s=latency
             )
         except LedgerError:
             pass  # the session ended meanwhile: its end settled what was open
+        finally:
+            self.live.settled(self.number)
 
     async def record(self) -> None:
         """Append the call's record (or, without token ids, its failure and the session's mark):
@@ -140,7 +168,9 @@ class _Call:
         missing = capture.missing()
         self.settled = True
         handle = self.live.handle
+        latency = self.latency()
         try:
+            await self.live.turn(self.number)
             if missing is not None:
                 self.live.untrainable.append(f"{self.call_id}: {missing} ({self.server})")
                 await handle.fail_call(
@@ -148,7 +178,7 @@ class _Call:
                     message=f"{missing} ({self.server}); the answer reached the agent but cannot "
                     "train, so the session ends failed",
                     error_type=MISSING_TOKENS,
-                    latency_s=self.latency(),
+                    latency_s=latency,
                 )
                 return
             response_ids = capture.response_ids() or []
@@ -161,7 +191,7 @@ class _Call:
                 finish_reason=capture.finish_reason,
                 min_version=version,
                 max_version=version,
-                latency_s=self.latency(),
+                latency_s=latency,
                 server=self.server,
                 text="".join(capture.text),
             )
@@ -171,6 +201,8 @@ class _Call:
             raise Refusal(
                 409, "not_recorded", f"the answer could not be recorded, so it is withheld: {error}"
             ) from None
+        finally:
+            self.live.settled(self.number)
 
     def _version_from(self, payload: dict[str, Any]) -> None:
         if self.capture.version is None:
@@ -280,6 +312,17 @@ class _Call:
         except Refusal as refusal:
             return refusal
         return None
+
+    async def after_stream(self, response: httpx.Response) -> None:
+        """Starlette's background task after a streamed response (a coroutine, so it runs in
+        this loop, not a worker thread)."""
+        self.abandon(response)
+
+    def settle_if_left(self) -> None:
+        """The request ended (an error, a cancellation) with the call unsettled: fail it in a
+        task of its own, so the session's next call is not left waiting its turn."""
+        if not self.settled:
+            self.gateway.spawn(self.fail("GatewayError", "the gateway stopped serving the call"))
 
     def abandon(self, response: httpx.Response) -> None:
         """Close the upstream response and, if the agent left before the call was settled, settle

@@ -33,14 +33,45 @@ T = TypeVar("T")
 
 @dataclass(slots=True)
 class LiveSession:
-    """A session the gateway serves: its handle, and the calls that made it untrainable."""
+    """A session the gateway serves: its handle, the calls that made it untrainable, and the
+    order its calls settle in.
+
+    A session's concurrent calls are settled (recorded or failed) in the order they started:
+    the ledger rebuilds each call's prompt from the call recorded before it *in start order*
+    (`calls.full_prompts`), while `record_call` stores it against the last call *recorded*, so
+    two calls recorded out of their start order would rebuild a wrong prompt. Their requests
+    still run side by side; only the appends wait their turn.
+    """
 
     handle: SessionHandle
     untrainable: list[str] = field(default_factory=list)
+    #: calls started by this process and not yet settled, by their number (`c<n>`)
+    _unsettled: dict[int, asyncio.Future[None]] = field(default_factory=dict)
+    _starting: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     @property
     def session_id(self) -> str:
         return self.handle.session_id
+
+    async def start_call(self, sampling: dict[str, Any]) -> tuple[str, int]:
+        """Record a call's intent; its id and number, its turn to settle reserved."""
+        async with self._starting:  # the number is known before another call can start
+            call_id = await self.handle.start_call(sampling=sampling)
+            number = int(call_id[1:])
+            self._unsettled[number] = asyncio.get_running_loop().create_future()
+        return call_id, number
+
+    async def turn(self, number: int) -> None:
+        """Wait until the call started before `number` (by this process) has settled."""
+        previous = self._unsettled.get(number - 1)
+        if previous is not None:
+            await asyncio.shield(previous)  # every path of a call settles it (forward.py)
+
+    def settled(self, number: int) -> None:
+        """Call `number` is recorded or failed (or never will be): the next may settle."""
+        future = self._unsettled.pop(number, None)
+        if future is not None and not future.done():
+            future.set_result(None)
 
     async def finish(self, reason: str) -> str:
         """End the session as its calls allow: failed (`reason`, infra) when a call came without

@@ -88,3 +88,18 @@ async def test_each_sessions_calls_land_in_its_own_stream_in_order(url: str) -> 
             asyncio.run_coroutine_threadsafe(run_schedule(gateway, waves), loop).result(timeout=120)
 
         await asyncio.to_thread(schedules)
+
+
+async def test_one_sessions_concurrent_calls_are_each_recorded(url: str) -> None:
+    async with stack(url) as (gateway, standin):
+        async with gateway.session("parallel", **identity()) as s:
+            agent = openai.AsyncOpenAI(base_url=s.base_url, api_key=s.api_key, max_retries=0)
+            conversations = [[{"role": "user", "content": f"branch {n}"}] for n in range(6)]
+            await asyncio.gather(
+                *(one_turn(agent, c, n % 2 == 0) for n, c in enumerate(conversations))
+            )
+        handle = await gateway.ledger.load_session("parallel")
+        assert handle.view.open_calls() == []
+        prompts = sorted(p.tolist() for p, _ in calls.full_prompts(handle.view.recorded_calls()))
+        assert prompts == sorted(a["prompt_ids"] for a in standin.answered)
+        assert len(prompts) == 6 and handle.state == "succeeded"
