@@ -24,7 +24,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 
 python3 -m venv .venv && .venv/bin/pip install -q torch==2.13.0 \
-  && .venv/bin/pip install -q -e '.[test,transferqueue,bench,export,trackers,report,trl,otel]' || exit 1
+  && .venv/bin/pip install -q -e '.[test,transferqueue,bench,export,trackers,report,trl,otel,gateway]' || exit 1
 
 verl_log="$(mktemp -t rollout-ledger-verl-XXXXXX.log)"
 (

@@ -204,6 +204,7 @@ _VERB_MODULES = {
     "export-otel": "sessions.cli.export_otel",
     "prune": "sessions.cli.prune",
     "report": "sessions.cli.report",
+    "gateway": "sessions.cli.gateway",
 }
 
 

@@ -83,6 +83,9 @@ def _sample_arguments(db: str) -> dict[str, list[str]]:
     """A real run of every light verb against a small ledger (the verb list comes from the parser)."""
     return {
         "audit": ["audit", "--db", db],
+        # serves until stopped: its sample is the refusal of a bad upstream, after the check
+        # has imported the gateway extra's libraries
+        "gateway": ["gateway", "--db", db, "--upstream", "not-a-url"],
         "backup": ["backup", "--db", db, "--out", str(Path(db).with_name("copy.db"))],
         "demo": ["demo", "--db", db, "--steps", "1", "--prompts", "1", "--group-size", "1"],
         "diagram": ["diagram"],
