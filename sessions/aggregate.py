@@ -103,6 +103,10 @@ class SessionView:
     #: the current attempt's model calls by id, in the order their intents were recorded (a
     #: failed attempt's are superseded with its trajectories)
     calls: dict[str, _Call] = field(default_factory=dict)
+    #: the attempt's recorded calls in the order they were recorded: each call's stored prompt is
+    #: a delta of the context the one recorded before it left, so this is the order that rebuilds
+    #: them (concurrent calls may be recorded in another order than they started)
+    call_records: list[ev.ModelCallRecorded] = field(default_factory=list)
     #: the token context after the last recorded call of the attempt (its prompt and response):
     #: what the next call's prompt is stored as a delta of
     call_context: Any = None
@@ -119,8 +123,9 @@ class SessionView:
         return [c.call_id for c in self.calls.values() if c.open]
 
     def recorded_calls(self) -> list[ev.ModelCallRecorded]:
-        """The attempt's recorded calls, in the order their intents were recorded."""
-        return [c.recorded for c in self.calls.values() if c.recorded is not None]
+        """The attempt's recorded calls, in the order they were recorded (the order their stored
+        prompts are deltas in)."""
+        return list(self.call_records)
 
     def apply(self, event: ev.Event) -> None:
         """Advance the view by one event (the events are trusted: they are the log)."""
@@ -171,6 +176,7 @@ def _call_started(view: SessionView, e: ev.ModelCallStarted) -> None:
 
 def _call_recorded(view: SessionView, e: ev.ModelCallRecorded) -> None:
     view.calls[e.call_id].recorded = e
+    view.call_records.append(e)
     view.calls_recorded += 1
     from sessions import calls  # numpy: only the folds of sessions that record calls load it
 
@@ -190,7 +196,7 @@ def _attempt_failed(view: SessionView, e: ev.AttemptFailed) -> None:
     view.state = machine.RETRYING
     view.superseded += len(view.trajectories)
     view.trajectories = []
-    view.calls, view.call_context = {}, None
+    view.calls, view.call_records, view.call_context = {}, [], None
     view.reward, view.reward_posted, view.reward_info = None, False, {}
     view.retries.append((e.attempt, e.reason))
 
@@ -394,13 +400,19 @@ def _from_calls(view: SessionView, recorded: list[ev.ModelCallRecorded]) -> list
 
 
 def _answered_before_the_first_open(view: SessionView) -> list[ev.ModelCallRecorded]:
-    """The attempt's recorded calls up to its first unanswered one: what partial work is."""
-    answered: list[ev.ModelCallRecorded] = []
+    """The attempt's recorded calls up to its first unanswered one (in the order they started):
+    what partial work is. In record order, and cut at the first record of a call that started
+    after it, since each stored prompt is a delta of the record before it."""
+    before: set[str] = set()
     for call in view.calls.values():
         if call.open:
             break
-        if call.recorded is not None:
-            answered.append(call.recorded)
+        before.add(call.call_id)
+    answered: list[ev.ModelCallRecorded] = []
+    for record in view.call_records:
+        if record.call_id not in before:
+            break
+        answered.append(record)
     return answered
 
 

@@ -447,3 +447,44 @@ async def test_audit_finds_a_removed_or_altered_call_behind_a_row(
                 )
         report = await audit(ledger.engine)
     assert any(d.field == "from_calls" for d in report.divergences), report.divergences[:3]
+
+
+@settings(
+    max_examples=25,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(
+    prompts=st.lists(tokens_, min_size=2, max_size=5),
+    order=st.randoms(use_true_random=False),
+)
+def test_concurrent_calls_recorded_out_of_start_order_keep_their_prompts(
+    sqlite_file: str, prompts: list[list[int]], order: Any
+) -> None:
+    """A session's calls started together and answered in any order: each call's prompt, as
+    rebuilt from the log (the handle's view and a fold of the stored events), is the one it sent
+    (recording order is the order the stored deltas chain in)."""
+    from sessions import Ledger
+    from sessions import aggregate as agg
+
+    async def run() -> None:
+        async with Ledger.open(sqlite_file) as ledger:
+            sid = f"conc-{uuid.uuid4().hex[:8]}"
+            handle = await ledger.create_session(sid, **kw())
+            started = [await handle.start_call() for _ in prompts]
+            answers = list(zip(started, prompts))
+            order.shuffle(answers)
+            for call_id, prompt in answers:
+                await handle.record_call(call_id, prompt_ids=[7, *prompt], response_ids=[1])
+            sent = {call_id: [7, *prompt] for call_id, prompt in answers}
+            for view in (
+                handle.view,
+                agg.fold(sid, [ev.decode(s).event for s in await ledger.store.read_stream(sid)]),
+            ):
+                rebuilt = full_prompts(view.recorded_calls())
+                got = {
+                    c.call_id: p.tolist() for c, (p, _ctx) in zip(view.recorded_calls(), rebuilt)
+                }
+                assert got == sent
+
+    asyncio.run(run())
