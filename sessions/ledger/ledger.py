@@ -637,9 +637,12 @@ class Ledger:
         split = staleness.split_stale(step.rows, step.global_step, bound)
         rows = await self.metrics(partition, global_step, run=step.run, project=False)
         async with self.engine.connect() as conn:
-            wasted = await rm.wasted_call_tokens(
-                conn, step.run, partition, step.global_step, self.min_valid
-            )
+            wasted = [
+                (cause, reason, tokens)
+                for _p, _s, cause, reason, tokens in await rm.wasted_call_tokens(
+                    conn, step.run, partition, step.global_step, default_min_valid=self.min_valid
+                )
+            ]
         counts = {r.metric: r.value for r in rows if r.data_source is None}
         return {
             **verl_metrics.metrics_dict(

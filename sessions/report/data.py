@@ -2,7 +2,9 @@
 failures, and how far the projector had read the log.
 
 The figures use the all-data-sources scope (`data_source` NULL) of each step; per-source
-numbers stay in `rollout-ledger metrics` and the `reward_by_step` view.
+numbers stay in `rollout-ledger metrics` and the `reward_by_step` view. Beside the stored
+metrics, each step's wasted call tokens (`wasted_tokens/<cause>/<reason>`, read from the call
+views: `docs/failures.md`, "What failures cost").
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from sessions.errors import NotFound
+from sessions.events import DEFAULT_MIN_VALID
 from sessions.vocabulary import PARTITIONS
 from store import AsyncEngine, report_failures, report_positions, report_step_metrics
 from store import read_models as rm
@@ -134,6 +137,12 @@ async def gather(engine: AsyncEngine, run: str, *, failures: int = FAILURE_ROWS)
     position P" is a floor: a projector running meanwhile can only have added to the figures."""
     async with engine.connect() as conn:
         positions = await report_positions(conn, run)
-        tables, stepless = step_tables(await report_step_metrics(conn, run))
+        wasted = [
+            (part, step, f"wasted_tokens/{cause}/{reason}", float(tokens))
+            for part, step, cause, reason, tokens in await rm.wasted_call_tokens(
+                conn, run, default_min_valid=DEFAULT_MIN_VALID
+            )
+        ]
+        tables, stepless = step_tables([*await report_step_metrics(conn, run), *wasted])
         latest = await report_failures(conn, run, limit=failures)
     return ReportData(run, tables, stepless, latest, positions)

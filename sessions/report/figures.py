@@ -119,7 +119,9 @@ def _outcomes(c: _Columns) -> Panel:
     return Panel(c.title(), series, "sessions per step", zero_based=True)
 
 
-def _stack(prefix: str, empty: str, extra: tuple[str, ...] = ()) -> Callable[[_Columns], Panel]:
+def _stack(
+    prefix: str, empty: str, extra: tuple[str, ...] = (), ylabel: str = "sessions per step"
+) -> Callable[[_Columns], Panel]:
     """A panel stacking every `prefix<name>` counter the data holds (plus `extra` as lines)."""
 
     def build(c: _Columns) -> Panel:
@@ -128,7 +130,7 @@ def _stack(prefix: str, empty: str, extra: tuple[str, ...] = ()) -> Callable[[_C
         return Panel(
             c.title(),
             series,
-            "sessions per step",
+            ylabel,
             note=None if series else empty,
             zero_based=True,
         )
@@ -262,6 +264,18 @@ def plan_figures(tables: dict[str, StepTable], *, max_points: int = MAX_POINTS) 
                 "above 0 at any step.",
                 [[empty]],
                 size,
+            )
+        )
+    if _any(columns, lambda t: bool(t.names("wasted_tokens/"))):
+        out.append(
+            figure(
+                "wasted_tokens",
+                "Wasted work: tokens that trained nothing",
+                "Model-call response tokens per step that no gradient used, stacked by cause and reason "
+                "(wasted_tokens/<cause>/<reason>): of attempts retried or failed, and of successful "
+                "sessions in groups below min_valid (no_signal). Only runs that record model calls have "
+                "them; the reward figure's shaded band is the other cost, in reward.",
+                _stack("wasted_tokens/", "no wasted tokens", ylabel="tokens per step"),
             )
         )
     out.append(

@@ -9,7 +9,7 @@ from datetime import datetime, timezone
 from types import EllipsisType
 from typing import Any
 
-from sqlalchemy import column, func, select, table
+from sqlalchemy import column, func, literal_column, select, table
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from store.faults import wraps_faults
@@ -254,30 +254,35 @@ _session_attempts = table(
 )
 
 
-@wraps_faults()
-async def wasted_call_tokens(
-    conn: AsyncConnection, run: str, partition: str, global_step: int | None, min_valid: int
-) -> list[tuple[str, str, int]]:
-    """A step's model-call response tokens that trained nothing, as (cause, reason, tokens):
-    `retried` and `failed` (the attempt the tokens came from ended so, with its reason), and
-    `no_signal` (a successful session's last attempt in a group with fewer than `min_valid`
-    successes: GRPO gives its rows advantage 0; reason `below_min_valid`)."""
+def _wasted(run: str, partition: str | None, global_step: Any, min_valid: int) -> list[Any]:
+    """The two selects behind the wasted-token reads, each giving (partition, global_step, cause,
+    reason, tokens); `partition` None and `global_step` ... select every one."""
     m, a = _model_calls, _session_attempts
-    ended = (
-        select(a.c.outcome, a.c.reason, func.sum(m.c.response_tokens))
-        .select_from(m.join(a, (a.c.session_id == m.c.session_id) & (a.c.attempt == m.c.attempt)))
-        .where(
-            m.c.run == run,
-            m.c.partition == partition,
-            equals(m.c.global_step, global_step),
-            m.c.outcome == "recorded",
-            a.c.outcome.in_(("retried", "failed")),
+
+    def scoped(query: Any) -> Any:
+        query = query.where(m.c.run == run, m.c.outcome == "recorded")
+        if partition is not None:
+            query = query.where(m.c.partition == partition)
+        if global_step is not ...:
+            query = query.where(equals(m.c.global_step, global_step))
+        return query
+
+    ended = scoped(
+        select(
+            m.c.partition, m.c.global_step, a.c.outcome, a.c.reason, func.sum(m.c.response_tokens)
         )
-        .group_by(a.c.outcome, a.c.reason)
-    )
-    out = [(str(o), str(r), int(t or 0)) for o, r, t in await conn.execute(ended)]
-    weak = (
-        select(func.sum(m.c.response_tokens))
+        .select_from(m.join(a, (a.c.session_id == m.c.session_id) & (a.c.attempt == m.c.attempt)))
+        .where(a.c.outcome.in_(("retried", "failed")))
+    ).group_by(m.c.partition, m.c.global_step, a.c.outcome, a.c.reason)
+    no_signal = literal_column("'no_signal'")
+    weak = scoped(
+        select(
+            m.c.partition,
+            m.c.global_step,
+            no_signal,
+            literal_column("'below_min_valid'"),
+            func.sum(m.c.response_tokens),
+        )
         .select_from(
             m.join(sessions, sessions.c.session_id == m.c.session_id).join(
                 groups,
@@ -291,17 +296,33 @@ async def wasted_call_tokens(
             )
         )
         .where(
-            m.c.run == run,
-            m.c.partition == partition,
-            equals(m.c.global_step, global_step),
-            m.c.outcome == "recorded",
             sessions.c.state == "succeeded",
             m.c.attempt == sessions.c.attempts,
-            groups.c.succeeded < min_valid,
-            _of_latest_launch(run, partition, global_step),
+            func.coalesce(groups.c.valid_rows, 0) < func.coalesce(groups.c.min_valid, min_valid),
         )
-    )
-    tokens = (await conn.execute(weak)).scalar()
-    if tokens:
-        out.append(("no_signal", "below_min_valid", int(tokens)))
+    ).group_by(m.c.partition, m.c.global_step)
+    return [ended, weak]
+
+
+@wraps_faults()
+async def wasted_call_tokens(
+    conn: AsyncConnection,
+    run: str,
+    partition: str | None = None,
+    global_step: int | None | EllipsisType = ...,
+    *,
+    default_min_valid: int,
+) -> list[tuple[str, int | None, str, str, int]]:
+    """Model-call response tokens that trained nothing, as (partition, global_step, cause,
+    reason, tokens), for one step or (`partition` None, `global_step` ...) all of the run's:
+    `retried` and `failed` (the attempt the tokens came from ended so, with its reason), and
+    `no_signal` (a successful session's last attempt in a group with fewer valid rows than its
+    `min_valid`, `default_min_valid` where the group records none: GRPO gives its rows
+    advantage 0; reason `below_min_valid`). Earlier launches' groups of a re-run step count too:
+    their tokens were spent."""
+    out = []
+    for query in _wasted(run, partition, global_step, default_min_valid):
+        for part, step, cause, reason, tokens in await conn.execute(query):
+            if tokens:
+                out.append((str(part), step, str(cause), str(reason), int(tokens)))
     return out

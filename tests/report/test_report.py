@@ -583,3 +583,57 @@ def test_dashed_lines_are_drawn_above_filled_areas_and_solid_lines(
     # the reward's default-rule line over the shaded gap, excluded sessions over the outcome
     # stacks, groups below min_valid over the group stacks: in both partitions
     assert checked >= 6
+
+
+def test_the_wasted_tokens_figure_adds_up_to_each_step_s_cost(tmp_path: Path) -> None:
+    """A demo run recording model calls (`--calls 3`, failures and retries): the report draws a
+    wasted-tokens figure per partition whose stacked series add up, at every step, to the step's
+    `cost/wasted_tokens` in `metrics_dict`; a run without calls draws none (above's report)."""
+    url = f"sqlite+aiosqlite:///{tmp_path / 'calls.db'}"
+
+    async def record_and_read() -> tuple[ReportData, dict[tuple[str, int], float]]:
+        config = DemoConfig(
+            steps=2,
+            prompts=6,
+            group_size=3,
+            fail_rate=0.4,
+            cancel_rate=0.0,
+            seed=11,
+            calls=3,
+            max_attempts=2,
+        )
+        from sessions.cli.demo import policies
+
+        async with Ledger.open(url, run="wasted", **policies(config)) as ledger:
+            await run_demo(ledger, config)
+            await ledger.project()
+            costs = {
+                (partition, step): (await ledger.metrics_dict(partition, step, timeout=10))[
+                    f"ledger/{partition}/all/cost/wasted_tokens"
+                ]
+                for partition in ("train", "val")
+                for step in (0, 1)
+            }
+        return await _gathered_run(url, "wasted"), costs
+
+    data, costs = asyncio.run(record_and_read())
+    spec = {s.name: s for s in plan_figures(data.tables)}["wasted_tokens"]
+    assert sum(costs.values()) > 0
+    for column, partition in enumerate(data.tables):
+        panel = spec.rows[0][column]
+        assert panel.series and all(s.label.startswith("wasted_tokens/") for s in panel.series)
+        for i, step in enumerate(panel.series[0].x):
+            drawn = sum(s.y[i] for s in panel.series)
+            assert drawn == pytest.approx(costs[(partition, int(step))]), (partition, step)
+
+
+async def _gathered_run(url: str, run: str) -> ReportData:
+    engine = create_engine(url)
+    try:
+        return await gather(engine, run)
+    finally:
+        await engine.dispose()
+
+
+def test_a_run_without_calls_draws_no_wasted_tokens_figure(report: dict[str, Any]) -> None:
+    assert "wasted_tokens" not in report["specs"]
