@@ -9,7 +9,9 @@ them. The breaker watches the run's sessions as they end, in log order, and trip
 
 A failure counts when its origin is one of `origins` (default: `infra`, the failures that say a
 dependency is down; a policy failure is the model's own zero) or its reason is one of `reasons`.
-A cancellation is neither a failure nor a success: it is skipped. A trip is recorded as
+A cancellation is neither a failure nor a success: it is skipped; so is a session the ledger
+failed as `orphaned` (left open by an earlier launch, failed when the next one starts): it says
+how the last launch ended, not whether a dependency is down now. A trip is recorded as
 `BreakerTripped` in the run's stream; the run stays halted until its next launch
 (`RunLaunched`, a resume), which starts the fold afresh.
 
@@ -25,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sessions.errors import ConfigError
-from sessions.vocabulary import INFRA, ORIGINS
+from sessions.vocabulary import INFRA, ORIGINS, ORPHANED
 
 __all__ = ["BreakerFold", "CircuitBreaker", "Outcome", "Trip", "trips"]
 
@@ -73,6 +75,15 @@ class CircuitBreaker:
                 f"CircuitBreaker.max_share must be a share in (0, 1], got {self.max_share!r:.60}",
                 argument="max_share",
             )
+        for name in ("origins", "reasons"):
+            value = getattr(self, name)
+            if isinstance(value, (str, bytes)) or not isinstance(
+                value, (tuple, list, set, frozenset)
+            ):
+                raise ConfigError(
+                    f"CircuitBreaker.{name} must be a tuple of names, got {value!r:.60}",
+                    argument=name,
+                )
         origins, reasons = tuple(self.origins), tuple(self.reasons)
         unknown = sorted(set(origins) - set(ORIGINS))
         if unknown:
@@ -179,7 +190,7 @@ class BreakerFold:
         self._last: dict[str, deque[str]] = {}
 
     def observe(self, outcome: Outcome) -> Trip | None:
-        if self.halted or outcome.kind == CANCELLED:
+        if self.halted or outcome.kind == CANCELLED or outcome.reason == ORPHANED:
             return None
         counted = outcome.kind == FAILED and self.breaker.counts(outcome.origin, outcome.reason)
         reason = (outcome.reason or "unknown") if counted else None

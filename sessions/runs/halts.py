@@ -34,7 +34,7 @@ from sessions.runs.breaker import (
     Trip,
 )
 from sessions.runs.fingerprint import run_envelope, run_stream
-from store import AsyncEngine, EventStore
+from store import AsyncEngine, EventStore, retry_transient
 from store import read_models as rm
 
 __all__ = ["RunWatch", "outcome_of"]
@@ -109,8 +109,7 @@ class RunWatch:
         if self._fold is None:
             return  # the run records no breaker (or no configuration yet: looked at again later)
         while True:
-            async with self._engine.connect() as conn:
-                page = await rm.run_ends_after(conn, self.run, _READ, self._position, _PAGE)
+            page = await retry_transient(self._page, what="the circuit breaker's look at the log")
             for position, session_id, type_, data in page:
                 self._position = position
                 self._observe(position, session_id, type_, json.loads(data))
@@ -118,6 +117,11 @@ class RunWatch:
                 break
         if self._unrecorded is not None and self.halted is None:
             await self._record(self._unrecorded)
+
+    async def _page(self) -> list[tuple[int, str, str, str]]:
+        assert self._position is not None
+        async with self._engine.connect() as conn:
+            return await rm.run_ends_after(conn, self.run, _READ, self._position, _PAGE)
 
     def _observe(self, position: int, session_id: str, type_: str, data: dict[str, Any]) -> None:
         assert self._fold is not None

@@ -32,7 +32,7 @@ from sessions.runs.fingerprint import run_stream
 from store.schema.tables import events
 
 ORIGINS = ("infra", "policy")
-REASONS = ("sandbox_error", "connection_error", "runner_error", "invalid_output")
+REASONS = ("sandbox_error", "connection_error", "runner_error", "invalid_output", "orphaned")
 
 outcomes = st.lists(
     st.one_of(
@@ -78,7 +78,7 @@ def _stream(items: list[Any]) -> list[Outcome | str]:
 
 def _by_the_rule(breaker: CircuitBreaker, stream: list[Outcome | str]) -> list[tuple[int, str]]:
     """The trips, read off the rule from scratch at each position: over the ends since the last
-    launch (cancellations skipped), `consecutive` counted failures since the last success, or a
+    launch (cancellations and orphans skipped), `consecutive` counted failures since the last success, or a
     counted share of the last `window` ends; halted until the next launch."""
     found: list[tuple[int, str]] = []
     since: list[Outcome] = []
@@ -87,8 +87,8 @@ def _by_the_rule(breaker: CircuitBreaker, stream: list[Outcome | str]) -> list[t
         if isinstance(item, str):
             since, halted = [], False
             continue
-        if item.kind == CANCELLED or halted:
-            continue
+        if item.kind == CANCELLED or item.reason == "orphaned" or halted:
+            continue  # an earlier launch's session failed as orphaned says nothing of now
         since.append(item)
 
         def counted(o: Outcome) -> bool:
