@@ -493,6 +493,7 @@ def decide_fail(
     origin: str | None = None,
     metrics: MetricPolicy | None = None,
     selection: str = "all",
+    retry_refused: str | None = None,
 ) -> list[ev.Event]:
     """SessionFailed plus, policy permitting, its PlaceholderEmitted — appended together.
 
@@ -529,6 +530,7 @@ def decide_fail(
         metric=metrics.decide(view.partition, reason, origin),
         selected=selected,
         score=score,
+        retry_refused=retry_refused,
     )
     if decision != EMIT:
         return [*made, failed]

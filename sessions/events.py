@@ -280,11 +280,13 @@ class AttemptFailed(Event):
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SessionFailed(Event):
     """Schema 2 added `origin` and `metric` (the failure's origin and metric policy) and, for a
-    `keep_partial` decision, the `selected` trajectories sent with `score`. Every decision is
-    recorded here so replay never consults today's configuration."""
+    `keep_partial` decision, the `selected` trajectories sent with `score`; schema 3
+    `retry_refused`, the retry budget (`group_budget`, `step_budget`) that refused the retry the
+    policy would have made. Every decision is recorded here so replay never consults today's
+    configuration."""
 
     TYPE: ClassVar[str] = "SessionFailed"
-    SCHEMA_VERSION: ClassVar[int] = 2
+    SCHEMA_VERSION: ClassVar[int] = 3
     reason: str
     error_type: str | None
     message: str
@@ -294,6 +296,7 @@ class SessionFailed(Event):
     metric: str = ZERO  # a choice of `failure_policy.METRIC_DECISIONS`
     selected: list[int] = field(default_factory=list)
     score: float | None = None
+    retry_refused: str | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -511,6 +514,13 @@ def _failed_v1_to_v2(data: dict[str, Any]) -> dict[str, Any]:
     data["metric"] = ZERO
     data["selected"] = []
     data["score"] = None
+    return data
+
+
+@upcaster("SessionFailed", 2)
+def _failed_v2_to_v3(data: dict[str, Any]) -> dict[str, Any]:
+    """v3 recorded the retry budget that refused a retry; before it, no budget existed."""
+    data["retry_refused"] = None
     return data
 
 

@@ -49,7 +49,10 @@ from sessions.vocabulary import (
 __all__ = [
     "DEFAULT_ORIGINS",
     "EXCLUDE",
+    "GROUP_BUDGET",
     "METRIC_DECISIONS",
+    "RETRY_BUDGETS",
+    "STEP_BUDGET",
     "MetricPolicy",
     "RetryPolicy",
     "ZERO",
@@ -64,6 +67,9 @@ ZERO: _MetricDecision = "zero"
 EXCLUDE: _MetricDecision = "exclude"
 #: The metric policy's choices.
 METRIC_DECISIONS: tuple[_MetricDecision, ...] = (ZERO, EXCLUDE)
+#: The retry budgets a retry may be refused by (`RetryPolicy.group_budget` / `step_budget`).
+GROUP_BUDGET, STEP_BUDGET = "group_budget", "step_budget"
+RETRY_BUDGETS = (GROUP_BUDGET, STEP_BUDGET)
 
 #: The built-in reasons' origins: `infra` when the model cannot have caused the failure, `policy`
 #: otherwise. `connection_error` (a server the runner calls refused, dropped or timed out its
@@ -191,6 +197,13 @@ class RetryPolicy:
     `max_attempts` attempts in all, waiting `backoff_s * multiplier**(n-1)` (at most
     `max_backoff_s`) before attempt n+1. Default `on`: every infrastructure reason.
 
+    `group_budget` / `step_budget` bound the retries a group's sessions / a step's sessions (of a
+    partition) may take together (None: no bound): a retry past a spent budget is refused, and
+    the session fails recording which budget refused it (`SessionFailed.retry_refused`), so a
+    group that ends below `min_valid` for it is counted as unusable by that cause. Sessions that
+    retry at the same moment may each see the last retry left: a budget may be passed by as many
+    retries as were in flight together.
+
     Only what the runner raises is retried; a cancellation (also during the wait) is a pure
     abort, and a timeout is retried only when `on` names it.
     """
@@ -200,8 +213,19 @@ class RetryPolicy:
     backoff_s: float = 0.0
     multiplier: float = 2.0
     max_backoff_s: float = 30.0
+    group_budget: int | None = None
+    step_budget: int | None = None
 
     def __post_init__(self) -> None:
+        for name in RETRY_BUDGETS:
+            value = getattr(self, name)
+            if value is not None and (
+                isinstance(value, bool) or not isinstance(value, int) or value < 0
+            ):
+                raise ConfigError(
+                    f"retry policy: {name} must be None (no bound) or an integer >= 0, got {value!r:.60}",
+                    argument=name,
+                )
         if (
             isinstance(self.max_attempts, bool)
             or not isinstance(self.max_attempts, int)
@@ -256,7 +280,18 @@ class RetryPolicy:
             "backoff_s": float(self.backoff_s),
             "multiplier": float(self.multiplier),
             "max_backoff_s": float(self.max_backoff_s),
+            # only when set, so the digests of runs recorded without budgets stay what they were
+            **{
+                name: getattr(self, name)
+                for name in RETRY_BUDGETS
+                if getattr(self, name) is not None
+            },
         }
+
+    @property
+    def budgeted(self) -> bool:
+        """Whether a retry must ask the group's or the step's budget first."""
+        return self.group_budget is not None or self.step_budget is not None
 
 
 def _plain(rules: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, Any]]:

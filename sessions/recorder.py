@@ -15,7 +15,7 @@ from sessions import aggregate as agg
 from sessions import calls, storable, tokens, validation
 from sessions import events as ev
 from sessions.errors import ConfigError, InvalidInput, LedgerError
-from sessions.failure_policy import MetricPolicy
+from sessions.failure_policy import RETRY_BUDGETS, MetricPolicy
 from sessions.machine import FAILED
 from sessions.placeholder import PlaceholderPolicy
 from sessions.runner_failure import (
@@ -410,8 +410,17 @@ class SessionHandle:
         message: str = "",
         error_type: str | None = None,
         origin: str | None = None,
+        retry_refused: str | None = None,
     ) -> None:
-        """End the session as failed; `origin` (`infra`/`policy`) overrides the reason's default."""
+        """End the session as failed; `origin` (`infra`/`policy`) overrides the reason's default;
+        `retry_refused` names the retry budget that refused the retry the policy would have made
+        (`RetryPolicy.group_budget` / `step_budget`)."""
+        if retry_refused is not None and retry_refused not in RETRY_BUDGETS:
+            raise InvalidInput(
+                self.session_id,
+                "retry_refused",
+                f"must be None or one of {list(RETRY_BUDGETS)}, got {retry_refused!r:.60}",
+            )
         async with self._locked():
             await self._commit(
                 agg.decide_fail(
@@ -423,6 +432,7 @@ class SessionHandle:
                     origin=origin,
                     metrics=self._metrics,
                     selection=self._selection,
+                    retry_refused=retry_refused,
                 )
             )
 

@@ -28,7 +28,7 @@ import numpy as np
 
 from sessions import events as ev
 from sessions.errors import InvalidInput
-from sessions.failure_policy import METRIC_DECISIONS
+from sessions.failure_policy import METRIC_DECISIONS, RETRY_BUDGETS
 from sessions.placeholder import DECISIONS
 from sessions.vocabulary import MAX_NAME_LENGTH, ORIGINS, PARTITIONS, UID_FORBIDDEN
 from store import ColumnSpec, column_spec
@@ -171,6 +171,7 @@ DECLARATION: dict[str, dict[str, Field]] = {
         "metric": Field("sessions.metric_policy", nullable=False, choices=METRIC_DECISIONS),
         "selected": Field(kind="int_list"),
         "score": Field("sessions.reward"),
+        "retry_refused": Field(kind="str", nullable=True, choices=(*RETRY_BUDGETS, None)),
     },
     "AttemptFailed": {
         "attempt": Field(kind="int", minimum=1, int_range=_INT32),

@@ -46,6 +46,9 @@ __all__ = [
 ]
 
 Runner = Callable[[SessionHandle], Awaitable[Any]]
+#: Asked before a retry the policy would make: the name of the retry budget it would pass
+#: (`RetryPolicy.group_budget` / `step_budget`), or None while both have a retry left.
+Budget = Callable[[SessionHandle], Awaitable["str | None"]]
 
 #: What a runner may raise that cancels its session (a pure abort, docs/design.md §3) and then
 #: propagates: a cancellation, Ctrl-C, `sys.exit()`, a coroutine being closed. The process (or the
@@ -217,13 +220,16 @@ async def run_attempts(
     timeout: float | None,
     deadline: Deadline | None = None,
     blocks: LoopBlocks | None = None,
+    budget: Budget | None = None,
 ) -> SessionOutcome:
     """Run `runner(handle)` until an attempt ends the session; the outcome. A runner's failure or
     timeout — whatever it raised but an abort — is recorded and reported, never raised; an abort
     (`_ABORTS`) is recorded as a cancellation and re-raised. Only the ledger's own errors (the
     database's) propagate otherwise. With a `deadline`, no attempt starts past it (`Deadline`);
     with `blocks`, a runner step that blocks the event loop is recorded there, and the timeouts it
-    caused name it."""
+    caused name it. With `budget`, a retry the policy would make is first asked of the group's and
+    the step's retry budgets (`RetryPolicy.group_budget` / `step_budget`): one that is spent
+    refuses it, and the failure records which."""
     while True:
         if deadline is not None and not deadline.may_start():
             return await _not_started(handle, deadline)
@@ -237,9 +243,12 @@ async def run_attempts(
             if handle.terminal:
                 return outcome(handle, error)
             failure = recorded_failure(error)
-            if await _retried(handle, retry, metric_policy, failure, timeout, deadline):
+            retried = await _retried(
+                handle, retry, metric_policy, failure, timeout, deadline, budget
+            )
+            if retried is True:
                 continue
-            await _record_failure(handle, failure, error)
+            await _record_failure(handle, failure, error, retry_refused=retried or None)
             return outcome(handle, error)
         if not handle.terminal and not handle.view.trajectories and handle.view.state == "running":
             # complete() would fail it as empty_output: retried like a raised failure, if asked
@@ -249,7 +258,10 @@ async def run_attempts(
                 "the runner returned without recording a trajectory",
                 "RuntimeError",
             )
-            if await _retried(handle, retry, metric_policy, empty, timeout, deadline):
+            if (
+                await _retried(handle, retry, metric_policy, empty, timeout, deadline, budget)
+                is True
+            ):
                 continue
         if not handle.terminal:
             await handle.complete()
@@ -308,7 +320,11 @@ async def _not_started(handle: SessionHandle, deadline: Deadline) -> SessionOutc
 
 
 async def _record_failure(
-    handle: SessionHandle, failure: RecordedFailure, error: BaseException
+    handle: SessionHandle,
+    failure: RecordedFailure,
+    error: BaseException,
+    *,
+    retry_refused: str | None = None,
 ) -> None:
     """Fail the session as `failure` says; if the database refuses even that, the ledger's error
     propagates (the runner's stays its context, and a note names it): `recover` ends the session
@@ -319,6 +335,7 @@ async def _record_failure(
             message=failure.message,
             error_type=failure.error_type,
             origin=failure.origin,
+            retry_refused=retry_refused,
         )
     except Exception as ledger_error:
         if hasattr(ledger_error, "add_note"):
@@ -336,14 +353,20 @@ async def _retried(
     failure: RecordedFailure,
     timeout: float | None,
     deadline: Deadline | None,
-) -> bool:
-    """Record the failed attempt and start the next, if the policy retries it and the next could
-    start before the deadline; a cancellation during the backoff cancels the session (a pure
-    abort) and propagates."""
+    budget: Budget | None = None,
+) -> bool | str:
+    """Record the failed attempt and start the next, if the policy retries it, its budgets have
+    a retry left and the next could start before the deadline (True); the spent budget's name
+    when one refused it; False otherwise. A cancellation during the backoff cancels the session
+    (a pure abort) and propagates."""
     reason = failure.reason
     origin = metric_policy.origin(reason, failure.origin)  # type: ignore[arg-type]
     if handle.view.state != "running" or not retry.retries(reason, origin, handle.attempt):
         return False
+    if budget is not None:
+        spent = await budget(handle)
+        if spent is not None:
+            return spent
     wait = retry.backoff(handle.attempt)
     if deadline is not None and not deadline.may_start(after=wait):
         return False  # this attempt's failure is the session's: no attempt would start in time

@@ -24,7 +24,7 @@ from sessions.errors import (
     StepNotSettled,
     UsageError,
 )
-from sessions.failure_policy import RetryPolicy
+from sessions.failure_policy import GROUP_BUDGET, STEP_BUDGET, RetryPolicy
 from sessions.ledger.attempts import (
     Deadline,
     LoopBlocks,
@@ -507,7 +507,21 @@ class Ledger:
             timeout=timeout,
             deadline=deadline,
             blocks=self._loop_blocks,
+            budget=partial(self._spent_budget, retry) if retry.budgeted else None,
         )
+
+    async def _spent_budget(self, retry: RetryPolicy, handle: SessionHandle) -> str | None:
+        """The retry budget a retry of `handle`'s session would pass, read from the log."""
+        view = handle.view
+        async with self.engine.connect() as conn:
+            group, step = await rm.retries_taken(
+                conn, view.run, view.partition, view.global_step, view.uid
+            )
+        if retry.group_budget is not None and group >= retry.group_budget:
+            return GROUP_BUDGET
+        if retry.step_budget is not None and step >= retry.step_budget:
+            return STEP_BUDGET
+        return None
 
     # ----------------------------------------------------------- projection
     async def project(self) -> int:
@@ -643,6 +657,7 @@ class Ledger:
                     conn, step.run, partition, step.global_step, default_min_valid=self.min_valid
                 )
             ]
+            refused = await rm.refused_retries(conn, step.run, partition, step.global_step)
         counts = {r.metric: r.value for r in rows if r.data_source is None}
         return {
             **verl_metrics.metrics_dict(
@@ -653,7 +668,7 @@ class Ledger:
                 max_response_length=max_response_length,
             ),
             **split.metrics(partition),
-            **costs.cost_metrics(partition, step.rows, counts, wasted, self.min_valid),
+            **costs.cost_metrics(partition, step.rows, counts, wasted, self.min_valid, refused),
         }
 
     async def _settled(

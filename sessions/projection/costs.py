@@ -8,6 +8,9 @@ adds under `ledger/<partition>/all/cost/`.
 * `groups_all_failed`: groups with no successful session;
 * `rows_no_signal`: successful rows of groups with fewer than `min_valid` successes, whose GRPO
   advantage is 0 (miles: dropping a group for one failure wastes 1 - (1 - p)^n of rollouts);
+* `groups_unusable/<budget>`, `rows_unusable/<budget>`: groups left below `min_valid` with a
+  session whose retry a spent budget refused (`RetryPolicy.group_budget` / `step_budget`), and
+  their rows: GRPO gives them no signal, as `min_valid` says, and this is why;
 * `wasted_tokens/<cause>/<reason>` and `wasted_tokens`: model-call response tokens that trained
   nothing, where calls are recorded: of attempts `retried` or `failed`, by reason, and of
   successful sessions in groups that gave `no_signal`.
@@ -31,9 +34,11 @@ def cost_metrics(
     counts: Mapping[str, float],
     wasted: Iterable[tuple[str, str, int]],
     min_valid: int,
+    refused: Mapping[str, str] | None = None,
 ) -> dict[str, float]:
     """The step's cost figures from its batch rows (queue rows of kind `row`), its all-sources
-    metric counts by name, and its wasted call tokens as (cause, reason, tokens)."""
+    metric counts by name, its wasted call tokens as (cause, reason, tokens), and its sessions
+    whose retry a budget refused (session id -> budget)."""
     prefix = f"{LEDGER_PREFIX}/{partition}/{ALL_SOURCES}/cost"
     batch = [r for r in rows if r.get("kind", "row") == "row"]
     out: dict[str, float] = {}
@@ -48,6 +53,17 @@ def cost_metrics(
     out[f"{prefix}/groups_all_failed"] = float(counts.get("groups/failure", 0.0))
     valid: Counter[str] = Counter(str(r["uid"]) for r in batch if not r.get("is_placeholder"))
     out[f"{prefix}/rows_no_signal"] = float(sum(n for n in valid.values() if n < min_valid))
+    by_uid: dict[str, list[Mapping[str, Any]]] = {}
+    for row in batch:
+        by_uid.setdefault(str(row["uid"]), []).append(row)
+    for uid, members in sorted(by_uid.items()):
+        budgets = {(refused or {}).get(str(r.get("session_id"))) for r in members} - {None}
+        if valid.get(uid, 0) >= min_valid:
+            continue
+        for budget in sorted(b for b in budgets if b):
+            for name, amount in (("groups_unusable", 1.0), ("rows_unusable", float(len(members)))):
+                key = f"{prefix}/{name}/{budget}"
+                out[key] = out.get(key, 0.0) + amount
     total = 0
     for cause, reason, tokens in wasted:
         out[f"{prefix}/wasted_tokens/{cause}/{reason}"] = float(tokens)

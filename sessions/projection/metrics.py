@@ -121,6 +121,8 @@ FAILED_BY_ORIGIN = "failed_origin/{origin}"
 ATTEMPTS = "attempts/total"
 SESSIONS_RETRIED = "sessions/retried"
 RETRIES_BY_REASON = "retries/{reason}"
+#: Sessions whose retry a spent budget refused (`RetryPolicy.group_budget` / `step_budget`).
+REFUSED_BY_BUDGET = "refused/{budget}"
 EXCLUDED_BY_REASON = "excluded/{reason}"
 SESSIONS_EXCLUDED = "sessions/excluded"
 ROWS_EXCLUDED = "rows/excluded"

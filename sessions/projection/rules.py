@@ -399,6 +399,8 @@ class Rules:
         _add(tables, m.SESSIONS_FAILED)
         _add(tables, m.FAILED_BY_REASON.format(reason=reason))
         _add(tables, m.FAILED_BY_ORIGIN.format(origin=origin))
+        if e.get("retry_refused"):
+            _add(tables, m.REFUSED_BY_BUDGET.format(budget=e["retry_refused"]))
         if metric == EXCLUDE:
             _add(tables, m.SESSIONS_EXCLUDED)
             _add(tables, m.EXCLUDED_BY_REASON.format(reason=reason))

@@ -326,3 +326,46 @@ async def wasted_call_tokens(
             if tokens:
                 out.append((str(part), step, str(cause), str(reason), int(tokens)))
     return out
+
+
+@wraps_faults()
+async def retries_taken(
+    conn: AsyncConnection, run: str, partition: str, global_step: int | None, uid: str
+) -> tuple[int, int]:
+    """The retries (`AttemptFailed` events) a group's sessions and its step's sessions of the
+    partition have taken: what `RetryPolicy.group_budget` and `step_budget` bound."""
+    step = (
+        select(events.c.uid, func.count())
+        .where(
+            events.c.run == run,
+            events.c.partition == partition,
+            equals(events.c.global_step, global_step),
+            events.c.type == "AttemptFailed",
+        )
+        .group_by(events.c.uid)
+    )
+    counts = {str(u): int(n) for u, n in await conn.execute(step)}
+    return counts.get(uid, 0), sum(counts.values())
+
+
+@wraps_faults()
+async def refused_retries(
+    conn: AsyncConnection, run: str, partition: str, global_step: int | None
+) -> dict[str, str]:
+    """The step's sessions whose retry a spent budget refused: session id -> the budget
+    (`SessionFailed.retry_refused`, schema 3; older failures have none)."""
+    result = await conn.execute(
+        select(events.c.session_id, events.c.data).where(
+            events.c.run == run,
+            events.c.partition == partition,
+            equals(events.c.global_step, global_step),
+            events.c.type == "SessionFailed",
+            events.c.schema_version >= 3,
+        )
+    )
+    out: dict[str, str] = {}
+    for session_id, data in result:
+        refused = data.get("retry_refused") if isinstance(data, dict) else None
+        if isinstance(refused, str):
+            out[str(session_id)] = refused
+    return out

@@ -802,6 +802,10 @@ def generated_cases() -> list[Case]:
         for label, value, poisons in NOT_TEXT_VALUES:
             add(refused("fail", name, label, value, own_database=poisons))
     add(accepted("fail", "error_type", "none", None, None, column="error_type", column_expect=None))
+    for label, value in (("unknown", "session_budget"), ("other-case", "GROUP_BUDGET"), ("int", 1)):
+        add(refused("fail", "retry_refused", label, value))
+    for label, value in (("group", "group_budget"), ("step", "step_budget"), ("none", None)):
+        add(accepted("fail", "retry_refused", label, value, value))
     # ---- cancel
     spec = column_spec("sessions.message")
     assert spec.max_length is not None

@@ -121,8 +121,11 @@ class SessionProxy:
         message: str = "",
         error_type: str | None = None,
         origin: str | None = None,
+        retry_refused: str | None = None,
     ) -> None:
-        """End the session as failed; `origin` (`infra`/`policy`) overrides the reason's default."""
+        """End the session as failed; `origin` (`infra`/`policy`) overrides the reason's default;
+        `retry_refused` names the retry budget that refused the retry the policy would have made
+        (`RetryPolicy.group_budget` / `step_budget`)."""
     async def fail_with(self, error: BaseException) -> None:
         """Fail the session because `error` was raised inside it, whatever it is: its reason,
         origin and text as `recorded_failure` makes them storable."""
@@ -372,7 +375,8 @@ class SyncLedger:
         `response_length/*`, ...) -- plus every one of the ledger's metric counts under
         `ledger/<partition>/<data_source or all>/<metric>`. `max_*_length` are verl's clip
         thresholds for the `clip_ratio` figures of `train`. `max_staleness`: as `batch`'s, the
-        figures are those of the rows it keeps, and the rows left out are counted."""
+        figures are those of the rows it keeps, and the rows left out are counted. What the
+        step's failures cost is under `ledger/<partition>/all/cost/` (`sessions.projection.costs`)."""
     async def ametrics_dict(
         self,
         partition: str,
@@ -394,7 +398,8 @@ class SyncLedger:
         `response_length/*`, ...) -- plus every one of the ledger's metric counts under
         `ledger/<partition>/<data_source or all>/<metric>`. `max_*_length` are verl's clip
         thresholds for the `clip_ratio` figures of `train`. `max_staleness`: as `batch`'s, the
-        figures are those of the rows it keeps, and the rows left out are counted."""
+        figures are those of the rows it keeps, and the rows left out are counted. What the
+        step's failures cost is under `ledger/<partition>/all/cost/` (`sessions.projection.costs`)."""
     def metrics(
         self,
         partition: str | None = None,
@@ -512,8 +517,11 @@ class SyncSession:
         message: str = "",
         error_type: str | None = None,
         origin: str | None = None,
+        retry_refused: str | None = None,
     ) -> None:
-        """End the session as failed; `origin` (`infra`/`policy`) overrides the reason's default."""
+        """End the session as failed; `origin` (`infra`/`policy`) overrides the reason's default;
+        `retry_refused` names the retry budget that refused the retry the policy would have made
+        (`RetryPolicy.group_budget` / `step_budget`)."""
     def fail_with(self, error: BaseException) -> None:
         """Fail the session because `error` was raised inside it, whatever it is: its reason,
         origin and text as `recorded_failure` makes them storable."""
