@@ -108,6 +108,34 @@ def _reward(c: _Columns) -> Panel:
     )
 
 
+def _difference(c: _Columns, label: str, minuend: str, subtrahend: str) -> _Series:
+    """`minuend - subtrahend` per step (NaN where either is absent), reduced per bucket."""
+    a = c.table.series(minuend)
+    b = c.table.series(subtrahend)
+    raw = [x - y for x, y in zip(a, b)]
+    return _Series(label, list(c.buckets.x), reduce(raw, c.buckets, "mean"))
+
+
+def _ratio_series(c: _Columns, label: str, numerator: str, denominator: str) -> _Series:
+    """`numerator / denominator` per step of counters (NaN without a denominator)."""
+    top = c.table.series(numerator, absent=0.0)
+    bottom = c.table.series(denominator, absent=0.0)
+    raw = [x / y if y else math.nan for x, y in zip(top, bottom)]
+    return _Series(label, list(c.buckets.x), reduce(raw, c.buckets, "mean"))
+
+
+def _cost(c: _Columns) -> Panel:
+    return Panel(
+        c.title(),
+        [
+            _difference(c, "reward gap", "reward/mean_success_only", "reward/mean"),
+            _ratio_series(c, "masked share", "placeholders", "rows/total"),
+        ],
+        "per step",
+        zero_based=True,
+    )
+
+
 def _outcomes(c: _Columns) -> Panel:
     names = ["sessions/succeeded", "sessions/failed", "sessions/cancelled"]
     names += [n for n in ("sessions/open",) if _nonzero(c, n)]
@@ -266,6 +294,16 @@ def plan_figures(tables: dict[str, StepTable], *, max_points: int = MAX_POINTS) 
                 size,
             )
         )
+    out.append(
+        figure(
+            "cost",
+            "What failures cost",
+            "reward gap: reward/mean_success_only minus reward/mean, what dropping failed sessions would "
+            "have added to the headline (the reward figure's shaded band, over steps); masked share: "
+            "placeholder rows over all rows, the share of the batch no gradient reads.",
+            _cost,
+        )
+    )
     if _any(columns, lambda t: bool(t.names("wasted_tokens/"))):
         out.append(
             figure(

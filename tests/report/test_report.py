@@ -35,7 +35,16 @@ RUN = "report-demo"
 HOSTILE_ID = "<script>alert('id')</script>&\"x\""
 HOSTILE_MESSAGE = '<img src=x onerror=alert(1)> & "quoted" </td></table>'
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-FIGURES = {"reward", "sessions", "failures", "coverage", "retries", "groups", "response_length"}
+FIGURES = {
+    "reward",
+    "cost",
+    "sessions",
+    "failures",
+    "coverage",
+    "retries",
+    "groups",
+    "response_length",
+}
 
 
 class _Page(HTMLParser):
@@ -637,3 +646,20 @@ async def _gathered_run(url: str, run: str) -> ReportData:
 
 def test_a_run_without_calls_draws_no_wasted_tokens_figure(report: dict[str, Any]) -> None:
     assert "wasted_tokens" not in report["specs"]
+
+
+def test_the_cost_figure_draws_the_gap_and_the_masked_share(report: dict[str, Any]) -> None:
+    """Per partition and step: the gap is success-only minus honest mean, the masked share is
+    placeholders over rows, from the same stored metrics `rollout-ledger metrics` shows."""
+    spec = report["specs"]["cost"]
+    for column, (partition, table) in enumerate(report["data"].tables.items()):
+        panel = spec.rows[0][column]
+        gap, masked = panel.get("reward gap"), panel.get("masked share")
+        assert gap is not None and masked is not None, partition
+        for i, _step in enumerate(table.steps):
+            expected = table.series("reward/mean_success_only")[i] - table.series("reward/mean")[i]
+            assert gap.y[i] == pytest.approx(expected, nan_ok=True)
+            rows = table.series("rows/total", absent=0.0)[i]
+            share = table.series("placeholders", absent=0.0)[i] / rows
+            assert masked.y[i] == pytest.approx(share)
+        assert max(masked.y) > 0  # the demo fails sessions at every step
