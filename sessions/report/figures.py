@@ -131,8 +131,7 @@ def _cost(c: _Columns) -> Panel:
             _difference(c, "reward gap", "reward/mean_success_only", "reward/mean"),
             _ratio_series(c, "masked share", "placeholders", "rows/total"),
         ],
-        "per step",
-        zero_based=True,
+        "per step",  # not zero-based: a partial row's reward can make the gap negative
     )
 
 
