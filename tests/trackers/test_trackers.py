@@ -324,7 +324,8 @@ def test_each_step_is_logged_once_and_the_calls_say_so(logged: Logged) -> None:
 
 def test_the_scalars_are_verls_names_and_every_ledger_metric_row(logged: Logged) -> None:
     """The dict logged holds every metric row of the step under ledger/<p>/<source or all>/<metric>,
-    whatever metrics exist, beside verl's names (`val-core/...`, `critic/score/...`)."""
+    whatever metrics exist, beside verl's names (`val-core/...`, `critic/score/...`) and what the
+    step's failures cost (`ledger/<p>/all/cost/...`)."""
     for (partition, step), expected in logged.expected.items():
         rows = logged.rows[partition, step]
         assert rows
@@ -335,7 +336,9 @@ def test_the_scalars_are_verls_names_and_every_ledger_metric_row(logged: Logged)
         assert any(
             key.startswith("val-core/" if partition == "val" else "critic/score/") for key in verl
         )
-        assert len(expected) == len(rows) + len(verl)
+        cost = [key for key in expected if key.startswith(f"ledger/{partition}/all/cost/")]
+        assert f"ledger/{partition}/all/cost/masked_share" in cost  # what failures cost
+        assert len(expected) == len(rows) + len(verl) + len(cost)
 
 
 # ------------------------------------------------------------------ TensorBoard, read back
