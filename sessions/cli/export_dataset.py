@@ -118,10 +118,8 @@ def check(args: argparse.Namespace) -> None:
 
 
 async def run(args: argparse.Namespace) -> int:
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
     from sessions.cli.main import _resolve_run
+    from sessions.cli.render import export_progress, print_summary
     from sessions.export import export_dataset
     from sessions.ledger import Ledger
 
@@ -129,19 +127,7 @@ async def run(args: argparse.Namespace) -> int:
     # reads only (as of the checkpoint): the file keeps its journal mode
     async with Ledger.open(args.db, migrate=False, engine_options={"read_only": True}) as ledger:
         run_name = await _resolve_run(ledger.engine, args.run)
-        with Progress(
-            TextColumn("[bold]exporting"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            console=Console(stderr=True),
-            transient=True,
-        ) as progress:
-            task = progress.add_task("sessions", total=None)
-
-            def advance(done: int, total: int) -> None:
-                progress.update(task, completed=done, total=total)
-
+        with export_progress() as advance:
             summary = await export_dataset(
                 ledger,
                 args.out,
@@ -154,9 +140,5 @@ async def run(args: argparse.Namespace) -> int:
                 row_group_size=args.row_group_size,
                 on_progress=advance,
             )
-    chosen = "" if args.run else " (the most recent run; --run NAME for another)"
-    lines = summary.lines()
-    print(lines[0] + chosen)
-    for line in lines[1:]:
-        print(line)
+    print_summary(summary.lines(), run_named=bool(args.run))
     return 0

@@ -125,16 +125,8 @@ async def run(args: argparse.Namespace) -> int:
     try:
         if args.follow:
             return await _follow(args, exporter)
-        from rich.console import Console
-        from rich.progress import (
-            BarColumn,
-            MofNCompleteColumn,
-            Progress,
-            TextColumn,
-            TimeElapsedColumn,
-        )
-
         from sessions.cli.main import _resolve_run
+        from sessions.cli.render import export_progress, print_summary
         from sessions.otel.export import export_otel
 
         # reads only (as of the checkpoint): the file keeps its journal mode
@@ -142,19 +134,7 @@ async def run(args: argparse.Namespace) -> int:
             args.db, migrate=False, engine_options={"read_only": True}
         ) as ledger:
             run_name = await _resolve_run(ledger.engine, args.run)
-            with Progress(
-                TextColumn("[bold]exporting"),
-                BarColumn(),
-                MofNCompleteColumn(),
-                TimeElapsedColumn(),
-                console=Console(stderr=True),
-                transient=True,
-            ) as progress:
-                task = progress.add_task("sessions", total=None)
-
-                def advance(done: int, total: int) -> None:
-                    progress.update(task, completed=done, total=total)
-
+            with export_progress() as advance:
                 summary = await export_otel(
                     ledger,
                     exporter,
@@ -165,11 +145,7 @@ async def run(args: argparse.Namespace) -> int:
                     page_size=args.page_size,
                     on_progress=advance,
                 )
-        chosen = "" if args.run else " (the most recent run; --run NAME for another)"
-        lines = summary.lines()
-        print(lines[0] + chosen)
-        for line in lines[1:]:
-            print(line)
+        print_summary(summary.lines(), run_named=bool(args.run))
         return 0
     finally:
         exporter.shutdown()

@@ -10,7 +10,8 @@ from __future__ import annotations
 import json
 import os
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 from rich import box
@@ -294,3 +295,32 @@ def print_json(data: Any) -> None:
     """JSON on stdout, flushed here so a closed pipe is reported while the CLI's handler is listening."""
     sys.stdout.write(json.dumps(data, default=str, indent=1) + "\n")
     sys.stdout.flush()
+
+
+@contextmanager
+def export_progress() -> Iterator[Callable[[int, int], None]]:
+    """A transient progress bar on stderr for an export verb; yields its `advance(done, total)`."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(
+        TextColumn("[bold]exporting"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=Console(stderr=True),
+        transient=True,
+    ) as progress:
+        task = progress.add_task("sessions", total=None)
+
+        def advance(done: int, total: int) -> None:
+            progress.update(task, completed=done, total=total)
+
+        yield advance
+
+
+def print_summary(lines: Sequence[str], *, run_named: bool) -> None:
+    """An export's summary lines, the first saying when the run was the most recent one."""
+    chosen = "" if run_named else " (the most recent run; --run NAME for another)"
+    print(lines[0] + chosen)
+    for line in lines[1:]:
+        print(line)

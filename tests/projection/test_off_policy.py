@@ -75,6 +75,39 @@ def test_rows_without_versions_are_left_out_and_spans_are_counted(
     assert got["training/off_policy/trajectory_staleness_worst/max"] == 9 - min(r[0] for r in known)
 
 
+async def _group_of_calls(
+    ledger: Any, run: str, step: int, sessions: list[list[tuple[int, int]] | None]
+) -> None:
+    """One train group at `step`: each session a conversation of calls, one per (min, max)
+    weights versions given (each call's prompt extends the last), rewarded 1.0; None: a
+    sandbox failure (a placeholder, no version)."""
+    for index, calls in enumerate(sessions):
+        handle = await ledger.create_session(
+            f"{run}-{index}",
+            uid="u",
+            session_index=index,
+            group_size=len(sessions),
+            partition="train",
+            global_step=step,
+        )
+        if calls is None:
+            await handle.fail("sandbox_error")
+            continue
+        context: list[int] = []
+        for turn, (low, high) in enumerate(calls):
+            prompt = [*context, 1, 2]
+            await handle.record_call(
+                await handle.start_call(),
+                prompt_ids=prompt,
+                response_ids=[3 + turn],
+                min_version=low,
+                max_version=high,
+            )
+            context = [*prompt, 3 + turn]
+        await handle.post_reward(1.0)
+        await handle.complete()
+
+
 async def test_metrics_dict_of_a_train_step_holds_its_staleness(module_db_url: str) -> None:
     """Two sessions recorded through calls at step 5: one on version 4 only, one spanning 2..4;
     a failure's placeholder carries no version and is left out."""
@@ -82,25 +115,7 @@ async def test_metrics_dict_of_a_train_step_holds_its_staleness(module_db_url: s
 
     run = f"stale{uuid.uuid4().hex[:8]}"
     async with Ledger.open(module_db_url, run=run) as ledger:
-        plans: list[tuple[int, int] | None] = [(4, 4), (2, 4), None]
-        for index, plan in enumerate(plans):
-            handle = await ledger.create_session(
-                f"{run}-{index}",
-                uid="u",
-                session_index=index,
-                group_size=3,
-                partition="train",
-                global_step=5,
-            )
-            if plan is None:
-                await handle.fail("sandbox_error")
-                continue
-            call = await handle.start_call()
-            await handle.record_call(
-                call, prompt_ids=[1], response_ids=[2], min_version=plan[0], max_version=plan[1]
-            )
-            await handle.post_reward(1.0)
-            await handle.complete()
+        await _group_of_calls(ledger, run, 5, [[(4, 4)], [(2, 4)], None])
         figures = await ledger.metrics_dict("train", 5, timeout=30)
     assert figures["training/off_policy/trajectory_spans/max"] == 3.0
     assert figures["training/off_policy/trajectory_staleness/max"] == 0.0
@@ -183,28 +198,7 @@ async def test_a_session_spanning_a_weight_update_is_left_out_by_the_bound_and_c
 
     run = f"bound{uuid.uuid4().hex[:8]}"
     async with Ledger.open(module_db_url, run=run) as ledger:
-        for index, versions in enumerate([(5, 7), (7, 7), None]):
-            handle = await ledger.create_session(
-                f"{run}-{index}",
-                uid="u",
-                session_index=index,
-                group_size=3,
-                partition="train",
-                global_step=8,
-            )
-            if versions is None:
-                await handle.fail("sandbox_error")
-                continue
-            first = await handle.start_call()
-            await handle.record_call(
-                first, prompt_ids=[1, 2], response_ids=[3], min_version=versions[0]
-            )
-            second = await handle.start_call()
-            await handle.record_call(
-                second, prompt_ids=[1, 2, 3, 4], response_ids=[5], min_version=versions[1]
-            )
-            await handle.post_reward(1.0)
-            await handle.complete()
+        await _group_of_calls(ledger, run, 8, [[(5, 5), (7, 7)], [(7, 7), (7, 7)], None])
         everything = await ledger.batch("train", 8, timeout=30, max_staleness=2)
         bounded = await ledger.batch("train", 8, timeout=30, max_staleness=1)
         figures = await ledger.metrics_dict("train", 8, timeout=30, max_staleness=1)
