@@ -231,9 +231,8 @@ async def run_demo(
             except asyncio.CancelledError:
                 if not task.cancelled():
                     raise
-            finally:
-                if on_session is not None:
-                    on_session()
+            if on_session is not None:  # a creation the breaker refused raised: not counted
+                on_session()
 
     for step in range(config.start_step, config.start_step + config.steps):
         jobs = []
