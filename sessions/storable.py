@@ -171,7 +171,9 @@ DECLARATION: dict[str, dict[str, Field]] = {
         "metric": Field("sessions.metric_policy", nullable=False, choices=METRIC_DECISIONS),
         "selected": Field(kind="int_list"),
         "score": Field("sessions.reward"),
-        "retry_refused": Field(kind="str", nullable=True, choices=(*RETRY_BUDGETS, None)),
+        "retry_refused": Field(
+            kind="str", nullable=True, choices=(*RETRY_BUDGETS, None), max_length=32
+        ),
     },
     "AttemptFailed": {
         "attempt": Field(kind="int", minimum=1, int_range=_INT32),

@@ -62,7 +62,7 @@ LOG_VERSION = 5
 LOG_SCHEMAS = {
     "SessionCreated": 2,
     "TrajectoryRecorded": 3,
-    "SessionFailed": 2,
+    "SessionFailed": 3,
     "PlaceholderEmitted": 2,
 }
 
