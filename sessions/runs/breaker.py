@@ -23,13 +23,14 @@ from __future__ import annotations
 
 from collections import Counter, deque
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
+from sessions import events as ev
 from sessions.errors import ConfigError
 from sessions.vocabulary import INFRA, ORIGINS, ORPHANED
 
-__all__ = ["BreakerFold", "CircuitBreaker", "Outcome", "Trip", "trips"]
+__all__ = ["BreakerFold", "CircuitBreaker", "Outcome", "describe", "trips"]
 
 #: outcome kinds the fold reads
 SUCCEEDED, FAILED, CANCELLED = "succeeded", "failed", "cancelled"
@@ -145,35 +146,29 @@ class Outcome:
     message: str = ""
 
 
-@dataclass(frozen=True, slots=True)
-class Trip:
-    """Why the breaker tripped: what `BreakerTripped` records."""
-
-    rule: str  # "consecutive" or "share"
-    tripped_at: int  # the position of the session end that tripped it
-    consecutive: int
-    window_failures: int
-    window_sessions: int
-    by_reason: dict[str, int] = field(default_factory=dict)
-    last_errors: dict[str, list[str]] = field(default_factory=dict)
-
-    def describe(self, breaker: CircuitBreaker) -> str:
-        if self.rule == "consecutive":
-            why = (
-                f"{self.consecutive} counted failures in a row (consecutive={breaker.consecutive})"
-            )
-        else:
-            why = (
-                f"{self.window_failures} of the last {self.window_sessions} sessions failed "
-                f"(max_share={breaker.max_share:g} of window={breaker.window})"
-            )
-        reasons = ", ".join(f"{reason} ×{n}" for reason, n in sorted(self.by_reason.items()))
-        return f"{why}; failures by reason: {reasons}"
+def describe(tripped: ev.BreakerTripped) -> str:
+    """Why the breaker tripped, in a line: the rule as recorded, the counts it saw, the counted
+    failures by reason and the last error of each."""
+    breaker = CircuitBreaker.from_config(tripped.breaker) or CircuitBreaker()
+    if tripped.rule == "consecutive":
+        why = f"{tripped.consecutive} counted failures in a row (consecutive={breaker.consecutive})"
+    else:
+        why = (
+            f"{tripped.window_failures} of the last {tripped.window_sessions} sessions failed "
+            f"(max_share={breaker.max_share:g} of window={breaker.window})"
+        )
+    reasons = ", ".join(f"{reason} ×{n}" for reason, n in sorted(tripped.by_reason.items()))
+    last = "; ".join(
+        f"last {reason}: {messages[-1]}"
+        for reason, messages in sorted(tripped.last_errors.items())
+        if messages
+    )
+    return f"{why}; failures by reason: {reasons}" + (f" ({last})" if last else "")
 
 
 class BreakerFold:
-    """The breaker's state over a run's outcomes in log order; `observe` returns the `Trip` at
-    the outcome that trips it, then nothing until `relaunch`."""
+    """The breaker's state over a run's outcomes in log order; `observe` returns the
+    `BreakerTripped` to record at the outcome that trips it, then nothing until `relaunch`."""
 
     def __init__(self, breaker: CircuitBreaker) -> None:
         self.breaker = breaker
@@ -189,7 +184,7 @@ class BreakerFold:
         self._streak: dict[str, int] = {}
         self._last: dict[str, deque[str]] = {}
 
-    def observe(self, outcome: Outcome) -> Trip | None:
+    def observe(self, outcome: Outcome) -> ev.BreakerTripped | None:
         if self.halted or outcome.kind == CANCELLED or outcome.reason == ORPHANED:
             return None
         counted = outcome.kind == FAILED and self.breaker.counts(outcome.origin, outcome.reason)
@@ -216,7 +211,7 @@ class BreakerFold:
         else:
             return None
         self.halted = True
-        return Trip(
+        return ev.BreakerTripped(
             rule=rule,
             tripped_at=outcome.position,
             consecutive=self.consecutive,
@@ -224,14 +219,15 @@ class BreakerFold:
             window_sessions=len(self._window),
             by_reason=by_reason,
             last_errors={r: list(self._last[r]) for r in sorted(by_reason) if r in self._last},
+            breaker=self.breaker.as_config(),
         )
 
 
-def trips(breaker: CircuitBreaker, outcomes: Iterable[Outcome | str]) -> list[Trip]:
+def trips(breaker: CircuitBreaker, outcomes: Iterable[Outcome | str]) -> list[ev.BreakerTripped]:
     """Every trip of a run's fold: `outcomes` in log order, the string `"launch"` where a
     `RunLaunched` stands (it re-arms a halted breaker)."""
     fold = BreakerFold(breaker)
-    found: list[Trip] = []
+    found: list[ev.BreakerTripped] = []
     for item in outcomes:
         if isinstance(item, str):
             fold.relaunch()

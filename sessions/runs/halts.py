@@ -31,7 +31,7 @@ from sessions.runs.breaker import (
     BreakerFold,
     CircuitBreaker,
     Outcome,
-    Trip,
+    describe,
 )
 from sessions.runs.fingerprint import run_envelope, run_stream
 from store import AsyncEngine, EventStore, retry_transient
@@ -71,7 +71,7 @@ class RunWatch:
         self._looked = float("-inf")
         #: the run's recorded halt since its last launch, if any
         self.halted: ev.BreakerTripped | None = None
-        self._unrecorded: Trip | None = None
+        self._unrecorded: ev.BreakerTripped | None = None
         #: the look in flight: callers that arrive meanwhile wait for its answer instead of
         #: passing the interval's gate while it reads (a step's creations come all at once)
         self._look: asyncio.Future[None] | None = None
@@ -92,7 +92,7 @@ class RunWatch:
         await asyncio.shield(look)
         if self.halted is not None:
             raise RunHalted(
-                self.run, self.halted.rule, self.halted.tripped_at, self._why(self.halted)
+                self.run, self.halted.rule, self.halted.tripped_at, describe(self.halted)
             )
 
     def _looked_once(self, look: asyncio.Future[None]) -> None:
@@ -150,7 +150,7 @@ class RunWatch:
         launches = [s.position for s in stored if s.type == "RunLaunched"]
         return (launches[-1] if launches else stored[0].position) - 1
 
-    async def _record(self, trip: Trip) -> None:
+    async def _record(self, trip: ev.BreakerTripped) -> None:
         """Append the trip to the run's stream, once: a ledger that loses the race reads the
         winner's record back on its next look."""
         stream = run_stream(self.run)
@@ -160,19 +160,7 @@ class RunWatch:
             isinstance(e, ev.BreakerTripped) and e.tripped_at == trip.tripped_at for e in recorded
         ):
             return
-        event = storable.clean_event(
-            stream,
-            ev.BreakerTripped(
-                rule=trip.rule,
-                tripped_at=trip.tripped_at,
-                consecutive=trip.consecutive,
-                window_failures=trip.window_failures,
-                window_sessions=trip.window_sessions,
-                by_reason=trip.by_reason,
-                last_errors=trip.last_errors,
-                breaker=self.breaker.as_config() if self.breaker else {},
-            ),
-        )
+        event = storable.clean_event(stream, trip)
         try:
             await self._store.submit(
                 stream, len(stored), [run_envelope(event, self.run, version=len(stored) + 1)]
@@ -181,24 +169,6 @@ class RunWatch:
             pass  # another writer appended to the run's stream: the next look reads it
         self.halted = event  # type: ignore[assignment]
         self._unrecorded = None
-
-    def _why(self, halted: ev.BreakerTripped) -> str:
-        trip = Trip(
-            rule=halted.rule,
-            tripped_at=halted.tripped_at,
-            consecutive=halted.consecutive,
-            window_failures=halted.window_failures,
-            window_sessions=halted.window_sessions,
-            by_reason=dict(halted.by_reason),
-        )
-        last = "; ".join(
-            f"last {reason}: {messages[-1]}"
-            for reason, messages in sorted(halted.last_errors.items())
-            if messages
-        )
-        breaker = CircuitBreaker.from_config(halted.breaker) or self.breaker
-        assert breaker is not None
-        return trip.describe(breaker) + (f" ({last})" if last else "")
 
 
 def _fields(data: dict[str, Any]) -> dict[str, Any]:
