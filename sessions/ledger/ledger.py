@@ -650,15 +650,10 @@ class Ledger:
         )
         split = staleness.split_stale(step.rows, step.global_step, bound)
         rows = await self.metrics(partition, global_step, run=step.run, project=False)
-        async with self.engine.connect() as conn:
-            wasted = [
-                (cause, reason, tokens)
-                for _p, _s, cause, reason, tokens in await rm.wasted_call_tokens(
-                    conn, step.run, partition, step.global_step, default_min_valid=self.min_valid
-                )
-            ]
-            refused = await rm.refused_retries(conn, step.run, partition, step.global_step)
         counts = {r.metric: r.value for r in rows if r.data_source is None}
+        cost = await costs.step_cost_metrics(
+            self.engine, step.run, partition, step.global_step, step.rows, counts, self.min_valid
+        )
         return {
             **verl_metrics.metrics_dict(
                 partition,
@@ -668,7 +663,7 @@ class Ledger:
                 max_response_length=max_response_length,
             ),
             **split.metrics(partition),
-            **costs.cost_metrics(partition, step.rows, counts, wasted, self.min_valid, refused),
+            **cost,
         }
 
     async def _settled(

@@ -24,8 +24,10 @@ from typing import Any
 
 from sessions.projection.verl_metrics import LEDGER_PREFIX
 from sessions.vocabulary import ALL_SOURCES
+from store import AsyncEngine
+from store import read_models as rm
 
-__all__ = ["cost_metrics"]
+__all__ = ["cost_metrics", "step_cost_metrics"]
 
 
 def cost_metrics(
@@ -70,3 +72,25 @@ def cost_metrics(
         total += tokens
     out[f"{prefix}/wasted_tokens"] = float(total)
     return out
+
+
+async def step_cost_metrics(
+    engine: AsyncEngine,
+    run: str,
+    partition: str,
+    global_step: int | None,
+    rows: Sequence[Mapping[str, Any]],
+    counts: Mapping[str, float],
+    min_valid: int,
+) -> dict[str, float]:
+    """`cost_metrics` of a settled step, its wasted call tokens and refused retries read from
+    the log's views (`min_valid`: a group's where it records none)."""
+    async with engine.connect() as conn:
+        wasted = [
+            (cause, reason, tokens)
+            for _p, _s, cause, reason, tokens in await rm.wasted_call_tokens(
+                conn, run, partition, global_step, default_min_valid=min_valid
+            )
+        ]
+        refused = await rm.refused_retries(conn, run, partition, global_step)
+    return cost_metrics(partition, rows, counts, wasted, min_valid, refused)
