@@ -74,8 +74,13 @@ class _Columns:
     def series(self, metric: str, style: str = "line", *, counter: bool = False) -> _Series:
         """Counters are 0 at a step without their row; means are absent (a gap) there."""
         raw = self.table.series(metric, absent=0.0 if counter else math.nan)
-        how = "max" if metric in _MAXIMA else "mean"
-        return _Series(metric, list(self.buckets.x), reduce(raw, self.buckets, how), style)
+        return self.reduced(metric, raw, style, "max" if metric in _MAXIMA else "mean")
+
+    def reduced(
+        self, label: str, raw: list[float], style: str = "line", how: str = "mean"
+    ) -> _Series:
+        """Per-step values (one per step of the table) as a series, reduced per bucket."""
+        return _Series(label, list(self.buckets.x), reduce(raw, self.buckets, how), style)
 
     def title(self) -> str:
         size = self.buckets.size
@@ -110,18 +115,15 @@ def _reward(c: _Columns) -> Panel:
 
 def _difference(c: _Columns, label: str, minuend: str, subtrahend: str) -> _Series:
     """`minuend - subtrahend` per step (NaN where either is absent), reduced per bucket."""
-    a = c.table.series(minuend)
-    b = c.table.series(subtrahend)
-    raw = [x - y for x, y in zip(a, b)]
-    return _Series(label, list(c.buckets.x), reduce(raw, c.buckets, "mean"))
+    a, b = c.table.series(minuend), c.table.series(subtrahend)
+    return c.reduced(label, [x - y for x, y in zip(a, b)])
 
 
 def _ratio_series(c: _Columns, label: str, numerator: str, denominator: str) -> _Series:
     """`numerator / denominator` per step of counters (NaN without a denominator)."""
     top = c.table.series(numerator, absent=0.0)
     bottom = c.table.series(denominator, absent=0.0)
-    raw = [x / y if y else math.nan for x, y in zip(top, bottom)]
-    return _Series(label, list(c.buckets.x), reduce(raw, c.buckets, "mean"))
+    return c.reduced(label, [x / y if y else math.nan for x, y in zip(top, bottom)])
 
 
 def _cost(c: _Columns) -> Panel:
