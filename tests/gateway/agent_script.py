@@ -8,7 +8,6 @@ OPENAI_BASE_URL and OPENAI_API_KEY, as any agent would be.
 import os
 import signal
 import sys
-import time
 
 import openai
 
@@ -26,7 +25,7 @@ def main() -> None:
     print(f"made {calls} calls", file=sys.stderr)
     if then == "hang":
         while True:
-            time.sleep(3600)
+            signal.pause()  # blocked until a signal ends it, as a hung agent is
     if then == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
     sys.exit(int(then.removeprefix("exit:")))
