@@ -37,10 +37,12 @@ def cost_metrics(
     wasted: Iterable[tuple[str, str, int]],
     min_valid: int,
     refused: Mapping[str, str] | None = None,
+    group_min_valid: Mapping[str, int | None] | None = None,
 ) -> dict[str, float]:
     """The step's cost figures from its batch rows (queue rows of kind `row`), its all-sources
-    metric counts by name, its wasted call tokens as (cause, reason, tokens), and its sessions
-    whose retry a budget refused (session id -> budget)."""
+    metric counts by name, its wasted call tokens as (cause, reason, tokens), its sessions
+    whose retry a budget refused (session id -> budget), and each group's recorded `min_valid`
+    (uid -> value, None or absent: `min_valid`)."""
     prefix = f"{LEDGER_PREFIX}/{partition}/{ALL_SOURCES}/cost"
     batch = [r for r in rows if r.get("kind", "row") == "row"]
     out: dict[str, float] = {}
@@ -54,13 +56,18 @@ def cost_metrics(
         out[f"{prefix}/reward_gap"] = inflated - honest
     out[f"{prefix}/groups_all_failed"] = float(counts.get("groups/failure", 0.0))
     valid: Counter[str] = Counter(str(r["uid"]) for r in batch if not r.get("is_placeholder"))
-    out[f"{prefix}/rows_no_signal"] = float(sum(n for n in valid.values() if n < min_valid))
+
+    def below(uid: str) -> bool:
+        bound = (group_min_valid or {}).get(uid)
+        return valid.get(uid, 0) < (min_valid if bound is None else bound)
+
+    out[f"{prefix}/rows_no_signal"] = float(sum(n for uid, n in valid.items() if below(uid)))
     by_uid: dict[str, list[Mapping[str, Any]]] = {}
     for row in batch:
         by_uid.setdefault(str(row["uid"]), []).append(row)
     for uid, members in sorted(by_uid.items()):
         budgets = {(refused or {}).get(str(r.get("session_id"))) for r in members} - {None}
-        if valid.get(uid, 0) >= min_valid:
+        if not below(uid):
             continue
         for budget in sorted(b for b in budgets if b):
             for name, amount in (("groups_unusable", 1.0), ("rows_unusable", float(len(members)))):
@@ -93,4 +100,5 @@ async def step_cost_metrics(
             )
         ]
         refused = await rm.refused_retries(conn, run, partition, global_step)
-    return cost_metrics(partition, rows, counts, wasted, min_valid, refused)
+        bounds = await rm.group_min_valid(conn, run, partition, global_step)
+    return cost_metrics(partition, rows, counts, wasted, min_valid, refused, bounds)

@@ -42,6 +42,7 @@ from store.read_models.log_reads import (
     trajectory_events,
 )
 from store.read_models.queries import (
+    group_min_valid,
     group_status,
     latest_run,
     log_end,
@@ -380,6 +381,7 @@ __all__ = [
     "equals",
     "events_after",
     "get_checkpoint",
+    "group_min_valid",
     "group_status",
     "group_update",
     "insert_projection_errors",

@@ -116,6 +116,21 @@ async def group_status(
 
 
 @wraps_faults()
+async def group_min_valid(
+    conn: AsyncConnection, run: str, partition: str, global_step: int | None
+) -> dict[str, int | None]:
+    """Each group of a step's latest launch and the `min_valid` its sessions recorded (None:
+    the default then in force)."""
+    query = select(groups.c.uid, groups.c.min_valid).where(
+        groups.c.run == run,
+        groups.c.partition == partition,
+        step_equals(groups.c.global_step, global_step),
+        _of_latest_launch(run, partition, global_step),
+    )
+    return {str(uid): mv for uid, mv in await conn.execute(query)}
+
+
+@wraps_faults()
 async def metric_rows(
     conn: AsyncConnection,
     *,

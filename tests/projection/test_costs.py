@@ -76,3 +76,31 @@ async def test_one_step_s_cost_figures_by_hand(module_db_url: str) -> None:
             "wasted_tokens": 22.0,
         }
     )
+
+
+async def test_a_group_is_held_to_the_min_valid_its_sessions_recorded(module_db_url: str) -> None:
+    """A run recorded with min_valid 1, read by a ledger with the default (2): a group of one
+    success and one failure gave GRPO its signal under the run's rule, so no row and no token
+    of it is counted as without signal, whatever the reader's own setting."""
+    run = f"mv{uuid.uuid4().hex[:8]}"
+    async with Ledger.open(module_db_url, run=run, min_valid=1) as ledger:
+        ok, bad = [
+            await ledger.create_session(
+                f"{run}-{i}",
+                uid=f"{run}-u",
+                session_index=i,
+                group_size=2,
+                partition="train",
+                global_step=0,
+            )
+            for i in range(2)
+        ]
+        await ok.record_call(await ok.start_call(), prompt_ids=[1], response_ids=[2, 3])
+        await ok.post_reward(1.0)
+        await ok.complete()
+        await bad.fail("sandbox_error")
+    async with Ledger.open(module_db_url, run=run, migrate=False) as reader:
+        assert reader.min_valid == 2
+        figures = await reader.metrics_dict("train", 0, timeout=30)
+    assert figures["ledger/train/all/cost/rows_no_signal"] == 0.0
+    assert "ledger/train/all/cost/wasted_tokens/no_signal/below_min_valid" not in figures
