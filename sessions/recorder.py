@@ -366,7 +366,10 @@ class SessionHandle:
         sid = self.session_id
         if error is not None:
             failure = recorded_failure(error)
-            message, error_type = message or failure.message, error_type or failure.error_type
+            message, error_type = (
+                _given(message, failure.message),
+                _given(error_type, failure.error_type),
+            )
         latency_s = validation.latency(sid, latency_s)
         async with self._locked():
             await self._commit(
@@ -415,7 +418,9 @@ class SessionHandle:
         """End the session as failed; `origin` (`infra`/`policy`) overrides the reason's default;
         `retry_refused` names the retry budget that refused the retry the policy would have made
         (`RetryPolicy.group_budget` / `step_budget`)."""
-        if retry_refused is not None and retry_refused not in RETRY_BUDGETS:
+        if retry_refused is not None and not (
+            isinstance(retry_refused, str) and retry_refused in RETRY_BUDGETS
+        ):
             raise InvalidInput(
                 self.session_id,
                 "retry_refused",
@@ -557,6 +562,12 @@ class SessionHandle:
             "handle has applied it — run this command again"
         )
         raise conflict
+
+
+def _given(value: Any, default: Any) -> Any:
+    """`value`, or `default` when none was given (None or an empty text); never the truth value
+    of what a caller passed (an array has none), so a wrong type reaches the check that names it."""
+    return default if value is None or (isinstance(value, str) and not value) else value
 
 
 @dataclass(frozen=True, slots=True)

@@ -802,7 +802,12 @@ def generated_cases() -> list[Case]:
         for label, value, poisons in NOT_TEXT_VALUES:
             add(refused("fail", name, label, value, own_database=poisons))
     add(accepted("fail", "error_type", "none", None, None, column="error_type", column_expect=None))
-    for label, value in (("unknown", "session_budget"), ("other-case", "GROUP_BUDGET"), ("int", 1)):
+    for label, value in (
+        ("unknown", "session_budget"),
+        ("other-case", "GROUP_BUDGET"),
+        ("int", 1),
+        ("array", np.array([1.5, 2.5])),  # compared to each budget, it has no truth value
+    ):
         add(refused("fail", "retry_refused", label, value))
     for label, value in (("group", "group_budget"), ("step", "step_budget"), ("none", None)):
         add(accepted("fail", "retry_refused", label, value, value))
