@@ -27,7 +27,7 @@ import httpx
 
 STANDIN_MAIN = """
 import asyncio, sys, uvicorn
-from tests.gateway.standin import StandIn
+from sessions.gateway.standin import StandIn
 server = uvicorn.Server(uvicorn.Config(StandIn().app, host="127.0.0.1", port=int(sys.argv[1]),
                                        log_level="warning", lifespan="off", access_log=False))
 asyncio.run(server.serve())

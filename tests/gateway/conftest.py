@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
+from sessions.gateway.standin import StandIn, serving
 from tests.conftest import BACKENDS, fresh_database
-from tests.gateway.standin import StandIn, serving
 
 
 @pytest.fixture(params=BACKENDS)

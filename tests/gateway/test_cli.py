@@ -16,8 +16,8 @@ import httpx
 import openai
 import pytest
 
+from sessions.gateway.standin import StandIn, serving
 from sessions.ledger import Ledger
-from tests.gateway.standin import StandIn, serving
 from tests.gateway.test_recording import CONVERSATION
 
 _SERVING = re.compile(r"serving on (\S+) .* key (\S+)$")

@@ -12,8 +12,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sessions import calls
+from sessions.gateway.standin import answer_for, chat_prompt
 from tests.gateway.conftest import identity, stack
-from tests.gateway.standin import answer_for, chat_prompt
 
 SESSIONS = 4
 

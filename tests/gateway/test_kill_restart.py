@@ -13,8 +13,8 @@ import httpx
 import openai
 
 from sessions import calls
+from sessions.gateway.standin import StandIn, chat_prompt, serving
 from sessions.ledger import Ledger
-from tests.gateway.standin import StandIn, chat_prompt, serving
 from tests.gateway.test_cli import gateway_process
 
 SESSIONS = 8

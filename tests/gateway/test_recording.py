@@ -10,8 +10,8 @@ import openai
 import pytest
 
 from sessions import calls
+from sessions.gateway.standin import WEIGHTS_VERSION
 from tests.gateway.conftest import identity, stack
-from tests.gateway.standin import WEIGHTS_VERSION
 
 CONVERSATION = [
     {"role": "system", "content": "You add numbers."},

@@ -7,8 +7,8 @@ from __future__ import annotations
 import torch
 
 from sessions import SessionHandle
+from sessions.gateway.standin import WEIGHTS_VERSION
 from tests.gateway.conftest import identity, stack
-from tests.gateway.standin import WEIGHTS_VERSION
 from tests.gateway.test_recording import client, converse
 
 

@@ -12,9 +12,9 @@ import openai
 import pytest
 
 from sessions.gateway.server import serve
+from sessions.gateway.standin import StandIn, serving
 from sessions.ledger import Ledger
 from tests.gateway.conftest import identity
-from tests.gateway.standin import StandIn, serving
 from tests.gateway.test_recording import CONVERSATION, client
 
 

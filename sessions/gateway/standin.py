@@ -1,4 +1,5 @@
-"""A stand-in inference server: OpenAI-compatible, answering in vLLM's format, deterministic.
+"""A stand-in inference server for tests, examples and benchmarks (vLLM and SGLang need a GPU):
+OpenAI-compatible, answering in vLLM's format, deterministic.
 
 Its "tokenizer" is bytes (id = byte + 10) inside a chat template of special ids, so a
 conversation's next prompt extends the previous prompt and answer exactly, as a real chat
