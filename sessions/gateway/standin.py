@@ -1,33 +1,55 @@
 """A stand-in inference server for tests, examples and benchmarks (vLLM and SGLang need a GPU):
-OpenAI-compatible, answering in vLLM's format, deterministic.
+OpenAI-compatible, answering in vLLM's format from a tiny deterministic torch model.
 
 Its "tokenizer" is bytes (id = byte + 10) inside a chat template of special ids, so a
 conversation's next prompt extends the previous prompt and answer exactly, as a real chat
-template does. The model name picks a behaviour: `fail` answers 500, `no-ids` answers as a server
-that gives no token ids (SGLang's OpenAI endpoint), `drop` breaks a stream before `[DONE]`,
-`stall` streams two chunks and then waits for `release`, `slow` answers after 8 ms (so calls are in
-flight when a test kills the gateway), `tool` asks for the request's first tool (not streamed)
-until the conversation holds a tool result; anything else answers normally. Each answer's weights version is sent in `x-weights-version`.
+template does. The answers come from `TinyModel`, seeded weights decoded greedily over the
+printable ASCII bytes and EOS, and each answer token's log-prob is the model's own float32
+`log_softmax` at it, so a recorded log-prob compares equal to what the server sent.
+
+The model name picks a behaviour: `fail` answers 500, `no-ids` answers as a server that gives
+no token ids (SGLang's OpenAI endpoint), `drop` breaks a stream before `[DONE]`, `stall` streams
+two chunks and then waits for `release`, `slow` answers after 8 ms (so calls are in flight when a
+test kills the gateway), `slow-stream` streams its chunks `chunk_delay_s` apart (a server under
+load), `tool` asks for the request's first tool (not streamed) until the conversation holds a
+tool result; anything else answers normally. Each answer's weights version is sent in
+`x-weights-version`. torch is imported when a `StandIn` is made, never by importing this module.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
+import math
 import time
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+if TYPE_CHECKING:
+    import torch
+
 OFFSET = 10
 BOS, EOS = 1, 2
 ROLES = {"system": 3, "user": 4, "assistant": 5, "tool": 6}
 WEIGHTS_VERSION = 7
+#: ids 0-9 special (BOS, EOS, the roles), then one id per byte
+VOCAB = OFFSET + 256
+#: the ids the model may answer with besides EOS: printable ASCII, so every answer decodes
+PRINTABLE = range(OFFSET + 0x20, OFFSET + 0x7F)
+SEED = 0
+WIDTH = 32
+#: greedy answers end with EOS within this many tokens (EOS's logit rises with the position)
+MAX_NEW_TOKENS = 12
+#: the pause between the chunks of a `slow-stream` answer
+CHUNK_DELAY_S = 0.02
 
 
 def encode(text: str) -> list[int]:
@@ -57,26 +79,117 @@ def chat_prompt(messages: list[dict[str, Any]]) -> list[int]:
     return ids + [BOS, ROLES["assistant"]]
 
 
-def answer_for(prompt: list[int]) -> str:
-    return f"ok {sum(prompt) % 997}"
-
-
-def logprob(token: int) -> float:
-    """Exact in float32, so a recorded log-prob compares equal."""
-    return -((token % 8) + 1) / 8
+def token_bytes(token: int) -> bytes:
+    return b"" if token < OFFSET else bytes([token - OFFSET])
 
 
 def token_text(token: int) -> str:
-    return "" if token == EOS else bytes([token - OFFSET]).decode()
+    return token_bytes(token).decode(errors="replace")
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """One answer of the model: its ids (EOS last when it stopped), each one's log-prob (float32
+    values as Python floats), and why it ended (`stop`, or `length` at the request's cap)."""
+
+    response_ids: list[int]
+    logprobs: list[float]
+    finish_reason: str
+
+    @property
+    def text(self) -> str:
+        return "".join(token_text(t) for t in self.response_ids)
+
+
+class TinyModel:
+    """A deterministic language model small enough to answer in a fraction of a millisecond.
+
+    The next token's logits are `tanh(mean(A[context]) + B[last]) @ out`: the context's mean
+    embedding and the last token's, through one hidden layer, with `A`, `B` and `out` drawn from a
+    seeded generator. Tokens other than printable ASCII and EOS are masked out (-inf), and EOS's
+    logit is a ramp over the answer's position, below every other logit at its first token and
+    above all of them at `max_new_tokens`, so greedy answers are never empty and always end.
+    """
+
+    def __init__(
+        self, seed: int = SEED, width: int = WIDTH, max_new_tokens: int = MAX_NEW_TOKENS
+    ) -> None:
+        import torch
+
+        generator = torch.Generator().manual_seed(seed)
+        embed = torch.randn(VOCAB, width, generator=generator)
+        hidden = torch.randn(2 * width, width, generator=generator) / math.sqrt(2 * width)
+        self.context_in = embed @ hidden[:width]  # a token's share of the context's mean
+        self.last_in = embed @ hidden[width:]
+        self.out = torch.randn(width, VOCAB, generator=generator) / math.sqrt(width)
+        self.mask = torch.full((VOCAB,), float("-inf"))
+        self.mask[PRINTABLE.start : PRINTABLE.stop] = 0.0
+        # |tanh| <= 1, so no printable token's logit is beyond the L1 norm of its column
+        bound = float(self.out[:, PRINTABLE.start : PRINTABLE.stop].abs().sum(0).max()) + 1.0
+        self.eos_at_first = -bound
+        self.eos_slope = 2 * bound / (max_new_tokens - 1)
+
+    def logprobs(self, prompt: Sequence[int], answered: Sequence[int] = ()) -> torch.Tensor:
+        """The float32 log-softmax over the vocabulary of the token after `prompt` + `answered`
+        (`answered`: the answer's tokens so far, whose count sets EOS's logit)."""
+        import torch
+
+        context = [*prompt, *answered]
+        with torch.inference_mode():
+            state = self.context_in[torch.tensor(context)].mean(0) + self.last_in[context[-1]]
+            logits = torch.tanh(state) @ self.out + self.mask
+            logits[EOS] = self.eos_at_first + self.eos_slope * len(answered)
+            return torch.log_softmax(logits, 0)
+
+    def answer(
+        self, prompt: Sequence[int], max_tokens: int | None = None, forced: Sequence[int] = ()
+    ) -> Answer:
+        """The greedy answer to `prompt` (at most `max_tokens` tokens), or the model's log-probs
+        of `forced` when given (a tool call the template writes)."""
+        response: list[int] = []
+        logprobs: list[float] = []
+        limit = len(forced) if forced else max_tokens
+        while limit is None or len(response) < limit:
+            scores = self.logprobs(prompt, response)
+            token = forced[len(response)] if forced else int(scores.argmax())
+            response.append(token)
+            logprobs.append(float(scores[token]))
+            if token == EOS:
+                return Answer(response, logprobs, "stop")
+        return Answer(response, logprobs, "stop" if forced else "length")
+
+
+@functools.cache
+def model() -> TinyModel:
+    """The process's model (its weights are the seed's: every process answers alike)."""
+    return TinyModel()
+
+
+def answer(prompt: Sequence[int], max_tokens: int | None = None) -> Answer:
+    """What the stand-in answers to `prompt` (a test's expectation)."""
+    return model().answer(prompt, max_tokens)
 
 
 class StandIn:
-    """The server's state: what it answered, for the tests to compare with the log."""
+    """The server's state: what it answered, for the tests to compare with the log.
 
-    def __init__(self) -> None:
-        self.answered: list[dict[str, Any]] = []  # {"prompt_ids", "response_ids", "logprobs"}
+    `chunk_delay_s`: the pause between a `slow-stream` answer's chunks; `pace`, when given, is
+    awaited there instead with the number of the chunk about to be sent (a test's handshake)."""
+
+    def __init__(
+        self,
+        *,
+        chunk_delay_s: float = CHUNK_DELAY_S,
+        pace: Callable[[int], Awaitable[None]] | None = None,
+    ) -> None:
+        self.model = model()  # torch is imported here, at the first stand-in of the process
+        self.answered: list[
+            dict[str, Any]
+        ] = []  # {"prompt_ids", "response_ids", "logprobs", "text"}
         self.requests: list[dict[str, Any]] = []
         self.release = asyncio.Event()  # what a `stall` stream waits for
+        self.chunk_delay_s = chunk_delay_s
+        self.pace = pace
         self.app = Starlette(
             routes=[
                 Route("/v1/chat/completions", self.chat, methods=["POST"]),
@@ -106,20 +219,23 @@ class StandIn:
             prompt = chat_prompt(body["messages"])
         else:
             prompt = [BOS, *encode(body["prompt"])]
-        text = answer_for(prompt)
         tool_call = None
         messages = body.get("messages") or [{}]
         if model == "tool" and body.get("tools") and messages[-1].get("role") != "tool":
             # the model asks for the first tool, as a tool-using agent's model would
             name = body["tools"][0]["function"]["name"]
             tool_call = {"name": name, "arguments": json.dumps({"a": 2, "b": 2})}
-            text = call_text(tool_call["name"], tool_call["arguments"])
-        response = [*encode(text), EOS]
+            said = encode(call_text(tool_call["name"], tool_call["arguments"])) + [EOS]
+            reply = self.model.answer(prompt, forced=said)
+        else:
+            cap = body.get("max_completion_tokens") or body.get("max_tokens")
+            reply = self.model.answer(prompt, cap if isinstance(cap, int) and cap > 0 else None)
         self.answered.append(
             {
                 "prompt_ids": prompt,
-                "response_ids": response,
-                "logprobs": [logprob(t) for t in response],
+                "response_ids": reply.response_ids,
+                "logprobs": reply.logprobs,
+                "text": reply.text,
             }
         )
         options = {
@@ -130,24 +246,31 @@ class StandIn:
         headers = {"x-weights-version": str(WEIGHTS_VERSION)}
         if body.get("stream"):
             return StreamingResponse(
-                self._stream(endpoint, model, prompt, response, options),
+                self._stream(endpoint, model, prompt, reply, options),
                 media_type="text/event-stream",
                 headers=headers,
             )
         return JSONResponse(
-            _whole(endpoint, model, prompt, response, options, tool_call), headers=headers
+            _whole(endpoint, model, prompt, reply, options, tool_call), headers=headers
         )
+
+    async def _between_chunks(self, n: int) -> None:
+        if self.pace is not None:
+            await self.pace(n)
+        else:
+            await asyncio.sleep(self.chunk_delay_s)
 
     async def _stream(
         self,
         endpoint: str,
         model: str,
         prompt: list[int],
-        response: list[int],
+        reply: Answer,
         options: dict[str, bool],
     ) -> AsyncIterator[bytes]:
         base = {"id": "cmpl-standin", "created": int(time.time()), "model": model}
         kind = "chat.completion.chunk" if endpoint == "chat" else "text_completion"
+        slow = model == "slow-stream"
         if endpoint == "chat":
             first: dict[str, Any] = {
                 **base,
@@ -157,11 +280,13 @@ class StandIn:
             if options["token_ids"]:
                 first["prompt_token_ids"] = prompt
             yield _event(first)
-        for n, token in enumerate(response):
+        for n, (token, value) in enumerate(zip(reply.response_ids, reply.logprobs)):
             if model == "drop" and n == 2:
                 return  # the connection ends before [DONE]
             if model == "stall" and n == 2:
                 await self.release.wait()
+            if slow:
+                await self._between_chunks(n)
             choice: dict[str, Any] = {"index": 0, "finish_reason": None}
             if endpoint == "chat":
                 choice["delta"] = {"content": token_text(token)}
@@ -172,10 +297,16 @@ class StandIn:
             if options["token_ids"]:
                 choice["token_ids"] = [token]
             if options["logprobs"]:
-                choice["logprobs"] = _logprobs(endpoint, [token], options["as_ids"])
+                choice["logprobs"] = _logprobs(endpoint, [token], [value], options["as_ids"])
             yield _event({**base, "object": kind, "choices": [choice]})
             await asyncio.sleep(0)
-        last: dict[str, Any] = {"index": 0, "finish_reason": "stop"}
+        if slow:
+            await self._between_chunks(len(reply.response_ids))
+        last: dict[str, Any] = {
+            "index": 0,
+            "finish_reason": reply.finish_reason,
+            "stop_reason": None,
+        }
         last["delta" if endpoint == "chat" else "text"] = {} if endpoint == "chat" else ""
         yield _event({**base, "object": kind, "choices": [last]})
         yield b"data: [DONE]\n\n"
@@ -185,18 +316,25 @@ def _event(payload: dict[str, Any]) -> bytes:
     return b"data: " + json.dumps(payload).encode() + b"\n\n"
 
 
-def _logprobs(endpoint: str, tokens: list[int], as_ids: bool) -> dict[str, Any]:
+def _logprobs(
+    endpoint: str, tokens: list[int], values: list[float], as_ids: bool
+) -> dict[str, Any]:
     names = [f"token_id:{t}" if as_ids else token_text(t) for t in tokens]
     if endpoint == "chat":
         return {
             "content": [
-                {"token": name, "logprob": logprob(t), "bytes": None, "top_logprobs": []}
-                for name, t in zip(names, tokens)
+                {
+                    "token": name,
+                    "logprob": value,
+                    "bytes": list(token_bytes(t)),
+                    "top_logprobs": [],
+                }
+                for name, t, value in zip(names, tokens, values)
             ]
         }
     return {
         "tokens": names,
-        "token_logprobs": [logprob(t) for t in tokens],
+        "token_logprobs": list(values),
         "text_offset": list(range(len(tokens))),
         "top_logprobs": None,
     }
@@ -206,12 +344,12 @@ def _whole(
     endpoint: str,
     model: str,
     prompt: list[int],
-    response: list[int],
+    reply: Answer,
     options: dict[str, bool],
     tool_call: dict[str, str] | None = None,
 ) -> dict[str, Any]:
-    text = "".join(token_text(t) for t in response)
-    choice: dict[str, Any] = {"index": 0, "finish_reason": "stop"}
+    response = reply.response_ids
+    choice: dict[str, Any] = {"index": 0, "finish_reason": reply.finish_reason, "stop_reason": None}
     if endpoint == "chat" and tool_call is not None:
         choice["message"] = {
             "role": "assistant",
@@ -220,13 +358,15 @@ def _whole(
         }
         choice["finish_reason"] = "tool_calls"
     elif endpoint == "chat":
-        choice["message"] = {"role": "assistant", "content": text}
+        choice["message"] = {"role": "assistant", "content": reply.text}
     else:
-        choice["text"] = text
+        choice["text"] = reply.text
         if options["token_ids"]:
             choice["prompt_token_ids"] = prompt
     choice["logprobs"] = (
-        _logprobs(endpoint, response, options["as_ids"]) if options["logprobs"] else None
+        _logprobs(endpoint, response, reply.logprobs, options["as_ids"])
+        if options["logprobs"]
+        else None
     )
     if options["token_ids"]:
         choice["token_ids"] = response

@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sessions import calls
-from sessions.gateway.standin import answer_for, chat_prompt
+from sessions.gateway.standin import answer, chat_prompt
 from tests.gateway.conftest import identity, stack
 
 SESSIONS = 4
@@ -26,7 +26,7 @@ async def one_turn(agent: openai.AsyncOpenAI, messages: list[dict[str, Any]], st
     else:
         reply = await agent.chat.completions.create(model="m", messages=messages)
         text = reply.choices[0].message.content or ""
-    assert text == answer_for(chat_prompt(messages))
+    assert text == answer(chat_prompt(messages)).text  # the stand-in model's greedy answer
     messages += [
         {"role": "assistant", "content": text},
         {"role": "user", "content": f"turn {len(messages) // 2}"},
