@@ -48,6 +48,9 @@ SEED = 0
 WIDTH = 32
 #: greedy answers end with EOS within this many tokens (EOS's logit rises with the position)
 MAX_NEW_TOKENS = 12
+#: the model's shape: how much the context weighs against the last token, the logits' scale,
+#: how fast EOS becomes likelier per answer token, how many position weights before they repeat
+CONTEXT_GAIN, OUT_GAIN, EOS_RAMP, POSITIONS = 2.0, 2.0, 0.6, 4096
 #: the pause between the chunks of a `slow-stream` answer
 CHUNK_DELAY_S = 0.02
 
@@ -102,13 +105,15 @@ class Answer:
 
 
 class TinyModel:
-    """A deterministic language model small enough to answer in a fraction of a millisecond.
+    """A deterministic language model small enough to answer in about a millisecond.
 
-    The next token's logits are `tanh(mean(A[context]) + B[last]) @ out`: the context's mean
-    embedding and the last token's, through one hidden layer, with `A`, `B` and `out` drawn from a
-    seeded generator. Tokens other than printable ASCII and EOS are masked out (-inf), and EOS's
-    logit is a ramp over the answer's position, below every other logit at its first token and
-    above all of them at `max_new_tokens`, so greedy answers are never empty and always end.
+    The next token's logits are `tanh(c * sum_k r_k A[x_k] / sqrt(L) + B[last]) @ out`: the
+    context's tokens weighted by a fixed random weight per position (so a change anywhere in the
+    conversation can change the answer, as in a real model) and the last token, through one
+    hidden layer, every weight drawn from a seeded generator. Ids other than printable ASCII and
+    EOS are masked out (-inf). EOS's logit is set below every other logit at the answer's first
+    token and above all of them at `max_new_tokens`, and between them is its own logit plus a
+    ramp over the position: greedy answers are never empty, always end, and vary in length.
     """
 
     def __init__(
@@ -119,44 +124,76 @@ class TinyModel:
         generator = torch.Generator().manual_seed(seed)
         embed = torch.randn(VOCAB, width, generator=generator)
         hidden = torch.randn(2 * width, width, generator=generator) / math.sqrt(2 * width)
-        self.context_in = embed @ hidden[:width]  # a token's share of the context's mean
+        self.context_in = embed @ hidden[:width] * CONTEXT_GAIN
         self.last_in = embed @ hidden[width:]
-        self.out = torch.randn(width, VOCAB, generator=generator) / math.sqrt(width)
+        self.out = torch.randn(width, VOCAB, generator=generator) * (OUT_GAIN / math.sqrt(width))
+        self.position = torch.randn(POSITIONS, generator=generator)
         self.mask = torch.full((VOCAB,), float("-inf"))
         self.mask[PRINTABLE.start : PRINTABLE.stop] = 0.0
+        self.mask[EOS] = 0.0
         # |tanh| <= 1, so no printable token's logit is beyond the L1 norm of its column
-        bound = float(self.out[:, PRINTABLE.start : PRINTABLE.stop].abs().sum(0).max()) + 1.0
-        self.eos_at_first = -bound
-        self.eos_slope = 2 * bound / (max_new_tokens - 1)
+        self.bound = float(self.out[:, PRINTABLE.start : PRINTABLE.stop].abs().sum(0).max()) + 1
+        self.max_new_tokens = max_new_tokens
 
     def logprobs(self, prompt: Sequence[int], answered: Sequence[int] = ()) -> torch.Tensor:
         """The float32 log-softmax over the vocabulary of the token after `prompt` + `answered`
         (`answered`: the answer's tokens so far, whose count sets EOS's logit)."""
-        import torch
-
-        context = [*prompt, *answered]
-        with torch.inference_mode():
-            state = self.context_in[torch.tensor(context)].mean(0) + self.last_in[context[-1]]
-            logits = torch.tanh(state) @ self.out + self.mask
-            logits[EOS] = self.eos_at_first + self.eos_slope * len(answered)
-            return torch.log_softmax(logits, 0)
+        mixed = self._mixed(prompt)
+        for n, token in enumerate(answered):
+            mixed = mixed + self._term(token, len(prompt) + n)
+        last = answered[-1] if answered else prompt[-1]
+        return self._next(mixed, len(prompt) + len(answered), len(answered), last)
 
     def answer(
         self, prompt: Sequence[int], max_tokens: int | None = None, forced: Sequence[int] = ()
     ) -> Answer:
         """The greedy answer to `prompt` (at most `max_tokens` tokens), or the model's log-probs
-        of `forced` when given (a tool call the template writes)."""
+        of `forced` when given (a tool call the template writes). The same sums as `logprobs`
+        in the same order, kept from token to token: the same float32 values, bit for bit."""
         response: list[int] = []
         logprobs: list[float] = []
         limit = len(forced) if forced else max_tokens
+        mixed, last = self._mixed(prompt), prompt[-1]
         while limit is None or len(response) < limit:
-            scores = self.logprobs(prompt, response)
-            token = forced[len(response)] if forced else int(scores.argmax())
+            step = len(response)
+            scores = self._next(mixed, len(prompt) + step, step, last)
+            token = forced[step] if forced else int(scores.argmax())
             response.append(token)
             logprobs.append(float(scores[token]))
             if token == EOS:
                 return Answer(response, logprobs, "stop")
+            mixed, last = mixed + self._term(token, len(prompt) + step), token
         return Answer(response, logprobs, "stop" if forced else "length")
+
+    def _mixed(self, prompt: Sequence[int]) -> torch.Tensor:
+        """The prompt's context embeddings, each weighted by its position's weight, summed."""
+        import torch
+
+        with torch.inference_mode():
+            positions = torch.arange(len(prompt)) % POSITIONS
+            return self.position[positions] @ self.context_in[torch.tensor(prompt)]
+
+    def _term(self, token: int, position: int) -> torch.Tensor:
+        """One more token's share of the sum."""
+        import torch
+
+        with torch.inference_mode():
+            return self.position[position % POSITIONS] * self.context_in[token]
+
+    def _next(self, mixed: torch.Tensor, length: int, step: int, last: int) -> torch.Tensor:
+        """The log-softmax after a context of `length` tokens, the answer's `step`-th token."""
+        import torch
+
+        with torch.inference_mode():
+            state = mixed / math.sqrt(length) + self.last_in[last]
+            logits = torch.tanh(state) @ self.out + self.mask
+            if step == 0:
+                logits[EOS] = -self.bound
+            elif step >= self.max_new_tokens - 1:
+                logits[EOS] = self.bound
+            else:
+                logits[EOS] += EOS_RAMP * (step - self.max_new_tokens / 2)
+            return torch.log_softmax(logits, 0)
 
 
 @functools.cache
