@@ -4,7 +4,7 @@ the base URL and key it is given, answers 8 prompts x 4 times against a stand-in
 some hang (killed by the timeout). The step's batch and metrics then come out of the ledger as
 for any other runner: failures by reason, placeholder rows, the honest and success-only means.
 
-    python examples/gateway_agents.py [--db URL] [--seed 0] [--crash 3] [--hang 2] [--timeout 5]
+    python examples/gateway_agents.py [--db URL] [--seed 0] [--crash 3] [--hang 2] [--timeout 8]
 
 Which sessions crash or hang is drawn from `--seed`; everything else is deterministic too.
 Needs the `gateway` extra and the `openai-agents` package (`pip install -e '.[gateway,test]'`).
@@ -17,7 +17,6 @@ import asyncio
 import random
 import sys
 import tempfile
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -74,12 +73,13 @@ def plan(seed: int, crash: int, hang: int) -> dict[str, str]:
     return {sid: ("crash" if n < crash else "hang") for n, sid in enumerate(chosen)}
 
 
-async def rollout(gateway: Any, group: int, index: int, fault: str | None, timeout: float) -> str:
-    """One session: the agent runs through the gateway; its outcome (a reward, or the failure)."""
+async def rollout(
+    gateway: Any, group: int, index: int, fault: str | None, timeout: float
+) -> float | None:
+    """One session: the agent runs through the gateway and is graded; its reward, or None when
+    it crashed or timed out (the session block failed the session with the exception)."""
     session_id = f"q{group}-{index}"
-    identity = dict(
-        uid=f"q{group}", session_index=index, group_size=GROUP_SIZE, partition="train"
-    )
+    identity = dict(uid=f"q{group}", session_index=index, group_size=GROUP_SIZE, partition="train")
     try:
         async with gateway.session(session_id, global_step=STEP, **identity) as s:
             agent = calculator_agent(s.base_url, s.api_key, Sandbox(fault))
@@ -87,20 +87,21 @@ async def rollout(gateway: Any, group: int, index: int, fault: str | None, timeo
             result = await asyncio.wait_for(agents.Runner.run(agent, question), timeout)
             reward = grade(result.final_output)
             await s.post_reward(reward)
-            return f"succeeded, reward {reward:g}"
-    except Exception as error:  # the session failed with it (the block recorded why)
-        return f"failed: {type(error).__name__}: {error}"
+            return reward
+    except Exception:  # recorded: the session failed with it, its calls kept
+        return None
 
 
 async def main(db: str, seed: int, crash: int, hang: int, timeout: float, parallel: int) -> None:
     agents.set_tracing_disabled(True)  # nothing leaves this machine
     faults = plan(seed, crash, hang)
     print(
-        f"step {STEP}: {GROUPS} groups x {GROUP_SIZE} sessions through the gateway; seed {seed}: "
-        f"{crash} crash ({', '.join(k for k, v in faults.items() if v == 'crash')}), "
-        f"{hang} hang ({', '.join(k for k, v in faults.items() if v == 'hang')}); "
-        f"timeout {timeout:g}s"
+        f"step {STEP}: {GROUPS} groups x {GROUP_SIZE} sessions of an Agents SDK agent through "
+        f"the gateway (agent timeout {timeout:g}s)"
     )
+    for fault in ("crash", "hang"):
+        chosen = sorted(sid for sid, f in faults.items() if f == fault)
+        print(f"injected (seed {seed}): {fault} {', '.join(chosen) or 'none'}")
     standin = StandIn()
     async with (
         Ledger.open(db, run=RUN) as ledger,
@@ -109,38 +110,51 @@ async def main(db: str, seed: int, crash: int, hang: int, timeout: float, parall
     ):
         slots = asyncio.Semaphore(parallel)  # sandboxes a trainer runs at once
 
-        async def limited(group: int, index: int) -> str:
+        async def limited(group: int, index: int) -> float | None:
             async with slots:
                 fault = faults.get(f"q{group}-{index}")
                 return await rollout(gateway, group, index, fault, timeout)
 
         keys = [(g, i) for g in range(GROUPS) for i in range(GROUP_SIZE)]
-        outcomes = await asyncio.gather(*(limited(g, i) for g, i in keys))
-        for (group, index), outcome in zip(keys, outcomes):
-            handle = await ledger.load_session(f"q{group}-{index}")
-            calls = len(handle.view.recorded_calls())
-            print(f"  q{group}-{index}: {outcome[:70]} ({calls} calls recorded)")
+        rewards = dict(zip(keys, await asyncio.gather(*(limited(g, i) for g, i in keys))))
+        failures = []
+        for group in range(GROUPS):
+            cells = []
+            for index in range(GROUP_SIZE):
+                view = (await ledger.load_session(f"q{group}-{index}")).view
+                if view.failure_reason is None:
+                    cells.append(f"{rewards[group, index]:.3f}")
+                    continue
+                calls = len(view.recorded_calls())
+                cells.append(f"{view.failure_reason} ({calls} call{'s' * (calls != 1)} kept)")
+                failures.append(f"  q{group}-{index}: {view.failure_reason}: {view.message[:80]}")
+            print(f"  q{group}: " + " | ".join(cells))
+        print("failed sessions (the ledger's record):")
+        print("\n".join(failures) or "  none")
 
         batch = await ledger.batch("train", STEP, timeout=60)
         figures = await ledger.metrics_dict("train", STEP, timeout=60)
     scope = "ledger/train/all/"
-    failed = Counter(
-        {k.removeprefix(scope + "failed/"): int(v) for k, v in figures.items() if "/failed/" in k}
-    )
+    by_reason = {
+        k.removeprefix(scope + "failed/"): int(v)
+        for k, v in figures.items()
+        if k.startswith(scope + "failed/")
+    }
     print(
         f"sessions: {int(figures[scope + 'sessions/total'])} "
         f"({int(figures[scope + 'sessions/succeeded'])} succeeded, "
         f"{int(figures[scope + 'sessions/failed'])} failed)"
     )
-    print("failures by reason: " + ", ".join(f"{r} {n}" for r, n in sorted(failed.items())))
-    placeholders = int(batch["is_placeholder"].sum())
+    print("failures by reason: " + (", ".join(f"{r} {n}" for r, n in sorted(by_reason.items()))))
     print(
         f"batch: {batch.batch_size[0]} rows, input_ids {tuple(batch['input_ids'].shape)}, "
-        f"{placeholders} placeholder rows"
+        f"{int(batch['is_placeholder'].sum())} placeholder rows"
     )
-    for name in ("reward/mean", "reward/mean_success_only", "placeholders", "calls/recorded"):
-        if scope + name in figures:
-            print(f"  {scope + name} = {figures[scope + name]:.4f}")
+    print(f"  {scope}reward/mean = {figures[scope + 'reward/mean']:.4f}  (failures as zeros)")
+    print(
+        f"  {scope}reward/mean_success_only = {figures[scope + 'reward/mean_success_only']:.4f}"
+        "  (what dropping failures would report)"
+    )
 
 
 def arguments(argv: list[str]) -> argparse.Namespace:
@@ -149,8 +163,8 @@ def arguments(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0, help="which sessions crash or hang")
     parser.add_argument("--crash", type=int, default=3, help="agents whose sandbox dies")
     parser.add_argument("--hang", type=int, default=2, help="agents that hang past the timeout")
-    parser.add_argument("--timeout", type=float, default=5.0, help="seconds an agent may run")
-    parser.add_argument("--parallel", type=int, default=8, help="agents run at once")
+    parser.add_argument("--timeout", type=float, default=8.0, help="seconds an agent may run")
+    parser.add_argument("--parallel", type=int, default=4, help="agents run at once")
     args = parser.parse_args(argv)
     if args.crash < 0 or args.hang < 0 or args.crash + args.hang > GROUPS * GROUP_SIZE:
         parser.error(
