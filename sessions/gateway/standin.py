@@ -107,7 +107,7 @@ class Answer:
 class TinyModel:
     """A deterministic language model small enough to answer in about a millisecond.
 
-    The next token's logits are `tanh(c * sum_k r_k A[x_k] / sqrt(L) + B[last]) @ out`: the
+    The next token's logits are `tanh(sum_k r_k A[x_k] / sqrt(L) + B[last]) @ out`: the
     context's tokens weighted by a fixed random weight per position (so a change anywhere in the
     conversation can change the answer, as in a real model) and the last token, through one
     hidden layer, every weight drawn from a seeded generator. Ids other than printable ASCII and
@@ -127,7 +127,7 @@ class TinyModel:
         self.context_in = embed @ hidden[:width] * CONTEXT_GAIN
         self.last_in = embed @ hidden[width:]
         self.out = torch.randn(width, VOCAB, generator=generator) * (OUT_GAIN / math.sqrt(width))
-        self.position = torch.randn(POSITIONS, generator=generator)
+        self.position = torch.randn(POSITIONS, generator=generator).tolist()
         self.mask = torch.full((VOCAB,), float("-inf"))
         self.mask[PRINTABLE.start : PRINTABLE.stop] = 0.0
         self.mask[EOS] = 0.0
@@ -138,11 +138,11 @@ class TinyModel:
     def logprobs(self, prompt: Sequence[int], answered: Sequence[int] = ()) -> torch.Tensor:
         """The float32 log-softmax over the vocabulary of the token after `prompt` + `answered`
         (`answered`: the answer's tokens so far, whose count sets EOS's logit)."""
-        mixed = self._mixed(prompt)
+        weights = self._weights(prompt)
         for n, token in enumerate(answered):
-            mixed = mixed + self._term(token, len(prompt) + n)
+            weights[token] += self.position[(len(prompt) + n) % POSITIONS]
         last = answered[-1] if answered else prompt[-1]
-        return self._next(mixed, len(prompt) + len(answered), len(answered), last)
+        return self._next(weights, len(prompt) + len(answered), len(answered), last)
 
     def answer(
         self, prompt: Sequence[int], max_tokens: int | None = None, forced: Sequence[int] = ()
@@ -153,38 +153,34 @@ class TinyModel:
         response: list[int] = []
         logprobs: list[float] = []
         limit = len(forced) if forced else max_tokens
-        mixed, last = self._mixed(prompt), prompt[-1]
+        weights, last = self._weights(prompt), prompt[-1]
         while limit is None or len(response) < limit:
             step = len(response)
-            scores = self._next(mixed, len(prompt) + step, step, last)
+            scores = self._next(weights, len(prompt) + step, step, last)
             token = forced[step] if forced else int(scores.argmax())
             response.append(token)
             logprobs.append(float(scores[token]))
             if token == EOS:
                 return Answer(response, logprobs, "stop")
-            mixed, last = mixed + self._term(token, len(prompt) + step), token
+            weights[token] += self.position[(len(prompt) + step) % POSITIONS]
+            last = token
         return Answer(response, logprobs, "stop" if forced else "length")
 
-    def _mixed(self, prompt: Sequence[int]) -> torch.Tensor:
-        """The prompt's context embeddings, each weighted by its position's weight, summed."""
-        import torch
+    def _weights(self, prompt: Sequence[int]) -> list[float]:
+        """Each vocabulary id's summed position weights in `prompt`. Summed in Python, not by
+        gathering embeddings: torch's gather and reduction kernels wait on their thread pool,
+        which on a loaded machine cost milliseconds per call (a dense product does not)."""
+        weights = [0.0] * VOCAB
+        for n, token in enumerate(prompt):
+            weights[token] += self.position[n % POSITIONS]
+        return weights
 
-        with torch.inference_mode():
-            positions = torch.arange(len(prompt)) % POSITIONS
-            return self.position[positions] @ self.context_in[torch.tensor(prompt)]
-
-    def _term(self, token: int, position: int) -> torch.Tensor:
-        """One more token's share of the sum."""
-        import torch
-
-        with torch.inference_mode():
-            return self.position[position % POSITIONS] * self.context_in[token]
-
-    def _next(self, mixed: torch.Tensor, length: int, step: int, last: int) -> torch.Tensor:
+    def _next(self, weights: list[float], length: int, step: int, last: int) -> torch.Tensor:
         """The log-softmax after a context of `length` tokens, the answer's `step`-th token."""
         import torch
 
         with torch.inference_mode():
+            mixed = torch.tensor(weights) @ self.context_in
             state = mixed / math.sqrt(length) + self.last_in[last]
             logits = torch.tanh(state) @ self.out + self.mask
             if step == 0:
