@@ -18,6 +18,7 @@ tool result; anything else answers normally. Each answer's weights version is se
 
 from __future__ import annotations
 
+import array
 import asyncio
 import contextlib
 import functools
@@ -132,17 +133,33 @@ class TinyModel:
         self.mask[PRINTABLE.start : PRINTABLE.stop] = 0.0
         self.mask[EOS] = 0.0
         # |tanh| <= 1, so no printable token's logit is beyond the L1 norm of its column
-        self.bound = float(self.out[:, PRINTABLE.start : PRINTABLE.stop].abs().sum(0).max()) + 1
+        bound = float(self.out[:, PRINTABLE.start : PRINTABLE.stop].abs().sum(0).max()) + 1
         self.max_new_tokens = max_new_tokens
+        # the same products in as few torch calls as a step can take (each costs microseconds):
+        # transposed weights for `mv`/`addmv`, and each step's mask with EOS's logit in it
+        self.context_t = self.context_in.T.contiguous()
+        self.rows = self.out.T.contiguous()
+        self.rows_without_eos = self.rows.clone()
+        self.rows_without_eos[EOS] = 0.0
+        self.step_bias = []
+        for step in range(max_new_tokens):
+            bias = self.mask.clone()
+            if step == 0:
+                bias[EOS] = -bound  # below every printable logit: never an empty answer
+            elif step == max_new_tokens - 1:
+                bias[EOS] = bound  # above all of them: the answer ends here at the latest
+            else:
+                bias[EOS] = EOS_RAMP * (step - max_new_tokens / 2)  # added to EOS's own logit
+            self.step_bias.append(bias)
 
     def logprobs(self, prompt: Sequence[int], answered: Sequence[int] = ()) -> torch.Tensor:
         """The float32 log-softmax over the vocabulary of the token after `prompt` + `answered`
         (`answered`: the answer's tokens so far, whose count sets EOS's logit)."""
-        weights = self._weights(prompt)
+        mixed = self._mixed(prompt)
         for n, token in enumerate(answered):
-            weights[token] += self.position[(len(prompt) + n) % POSITIONS]
+            mixed = self._with(mixed, token, len(prompt) + n)
         last = answered[-1] if answered else prompt[-1]
-        return self._next(weights, len(prompt) + len(answered), len(answered), last)
+        return self._next(mixed, len(prompt) + len(answered), len(answered), last)
 
     def answer(
         self, prompt: Sequence[int], max_tokens: int | None = None, forced: Sequence[int] = ()
@@ -153,43 +170,51 @@ class TinyModel:
         response: list[int] = []
         logprobs: list[float] = []
         limit = len(forced) if forced else max_tokens
-        weights, last = self._weights(prompt), prompt[-1]
+        mixed, last = self._mixed(prompt), prompt[-1]
         while limit is None or len(response) < limit:
             step = len(response)
-            scores = self._next(weights, len(prompt) + step, step, last)
+            scores = self._next(mixed, len(prompt) + step, step, last)
             token = forced[step] if forced else int(scores.argmax())
             response.append(token)
             logprobs.append(float(scores[token]))
             if token == EOS:
                 return Answer(response, logprobs, "stop")
-            weights[token] += self.position[(len(prompt) + step) % POSITIONS]
-            last = token
+            mixed, last = self._with(mixed, token, len(prompt) + step), token
         return Answer(response, logprobs, "stop" if forced else "length")
 
-    def _weights(self, prompt: Sequence[int]) -> list[float]:
-        """Each vocabulary id's summed position weights in `prompt`. Summed in Python, not by
-        gathering embeddings: torch's gather and reduction kernels wait on their thread pool,
-        which on a loaded machine cost milliseconds per call (a dense product does not)."""
+    def _mixed(self, prompt: Sequence[int]) -> torch.Tensor:
+        """The prompt's context embeddings, each weighted by its position's weight, summed: the
+        weights summed per vocabulary id in Python, then one dense product. (Gathering the
+        embedding rows goes through torch's thread pool, which on a loaded machine costs
+        milliseconds a call; a list becomes a tensor through a float32 buffer, not element by
+        element.)"""
+        import torch
+
         weights = [0.0] * VOCAB
         for n, token in enumerate(prompt):
             weights[token] += self.position[n % POSITIONS]
-        return weights
+        with torch.inference_mode():
+            dense = torch.frombuffer(bytearray(array.array("f", weights)), dtype=torch.float32)
+            return torch.mv(self.context_t, dense)
 
-    def _next(self, weights: list[float], length: int, step: int, last: int) -> torch.Tensor:
+    def _with(self, mixed: torch.Tensor, token: int, position: int) -> torch.Tensor:
+        """The sum with one more token of the context."""
+        import torch
+
+        with torch.inference_mode():
+            weight = self.position[position % POSITIONS]
+            return torch.add(mixed, self.context_in[token], alpha=weight)
+
+    def _next(self, mixed: torch.Tensor, length: int, step: int, last: int) -> torch.Tensor:
         """The log-softmax after a context of `length` tokens, the answer's `step`-th token."""
         import torch
 
         with torch.inference_mode():
-            mixed = torch.tensor(weights) @ self.context_in
-            state = mixed / math.sqrt(length) + self.last_in[last]
-            logits = torch.tanh(state) @ self.out + self.mask
-            if step == 0:
-                logits[EOS] = -self.bound
-            elif step >= self.max_new_tokens - 1:
-                logits[EOS] = self.bound
-            else:
-                logits[EOS] += EOS_RAMP * (step - self.max_new_tokens / 2)
-            return torch.log_softmax(logits, 0)
+            state = torch.add(self.last_in[last], mixed, alpha=1 / math.sqrt(length))
+            bounded = step == 0 or step >= self.max_new_tokens - 1
+            rows = self.rows_without_eos if bounded else self.rows
+            bias = self.step_bias[min(step, self.max_new_tokens - 1)]
+            return torch.log_softmax(torch.addmv(bias, rows, torch.tanh(state)), 0)
 
 
 @functools.cache
