@@ -141,7 +141,7 @@ class TinyModel:
         self.rows = self.out.T.contiguous()
         self.rows_without_eos = self.rows.clone()
         self.rows_without_eos[EOS] = 0.0
-        self.step_bias = []
+        self.step_bias: list[torch.Tensor] = []
         for step in range(max_new_tokens):
             bias = self.mask.clone()
             if step == 0:
