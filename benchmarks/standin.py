@@ -14,8 +14,9 @@ Two figures, each a median over `--rounds` rounds that run the subject and the b
             to every call the gateway's tests and benchmark make
 
 `--answers-only model|scripted --count N` computes N answers and nothing else, for a
-load-independent count of instructions: run it under `valgrind --tool=callgrind` with N and
-with 0, and divide the difference by N (the script's start-up, torch's import included, cancels).
+load-independent count of instructions; under callgrind only those N answers are counted:
+
+    valgrind --tool=callgrind --instr-atstart=no python -m benchmarks.standin --answers-only model
 """
 
 from __future__ import annotations
@@ -23,7 +24,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import shutil
 import statistics
+import subprocess
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -66,6 +69,15 @@ def conversations() -> list[list[dict[str, str]]]:
                 {"role": "user", "content": "go on"},
             ]
     return turns
+
+
+def callgrind(switch: str) -> None:
+    """Under `valgrind --tool=callgrind --instr-atstart=no`, count only what lies between
+    `on` and `off` (start-up and torch's import run uncounted); elsewhere nothing."""
+    if shutil.which("callgrind_control"):
+        subprocess.run(
+            ["callgrind_control", "-i", switch, str(os.getpid())], capture_output=True, check=False
+        )
 
 
 def per_answer_us(answerer: TinyModel | Scripted, prompts: list[list[int]]) -> float:
@@ -130,8 +142,11 @@ def main(argv: list[str] | None = None) -> None:
             model if args.answers_only == "model" else Scripted
         )
         subject = answerer()
+        subject.answer(prompts[0])  # first-call work (torch's lazy set-up) left out
+        callgrind("on")
         for n in range(args.count):
             subject.answer(prompts[n % len(prompts)])
+        callgrind("off")
         return
     print(f"load average at start: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     answers: dict[str, list[float]] = {"scripted": [], "model": []}
