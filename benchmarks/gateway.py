@@ -76,6 +76,7 @@ class Series:
     p50_ms: list[float] = field(default_factory=list)
     p99_ms: list[float] = field(default_factory=list)
     cpu_ms_per_call: list[float] = field(default_factory=list)
+    loop_cpu_ms_per_call: list[float] = field(default_factory=list)
 
 
 @dataclass
@@ -127,10 +128,20 @@ def _proc_kib(pid: int, key: str) -> int:
     raise RuntimeError(f"/proc/{pid}/status has no {key}: is the process still running?")
 
 
-def _cpu_seconds(pid: int) -> float:
-    """User + system CPU of a process so far (from /proc/<pid>/stat)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+def _cpu_seconds(pid: int) -> tuple[float, float]:
+    """CPU time so far (nanosecond-resolution `schedstat`) of a process's event-loop thread (its
+    main thread) and of all its threads: the rest is the database's writer threads. A thread
+    that ended between two readings takes its time with it; the gateway's threads live as long
+    as its ledger."""
+    tasks = Path(f"/proc/{pid}/task")
+    loop = total = 0.0
+    for task in tasks.iterdir():
+        with contextlib.suppress(FileNotFoundError):  # a thread that just ended
+            seconds = int((task / "schedstat").read_text().split()[0]) / 1e9
+            total += seconds
+            if task.name == str(pid):
+                loop = seconds
+    return loop, total
 
 
 async def _wait_listening(url: str, process: asyncio.subprocess.Process) -> None:
@@ -153,7 +164,12 @@ async def _wait_listening(url: str, process: asyncio.subprocess.Process) -> None
 
 
 async def _start_gateway(
-    label: str, source: Path, folder: Path, upstream: str, interpreter: list[str]
+    label: str,
+    source: Path,
+    folder: Path,
+    upstream: str,
+    interpreter: list[str],
+    env: dict[str, str],
 ) -> GatewayProcess:
     """`python -m sessions.cli gateway` run from `source` (a checkout) on a fresh ledger;
     `interpreter`: the command that stands for `python` (with a profiler's options, say)."""
@@ -171,6 +187,7 @@ async def _start_gateway(
         *("--port", "0", "--key-file", str(folder / f"{label}.key")),
         cwd=source,
         stdout=asyncio.subprocess.PIPE,
+        env={**os.environ, **env},
     )
     assert process.stdout is not None
     line = (await asyncio.wait_for(process.stdout.readline(), START_TIMEOUT_S)).decode().strip()
@@ -283,11 +300,12 @@ async def _end(http: Any, gateway: GatewayProcess, names: list[str]) -> None:
         ended.raise_for_status()
 
 
-def _record(path: Series, latencies: list[float], cpu_s: float | None) -> None:
+def _record(path: Series, latencies: list[float], cpu_s: tuple[float, float] | None) -> None:
     path.p50_ms.append(_quantile(latencies, 0.5) * 1e3)
     path.p99_ms.append(_quantile(latencies, 0.99) * 1e3)
     if cpu_s is not None:
-        path.cpu_ms_per_call.append(cpu_s * 1e3 / len(latencies))
+        path.loop_cpu_ms_per_call.append(cpu_s[0] * 1e3 / len(latencies))
+        path.cpu_ms_per_call.append(cpu_s[1] * 1e3 / len(latencies))
 
 
 async def measure(
@@ -298,6 +316,7 @@ async def measure(
     workdir: str | None = None,
     baseline_source: Path | None = None,
     wrapper: list[str] | None = None,
+    env: dict[str, str] | None = None,
 ) -> Result:
     """Run the shape `rounds` times: straight and through each gateway, in rotating order."""
     import httpx
@@ -319,6 +338,7 @@ async def measure(
                             folder,
                             upstream,
                             (wrapper or [sys.executable]) if source == ROOT else [sys.executable],
+                            (env or {}) if source == ROOT else {},
                         )
                     )
                 for gateway in gateways:
@@ -344,9 +364,10 @@ async def measure(
                             label = sources[gateways.index(which)][0]
                             targets = await _sessions(http, which, round_, sessions)
                             said: dict[str, list[tuple[str, int]]] = {}
-                            cpu = _cpu_seconds(which.process.pid)
+                            before = _cpu_seconds(which.process.pid)
                             latencies = await _drive(http, targets, calls, False, said)
-                            cpu = _cpu_seconds(which.process.pid) - cpu
+                            after = _cpu_seconds(which.process.pid)
+                            cpu = (after[0] - before[0], after[1] - before[1])
                             _record(paths[label], latencies, cpu)
                             names = which.sessions[-sessions:]
                             for name, (url, _key) in zip(names, targets):
@@ -399,11 +420,11 @@ def lines(result: Result) -> list[str]:
     out = [
         f"{shape}, {result.rounds} rounds; load average {result.load[0]} -> {result.load[1]}",
         "| path | p50 ms | p99 ms | added p50 ms | added p99 ms | gateway CPU ms/call "
-        "| recorded | RSS MiB start, after each round |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| of which its event loop | recorded | RSS MiB start, after each round |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     direct = result.paths["direct"]
-    out.append(f"| direct | {cell(direct.p50_ms)} | {cell(direct.p99_ms)} | | | | | |")
+    out.append(f"| direct | {cell(direct.p50_ms)} | {cell(direct.p99_ms)} | | | | | | |")
     for gateway in result.gateways:
         label = gateway.label.replace("-", " ")
         path = result.paths[label]
@@ -413,7 +434,7 @@ def lines(result: Result) -> list[str]:
         rss = ", ".join(f"{m:.1f}" for m in gateway.rss_mib)
         out.append(
             f"| {label} | {cell(path.p50_ms)} | {cell(path.p99_ms)} | {added_cells[0]} "
-            f"| {added_cells[1]} | {cell(path.cpu_ms_per_call)} "
+            f"| {added_cells[1]} | {cell(path.cpu_ms_per_call)} | {cell(path.loop_cpu_ms_per_call)} "
             f"| {result.recorded[gateway.label]} / {total} | {rss} |"
         )
     return out
@@ -438,6 +459,12 @@ def add_figures(report: Report, result: Result) -> None:
             )
         report.add(
             WORKLOAD, f"{shape} {label} CPU per call (ms)", median(path.cpu_ms_per_call), "ms"
+        )
+        report.add(
+            WORKLOAD,
+            f"{shape} {label} event-loop thread CPU per call (ms)",
+            median(path.loop_cpu_ms_per_call),
+            "ms",
         )
         growth = gateway.rss_mib[-1] - gateway.rss_mib[1] if len(gateway.rss_mib) > 2 else 0.0
         report.add(
@@ -504,6 +531,13 @@ def main(argv: list[str] | None = None) -> int:
         default="",
         help="a command the gateway is started under, e.g. 'python -m cProfile -o OUT'",
     )
+    parser.add_argument(
+        "--gateway-env",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="an environment variable for this checkout's gateway only (repeatable)",
+    )
     parser.add_argument("--json", dest="json_out", help="also write the figures as JSON")
     args = parser.parse_args(argv)
     for name in ("sessions", "calls", "rounds"):
@@ -511,6 +545,10 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"--{name} must be at least 1")
     if args.baseline_source is not None and not (args.baseline_source / "sessions").is_dir():
         parser.error(f"--baseline-source {args.baseline_source}: no sessions package in it")
+    bad = [pair for pair in args.gateway_env if "=" not in pair]
+    if bad:
+        parser.error(f"--gateway-env takes NAME=VALUE, got {bad[0]!r}")
+    env = dict(pair.split("=", 1) for pair in args.gateway_env)
     wrapper = shlex.split(args.gateway_wrapper)
     if not wrapper:
         wrapper = [sys.executable]
@@ -526,6 +564,7 @@ def main(argv: list[str] | None = None) -> int:
             workdir=args.workdir,
             baseline_source=args.baseline_source,
             wrapper=wrapper,
+            env=env,
         )
     )
     for line in lines(result):
