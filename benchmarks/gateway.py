@@ -22,7 +22,9 @@ sent; a mismatch is an error, not a figure.
 `--baseline-source DIR` runs a second gateway from another checkout of this repository (its
 `sessions` package) in the same rounds, so a change is measured beside the code it replaces on
 the same machine at the same time. `--gateway-wrapper "CMD ..."` starts the gateway under a
-command (e.g. `python -m cProfile -o out.prof` or `valgrind --tool=callgrind`).
+command (e.g. `python -m cProfile -o out.prof`). `--callgrind DIR` runs every gateway under
+callgrind, instrumented only while calls go through it: instructions per call, a figure the
+machine's load does not move (the latencies of such a run mean nothing).
 """
 
 from __future__ import annotations
@@ -92,6 +94,8 @@ class GatewayProcess:
     sessions: list[str] = field(default_factory=list)
     #: per session: (text received, prompt length sent) of each call, in order
     transcripts: dict[str, list[tuple[str, int]]] = field(default_factory=dict)
+    #: under callgrind: the instructions it ran per call while calls went through it
+    instructions_per_call: float | None = None
 
 
 @dataclass
@@ -196,6 +200,30 @@ async def _start_gateway(
         raise RuntimeError(f"{label}: the gateway did not say where it serves: {line!r}")
     base, admin = match.groups()
     return GatewayProcess(label, process, db, base, admin)
+
+
+#: callgrind, its instrumentation off until calls go through (start-up runs uninstrumented)
+_CALLGRIND = ["valgrind", "--tool=callgrind", "--instr-atstart=no"]
+
+
+async def _callgrind_control(pid: int, *args: str) -> None:
+    done = await asyncio.create_subprocess_exec(
+        "callgrind_control", *args, str(pid), stdout=asyncio.subprocess.DEVNULL
+    )
+    if await done.wait() != 0:
+        raise RuntimeError(f"callgrind_control {' '.join(args)} {pid} exited {done.returncode}")
+
+
+def _callgrind_total(folder: Path, gateway: GatewayProcess) -> int:
+    """The instructions (Ir) callgrind counted in the gateway process, over all its dumps."""
+    total = 0
+    for dump in folder.glob(f"{gateway.label}.{gateway.process.pid}*"):
+        for line in dump.read_text(errors="replace").splitlines():
+            if line.startswith("totals:"):
+                total += int(line.split()[1])
+    if total == 0:
+        raise RuntimeError(f"{gateway.label}: callgrind wrote no counts into {folder}")
+    return total
 
 
 async def _stop(process: asyncio.subprocess.Process) -> None:
@@ -317,8 +345,12 @@ async def measure(
     baseline_source: Path | None = None,
     wrapper: list[str] | None = None,
     env: dict[str, str] | None = None,
+    callgrind: Path | None = None,
 ) -> Result:
-    """Run the shape `rounds` times: straight and through each gateway, in rotating order."""
+    """Run the shape `rounds` times: straight and through each gateway, in rotating order.
+    `callgrind`: a folder; every gateway runs under callgrind, instrumented only while calls go
+    through it after the first round (a warm-up: lazy imports, pools filling), and its
+    instructions per call are counted (its latencies then mean nothing)."""
     import httpx
 
     load_before = load_average()
@@ -331,13 +363,19 @@ async def measure(
             gateways: list[GatewayProcess] = []
             try:
                 for label, source in sources:
+                    interpreter = (
+                        (wrapper or [sys.executable]) if source == ROOT else [sys.executable]
+                    )
+                    if callgrind is not None:
+                        out = callgrind / f"{label.replace(' ', '-')}.%p"
+                        interpreter = [*_CALLGRIND, f"--callgrind-out-file={out}", *interpreter]
                     gateways.append(
                         await _start_gateway(
                             label.replace(" ", "-"),
                             source,
                             folder,
                             upstream,
-                            (wrapper or [sys.executable]) if source == ROOT else [sys.executable],
+                            interpreter,
                             (env or {}) if source == ROOT else {},
                         )
                     )
@@ -364,9 +402,14 @@ async def measure(
                             label = sources[gateways.index(which)][0]
                             targets = await _sessions(http, which, round_, sessions)
                             said: dict[str, list[tuple[str, int]]] = {}
+                            counted = callgrind is not None and round_ > 0  # 0: warm-up
+                            if counted:
+                                await _callgrind_control(which.process.pid, "-i", "on")
                             before = _cpu_seconds(which.process.pid)
                             latencies = await _drive(http, targets, calls, False, said)
                             after = _cpu_seconds(which.process.pid)
+                            if counted:
+                                await _callgrind_control(which.process.pid, "-i", "off")
                             cpu = (after[0] - before[0], after[1] - before[1])
                             _record(paths[label], latencies, cpu)
                             names = which.sessions[-sessions:]
@@ -385,6 +428,10 @@ async def measure(
                 for gateway in gateways:
                     await _stop(gateway.process)
         recorded = {g.label: await _check_log(g) for g in gateways}
+        if callgrind is not None:
+            for gateway in gateways:
+                total = _callgrind_total(callgrind, gateway)
+                gateway.instructions_per_call = total / (sessions * calls * (rounds - 1))
     return Result(sessions, calls, rounds, paths, gateways, recorded, (load_before, load_average()))
 
 
@@ -432,6 +479,8 @@ def lines(result: Result) -> list[str]:
         added_cells = [f"{float(a):.2f} [{min(a.samples):.2f}-{max(a.samples):.2f}]" for a in added]
         total = result.sessions * result.calls * result.rounds
         rss = ", ".join(f"{m:.1f}" for m in gateway.rss_mib)
+        if gateway.instructions_per_call is not None:
+            rss += f" (callgrind: {gateway.instructions_per_call / 1e6:.2f} M instructions/call)"
         out.append(
             f"| {label} | {cell(path.p50_ms)} | {cell(path.p99_ms)} | {added_cells[0]} "
             f"| {added_cells[1]} | {cell(path.cpu_ms_per_call)} | {cell(path.loop_cpu_ms_per_call)} "
@@ -538,11 +587,21 @@ def main(argv: list[str] | None = None) -> int:
         metavar="NAME=VALUE",
         help="an environment variable for this checkout's gateway only (repeatable)",
     )
+    parser.add_argument(
+        "--callgrind",
+        type=Path,
+        metavar="DIR",
+        help="run every gateway under callgrind (output in DIR) and count its instructions per call",
+    )
     parser.add_argument("--json", dest="json_out", help="also write the figures as JSON")
     args = parser.parse_args(argv)
     for name in ("sessions", "calls", "rounds"):
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be at least 1")
+    if args.callgrind is not None and args.rounds < 2:
+        parser.error(
+            "--callgrind counts the rounds after the first (a warm-up): give --rounds 2 or more"
+        )
     if args.baseline_source is not None and not (args.baseline_source / "sessions").is_dir():
         parser.error(f"--baseline-source {args.baseline_source}: no sessions package in it")
     bad = [pair for pair in args.gateway_env if "=" not in pair]
@@ -565,6 +624,7 @@ def main(argv: list[str] | None = None) -> int:
             baseline_source=args.baseline_source,
             wrapper=wrapper,
             env=env,
+            callgrind=args.callgrind,
         )
     )
     for line in lines(result):
@@ -582,6 +642,9 @@ def main(argv: list[str] | None = None) -> int:
                     "paths": {k: vars(v) for k, v in result.paths.items()},
                     "rss_mib": {g.label: g.rss_mib for g in result.gateways},
                     "recorded": result.recorded,
+                    "instructions_per_call": {
+                        g.label: g.instructions_per_call for g in result.gateways
+                    },
                 },
                 indent=1,
             )
