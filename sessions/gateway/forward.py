@@ -37,7 +37,7 @@ MISSING_TOKENS = "MissingTokenIds"
 def parse(raw: bytes) -> tuple[dict[str, Any] | None, str | None]:
     """The request body as a JSON object, or why not."""
     try:
-        body = json.loads(raw)
+        body = wire.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as error:
         return None, f"the request body is not JSON: {error}"
     if not isinstance(body, dict):
@@ -265,7 +265,7 @@ class _Call:
         finally:
             await response.aclose()
         try:
-            payload: Any = json.loads(raw)
+            payload: Any = wire.loads(raw)
             problem = None if isinstance(payload, dict) else f"a JSON {type(payload).__name__}"
         except ValueError as error:
             problem = str(error)
