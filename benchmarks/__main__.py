@@ -18,7 +18,9 @@ summary first (the train_step workload's ledger share of a training step, then e
 9. scale         cost curves as one log grows 10^4 -> 10^6 events, with their log-log slopes
 10. startup      each read verb's wall time in a fresh interpreter, beside the interpreter alone
                  and the import of the database stack (the floor)
-11. memory       per workload: RSS high-water growth and tracemalloc peak (see benchmarks/common.py)
+11. gateway      a call's latency through the gateway (its own process, SQLite) vs straight to
+                 the stand-in inference server, the gateway's CPU per call and memory per round
+12. memory       per workload: RSS high-water growth and tracemalloc peak (see benchmarks/common.py)
 
 ``--quick`` a first look (about a minute on 2 cores), ``--full`` the size of the figures in
 docs/benchmarks.md, ``--tiny`` a few seconds (a check that the suite still runs; CI's smoke run,
@@ -58,6 +60,7 @@ WORKLOADS = (
     "train_step",
     "scale",
     "startup",
+    "gateway",
 )
 
 
@@ -170,6 +173,7 @@ def main(argv: list[str] | None = None) -> int:
         "train_step": train_step,
         "scale": __import__("benchmarks.scale", fromlist=["run"]),
         "startup": __import__("benchmarks.startup", fromlist=["run"]),
+        "gateway": __import__("benchmarks.gateway", fromlist=["run"]),
     }
     report = Report()
     for name in WORKLOADS:

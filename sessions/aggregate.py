@@ -52,6 +52,8 @@ class _Call:
 
     call_id: str
     turn: int
+    #: the intent's sampling fields (the gateway keeps a request's key there)
+    sampling: dict[str, Any] = field(default_factory=dict)
     recorded: ev.ModelCallRecorded | None = None
     failed: bool = False
 
@@ -171,7 +173,7 @@ def _trajectory(view: SessionView, e: ev.TrajectoryRecorded) -> None:
 
 
 def _call_started(view: SessionView, e: ev.ModelCallStarted) -> None:
-    view.calls[e.call_id] = _Call(e.call_id, e.turn)
+    view.calls[e.call_id] = _Call(e.call_id, e.turn, e.sampling)
 
 
 def _call_recorded(view: SessionView, e: ev.ModelCallRecorded) -> None:

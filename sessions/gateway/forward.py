@@ -20,7 +20,7 @@ from starlette.background import BackgroundTask
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from sessions.errors import InvalidInput, LedgerError
-from sessions.gateway import wire
+from sessions.gateway import retries, wire
 from sessions.gateway.refusals import Refusal, error_body
 from sessions.gateway.upstream import NoServerAnswered
 
@@ -37,7 +37,7 @@ MISSING_TOKENS = "MissingTokenIds"
 def parse(raw: bytes) -> tuple[dict[str, Any] | None, str | None]:
     """The request body as a JSON object, or why not."""
     try:
-        body = json.loads(raw)
+        body = wire.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as error:
         return None, f"the request body is not JSON: {error}"
     if not isinstance(body, dict):
@@ -54,15 +54,28 @@ async def model_call(
     """Forward one call of `live`'s session and record it; the agent's response."""
     body, problem = parse(raw)
     handle = live.handle
+    key = retries.request_key(raw, headers)
+    again = await retries.retried_answer(handle, live.last_call, key, headers)
+    if again is not None:
+        return again  # the agent's retry of a call already answered: nothing new is recorded
+    sampling = wire.sampling_of(body) if body is not None else {"endpoint": endpoint}
+    sampling[retries.SAMPLING_KEY] = key
+    answer: asyncio.Future[retries.Answer | None] = asyncio.get_running_loop().create_future()
+    live.last_call = (key, answer)  # a retry from now on waits for this call
     try:
-        call_id, number = await live.start_call(
-            wire.sampling_of(body) if body is not None else {"endpoint": endpoint}
-        )
-    except InvalidInput as error:  # sampling knobs the log cannot hold (NaN, too large)
-        raise Refusal(400, "invalid_request", f"the request's sampling fields: {error}") from None
-    except LedgerError as error:
-        raise Refusal(409, "session_not_open", f"session {handle.session_id!r}: {error}") from None
-    call = _Call(gateway, live, call_id, number, endpoint, wire.asked_for(body or {}))
+        call_id, number = await live.start_call(sampling)
+    except BaseException as error:
+        answer.set_result(None)
+        if isinstance(error, InvalidInput):  # sampling knobs the log cannot hold (NaN, too large)
+            raise Refusal(
+                400, "invalid_request", f"the request's sampling fields: {error}"
+            ) from None
+        if isinstance(error, LedgerError):
+            raise Refusal(
+                409, "session_not_open", f"session {handle.session_id!r}: {error}"
+            ) from None
+        raise
+    call = _Call(gateway, live, call_id, number, endpoint, wire.asked_for(body or {}), answer)
     try:
         return await _forward(gateway, call, endpoint, body, problem, headers)
     except BaseException:
@@ -131,6 +144,7 @@ class _Call:
         number: int,
         endpoint: wire.Endpoint,
         asked: wire.Asked,
+        answer: asyncio.Future[retries.Answer | None],
     ) -> None:
         self.gateway = gateway
         self.live = live
@@ -141,12 +155,21 @@ class _Call:
         self.server = ""
         self.started = time.perf_counter()
         self.settled = False
+        #: what the agent was sent once the call is recorded (None if it never is): an agent's
+        #: retry of this call gets it again (`retries.py`)
+        self.answer = answer
+        self._frames_sent: list[bytes] = []
+
+    def answered(self, answer: retries.Answer | None) -> None:
+        if not self.answer.done():
+            self.answer.set_result(answer)
 
     def latency(self) -> float:
         return time.perf_counter() - self.started
 
     async def fail(self, error_type: str, message: str) -> None:
         """Settle the call as failed (if the session still takes it)."""
+        self.answered(None)
         if self.settled:
             return
         self.settled = True
@@ -242,7 +265,7 @@ class _Call:
         finally:
             await response.aclose()
         try:
-            payload: Any = json.loads(raw)
+            payload: Any = wire.loads(raw)
             problem = None if isinstance(payload, dict) else f"a JSON {type(payload).__name__}"
         except ValueError as error:
             problem = str(error)
@@ -254,9 +277,9 @@ class _Call:
         self.capture.take(payload)
         self._version_from(payload)
         await self.record()
-        return Response(
-            wire.dumps(wire.visible(payload, self.asked)), media_type="application/json"
-        )
+        answer = retries.Answer(body=wire.dumps(wire.visible(payload, self.asked)))
+        self.answered(answer)
+        return answer.response()
 
     async def relay(self, response: httpx.Response) -> AsyncIterator[bytes]:
         """Pass the stream on chunk by chunk; hold `[DONE]` until the record is appended."""
@@ -290,7 +313,9 @@ class _Call:
                     return
                 self.capture.take(payload)
                 self._version_from(payload)
-                yield b"data: " + wire.dumps(wire.visible(payload, self.asked)) + b"\n\n"
+                frame = b"data: " + wire.dumps(wire.visible(payload, self.asked)) + b"\n\n"
+                self._frames_sent.append(frame)
+                yield frame
         except httpx.HTTPError as error:
             await self.fail(type(error).__name__, f"the stream broke: {error}")
             yield _error_event(f"the inference server's stream broke: {error}")
@@ -304,7 +329,8 @@ class _Call:
         if refusal is not None:
             yield _error_event(refusal.message)
             return
-        yield b"data: [DONE]\n\n"
+        self.answered(retries.Answer(frames=(*self._frames_sent, _DONE)))
+        yield _DONE
 
     async def _record_for_stream(self) -> Refusal | None:
         try:
@@ -321,6 +347,8 @@ class _Call:
     def settle_if_left(self) -> None:
         """The request ended (an error, a cancellation) with the call unsettled: fail it in a
         task of its own, so the session's next call is not left waiting its turn."""
+        if not self.answer.done() and not self.settled:
+            self.answered(None)
         if not self.settled:
             self.gateway.spawn(self.fail("GatewayError", "the gateway stopped serving the call"))
 
@@ -333,6 +361,9 @@ class _Call:
             await self.fail("ClientDisconnected", "the agent left before the answer was complete")
 
         self.gateway.spawn(settle())
+
+
+_DONE = b"data: [DONE]\n\n"
 
 
 def _error_event(message: str) -> bytes:

@@ -19,7 +19,7 @@ from sessions.gateway.keys import SessionKeys
 from sessions.gateway.refusals import Refusal
 from sessions.gateway.settings import GatewaySettings
 from sessions.gateway.upstream import Upstreams
-from sessions.vocabulary import INFRA, check_session_id
+from sessions.vocabulary import INCOMPLETE_CAPTURE, INFRA, check_session_id
 
 if TYPE_CHECKING:
     from sessions.gateway.agent import AgentExit
@@ -45,6 +45,9 @@ class LiveSession:
 
     handle: SessionHandle
     untrainable: list[str] = field(default_factory=list)
+    #: the key of the last call this process started and its answer once sent (None when the
+    #: call failed): what an agent's retry of that call is answered with (`retries.py`)
+    last_call: tuple[str, asyncio.Future[Any]] | None = None
     #: calls started by this process and not yet settled, by their number (`c<n>`)
     _unsettled: dict[int, asyncio.Future[None]] = field(default_factory=dict)
     _starting: asyncio.Lock = field(default_factory=asyncio.Lock)
@@ -145,13 +148,7 @@ class Gateway:
     async def live(self, session_id: str) -> LiveSession:
         """The open session `session_id`, loaded from the log if this process does not hold it
         (after a restart); refused when it is unknown or has ended."""
-        live = self._live.get(session_id)
-        if live is None:
-            loading = self._loading.get(session_id)
-            if loading is None:
-                loading = self._loading[session_id] = asyncio.ensure_future(self._load(session_id))
-                loading.add_done_callback(lambda _: self._loading.pop(session_id, None))
-            live = await asyncio.shield(loading)
+        live = await self._held(session_id)
         if live.handle.terminal:
             self.forget(session_id)
             raise Refusal(
@@ -162,7 +159,21 @@ class Gateway:
             )
         return live
 
+    async def _held(self, session_id: str) -> LiveSession:
+        """`session_id` as this process holds it, loaded (and recovered) once if it does not."""
+        live = self._live.get(session_id)
+        if live is None:
+            loading = self._loading.get(session_id)
+            if loading is None:
+                loading = self._loading[session_id] = asyncio.ensure_future(self._load(session_id))
+                loading.add_done_callback(lambda _: self._loading.pop(session_id, None))
+            live = await asyncio.shield(loading)
+        return live
+
     async def _load(self, session_id: str) -> LiveSession:
+        """Load a session this process did not start. Calls it left open were started by a gateway
+        process that is gone (a session is served by one gateway at a time): their answers can
+        never be recorded, so the session fails closed now rather than take more calls."""
         try:
             check_session_id(session_id)
             handle = await self.ledger.load_session(session_id)
@@ -170,6 +181,15 @@ class Gateway:
             raise Refusal(
                 404, "unknown_session", f"no session {session_id[:200]!r} in this ledger"
             ) from None
+        lost = [] if handle.terminal else handle.view.open_calls()
+        if lost:
+            await handle.fail(
+                INCOMPLETE_CAPTURE,
+                message=f"call(s) {', '.join(lost)} were in flight when the gateway process "
+                "serving them stopped: their answers are not in the log",
+                error_type="GatewayRestarted",
+                origin=INFRA,
+            )
         live = LiveSession(handle)
         if not handle.terminal:
             live = self._live.setdefault(session_id, live)
@@ -182,9 +202,13 @@ class Gateway:
     async def end(
         self, session_id: str, *, fail_reason: str | None = None, message: str = ""
     ) -> str:
-        """End a session: `fail_reason` given → failed with it; else completed as `finish` does."""
-        live = await self.live(session_id)
+        """End a session: `fail_reason` given → failed with it; else completed as `finish` does.
+        A session that has ended already (the gateway's recovery failed it) keeps its end: its
+        state is the answer."""
+        live = await self._held(session_id)
         try:
+            if live.handle.terminal:
+                return live.handle.state
             if fail_reason is not None:
                 await live.handle.fail(fail_reason, message=message)
                 return live.handle.state

@@ -52,10 +52,11 @@ class Upstreams:
         self.servers = [_Server(url.rstrip("/")) for url in urls]
         self.down_for_s = down_for_s
         self._sticky: dict[str, _Server] = {}
-        # trust_env=False: a proxy variable in the environment must not reroute calls to the
-        # configured servers (or send them elsewhere).
-        self.client = httpx.AsyncClient(
-            timeout=httpx.Timeout(timeout_s, connect=connect_timeout_s),
+        # The connection pool itself, not an `httpx.AsyncClient` over it: a client's cookies,
+        # redirects, auth, default headers and URL merging cost about a quarter of each call's
+        # CPU in the gateway and serve nothing here (benchmarks/gateway.py). Nor does a pool read
+        # proxy variables, so the environment cannot reroute calls to the configured servers.
+        self.transport = httpx.AsyncHTTPTransport(
             # idle connections are let go after 2 s, before a server closes them (uvicorn, and
             # so vLLM's server, after 5 s): a request never races the server's close
             limits=httpx.Limits(
@@ -65,9 +66,18 @@ class Upstreams:
             ),
             trust_env=False,
         )
+        self._timeout = {"timeout": httpx.Timeout(timeout_s, connect=connect_timeout_s).as_dict()}
+        #: each server's URL for each path, parsed once rather than per call
+        self._urls: dict[tuple[str, str], httpx.URL] = {}
 
     async def close(self) -> None:
-        await self.client.aclose()
+        await self.transport.aclose()
+
+    def _url(self, server: _Server, path: str) -> httpx.URL:
+        url = self._urls.get((server.url, path))
+        if url is None:
+            url = self._urls[server.url, path] = httpx.URL(server.url + path)
+        return url
 
     def _order(self, session_id: str) -> list[_Server]:
         """The servers to try for the session: its own first (while up), then the others."""
@@ -100,11 +110,15 @@ class Upstreams:
         closes the response. Raises `NoServerAnswered` when no server could be connected to."""
         errors: list[str] = []
         for server in self._order(session_id):
-            request = self.client.build_request(
-                "POST", server.url + path, content=body, headers=headers
+            request = httpx.Request(
+                "POST",
+                self._url(server, path),
+                content=body,
+                headers=headers,
+                extensions=self._timeout,
             )
             try:
-                response = await self.client.send(request, stream=True)
+                response = await self.transport.handle_async_request(request)
             except (httpx.ConnectError, httpx.ConnectTimeout) as error:
                 server.down_until = time.monotonic() + self.down_for_s
                 errors.append(f"{server.url}: {type(error).__name__}: {error}")

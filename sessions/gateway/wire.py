@@ -20,8 +20,11 @@ Nothing is re-tokenized: a call whose prompt or answer ids the server did not gi
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Any, Literal
+
+import orjson
 
 __all__ = [
     "Asked",
@@ -30,6 +33,7 @@ __all__ = [
     "asked_for",
     "dumps",
     "for_upstream",
+    "loads",
     "sampling_of",
     "visible",
     "weights_version",
@@ -107,9 +111,9 @@ def weights_version(
 
 
 def _ids(values: Any) -> list[int] | None:
-    if not isinstance(values, list) or not all(
-        isinstance(v, int) and not isinstance(v, bool) for v in values
-    ):
+    """`values` if it is a list of integers (no bools), else None. The types are collected in
+    C (`set(map(type, ...))`): a prompt's ids are thousands of them on every call."""
+    if not isinstance(values, list) or not set(map(type, values)) <= {int}:
         return None
     return values
 
@@ -226,6 +230,24 @@ def visible(payload: dict[str, Any], asked: Asked) -> dict[str, Any]:
             if not asked.logprobs and "logprobs" in choice:
                 choice["logprobs"] = None
     return payload
+
+
+#: An integer literal beyond 64 bits has 19 digits or more; orjson reads one as a float, so a body
+#: with such a run of digits goes to the stdlib (as `store.stored_json` does).
+_LONG_DIGITS = re.compile(rb"[0-9]{19}").search
+
+
+def loads(raw: bytes) -> Any:
+    """`json.loads(raw)`, by orjson (several times faster on a response full of token ids)
+    wherever the two read the same: what orjson refuses (NaN, a lone surrogate, a body not in
+    UTF-8) or would read differently (an integer beyond 64 bits) goes to the stdlib, which
+    raises its own errors for what is not JSON."""
+    if _LONG_DIGITS(raw) is None:
+        try:
+            return orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            pass
+    return json.loads(raw)
 
 
 def dumps(payload: Any) -> bytes:

@@ -31,6 +31,8 @@ def test_quick_suite_reports_every_figure(
     figures = result["figures"]
     workloads = {f["workload"] for f in figures}
     assert {"append", "projection", "replay/audit", "overhead", "batch ready"} <= workloads
+    if not any(note.startswith("gateway: skipped") for note in result["notes"]):
+        assert "gateway" in workloads
     if not any(note.startswith("pg append: skipped") for note in result["notes"]):
         assert "pg append" in workloads
     for figure in figures:
@@ -38,6 +40,8 @@ def test_quick_suite_reports_every_figure(
         assert math.isfinite(value), figure
         if figure["unit"] == "slope":
             continue  # a cost curve's log-log slope may be any sign (flat is about 0)
+        if " added by the " in figure["name"]:
+            continue  # a difference of two latencies: any sign at the tiny preset's few calls
         if figure["kind"] == "memory" and "RSS growth" in figure["name"] or "GC" in figure["name"]:
             assert value >= 0, figure  # a block may reuse memory, or run no garbage collection
         else:
@@ -74,3 +78,22 @@ def test_the_model_calls_benchmark_reports_each_figure_beside_its_baseline(
     assert len(lines) == 3, lines
     assert "JSONL baseline" in lines[0] and "target <= 150 µs" in lines[0]
     assert "recorded whole" in lines[2] and "target <= 1.2x" in lines[2]
+
+
+def test_the_gateway_benchmark_checks_every_call_against_the_log(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`python -m benchmarks.gateway` at its smallest: both paths measured, every call the agents
+    made found in the gateway's log, and the gateway's memory read after each round."""
+    from benchmarks.gateway import main as gateway_main
+
+    out = tmp_path / "gateway.json"
+    argv = ["--sessions", "2", "--calls", "2", "--rounds", "2", "--workdir", str(tmp_path)]
+    assert gateway_main([*argv, "--json", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert result["recorded"] == {"gateway": 2 * 2 * 2}
+    assert len(result["rss_mib"]["gateway"]) == 1 + 2  # at start and after each round
+    for path in ("direct", "gateway"):
+        assert len(result["paths"][path]["p50_ms"]) == 2
+    printed = capsys.readouterr().out
+    assert "| gateway |" in printed and "| direct |" in printed
