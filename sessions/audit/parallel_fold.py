@@ -28,7 +28,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from sessions.audit.fold_merge import merge
-from sessions.errors import InvalidArgument
+from sessions.errors import InvalidArgument, ProjectionError
 from sessions.events import RUN_STREAM_EVENTS
 from sessions.gc_pause import gc_paused
 from sessions.projection.rebuild import ReadModels, Rebuild
@@ -38,7 +38,6 @@ from store import read_models as rm
 __all__ = [
     "MAX_WORKERS",
     "PARALLEL_FROM",
-    "FoldFailed",
     "ParallelFold",
     "workers_for",
 ]
@@ -50,10 +49,6 @@ PARALLEL_FROM = 50_000
 MAX_WORKERS = 4
 
 _CREATED = "SessionCreated"
-
-
-class FoldFailed(RuntimeError):
-    """A worker of the fold raised; its traceback is the message."""
 
 
 def usable_cores() -> int:
@@ -165,7 +160,7 @@ class ParallelFold:
             upto = sum(1 for row in rows if row[0] <= self._through)
             last = rows[upto - 1][0]
             self._at_through = (last, self._at_through[1] + upto)
-        self._drain(block=False)
+        self._drain()
 
     def _place(self, row: Sequence[Any], shares: list[list[Sequence[Any]]]) -> int:
         """The worker of an event whose session has none yet: its step's for a creation (a new
@@ -181,13 +176,19 @@ class ParallelFold:
         self.sessions += 1
         return worker
 
-    def _drain(self, *, block: bool) -> None:
-        """Take the workers' messages waiting (or one, blocking): progress and results."""
+    def _drain(self, *, wait: float | None = None) -> bool:
+        """Take the workers' messages waiting (or the first within `wait` seconds): progress and
+        results. Returns whether one was taken."""
+        taken = False
         while True:
             try:
-                message = self._outbox.get(block=block)
+                if wait is None:
+                    message = self._outbox.get(block=False)
+                else:
+                    message = self._outbox.get(timeout=wait)
             except queue.Empty:
-                return
+                return taken
+            taken = True
             kind, worker, body = message
             if kind == "folded":
                 if self._on_folded is not None:
@@ -196,9 +197,24 @@ class ParallelFold:
                 self._results[worker] = body
             else:
                 self.close()
-                raise FoldFailed(f"a fold worker failed:\n{body}")
-            if block:
-                return
+                raise ProjectionError(
+                    f"fold worker {worker} failed; run with workers=1 (the CLI's --workers 1) to "
+                    f"fold in one process. The worker's error:\n{body}"
+                )
+            if wait is not None:
+                return taken
+
+    def _lost(self) -> None:
+        """Raise if a worker ended without its result (killed, or out of memory)."""
+        self._drain()
+        for index, proc in enumerate(self._procs):
+            if index not in self._results and proc.exitcode is not None:
+                self.close()
+                raise ProjectionError(
+                    f"fold worker {index} ended with exit code {proc.exitcode} before its result "
+                    "(killed, or out of memory?); run with workers=1 (the CLI's --workers 1) to "
+                    "fold in one process"
+                )
 
     async def result(self) -> tuple[ReadModels | None, ReadModels | None]:
         """The merged read models as of `through` (None without one, or when the log does not
@@ -208,7 +224,8 @@ class ParallelFold:
         for inbox in self._inboxes:
             inbox.put(None)
         while len(self._results) < len(self._procs):
-            await asyncio.to_thread(self._drain, block=True)
+            if not await asyncio.to_thread(self._drain, wait=0.5):
+                self._lost()
         self.close()
         parts = [self._results[index] for index in range(len(self._procs))]
         pruned = self._runs.pruned
