@@ -12,7 +12,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import random
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -182,3 +186,40 @@ def test_a_worker_killed_is_reported_not_waited_for() -> None:
 
     with pytest.raises(ProjectionError, match="fold worker 1 ended with exit code -9"):
         asyncio.run(main())
+
+
+def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """The CLI of this checkout (not an installed copy), run as a user runs it."""
+    env = {k: v for k, v in os.environ.items() if k != "ROLLOUT_LEDGER_DB"}
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[2])
+    return subprocess.run(
+        [sys.executable, "-m", "sessions.cli.main", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def test_the_replay_and_audit_verbs_take_workers(tmp_path: Path) -> None:
+    """`--workers N` folds in N processes and changes nothing the verbs report; 0 is refused
+    before any database opens."""
+    demo = _cli(
+        "demo", "--db", "demo.db", "--steps", "3", "--prompts", "4", "--seed", "3", cwd=tmp_path
+    )
+    assert demo.returncode == 0, demo.stderr
+    for workers in ("1", "2"):
+        audited = _cli("audit", "--db", "demo.db", "--workers", workers, cwd=tmp_path)
+        assert audited.returncode == 0, audited.stderr
+        assert "audit passed" in audited.stdout
+        into = f"replayed-{workers}.db"
+        replayed = _cli(
+            "replay", "--db", "demo.db", "--into", into, "--workers", workers, cwd=tmp_path
+        )
+        assert replayed.returncode == 0, replayed.stderr
+        again = _cli("audit", "--db", into, "--workers", "2", cwd=tmp_path)
+        assert again.returncode == 0 and "audit passed" in again.stdout, again.stderr
+    refused = _cli("audit", "--db", "nowhere.db", "--workers", "0", cwd=tmp_path)
+    assert refused.returncode == 2
+    assert "--workers" in refused.stderr and "0" in refused.stderr
