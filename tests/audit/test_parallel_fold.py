@@ -149,9 +149,17 @@ def test_a_step_split_between_workers_is_refused_so_the_caller_folds_in_one_proc
 
 
 def test_merge_refuses_parts_that_share_a_step() -> None:
-    row = {"run": "r", "partition": "train", "global_step": 3}
-    part = ReadModels(groups=[{**row, "uid": "u"}])
-    assert merge([part, part], pruned=set(), last_position=0, events=0) is None
+    step = {"run": "r", "partition": "train", "global_step": 3}
+    session = {**step, "uid": "u", "data_source": None}
+    one = ReadModels(sessions=[{**session, "session_id": "a", "created_position": 1}])
+    two = ReadModels(sessions=[{**session, "session_id": "b", "created_position": 2}])
+    assert merge([one, two], pruned=set(), last_position=2, events=2) is None
+    assert merge([one], pruned=set(), last_position=1, events=1) is not None
+
+
+def test_merge_refuses_a_group_no_session_accounts_for() -> None:
+    group = {"run": "r", "partition": "train", "global_step": 3, "uid": "u"}
+    assert merge([ReadModels(groups=[group])], pruned=set(), last_position=0, events=0) is None
 
 
 @pytest.mark.parametrize("bad", [0, -1, 1.5, True, "2"])
