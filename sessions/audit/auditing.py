@@ -91,8 +91,8 @@ async def audit(
     stale; the audit then folds the log again with no bound, so its verdict never depends on it.
 
     `workers`: processes the fold runs in, beside the checks in this one (1: all in this one);
-    by default one per core for a log of `sessions.audit.parallel_fold.PARALLEL_FROM` events or
-    more, else 1. A parallel fold holds every session in memory: past `memory_sessions` of them
+    by default `sessions.audit.parallel_fold.workers_for`'s choice (1 on fewer than 3 cores or a
+    short log). A parallel fold holds every session in memory: past `memory_sessions` of them
     it is given up for the bounded fold in this process. The verdict is the same either way.
 
     The cyclic GC is paused throughout (`sessions.gc_pause`): the audit makes no cycles, and the

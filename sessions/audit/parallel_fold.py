@@ -10,10 +10,16 @@ prunes) and merges. A log the merge cannot put back together (a step split betwe
 reported as such, and the caller folds it in one process: the result never depends on routing.
 
 The parent reads the pages and ships them: the audit reads every event once for its own checks
-anyway, and a replay's parent only waits for the copy. Workers are forked where the platform
-allows it (the modules are loaded already: spawning a worker imports ~0.5 s of them), spawned
-elsewhere. Below `PARALLEL_FROM` events, `workers_for` answers 1: a process pool would cost more
-than the fold it shares.
+anyway, and a replay's parent only waits for the copy (a worker reading the log itself costs
+~0.2 s of CPU per 100k events, shipping it ~0.1 s to pickle and ~0.06 s to unpickle). Workers are
+forked where the platform allows it (the modules are loaded already: spawning a worker imports
+~0.5 s of them), spawned elsewhere.
+
+By default (`workers_for`) the fold stays in the calling process unless the machine has a core
+for the caller and two or more for workers: the workers spend ~1.2 s of CPU per 100k events
+(pickling, page faults of forked memory) to take ~0.35 s off the caller, which pays only with idle
+cores; on two cores the pair measured 0.7-0.9x of one process (docs/benchmarks.md). Below
+`PARALLEL_FROM` events it stays too: a pool would cost more than the fold it shares.
 """
 
 from __future__ import annotations
@@ -37,6 +43,7 @@ from store import read_models as rm
 
 __all__ = [
     "MAX_WORKERS",
+    "PARALLEL_CORES",
     "PARALLEL_FROM",
     "ParallelFold",
     "workers_for",
@@ -47,6 +54,9 @@ __all__ = [
 PARALLEL_FROM = 50_000
 #: Workers `workers_for` starts at most by default, whatever the core count.
 MAX_WORKERS = 4
+#: Usable cores from which `workers_for` folds in workers by default: one for the caller, two or
+#: more for workers (on fewer, the workers' extra CPU costs more wall time than they save).
+PARALLEL_CORES = 3
 
 _CREATED = "SessionCreated"
 
@@ -60,20 +70,21 @@ def usable_cores() -> int:
 
 
 async def workers_for(engine: AsyncEngine, workers: int | None) -> int:
-    """The fold's worker count: `workers` if given (1: fold in this process), else one per usable
-    core (at most `MAX_WORKERS`) for a log of `PARALLEL_FROM` events or more, else 1."""
+    """The fold's worker count: `workers` if given (1: fold in this process); else, on a machine
+    of `PARALLEL_CORES` usable cores or more and a log of `PARALLEL_FROM` events or more, one per
+    core but the caller's (at most `MAX_WORKERS`); else 1."""
     if workers is not None:
         if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
             raise InvalidArgument(
                 f"workers must be an integer >= 1 (1 folds in this process), not {workers!r}"
             )
         return workers
-    cores = min(usable_cores(), MAX_WORKERS)
-    if cores < 2:
+    cores = usable_cores()
+    if cores < PARALLEL_CORES:
         return 1
     async with engine.connect() as conn:
         end = await rm.log_end(conn)
-    return cores if end >= PARALLEL_FROM else 1
+    return min(cores - 1, MAX_WORKERS) if end >= PARALLEL_FROM else 1
 
 
 def _context() -> Any:

@@ -8,7 +8,7 @@ Three steps, timed apart because different things bound them:
 2. meanwhile, fold the same events (the source's, up to the position the copy goes to) into
    read-model rows in one pass (`sessions.projection.rebuild`) — bound by Python per event;
    payloads are never read. Between SQLite files the copy runs inside SQLite, without the GIL,
-   so the two share the cores. A long log is folded by worker processes, a share of its steps
+   so the two share the cores. A long log can be folded by worker processes, a share of its steps
    each (`sessions.audit.parallel_fold`), and merged into what one process makes;
 3. insert those rows and the checkpoint — in the copy's transaction: a replay commits the log
    and its read models together, and an interrupted one leaves the target empty.
@@ -146,9 +146,9 @@ async def replay(
     """Copy the events (all, or those at positions <= `up_to`) into `target` (migrated, empty),
     and build its read models from scratch out of those events alone, in one transaction.
 
-    `workers`: processes the fold runs in (1: this one); by default one per core for a log of
-    `sessions.audit.parallel_fold.PARALLEL_FROM` events or more, else 1. The rows are the same
-    either way.
+    `workers`: processes the fold runs in (1: this one); by default
+    `sessions.audit.parallel_fold.workers_for`'s choice (1 on fewer than 3 cores or a short log).
+    The rows are the same either way.
 
     The fold reads the source while the copy writes the target, up to the position the copy goes
     to, so both see the same events (the copy is verbatim).

@@ -460,8 +460,9 @@ def _workers_flag(verb: argparse.ArgumentParser) -> None:
         type=integer(1, 256, "processes"),
         default=None,
         metavar="N",
-        help="processes to fold the log in (1: this one; default: one per core, at most 4, "
-        "for a log of 50,000 events or more, else 1); the result is the same either way",
+        help="processes to fold the log in (1: this one; default: with 3 or more cores and a log "
+        "of 50,000 events or more, one per core but this one's, at most 4, else 1); the result "
+        "is the same either way",
     )
 
 

@@ -231,3 +231,43 @@ def test_the_replay_and_audit_verbs_take_workers(tmp_path: Path) -> None:
     refused = _cli("audit", "--db", "nowhere.db", "--workers", "0", cwd=tmp_path)
     assert refused.returncode == 2
     assert "--workers" in refused.stderr and "0" in refused.stderr
+
+
+class _Log:
+    """An engine whose log ends at `end`, for `workers_for` (it asks only that)."""
+
+    def __init__(self, end: int) -> None:
+        self.end = end
+
+    def connect(self) -> Any:
+        log = self
+
+        class _Conn:
+            async def __aenter__(self) -> _Log:
+                return log
+
+            async def __aexit__(self, *exc: object) -> None:
+                return None
+
+        return _Conn()
+
+
+@pytest.mark.parametrize(
+    ("cores", "end", "expected"),
+    [
+        (1, 10**6, 1),
+        (2, 10**6, 1),  # two cores: the workers' extra CPU costs more wall than they save
+        (3, 10**6, 2),
+        (16, 10**6, 4),  # at most MAX_WORKERS
+        (16, 10, 1),  # a short log: no pool
+    ],
+)
+def test_the_default_folds_apart_only_with_cores_to_spare_and_a_long_log(
+    cores: int, end: int, expected: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import sessions.audit.parallel_fold as parallel
+
+    monkeypatch.setattr(parallel, "usable_cores", lambda: cores)
+    monkeypatch.setattr(parallel.rm, "log_end", lambda conn: asyncio.sleep(0, conn.end))
+    assert asyncio.run(workers_for(_Log(end), None)) == expected  # type: ignore[arg-type]
+    assert asyncio.run(workers_for(_Log(end), 2)) == 2  # type: ignore[arg-type]
