@@ -73,11 +73,14 @@ async def check_log(
     *,
     on_progress: Callable[[str, int], None] | None = None,
     on_page: Callable[[list[tuple[Any, ...]]], Awaitable[None] | None] | None = None,
+    page_text: bool = False,
 ) -> _LogCheck:
     """Both passes over the whole log; divergences sorted by position.
 
     `on_page` receives each page of the content pass as `sessions.projection.decoding.EVENT_COLUMNS` tuples,
     `data` already parsed where it parses: a caller folding the log shares this pass's reads.
+    With `page_text`, `data` stays the stored text: a caller that ships pages to other processes
+    pickles a string faster than the dict parsed from it.
     """
     result = _LogCheck()
     findings: list[Finding] = []
@@ -86,7 +89,7 @@ async def check_log(
     breakers = BreakerCheck(_CONTENT)
     async with driver.reader(engine) as read:
         result.events = await _check_content(
-            read, findings, on_progress, on_page, prunes, calls, breakers
+            read, findings, on_progress, on_page, prunes, calls, breakers, page_text
         )
         result.sessions = await _check_structure(read, findings)
     findings.extend(prunes.findings())
@@ -124,6 +127,7 @@ async def _check_content(
     prunes: _Prunes,
     calls: _Calls,
     breakers: BreakerCheck,
+    page_text: bool = False,
 ) -> int:
     count, reported = 0, 0
     clean: dict[tuple[str, int, str], Any] = {}
@@ -173,7 +177,7 @@ async def _check_content(
                     version,
                     type_,
                     schema,
-                    raw if short or data is None else data,
+                    raw if short or page_text or data is None else data,
                     recorded_at,
                 )
             )

@@ -8,7 +8,8 @@ Three steps, timed apart because different things bound them:
 2. meanwhile, fold the same events (the source's, up to the position the copy goes to) into
    read-model rows in one pass (`sessions.projection.rebuild`) — bound by Python per event;
    payloads are never read. Between SQLite files the copy runs inside SQLite, without the GIL,
-   so the two share the cores;
+   so the two share the cores. A long log can be folded by worker processes, a share of its steps
+   each (`sessions.audit.parallel_fold`), and merged into what one process makes;
 3. insert those rows and the checkpoint — in the copy's transaction: a replay commits the log
    and its read models together, and an interrupted one leaves the target empty.
 
@@ -24,6 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from sessions.audit.parallel_fold import ParallelFold, workers_for
 from sessions.errors import InvalidArgument
 from sessions.gc_pause import gc_paused
 from sessions.projection.rebuild import ReadModels, Rebuild
@@ -139,9 +141,14 @@ async def replay(
     on_events: Callable[[int], None] | None = None,
     page_size: int = PAGE,
     up_to: int | None = None,
+    workers: int | None = None,
 ) -> _ReplayReport:
     """Copy the events (all, or those at positions <= `up_to`) into `target` (migrated, empty),
     and build its read models from scratch out of those events alone, in one transaction.
+
+    `workers`: processes the fold runs in (1: this one); by default
+    `sessions.audit.parallel_fold.workers_for`'s choice (1 on fewer than 3 cores or a short log).
+    The rows are the same either way.
 
     The fold reads the source while the copy writes the target, up to the position the copy goes
     to, so both see the same events (the copy is verbatim).
@@ -151,7 +158,14 @@ async def replay(
     scan again and again (0.5-1 s of full collections at 100k events).
     """
     with gc_paused():
-        return await _replay(source, target, on_events=on_events, page_size=page_size, up_to=up_to)
+        if await bulk.has_events(target):
+            raise InvalidArgument(
+                "the target database already has events; replay needs an empty one"
+            )
+        count = await workers_for(source, workers)
+        return await _replay(
+            source, target, on_events=on_events, page_size=page_size, up_to=up_to, workers=count
+        )
 
 
 async def _replay(
@@ -161,21 +175,26 @@ async def _replay(
     on_events: Callable[[int], None] | None,
     page_size: int,
     up_to: int | None,
+    workers: int,
 ) -> _ReplayReport:
-    if await bulk.has_events(target):
-        raise InvalidArgument("the target database already has events; replay needs an empty one")
     started = time.perf_counter()
     end: asyncio.Future[int] = asyncio.get_running_loop().create_future()
     marks: dict[str, float] = {}
     rebuilt, paged = Rebuild(), asyncio.Event()
 
     async def fold() -> ReadModels:
-        async for rows in bulk.event_pages(source, up_to=await end, page_size=page_size):
-            rebuilt.feed(rows)
-            paged.set()
-            if on_events is not None:
-                on_events(len(rows))
-        models = rebuilt.result()
+        last = await end
+        shown = _Shown(on_events)
+        models = (
+            await _fold_apart(source, last, page_size, workers, shown.add) if workers > 1 else None
+        )
+        if models is None:  # one process (asked for, or the steps could not be kept apart)
+            shown.folded = 0
+            async for rows in bulk.event_pages(source, up_to=last, page_size=page_size):
+                rebuilt.feed(rows)
+                paged.set()
+                shown.add(len(rows))
+            models = rebuilt.result()
         marks["folded"] = time.perf_counter()
         return models
 
@@ -211,6 +230,37 @@ async def _replay(
         marks["folded"] - started,
         done - marks["written from"],
     )
+
+
+class _Shown:
+    """Events folded, reported to a progress callback as they are folded, each event once even
+    when a parallel fold is given up and the log folded again (`folded` set back to 0)."""
+
+    def __init__(self, on_events: Callable[[int], None] | None) -> None:
+        self.on_events = on_events
+        self.folded = self.shown = 0
+
+    def add(self, n: int) -> None:
+        self.folded += n
+        if self.on_events is not None and self.folded > self.shown:
+            self.on_events(self.folded - self.shown)
+            self.shown = self.folded
+
+
+async def _fold_apart(
+    source: Any,
+    up_to: int,
+    page_size: int,
+    workers: int,
+    on_folded: Callable[[int], None],
+) -> ReadModels | None:
+    """The log up to `up_to` folded by `workers` processes and merged; None if its steps could
+    not be kept apart."""
+    async with ParallelFold(workers, on_folded=on_folded) as fold:
+        async for rows in bulk.event_pages(source, up_to=up_to, page_size=page_size):
+            fold.feed(rows)
+        _early, models = await fold.result()
+    return models
 
 
 async def _queue_meanwhile(

@@ -10,7 +10,8 @@ projects the log in random pages, some of it before the rest is appended; `repla
 into an empty database. Every row of every read model and of the log must be equal with every
 column, surrogate ids included (queue_rows.id, which the projector assigns 1, 2, … in projection
 order); of the checkpoint everything but `updated_at` (the projection's wall time). The audit of
-the incrementally projected database must pass. Runs on SQLite and on PostgreSQL (one pair of
+the incrementally projected database must pass. Replay and audit fold in one process or in 2-3
+worker processes at random (`workers`). Runs on SQLite and on PostgreSQL (one pair of
 databases per module, wiped per example).
 """
 
@@ -416,7 +417,9 @@ async def check_equivalence(source_url: str, target_url: str) -> AuditReport:
         with mock.patch.object(
             replay_module, "EARLY_QUEUE_ROWS", rnd.choice([1, 3, replay_module.EARLY_QUEUE_ROWS])
         ):
-            report = await replay(source, target, page_size=rnd.randint(1, 50))
+            report = await replay(
+                source, target, page_size=rnd.randint(1, 50), workers=rnd.choice(WORKERS)
+            )
         got = await table_rows(target)
         assert report.events == len(want["events"])
         for name in TABLES:
@@ -437,7 +440,7 @@ async def check_equivalence(source_url: str, target_url: str) -> AuditReport:
                 assert (
                     await conn.execute(select(checkpoints.c.updated_at))
                 ).scalar_one() is not None
-        audited = await audit(source)
+        audited = await audit(source, workers=rnd.choice(WORKERS))
         assert [e["position"] for e in audited.quarantined] == [
             e["position"] for e in want["projection_errors"]
         ]
@@ -454,6 +457,10 @@ async def check_equivalence(source_url: str, target_url: str) -> AuditReport:
         await source.dispose()
         await target.dispose()
 
+
+#: The fold's processes: 1 folds in the caller's, more fold the log's steps apart and merge
+#: (sessions.audit.parallel_fold): every figure above must be the same either way.
+WORKERS = (1, 2, 3)
 
 SETTINGS = settings(
     deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture]

@@ -147,7 +147,8 @@ async def test_queue_rows_written_while_the_fold_goes_on_replay_exactly(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Replay writes the queue rows the fold has made while it goes on (the copy done first):
-    those rows, then the rest with the other read models, equal a replay written at the end."""
+    those rows, then the rest with the other read models, equal a replay written at the end.
+    Only a fold in this process makes them as it goes (workers' rows come at their end)."""
     source_url = f"sqlite+aiosqlite:///{tmp_path / 'source.db'}"
     await _projected_source(source_url)
     early: list[int] = []
@@ -166,7 +167,7 @@ async def test_queue_rows_written_while_the_fold_goes_on_replay_exactly(
     try:
         await upgrade(target)
         report = await replay(
-            source, target, page_size=1
+            source, target, page_size=1, workers=1
         )  # a page per event: the fold outlasts the copy
     finally:
         await source.dispose()
