@@ -1,7 +1,8 @@
 """Throughput benchmarks against named baselines: ``python -m benchmarks --quick|--full [--json OUT]``.
 
-Each workload runs its subject and its baselines side by side in this one process, repeated
-(>= 3 times) with the median reported beside the min and max of the repetitions, and prints
+Each workload runs its subject and its baselines side by side in a process of its own (a fresh
+interpreter, started once the machine's 1-minute load has settled: `--in-process` runs them all
+in this one, as before issue 44), repeated (>= 3 times) with the median reported beside the min and max of the repetitions, and prints
 absolute figures, ratios, peak memory and the targets (goals, not assertions) beside them; a
 summary first (the train_step workload's ledger share of a training step, then every target):
 
@@ -32,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import importlib
 import json
 import math
 import sys
@@ -45,6 +47,8 @@ from benchmarks.common import (
     machine_info,
     machine_lines,
     preset,
+    run_isolated,
+    settle,
     summary,
     table,
 )
@@ -110,6 +114,12 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--workdir", help="folder for the scratch databases (default: the system temp folder)"
     )
+    parser.add_argument(
+        "--in-process",
+        action="store_true",
+        help="run every workload in this process, one after another, without waiting for the load"
+        " to settle (default with --tiny; otherwise each runs in a fresh interpreter of its own)",
+    )
     parser.set_defaults(mode="quick")
     args = parser.parse_args(argv)
     if args.only:
@@ -151,38 +161,37 @@ def main(argv: list[str] | None = None) -> int:
         print(line)
     print(flush=True)
 
-    from benchmarks import (
-        append,
-        batch_ready,
-        export,
-        overhead,
-        pg,
-        projection,
-        replay_audit,
-        train_step,
-    )
-
     modules = {
-        "append": append,
-        "projection": projection,
-        "replay": replay_audit,
-        "pg": pg,
-        "overhead": overhead,
-        "batch_ready": batch_ready,
-        "export": export,
-        "train_step": train_step,
-        "scale": __import__("benchmarks.scale", fromlist=["run"]),
-        "startup": __import__("benchmarks.startup", fromlist=["run"]),
-        "gateway": __import__("benchmarks.gateway", fromlist=["run"]),
+        "append": "benchmarks.append",
+        "projection": "benchmarks.projection",
+        "replay": "benchmarks.replay_audit",
+        "pg": "benchmarks.pg",
+        "overhead": "benchmarks.overhead",
+        "batch_ready": "benchmarks.batch_ready",
+        "export": "benchmarks.export",
+        "train_step": "benchmarks.train_step",
+        "scale": "benchmarks.scale",
+        "startup": "benchmarks.startup",
+        "gateway": "benchmarks.gateway",
     }
+    isolate = not args.in_process and cfg.mode != "tiny"
     report = Report()
     for name in WORKLOADS:
         if not cfg.wants(name):
             continue
-        log(f"{name} ...")
+        if isolate:
+            load, waited = settle()
+            log(f"{name} ... (own process; load {load} after {waited:.0f}s settling)")
+        else:
+            log(f"{name} ...")
         before = load_average()
         t0 = time.perf_counter()
-        modules[name].run(cfg, report)
+        if isolate:
+            child = run_isolated(modules[name], cfg)
+            report.figures += child.figures
+            report.notes += child.notes
+        else:
+            importlib.import_module(modules[name]).run(cfg, report)
         report.seconds[name] = time.perf_counter() - t0
         report.loads[name] = (before, load_average())
         log(f"{name} done in {report.seconds[name]:.1f}s")

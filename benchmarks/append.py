@@ -2,7 +2,8 @@
 
 Workload: N sessions, all in flight at once (bounded by the concurrency), each
 created+started -> 1..3 trajectories of 256..4096 tokens -> reward -> complete, through
-`Ledger.session` (each command returns once its events are durable; the store group-commits
+`Ledger.session` (its trajectories and reward are staged and appended with `complete`, so a
+session is two appends; each returns once its events are durable; the store group-commits
 concurrent sessions' appends).
 
 Baselines, on the very same tokens:

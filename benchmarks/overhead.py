@@ -3,7 +3,8 @@
 N sessions run concurrently on one loop; each awaits 3 "model turns" (`asyncio.sleep` of
 1-5 ms, drawn once so both variants sleep identically), then ends. With the ledger each session
 runs inside `ledger.session(...)` and records one trajectory (256 prompt + 768 response tokens,
-num_turns=3) and a reward before completing: 5 events in 4 appends on a SQLite file. Without it
+num_turns=3) and a reward before completing: 5 events in 2 appends on a SQLite file (the session
+context stages the trajectory and the reward for its end's append, docs/design.md §8). Without it
 the loop only sleeps. Overhead per session = (wall with ledger - wall without) / N, the
 amortised cost the recorder adds to a training loop's rollout phase.
 
@@ -163,6 +164,16 @@ def run(cfg: Config, report: Report) -> None:
     # A repetition takes about a second, and whether a full garbage collection lands in it moves
     # the figure by half: take the median of more of them than the other workloads do.
     reps = max(cfg.reps, MIN_REPS)
+    # What a full collection scans: the heap this process holds before the loop (in one process
+    # after other workloads, what they left; in a process of its own, the imports), counted
+    # without a clock, so a run under load still shows which it was.
+    gc.collect()
+    report.add(
+        WORKLOAD,
+        "  objects the collector tracks when the workload starts (its process's heap)",
+        len(gc.get_objects()),
+        "objects",
+    )
     plain_s, plain_probes, ledger_s, probes, floor_s, jsonl_s, rss = [], [], [], [], [], [], []
     with scratch_dir(cfg, WORKLOAD) as tmp:
         for rep in range(reps):
@@ -225,8 +236,8 @@ def run(cfg: Config, report: Report) -> None:
             "ratio recorder overhead / JSONL-dump baseline (per session)",
             overhead / jsonl,
             "x",
-            target="<= 1x (<= the JSONL-dump baseline)",
-            goal=("<=", 1.0),
+            target="<= 1.5x the JSONL-dump baseline (issue 44)",
+            goal=("<=", 1.5),
             kind="ratio",
         )
         report.add(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -158,6 +159,13 @@ class SessionHandle:
 
     Commands on one handle are serialised (a lock), so concurrent calls from one runner cannot
     race each other into a version conflict.
+
+    A handle that stages (`Ledger.session` and `Ledger.run_session` make such handles) acknowledges
+    `record_trajectory` and `post_reward` once validated, decided and applied, without a round
+    trip: their events are appended with the session's next durable command (any other one, or
+    `flush()`) in that command's single append, so a session costs two appends instead of four.
+    A crash before that append leaves the session as it was at its last durable command
+    (docs/design.md §4, docs/reliability.md).
     """
 
     def __init__(
@@ -171,6 +179,7 @@ class SessionHandle:
         stored_bytes: int = 0,
         metrics: MetricPolicy | None = None,
         on_failed: Callable[[str], None] | None = None,
+        stage: bool = False,
     ) -> None:
         self._store = store
         #: told the run of each failure this handle records (the ledger's circuit breaker looks
@@ -185,8 +194,15 @@ class SessionHandle:
         self._lock = asyncio.Lock()
         self._loop = asyncio.get_running_loop()
         self._in_doubt: _Doubt | None = None  # an append whose outcome the store could not learn
+        #: whether `record_trajectory` and `post_reward` wait for the next durable command
+        self._stage = stage
+        #: envelopes acknowledged and applied to the view, not yet appended
+        self._staged: list[Any] = []
+        #: an append that carried staged events failed: the view may be ahead of the log until
+        #: it is folded again from the stored stream (before the next command decides anything)
+        self._stale = False
 
-    def _locked(self) -> asyncio.Lock:
+    def _locked(self) -> asyncio.Lock | _Refolding:
         """The handle's command lock, once it is certain this is the handle's own event loop: a
         handle (its lock, its store's group-commit worker) belongs to the loop it was made on, and
         used from another one it would wait forever on a lock or a worker nobody runs."""
@@ -196,7 +212,7 @@ class SessionHandle:
                 f"({'closed' if self._loop.is_closed() else 'still open'}); a handle and its ledger serve the loop "
                 "they were opened on — open the ledger in this loop, or use Ledger.load_session there"
             )
-        return self._lock
+        return _Refolding(self) if self._stale else self._lock
 
     # ----------------------------------------------------------- properties
     @property
@@ -209,7 +225,13 @@ class SessionHandle:
 
     @property
     def version(self) -> int:
+        """The view's version: with staged commands, ahead of what is durable (`durable_version`)."""
         return self._view.version
+
+    @property
+    def durable_version(self) -> int:
+        """The version the log is known to hold: `version` less the staged events."""
+        return self._view.version - len(self._staged)
 
     @property
     def terminal(self) -> bool:
@@ -274,7 +296,9 @@ class SessionHandle:
                 max_version=high,
                 payload=payload,
             )
-            await self._commit(agg.decide_trajectory(self._view, event), capped="trajectory")
+            await self._commit(
+                agg.decide_trajectory(self._view, event), capped="trajectory", stage=self._stage
+            )
             return event.index
 
     async def start_call(
@@ -388,7 +412,9 @@ class SessionHandle:
         reward = validation.reward(self.session_id, "reward", reward)
         info = validation.json_dict(self.session_id, "info", info)
         async with self._locked():
-            await self._commit(agg.decide_reward(self._view, reward, info), capped="info")
+            await self._commit(
+                agg.decide_reward(self._view, reward, info), capped="info", stage=self._stage
+            )
 
     async def complete(
         self, *, score: float | None = None, trajectory_selection: str | None = None
@@ -493,11 +519,25 @@ class SessionHandle:
         async with self._locked():
             await self._commit(agg.decide_cancel(self._view, message=message))
 
+    async def flush(self) -> None:
+        """Append the staged commands now (a no-op when none is staged): for a caller that must
+        know they are durable before it goes on."""
+        async with self._locked():
+            if self._staged:
+                await self._commit(())
+
     # -------------------------------------------------------------- internals
-    async def _commit(self, decided: Sequence[ev.Event], *, capped: str | None = None) -> None:
-        """Append and apply `decided`; `capped` names the field a size cap refusal blames
-        (None for start and terminal commands, which caps never refuse)."""
+    async def _commit(
+        self, decided: Sequence[ev.Event], *, capped: str | None = None, stage: bool = False
+    ) -> None:
+        """Append and apply `decided`, with the staged events before them; `capped` names the
+        field a size cap refusal blames (None for start and terminal commands, which caps never
+        refuse). `stage`: apply and stage them instead, for the next durable command's append."""
         view = self._view
+        if self._stale:  # another command's append failed while this one waited for the lock
+            decided_at = view.version
+            await self._refold()
+            raise _refolded_conflict(self.session_id, decided_at, view.version)
         doubt, self._in_doubt = self._in_doubt, None
         decided, envelopes = storable_envelopes(
             decided,
@@ -519,27 +559,60 @@ class SessionHandle:
             size = self._limits.check(view.session_id, capped, view.version, self._bytes, envelopes)
         else:
             size = _envelopes_size(envelopes)
+        if stage:  # acknowledged now; durable with the next durable command's append
+            # Every _YIELD_EVERY staged events a suspension point, as an awaited append is: a
+            # runner that records in a loop must let timeouts, cancellation and the other
+            # sessions in (a loop iteration each time would cost what staging saves). Cancelled
+            # here, the command is not staged (nothing of it applied).
+            if len(self._staged) % _YIELD_EVERY == _YIELD_EVERY - 1:
+                await asyncio.sleep(0)
+            for event in decided:
+                view.apply(event)
+            self._staged.extend(envelopes)
+            self._bytes += size
+            return
+        staged = self._staged
+        if staged:
+            self._staged = []
+            envelopes = staged + envelopes
         before = view.version
+        committed = False
         try:  # `append_then_apply`, inline: one coroutine fewer per command
-            append = self._store.submit(view.session_id, before, envelopes)
+            append = self._store.submit(view.session_id, before - len(staged), envelopes)
             try:
                 await append
             except asyncio.CancelledError:
                 if append.done() and append.exception() is None:  # committed, then cancelled
+                    committed = True
                     for event in decided:
                         view.apply(event)
                 raise
+            committed = True
             was = view.state
             for event in decided:
                 view.apply(event)
             if self._on_failed is not None and view.state == FAILED != was:
                 self._on_failed(view.run)
         except AppendOutcomeUnknown:
-            self._in_doubt = _Doubt(before, decided, envelopes, size)
+            if not staged:
+                self._in_doubt = _Doubt(before, decided, envelopes, size)
             raise
         finally:
-            if view.version != before:  # committed (even if the caller was cancelled meanwhile)
+            if committed:  # (even if the caller was cancelled meanwhile)
                 self._bytes += size
+            elif staged:  # the view holds events the log may lack: fold it again before deciding
+                self._stale = True
+
+    async def _refold(self) -> None:
+        """Fold the view again from the stored stream (in place: holders of `view` see it), after
+        an append that carried staged events failed or its outcome was unknown."""
+        stored = await self._store.read_stream(self.session_id)
+        fresh = agg.fold(self.session_id, (ev.decode(s).event for s in stored))
+        for name in _VIEW_FIELDS:
+            setattr(self._view, name, getattr(fresh, name))
+        self._bytes = stored_bytes(stored)
+        self._staged = []
+        self._stale = False
 
     async def _resolve(self, doubt: _Doubt) -> None:
         """Before a different command: read back whether the append in doubt landed. If it did,
@@ -562,6 +635,42 @@ class SessionHandle:
             "handle has applied it — run this command again"
         )
         raise conflict
+
+
+#: staged events between two suspension points of a staging handle
+_YIELD_EVERY = 16
+_VIEW_FIELDS = tuple(f.name for f in dataclasses.fields(agg.SessionView))
+
+
+def _refolded_conflict(session_id: str, decided_at: int, stored: int) -> ConcurrencyError:
+    conflict = ConcurrencyError(session_id, decided_at, stored)
+    conflict.add_note(
+        "an append that carried this handle's staged commands failed, so the handle was folded "
+        "again from the log, which holds what was written; run this command again"
+    )
+    return conflict
+
+
+class _Refolding:
+    """The handle's lock, entered by folding the view from the log first (a stale handle's)."""
+
+    __slots__ = ("_handle",)
+
+    def __init__(self, handle: SessionHandle) -> None:
+        self._handle = handle
+
+    async def __aenter__(self) -> None:
+        handle = self._handle
+        await handle._lock.acquire()
+        try:
+            if handle._stale:
+                await handle._refold()
+        except BaseException:
+            handle._lock.release()
+            raise
+
+    async def __aexit__(self, *exc: object) -> None:
+        self._handle._lock.release()
 
 
 def _given(value: Any, default: Any) -> Any:

@@ -13,8 +13,10 @@ Jobs:
   a group is (run, partition, global_step, uid)), with every outcome the recorder knows (success, runner error, sandbox error,
   timeout, empty output, invalid output, cancellation). The plan of a session is the last part of
   its id, so the parent can tell what its stream must look like. After each command the writer's
-  runner acknowledges, it appends `<session> <version>` to a journal (and `<session> end
-  <state>` once `run_session`/`session()` returned): what the writer was told is durable.
+  runner acknowledges, it appends `<session> <durable version>` to a journal (and `<session> end
+  <state>` once `run_session`/`session()` returned): what the writer was told is durable. Their
+  handles stage trajectories and rewards for the session's next durable command, so a session
+  the kill left open stands at a durable command (`check_streams` asserts it).
 - `projector`: `Projector.follow` with a small page size and, optionally, a `FileSink`.
 """
 
@@ -175,7 +177,7 @@ async def writer(
         await handle.record_trajectory(
             prompt_ids=PROMPT, response_ids=response, num_turns=rng.randint(1, 3)
         )
-        ack(f"{handle.session_id} {handle.version}")
+        ack(f"{handle.session_id} {handle.durable_version}")
 
     async def runner(plan: str, handle: Any) -> None:
         await pause()
@@ -197,11 +199,11 @@ async def writer(
             raise SandboxError("the sandbox went away")
         if plan == "cancel":
             await handle.cancel("stopped by the runner")
-            ack(f"{handle.session_id} {handle.version}")
+            ack(f"{handle.session_id} {handle.durable_version}")
             return
         if plan != "noreward":
             await handle.post_reward(float(rng.random() < 0.5), acc=1.0)
-            ack(f"{handle.session_id} {handle.version}")
+            ack(f"{handle.session_id} {handle.durable_version}")
 
     plans, weights = zip(*PLAN_WEIGHTS.items())
     limit = asyncio.Semaphore(concurrency)
@@ -227,7 +229,7 @@ async def writer(
             else:
                 try:
                     async with ledger.session(sid, **kwargs) as handle:
-                        ack(f"{sid} {handle.version}")
+                        ack(f"{sid} {handle.durable_version}")
                         if plan == "timeout":
                             raise TimeoutError("the episode ran out of time")
                         await runner(plan, handle)
@@ -393,6 +395,8 @@ def zygote(conn: Any) -> None:
 # Shared by tests/runs/test_crash_recovery.py and tests/test_fuzz.py: what must hold of any database, whatever
 # killed or faulted its writers and projectors. Each raises AssertionError naming what broke.
 TERMINAL = ("SessionSucceeded", "SessionFailed", "SessionCancelled")
+#: what `run_session` and `session()` handles stage for the session's next durable command
+STAGED = ("TrajectoryRecorded", "RewardPosted")
 SETTLING = ("SessionSucceeded", "SessionCancelled", "PlaceholderEmitted")
 
 
@@ -422,7 +426,9 @@ def check_streams(
     """docs/design.md §3–5 per session: versions 1..n in position order, SessionCreated first, at most one
     terminal event, a SessionFailed followed at once by its PlaceholderEmitted (when its recorded
     decision is `emit`) and nothing else after the end. With `plans`, the session id names its
-    plan (`PLANS`): a terminal stream is the whole plan, an open one a prefix of it."""
+    plan (`PLANS`): a terminal stream is the whole plan, an open one a prefix of it that ends at a
+    durable command — a staged trajectory or reward is written with the command after it, never
+    alone (a kill between them leaves the session as its last durable command did)."""
     open_ids, ends = [], {"succeeded": 0, "failed": 0, "cancelled": 0}
     for sid, stream in streams.items():
         versions = [v for _, v, _, _ in stream]
@@ -482,6 +488,13 @@ def check_streams(
             else:
                 assert tuple(types) == want[: len(types)], (
                     f"{sid} ({plan}) open with {types}, not a prefix of {want}"
+                )
+            cut = types[: terminals[0]] if terminals else types
+            orphaned = bool(terminals) and stream[terminals[0]][3].get("reason") == "orphaned"
+            if not terminals or orphaned:
+                assert cut[-1] not in STAGED, (
+                    f"{sid} ({plan}): a staged {cut[-1]} was written without the command after "
+                    f"it: {types}"
                 )
     return {"open": open_ids, "ends": ends, "sessions": len(streams)}
 

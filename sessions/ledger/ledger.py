@@ -397,6 +397,7 @@ class Ledger:
         """A session as a context: normal exit completes it, an exception fails it (and re-raises),
         cancellation or shutdown cancels it (and re-raises)."""
         handle = await self.create_session(session_id, **identity)
+        handle._stage = True  # the context ends it: its trajectories and reward ride on that append
         try:
             yield handle
         except Exception as error:
@@ -499,6 +500,7 @@ class Ledger:
         deadline: Deadline | None,
     ) -> SessionOutcome:
         handle = await self.create_session(session_id, timeout_s=timeout, **identity)
+        handle._stage = True  # run_attempts ends it: trajectories and reward ride on that append
         return await run_attempts(
             handle,
             runner,

@@ -159,8 +159,9 @@ class EventStore:
                     return
                 await self._wakeup.wait()
                 continue
-            batch = self._take_batch()
-            await self._commit(batch)
+            # no local name: the batch (its requests, futures, envelopes and payloads) is freed
+            # once committed, not kept alive while the worker waits for the next one
+            await self._commit(self._take_batch())
 
     def _take_batch(self) -> list[AppendRequest]:
         taken: list[AppendRequest] = []

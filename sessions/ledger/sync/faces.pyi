@@ -37,7 +37,11 @@ class SessionProxy:
     @property
     def state(self) -> str: ...
     @property
-    def version(self) -> int: ...
+    def version(self) -> int:
+        """The view's version: with staged commands, ahead of what is durable (`durable_version`)."""
+    @property
+    def durable_version(self) -> int:
+        """The version the log is known to hold: `version` less the staged events."""
     @property
     def terminal(self) -> bool: ...
     @property
@@ -145,6 +149,9 @@ class SessionProxy:
     async def cancel(self, message: str | None = None) -> None:
         """End the session as cancelled, `message` saying why: a pure abort, which leaves no row
         (no placeholder) and lets its group settle."""
+    async def flush(self) -> None:
+        """Append the staged commands now (a no-op when none is staged): for a caller that must
+        know they are durable before it goes on."""
 
 class SyncLedger:
     """A `Ledger` on an event loop thread of its own, for synchronous code and other loops.
@@ -433,7 +440,11 @@ class SyncSession:
     @property
     def state(self) -> str: ...
     @property
-    def version(self) -> int: ...
+    def version(self) -> int:
+        """The view's version: with staged commands, ahead of what is durable (`durable_version`)."""
+    @property
+    def durable_version(self) -> int:
+        """The version the log is known to hold: `version` less the staged events."""
     @property
     def terminal(self) -> bool: ...
     @property
@@ -541,6 +552,9 @@ class SyncSession:
     def cancel(self, message: str | None = None) -> None:
         """End the session as cancelled, `message` saying why: a pure abort, which leaves no row
         (no placeholder) and lets its group settle."""
+    def flush(self) -> None:
+        """Append the staged commands now (a no-op when none is staged): for a caller that must
+        know they are durable before it goes on."""
 
 def derive(
     original: type,
