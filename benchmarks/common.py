@@ -355,9 +355,15 @@ def table(figures: list[Figure]) -> str:
     return "\n".join(lines)
 
 
+#: The train_step figures a user reads first: the ledger's cost per session, and its share of a
+#: training step (which is that cost against the policy's, at each policy size measured).
+HEADLINE = ("ledger cost per session", "ledger share")
+
+
 def headline(figures: list[Figure]) -> list[Figure]:
-    """The user-facing figures first: the train_step workload's ledger share of a training step."""
-    return [f for f in figures if f.workload == "train_step" and f.name.startswith("ledger share")]
+    """The user-facing figures first: the train_step workload's ledger cost per session and its
+    share of a training step, per policy size."""
+    return [f for f in figures if f.workload == "train_step" and f.name.startswith(HEADLINE)]
 
 
 def spread_text(f: Figure) -> str:

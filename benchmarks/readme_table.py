@@ -2,8 +2,8 @@
 
 ``python -m benchmarks.readme_table`` rewrites the block between the two markers in README.md
 from the "Results (`--full`)" section of docs/benchmarks.md: the run's command, date, source and
-load, then the train_step workload's ledger share of a training step (when the run has it) and
-every figure with a target, each with its spread. ``--check`` only compares, exiting 1 when the
+load, then the train_step workload's ledger cost per session and share of a training step at
+each policy size (when the run has them) and every figure with a target, each with its spread. ``--check`` only compares, exiting 1 when the
 README differs; tests/benchmarks/test_tables.py holds the two equal, so the README cannot quote
 a run the docs no longer show.
 """
@@ -14,6 +14,8 @@ import argparse
 import sys
 import textwrap
 from pathlib import Path
+
+from benchmarks.common import HEADLINE
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs" / "benchmarks.md"
@@ -84,7 +86,7 @@ def render(docs: str) -> str:
     facts, rows = latest_run(docs)
     value = "value" if rows and "value" in rows[0] else "median"
     shares = [
-        r for r in rows if r["workload"] == "train_step" and r["measure"].startswith("ledger share")
+        r for r in rows if r["workload"] == "train_step" and r["measure"].startswith(HEADLINE)
     ]
     targeted = [
         r

@@ -11,6 +11,12 @@ The rounds interleave the commands (a round runs each once), so a load that come
 shifts them alike. Target: `--help` and the read verbs in well under half a second.
 
     python -m benchmarks --full --only startup
+
+On a loaded machine the walls move by several times (the floor alone measured 2-7 s at a load
+of 12-20); compare a change by the instructions one run of a verb executes instead, before and
+after on the same ledger, after one warm-up run for the bytecode caches:
+
+    valgrind --tool=callgrind python -m sessions.cli sql --db FILE "SELECT 1 AS one"
 """
 
 from __future__ import annotations

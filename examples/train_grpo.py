@@ -10,7 +10,9 @@ the honest one (failures counted as zeros) as the policy learns. The step's batc
 from the ledger, goes to verl with `to_data_proto`, and verl's own `compute_advantage` (GRPO),
 policy loss (`get_policy_loss_fn`) and `agg_loss` update the policy; a validation step every few
 steps reports verl's `val-core/maxdigit/reward/mean@4`. Each step prints a row of a table,
-with the share of the step's wall time spent in the ledger.
+with the ledger's cost per session recorded and the share of the step's wall time spent in
+the ledger. The cost per session is the figure to read: the share is that cost against the
+policy's own time, so it is largest beside this tiny policy and falls as the policy grows.
 
 At the end the run is its own evidence: `rollout-ledger audit` checks the log and the stored
 read models, `rollout-ledger replay` rebuilds them into a fresh database, and every figure the
@@ -543,6 +545,20 @@ def policy_seconds(spent: dict[str, float]) -> float:
     return sum(v for k, v in spent.items() if k.startswith("policy/"))
 
 
+def sessions_recorded(record: StepRecord) -> int:
+    """The sessions a step recorded, training and validation: what its ledger time is spent on."""
+    return sum(
+        int(figures.get(f"ledger/{partition}/all/sessions/total", 0))
+        for partition, figures in (("train", record.train), ("val", record.val or {}))
+    )
+
+
+def ledger_ms_per_session(record: StepRecord) -> float:
+    """The step's ledger time over its sessions (ms): the cost that does not depend on the
+    policy's size, unlike the share."""
+    return 1e3 * ledger_seconds(record.seconds) / max(1, sessions_recorded(record))
+
+
 # ------------------------------------------------------------------------------ records
 @dataclass
 class StepRecord:
@@ -582,6 +598,7 @@ def log_own_scalars(board: Any, record: StepRecord) -> None:
         **record.actor,
         "timing/ledger_share": ledger_seconds(record.seconds) / wall,
         "timing/ledger_s": ledger_seconds(record.seconds),
+        "timing/ledger_ms_per_session": ledger_ms_per_session(record),
         "timing/policy_s": policy_seconds(record.seconds),
         "timing/step_s": wall,
     }
@@ -638,16 +655,17 @@ def same(a: float, b: float | None) -> bool:
 # ------------------------------------------------------------------------------ printing
 HEADER = (
     f"{'':>5} | {'train':^13} | {'val':^21} | {'failed (train + val)':^24} | {'':>8} "
-    f"| {'ledger':^12} | {'policy':>6}\n"
+    f"| {'ledger':^18} | {'policy':>6}\n"
     f"{'step':>5} | {'mean':>6} {'succ':>6} | {'mean':>6} {'succ':>6} {'mean@4':>7} "
     f"| {'run':>4} {'time':>4} {'sbx':>4} {'canc':>4} {'retr':>4} | {'pg_loss':>8} "
-    f"| {'ms':>5} {'share':>6} | {'ms':>6}"
+    f"| {'ms':>5} {'ms/ses':>6} {'share':>5} | {'ms':>6}"
 )
 LEGEND = (
     "mean: reward/mean (failures as zeros); succ: reward/mean_success_only (failures dropped); "
     f"mean@4: verl's val-core/{DATA_SOURCE}/reward/mean@4\n"
     "failed: runner_error, timeout, sandbox_error (after retries), cancelled; retr: sessions "
-    "retried; ledger: the step's time in the ledger and its share of the step's wall time"
+    "retried; ledger: the step's time in the ledger, per session recorded (ms/ses), and as a "
+    "share of the step's wall time (which falls as the policy grows; ms/ses does not)"
 )
 
 
@@ -698,7 +716,8 @@ def table_row(record: StepRecord) -> str:
         f"{t['ledger/train/all/reward/mean_success_only']:6.3f} | {val} "
         f"| {c['runner_error']:4d} {c['timeout']:4d} {c['sandbox_error']:4d} {c['cancelled']:4d} "
         f"{c['retried']:4d} | {record.actor.get('actor/pg_loss', math.nan):+8.4f} "
-        f"| {ledger * 1e3:5.0f} {ledger / wall:6.1%} | {policy_seconds(record.seconds) * 1e3:6.0f}"
+        f"| {ledger * 1e3:5.0f} {ledger_ms_per_session(record):6.2f} {ledger / wall:5.0%} "
+        f"| {policy_seconds(record.seconds) * 1e3:6.0f}"
     )
 
 
@@ -713,14 +732,24 @@ def per_step(total: Counter[str], prefix: str, steps: int) -> str:
 def print_summary(result: RunResult) -> None:
     records = result.records
     shares = sorted(ledger_seconds(r.seconds) / sum(r.seconds.values()) for r in records)
+    costs = sorted(ledger_ms_per_session(r) for r in records)
     total: Counter[str] = Counter()
     for r in records:
         total.update(r.seconds)
     wall, n = sum(total.values()), len(records)
+    sessions = sum(sessions_recorded(r) for r in records)
     print(
-        f"\nledger share of step time: median {statistics.median(shares):.1%} "
-        f"(min {shares[0]:.1%}, max {shares[-1]:.1%}) over {n} steps; of the whole run "
-        f"{ledger_seconds(total) / wall:.1%} ledger, {policy_seconds(total) / wall:.1%} policy"
+        f"\nledger cost per session: median {statistics.median(costs):.2f} ms "
+        f"(min {costs[0]:.2f}, max {costs[-1]:.2f}) over {n} steps of {sessions / n:.0f} "
+        f"sessions on average; the policy's own time {1e3 * policy_seconds(total) / sessions:.2f} "
+        f"ms per session ({result.parameters / 1e6:.2f}M parameters)"
+    )
+    print(
+        f"ledger share of step time: median {statistics.median(shares):.1%} "
+        f"(min {shares[0]:.1%}, max {shares[-1]:.1%}); of the whole run "
+        f"{ledger_seconds(total) / wall:.1%} ledger, {policy_seconds(total) / wall:.1%} policy. "
+        "The share is the cost per session against the policy's: it falls as the policy grows "
+        "(docs/training.md)"
     )
     print(
         f"  ms per step: ledger {per_step(total, 'ledger/', n)}; policy "

@@ -68,6 +68,32 @@ def test_every_figure_prints_its_spread_and_the_share_comes_first() -> None:
     assert any("at start" in line and "at end" in line for line in lines)
 
 
+def test_the_cost_per_session_heads_the_summary_beside_the_share_at_every_width() -> None:
+    """The share alone reads as "the ledger doubles a step": each width's cost per session comes
+    first, and the README quotes both."""
+    report = Report()
+    for width, cost, share in ((64, 0.9, 41.0), (512, 0.8, 5.0)):
+        report.add("train_step", f"ledger cost per session, median; width {width}", cost, "ms")
+        report.add(
+            "train_step", f"ledger share of step time, median; width {width}", share, "%",
+            target="< 5%", goal=("<=", 5.0),
+        )  # fmt: skip
+        report.add("train_step", f"ledger ms per step, median; width {width}", 100.0, "ms")
+    lines = summary(report, [1.0] * 3, [1.0] * 3)
+    assert [line.split(";")[0] for line in lines[1:5]] == [
+        "- ledger cost per session, median",
+        "- ledger share of step time, median",
+    ] * 2
+    assert not any("ledger ms per step" in line for line in lines)
+    docs = "# Benchmarks\n\n## Results (`--full`)\n\n" + table(report.figures) + "\n"
+    block = readme_table.render(docs)
+    quoted = [line for line in block.splitlines() if line.startswith("| train_step")]
+    assert [line.split("|")[2].strip().split(";")[0] for line in quoted] == [
+        "ledger cost per session, median",
+        "ledger share of step time, median",
+    ] * 2
+
+
 def test_the_generator_reads_the_suites_table() -> None:
     report = Report()
     report.add(
