@@ -10,7 +10,9 @@ Nothing heavy (starlette, uvicorn, httpx, the database) is imported until the ve
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
+import signal
 from pathlib import Path
 
 from sessions.cli.arguments import integer, text
@@ -116,6 +118,11 @@ async def run(args: argparse.Namespace) -> int:
         upstreams=args.upstream, key=read_or_create_key(Path(args.key_file)), **options
     )
     ledger_options = {} if args.run is None else {"run": args.run}
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        # a server's normal end, not an interrupted command: stop serving, settle, exit 0
+        loop.add_signal_handler(signum, stop.set)
     async with (
         Ledger.open(args.db, **ledger_options) as ledger,
         serve(ledger, host=args.host, port=args.port, settings=settings) as gateway,
@@ -126,5 +133,11 @@ async def run(args: argparse.Namespace) -> int:
             f"{gateway.keys.admin_key()}",
             flush=True,
         )
-        await gateway.wait()
+        stopping = asyncio.ensure_future(stop.wait())
+        serving = asyncio.ensure_future(gateway.wait())
+        await asyncio.wait({stopping, serving}, return_when=asyncio.FIRST_COMPLETED)
+        stopping.cancel()
+        if serving.done():
+            serving.result()  # the server stopped by itself: its error, if it had one
+    print("gateway stopped", flush=True)
     return 0

@@ -55,6 +55,14 @@ ALLOWED: dict[tuple[str, str], str] = {
         "the `+ledger.timeout` setting's name (seconds per attempt) and its environment variable's "
         "key, which happen to spell the failure reason"
     ),
+    ("sessions/gateway/upstream.py", "timeout"): (
+        "httpcore's request extension key for a request's timeouts, which happens to spell the "
+        "failure reason"
+    ),
+    ("sessions/gateway/standin.py", "drop"): (
+        "the stand-in server's model name that switches on a dropped stream (a test fault), not "
+        "the placeholder decision"
+    ),
 }
 
 

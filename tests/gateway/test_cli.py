@@ -56,6 +56,9 @@ async def gateway_process(
         if process.returncode is None:
             process.send_signal(signal.SIGTERM)
             await asyncio.wait_for(process.wait(), 60)
+            stderr = await process.stderr.read() if process.stderr else b""
+            # SIGTERM is a server's normal end: no error, exit 0
+            assert process.returncode == 0, stderr.decode()
 
 
 async def test_the_verb_serves_sessions_the_training_side_makes_and_survives_a_restart(
