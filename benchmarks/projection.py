@@ -120,6 +120,7 @@ def per_row_padded(rows: list[Any], pad_token_id: int = 0) -> Any:
 def check_same(expected: Any, found: Any) -> None:
     """The baseline must build what `build_padded` builds, or the comparison means nothing."""
     import torch
+    from tensordict import NonTensorStack
 
     from sessions.batches import NON_TENSOR_COLUMNS, non_tensor
 
@@ -131,9 +132,9 @@ def check_same(expected: Any, found: Any) -> None:
             f"per-row baseline differs from build_padded in {key!r}"
         )
     for name in NON_TENSOR_COLUMNS:
-        assert type(expected.get(name)) is type(found.get(name)), (
-            name
-        )  # NonTensorStack, not a list in one
+        # a NonTensorStack in both (build_padded's is a ColumnStack, making its members late)
+        assert isinstance(expected.get(name), NonTensorStack), name
+        assert isinstance(found.get(name), NonTensorStack), name
         assert non_tensor(expected, name) == non_tensor(found, name), name
 
 

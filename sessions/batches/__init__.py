@@ -30,9 +30,10 @@ otherwise, the TransferQueue adapter's "unknown".
 Non-tensor columns (``NON_TENSOR_COLUMNS``) are stored as ``tensordict.NonTensorStack`` of
 length B. ``batch["uid"]`` returns a ``list`` subclass; ``non_tensor(batch, "uid")`` returns a
 plain ``list`` and also copes with a column set through ``set_non_tensor``. A stack is one
-``NonTensorData`` object per row, so these 12 columns cost more than the tensor columns; they
-are built directly, with the cyclic GC paused and the new objects moved past its young
-generations (``non_tensor_stacks``).
+``NonTensorData`` object per row, which cost more than the tensor columns, so the builders set
+a ``ColumnStack`` (a ``NonTensorStack`` holding the column as one list) that makes those
+objects only when tensordict or verl asks for them; ``non_tensor`` and ``to_data_proto`` read
+the list (``non_tensor_stacks``).
 
 Row operations keep every column aligned, non-tensor ones included. ``select_rows``,
 ``concat_batches`` and ``split_batch`` (``indexing``) work on both layouts under every

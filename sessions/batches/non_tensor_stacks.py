@@ -1,18 +1,23 @@
 """tensordict ``NonTensorStack`` columns: built fast (12 per batch x B rows), read back as lists.
 
-tensordict's constructors cost ~2 µs per element and set off garbage collections (the stacks are
-2 x 12 x B new tracked objects); these builders make the same objects directly, with the cyclic
-GC paused and the objects then moved past the young generations unscanned (``built_as_old``),
-after checking once that they match this tensordict version's own.
+A column is a ``ColumnStack``: a ``NonTensorStack`` that keeps its values as one list and makes
+its per-row ``NonTensorData`` members only when something asks for them (tensordict indexing,
+``torch.cat``, verl's ``DataProto.from_tensordict``, pickling). ``non_tensor`` and so
+``to_data_proto`` read the list itself, so a batch that goes from ``build_padded`` to a
+``DataProto`` through this package never makes the 2 x 15 x B member objects at all: they were
+~35% of ``build_padded`` (1.1 us a member). Neither tensordict (0.10.0, 0.15.3) nor verl 0.9.1 has
+a columnar non-tensor type to use instead: a ``NonTensorData`` of batch size [B] is one value
+shared by every row (``tests/batches/test_non_tensor_stacks.py``), and verl reads a per-row
+column only from a ``NonTensorStack``'s members.
 
-The column stays one ``NonTensorData`` per row: verl 0.9.1 reads a per-row column only from a
-``NonTensorStack`` (``DataProto.from_tensordict`` reads each member's ``.data``, and puts a
-``NonTensorData`` in ``meta_info``), and tensordict reads a ``NonTensorData`` of batch size [B]
-as one value shared by every row (``tests/batches/test_non_tensor_stacks.py``).
+When members are made, they are the objects tensordict's own constructors make, built directly
+with the cyclic GC paused and the objects then moved past the young generations unscanned
+(``built_as_old``), after checking once that they match this tensordict version's own.
 """
 
 from __future__ import annotations
 
+import copyreg
 from collections import deque
 from itertools import repeat
 from typing import Any, Iterable, Iterator, Mapping
@@ -21,7 +26,7 @@ import torch
 from tensordict import NonTensorData, NonTensorStack, TensorDict, TensorDictBase
 
 from sessions.batches.tensordict_compat import set_stack
-from sessions.errors import InvalidArgumentType
+from sessions.errors import InvalidArgument, InvalidArgumentType
 from sessions.gc_pause import built_as_old
 
 #: Plain scalars: what ``meta`` columns hold (numpy scalars are turned into these first).
@@ -125,17 +130,113 @@ def _direct_build_matches() -> bool:
 _DIRECT_STACKS = _direct_build_matches()
 
 
-def non_tensor_stack(values: list[Any]) -> NonTensorStack:
-    """``NonTensorStack.from_list(values)``, built directly when every value is a scalar or dict.
+class ColumnStack(NonTensorStack):
+    """A ``NonTensorStack`` whose members are made from its column's list on first use.
 
-    Why: tensordict's constructor costs ~2 us per element, and a batch has 12 non-tensor
-    columns x B rows. The direct build is checked once (``_direct_build_matches``) to give
-    the same objects as this tensordict version's own; otherwise, or for other values,
-    ``from_list`` is used.
+    Until then its state is a plain stack's with ``_column`` (the values) in place of
+    ``tensordicts``; afterwards it is exactly a plain stack's (the list is dropped, the members
+    are the one truth, whatever is done to them). Pickling, ``copy`` and ``torch.save`` write a
+    plain ``NonTensorStack``, so a saved batch loads without this package.
+    """
+
+    @property
+    def tensordicts(self) -> list[NonTensorData]:  # type: ignore[override]
+        state = self.__dict__
+        members = state.get("tensordicts")
+        if members is None:
+            with built_as_old():
+                members = state.setdefault("tensordicts", _direct_members(state["_column"]))
+            state.pop("_column", None)
+        return members
+
+    @tensordicts.setter
+    def tensordicts(self, members: list[NonTensorData]) -> None:
+        self.__dict__["tensordicts"] = members
+        self.__dict__.pop("_column", None)
+
+    def column(self) -> list[Any] | None:
+        """The values, while no member has been made (then the members hold them)."""
+        return self.__dict__.get("_column")
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        """A plain ``NonTensorStack``'s reduction, with the members made.
+
+        Through ``copyreg._reconstructor`` rather than ``__newobj__``, which pickle refuses for
+        an object of another class than the one it makes.
+        """
+        plain = _new(NonTensorStack)
+        self.tensordicts  # noqa: B018 -- make the members: a plain stack holds them
+        plain.__dict__.update(self.__dict__)
+        reduced = plain.__reduce_ex__(protocol)
+        if reduced[0] is copyreg.__newobj__:
+            reduced = (copyreg._reconstructor, (NonTensorStack, object, None), *reduced[2:])
+        return reduced
+
+
+def _column_stack(values: list[Any]) -> ColumnStack:
+    """A stack holding ``values`` (a copy of the list) as its column, members not yet made."""
+    stack = _new(ColumnStack)
+    for name, attr in _STACK_ATTRIBUTES:
+        _setattr(stack, name, attr)
+    _setattr(stack, "_batch_size", torch.Size([len(values)]))
+    stack.__dict__["_column"] = list(values)
+    return stack
+
+
+def _lazy_columns_work() -> bool:
+    """Whether a column stack, set into a batch as ``set_non_tensor_columns`` sets it, is read
+    back unmade, and made gives a plain stack's state and values through tensordict's own
+    reads (row, slice, ``tolist``)."""
+    probe = ["a", 1, 2.5, True, b"x", None, {}, {"k": 1}]
+    try:
+        batch = TensorDict({}, batch_size=[len(probe)])
+        _set_column(batch, "probe", _column_stack(probe))
+        got = batch.get("probe")
+        if type(got) is not ColumnStack or got.column() != probe:
+            return False
+        if batch[1]["probe"] != 1 or batch[2:4].get("probe").tolist() != [2.5, True]:
+            return False
+        made, plain = vars(got), vars(NonTensorStack.from_list(probe))
+        return (
+            got.column() is None
+            and made.keys() == plain.keys()
+            and all(_same_state(made[k], plain[k]) for k in made)
+        )
+    except Exception:  # another tensordict layout: build the members at once
+        return False
+
+
+def non_tensor_stack(values: list[Any]) -> NonTensorStack:
+    """``NonTensorStack.from_list(values)``: a ``ColumnStack`` when every value is a scalar or
+    dict, else tensordict's own.
+
+    Why: tensordict's constructor costs ~2 us per element, the direct build ~1.1 us, and a
+    batch has 15 non-tensor columns x B rows; the column stack makes none until asked. Both
+    are checked once (``_direct_build_matches``, ``_lazy_columns_work``) against this
+    tensordict version's own objects; otherwise, or for other values, ``from_list`` is used.
     """
     if _DIRECT_STACKS and values and _DIRECT_TYPES.issuperset(map(type, values)):
-        return _direct_stack(values)
+        return _column_stack(values) if _LAZY_COLUMNS else _direct_stack(values)
     return NonTensorStack.from_list(list(values))
+
+
+def _set_column(batch: TensorDictBase, name: str, stack: NonTensorStack) -> None:
+    """``set_stack``, but a column stack goes in as tensordict stores a value it has checked.
+
+    ``TensorDict.set`` asks a stack ``_has_names()``, which reads every member (and so would
+    make them all); a column stack's members have no names, and its batch size is checked
+    here, so it is stored through ``_set_str(..., validated=True)`` (tensordict's own path
+    for a checked value) into a plain ``TensorDict`` on no device.
+    """
+    if type(stack) is ColumnStack and type(batch) is TensorDict and batch.device is None:
+        if tuple(stack.batch_size) != tuple(batch.batch_size):
+            raise InvalidArgument(
+                f"column {name!r}: {list(stack.batch_size)} rows for a batch of "
+                f"{list(batch.batch_size)}"
+            )
+        batch._set_str(name, stack, validated=True, inplace=False, non_blocking=False)
+        return
+    set_stack(batch, name, stack)
 
 
 def set_non_tensor_columns(batch: TensorDict, columns: Mapping[str, list[Any]]) -> None:
@@ -156,7 +257,7 @@ def set_non_tensor_columns(batch: TensorDict, columns: Mapping[str, list[Any]]) 
     with built_as_old():
         stacks = {name: non_tensor_stack(values) for name, values in columns.items()}
     for name, stack in stacks.items():
-        set_stack(batch, name, stack)
+        _set_column(batch, name, stack)
 
 
 def _plain_values(stack: NonTensorStack) -> list[Any] | None:
@@ -169,8 +270,12 @@ def _plain_values(stack: NonTensorStack) -> list[Any] | None:
     memory-mapped (those keep their value elsewhere), as tensordict's own ``_is_plain_member``
     asks; any other stack is left to ``tolist``.
     """
-    if type(stack) is not NonTensorStack or stack.stack_dim != 0:
+    if type(stack) not in _PLAIN_STACKS or stack.stack_dim != 0:
         return None
+    if type(stack) is ColumnStack:
+        column = stack.column()
+        if column is not None:
+            return list(column)
     values = []
     append = values.append
     for member in stack.tensordicts:
@@ -189,6 +294,10 @@ def _plain_values(stack: NonTensorStack) -> list[Any] | None:
             return None
         append(state["data"])
     return values
+
+
+_PLAIN_STACKS = (NonTensorStack, ColumnStack)
+_LAZY_COLUMNS = _lazy_columns_work()
 
 
 def non_tensor(batch: TensorDictBase, name: str) -> list[Any]:

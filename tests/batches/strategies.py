@@ -99,6 +99,20 @@ def dense(value: torch.Tensor) -> tuple[Any, ...]:
     return ("dense", value.dtype, tuple(value.shape), value.tolist())
 
 
+def same_stack(a: NonTensorStack, b: NonTensorStack) -> bool:
+    """Same stack state with the members made: a ``ColumnStack`` (build_padded's, members made
+    late) and tensordict's own ``NonTensorStack`` differ in their class only."""
+    from sessions.batches.non_tensor_stacks import _same_state
+
+    if not (isinstance(a, NonTensorStack) and isinstance(b, NonTensorStack)):
+        return False
+    a.tensordicts, b.tensordicts  # noqa: B018 -- make a column stack's members
+    state_a, state_b = vars(a), vars(b)
+    return state_a.keys() == state_b.keys() and all(
+        _same_state(state_a[k], state_b[k]) for k in state_a
+    )
+
+
 def assert_same_batch(a: Any, b: Any) -> None:
     """Same tensor columns (layout, dtype, values) and the same non-tensor columns, row by row."""
     ta, tb = tensor_columns(a), tensor_columns(b)

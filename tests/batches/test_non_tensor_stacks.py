@@ -3,7 +3,8 @@ GC generations, yet the same objects as tensordict's own, read back per row thro
 verl step takes (tensordict split / cat / index, ``DataProto.from_tensordict`` and its
 ``split`` / ``chunk``, ``to_data_proto``), equal to the per-row baseline on generated rows.
 
-Why the representation stayed a ``NonTensorStack`` of one ``NonTensorData`` per row: verl 0.9.1
+Why the representation stays a ``NonTensorStack`` (a ``ColumnStack`` that makes its one
+``NonTensorData`` per row late, tested at the end of this file): verl 0.9.1
 reads a per-row column only from a ``NonTensorStack`` (``DataProto.from_tensordict`` turns a
 ``NonTensorData`` into ``meta_info``), and tensordict reads a ``NonTensorData`` of any batch size
 as one value for every row. ``test_a_single_non_tensor_data_is_not_a_per_row_column`` pins that
@@ -17,6 +18,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+import tensordict
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -26,6 +28,7 @@ from benchmarks.projection import check_same, per_row_padded
 from sessions.batches import NON_TENSOR_COLUMNS, BatchRow, build_padded, non_tensor, split_batch
 from sessions.batches import non_tensor_stacks as stacks_module
 from sessions.batches.tensordict_compat import NATIVE_EMPTY_SELECTION
+from sessions.errors import InvalidArgument
 from tests.batches.strategies import rows
 from tests.batches.test_padded import SCALARS
 
@@ -58,7 +61,10 @@ def test_members_have_tensordicts_attributes_in_its_order(values: list[Any]) -> 
     """Same state as ``from_list`` and the same attribute order (instances of one class then
     share one attribute layout, which keeps later reads of them as fast as of tensordict's)."""
     ours, theirs = stacks_module.non_tensor_stack(values), NonTensorStack.from_list(list(values))
-    assert stacks_module._same_state(ours, theirs)
+    assert isinstance(ours, NonTensorStack)
+    ours.tensordicts  # noqa: B018 -- make the column stack's members
+    assert vars(ours).keys() == vars(theirs).keys()
+    assert all(stacks_module._same_state(vars(ours)[k], vars(theirs)[k]) for k in vars(ours))
     for mine, its in zip(ours.tensordicts, theirs.tensordicts):
         assert list(vars(mine)) == list(vars(its))
         assert list(vars(mine._tensordict)) == list(vars(its._tensordict))
@@ -221,3 +227,60 @@ def test_stacks_of_other_members_are_read_by_tolist() -> None:
     shared = batch.clone().share_memory_()
     assert stacks_module._plain_values(shared.get("uid")) is None
     assert non_tensor(shared, "uid") == ["a", "b"]
+
+
+# ------------------------------------------------------------------------ column stacks
+def test_column_stacks_are_in_use_on_the_tensordict_they_were_measured_on() -> None:
+    """Like the direct build: the column stack switches itself off on a tensordict where its
+    probe fails; on the newest and verl 0.9.1's pin it must be on."""
+    assert stacks_module._LAZY_COLUMNS == stacks_module._lazy_columns_work()
+    if tensordict.__version__ in ("0.10.0", "0.15.3"):
+        assert stacks_module._LAZY_COLUMNS
+
+
+def _unmade(batch: TensorDict) -> list[str]:
+    return [
+        name
+        for name in NON_TENSOR_COLUMNS
+        if isinstance(batch.get(name), stacks_module.ColumnStack)
+        and batch.get(name).column() is not None
+    ]
+
+
+def test_a_batch_read_through_this_package_makes_no_member() -> None:
+    """build_padded, ``non_tensor`` and ``to_data_proto`` read the column's list: no per-row
+    object is made on that path (what took ~35% of the build)."""
+    pytest.importorskip("verl")
+    from sessions.integrations.verl.data_proto import to_data_proto
+
+    batch = build_padded([one_row("a"), one_row("b")])
+    assert _unmade(batch) == list(NON_TENSOR_COLUMNS)
+    assert non_tensor(batch, "uid") == ["a", "b"]
+    proto = to_data_proto(batch)
+    assert list(proto.non_tensor_batch["uid"]) == ["a", "b"]
+    assert _unmade(batch) == list(NON_TENSOR_COLUMNS)
+
+
+def test_members_are_made_when_tensordict_asks_and_then_are_the_truth() -> None:
+    batch = build_padded([one_row("a"), one_row("b")])
+    assert batch[1]["uid"] == "b"  # tensordict's row read makes that column's members
+    assert "uid" not in _unmade(batch)
+    batch["uid"][0] = "changed"
+    assert non_tensor(batch, "uid") == ["changed", "b"]
+
+
+def test_a_pickled_column_stack_is_a_plain_one() -> None:
+    """A saved batch loads without this package's class: what is pickled is tensordict's own."""
+    import pickle
+
+    stack = stacks_module.non_tensor_stack(["a", 1, None])
+    loaded = pickle.loads(pickle.dumps(stack))
+    assert type(loaded) is NonTensorStack
+    assert loaded.tolist() == ["a", 1, None]
+    assert stack.tolist() == ["a", 1, None]  # pickling made the members, values unchanged
+
+
+def test_a_column_stack_of_the_wrong_size_is_refused() -> None:
+    batch = TensorDict({}, batch_size=[3])
+    with pytest.raises(InvalidArgument, match="'s': \\[2\\] rows for a batch of \\[3\\]"):
+        stacks_module._set_column(batch, "s", stacks_module.non_tensor_stack(["a", "b"]))

@@ -35,6 +35,7 @@ from sessions.batches import (
 )
 from sessions.batches import non_tensor_stacks as stacks_module
 from sessions.batches.tensordict_compat import NATIVE_EMPTY_SELECTION
+from tests.batches.strategies import same_stack
 
 pytestmark = pytest.mark.verl_env  # also under verl's pin, tensordict 0.10.0
 
@@ -109,7 +110,10 @@ def assert_same_structure(expected: Any, found: Any) -> None:
     assert found.batch_size == expected.batch_size
     for key in expected.keys():
         a, b = expected.get(key), found.get(key)
-        assert type(a) is type(b), key
+        if isinstance(b, NonTensorStack):  # a ColumnStack: the same state, members made late
+            assert same_stack(a, b), key
+        else:
+            assert type(a) is type(b), key
         if isinstance(b, torch.Tensor):
             assert b.shape == a.shape and b.dtype == a.dtype and b.is_contiguous(), key
             assert b.untyped_storage().resizable(), key  # allocated by torch, not numpy
@@ -147,7 +151,7 @@ def test_direct_stacks_equal_tensordicts_own(rows: list[BatchRow], pad: int) -> 
     check_same(slow, fast)
     assert_same_structure(slow, fast)
     for name in NON_TENSOR_COLUMNS:
-        assert stacks_module._same_state(fast.get(name), slow.get(name)), name
+        assert same_stack(fast.get(name), slow.get(name)), name
 
 
 @settings(max_examples=30, deadline=None)
@@ -202,8 +206,8 @@ SCALARS = st.one_of(
 @given(values=st.lists(SCALARS, max_size=6))
 def test_non_tensor_stack_is_from_list(values: list[Any]) -> None:
     ours, theirs = stacks_module.non_tensor_stack(values), NonTensorStack.from_list(list(values))
-    assert stacks_module._same_state(ours, theirs)
     assert ours.tolist() == theirs.tolist() == values
+    assert same_stack(ours, theirs)
 
 
 def test_non_scalar_values_fall_back_to_from_list() -> None:
