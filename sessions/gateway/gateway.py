@@ -33,14 +33,13 @@ T = TypeVar("T")
 
 @dataclass(slots=True)
 class LiveSession:
-    """A session the gateway serves: its handle, the calls that made it untrainable, and the
-    order its calls settle in.
+    """A session the gateway serves: its handle, the calls that made it untrainable, the order its
+    calls settle in, and its last call for an agent's retry.
 
-    A session's concurrent calls are settled (recorded or failed) in the order they started:
-    the ledger rebuilds each call's prompt from the call recorded before it *in start order*
-    (`calls.full_prompts`), while `record_call` stores it against the last call *recorded*, so
-    two calls recorded out of their start order would rebuild a wrong prompt. Their requests
-    still run side by side; only the appends wait their turn.
+    A session's concurrent calls are settled (recorded or failed) in the order they started, so
+    its log lists them as its agent made them (`rollout-ledger history`, the `model_calls` view).
+    Rows are right either way (the ledger rebuilds prompts in record order); the requests still
+    run side by side, only the appends wait their turn.
     """
 
     handle: SessionHandle
