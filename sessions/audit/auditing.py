@@ -26,6 +26,7 @@ from sessions.audit.parallel_fold import ParallelFold, workers_for
 from sessions.audit.read_model_diff import compare, compare_rows
 from sessions.audit.replay import prepare
 from sessions.audit.scratch import Scratch
+from sessions.errors import LedgerError
 from sessions.gc_pause import gc_paused
 from sessions.projection.rebuild import ReadModels, Rebuild, without_pruned
 from store import AsyncEngine
@@ -112,8 +113,9 @@ async def audit(
         return report
 
 
-class _TooLarge(Exception):
-    """More sessions than a parallel fold may hold: audit in one process, with its bound."""
+class _TooLarge(LedgerError):
+    """More sessions than a parallel fold may hold: audit in one process, with its bound (caught
+    inside the audit, never raised to a caller)."""
 
 
 async def _audit_apart(

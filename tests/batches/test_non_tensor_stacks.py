@@ -101,7 +101,9 @@ def test_objects_someone_froze_stay_frozen() -> None:
     try:
         frozen = gc.get_freeze_count()
         batch = build_padded([one_row()])
-        assert gc.get_freeze_count() == frozen
+        # neither unfrozen (0) nor frozen further (more); a frozen object another thread lets go
+        # of meanwhile leaves the permanent generation, so the count may fall a little
+        assert 0 < gc.get_freeze_count() <= frozen
         assert gc.isenabled() is was
         assert non_tensor(batch, "uid") == ["u"]
     finally:
