@@ -84,7 +84,10 @@ async def rollout(
         async with gateway.session(session_id, global_step=STEP, **identity) as s:
             agent = calculator_agent(s.base_url, s.api_key, Sandbox(fault))
             question = f"Question {group}: what is 2 + 2? (sample {index})"
-            result = await asyncio.wait_for(agents.Runner.run(agent, question), timeout)
+            try:
+                result = await asyncio.wait_for(agents.Runner.run(agent, question), timeout)
+            except TimeoutError:  # wait_for's own says nothing: the ledger records this message
+                raise TimeoutError(f"the agent ran past its {timeout:g}s timeout") from None
             reward = grade(result.final_output)
             await s.post_reward(reward)
             return reward

@@ -217,9 +217,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         [args.db, args.into] if args.verb == "replay" else [args.db] if hasattr(args, "db") else []
     )
     with terminate_as_interrupt():  # SIGTERM cleans up as Ctrl-C does
-        return guarded(
-            lambda: asyncio.run(drained(_dispatch(args))), debug=args.debug, databases=databases
-        )
+        return guarded(lambda: _run(args), debug=args.debug, databases=databases)
+
+
+def _run(args: argparse.Namespace) -> int:
+    """The verb in an event loop of its own: the one its module's `loop_factory()` names (the
+    gateway's uvloop, when installed), else asyncio's, as `asyncio.run` makes it."""
+    factory = None
+    module = _VERB_MODULES.get(args.verb)
+    if module is not None:
+        choose = getattr(importlib.import_module(module), "loop_factory", None)
+        factory = choose() if choose is not None else None
+    with asyncio.Runner(loop_factory=factory) as runner:
+        return runner.run(drained(_dispatch(args)))
 
 
 #: The verbs that may create or migrate the `--db` database (docs/design.md §11); `replay` creates only

@@ -141,3 +141,21 @@ def test_the_verb_refuses_bad_arguments_in_one_line(tmp_path: Path) -> None:
     assert missing.returncode != 0 and not (tmp_path / "typo.db").exists()
     for result in (bad_url, bad_key, missing):
         assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+def test_the_verb_runs_on_uvloop_which_the_extra_installs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The `gateway` extra brings uvloop, and the verb's event loop is uvloop's."""
+    import argparse
+    import importlib
+
+    import uvloop  # the gateway extra's: a missing one fails here rather than slow the gateway
+
+    main = importlib.import_module("sessions.cli.main")
+
+    async def loop_module(args: argparse.Namespace) -> str:
+        return type(asyncio.get_running_loop()).__module__
+
+    monkeypatch.setattr(main, "_dispatch", loop_module)
+    assert main._run(argparse.Namespace(verb="gateway")).startswith("uvloop")
+    assert main._run(argparse.Namespace(verb="metrics")).startswith("asyncio")
+    assert uvloop.new_event_loop is not None
