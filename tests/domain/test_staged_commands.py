@@ -23,6 +23,7 @@ from sessions import Ledger, StoreError
 from sessions import aggregate as agg
 from sessions import events as ev
 from store.log import event_store
+from tests.domain.test_recorder import kw
 
 SETTINGS = settings(
     max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
@@ -35,16 +36,6 @@ COMMANDS = st.lists(st.sampled_from(["trajectory", "reward"]), max_size=5)
 async def ledger(module_db_url: str) -> AsyncIterator[Ledger]:
     async with Ledger.open(module_db_url) as opened:
         yield opened
-
-
-def kw() -> dict[str, Any]:
-    return {
-        "uid": f"u{uuid.uuid4().hex[:12]}",
-        "session_index": 0,
-        "group_size": 1,
-        "partition": "val",
-        "global_step": 0,
-    }
 
 
 def counting(ledger: Ledger) -> list[int]:
