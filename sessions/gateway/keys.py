@@ -12,15 +12,18 @@ import base64
 import binascii
 import hashlib
 import hmac
+import math
 import secrets
 
 from sessions.errors import ConfigError
+from sessions.vocabulary import MAX_NAME_LENGTH
 
 __all__ = ["KEY_PREFIX", "MAX_KEY_LENGTH", "SessionKeys", "new_gateway_key"]
 
 KEY_PREFIX = "rlg_"
-#: A session id is at most 128 characters (base64: 172) plus the prefix, a dot and 64 hex digits.
-MAX_KEY_LENGTH = 320
+#: The longest key: a session id of the most characters, each 4 bytes of UTF-8, in base64, plus
+#: the prefix, a dot and 64 hex digits.
+MAX_KEY_LENGTH = len(KEY_PREFIX) + 4 * math.ceil(4 * MAX_NAME_LENGTH / 3) + 1 + 64
 _ADMIN_LABEL = b"\x00training-side"  # a NUL: no session id (a checked name) can spell it
 
 

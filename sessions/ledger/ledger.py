@@ -732,7 +732,7 @@ class Ledger:
         run = self.run if run is None else vocabulary.check_run(run)
         if global_step is not ...:
             global_step = validation.read_step(global_step)
-        if project:
+        if validation.flag(project, "project"):
             await self.project()
         async with self.engine.connect() as conn:
             rows = await rm.metric_rows(conn, run=run, partition=partition, global_step=global_step)

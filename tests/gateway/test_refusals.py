@@ -142,6 +142,11 @@ async def test_hostile_session_ids_and_keys_are_refused_cleanly(url: str) -> Non
                         )
                     except httpx.LocalProtocolError:
                         continue  # a header the client itself will not send
+                    if any(c < 32 and c != 9 or c == 127 for c in k.encode("utf-8", "replace")):
+                        # a control character in a header: uvicorn's HTTP parser refuses the
+                        # request before the gateway sees it
+                        assert answer.status_code == 400, (path, answer.text)
+                        continue
                     assert answer.status_code in (401, 403, 404), (path, answer.text)
                     assert answer.json()["error"]["message"]
 
