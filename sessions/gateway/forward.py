@@ -329,14 +329,17 @@ class _Call:
         if refusal is not None:
             yield _error_event(refusal.message)
             return
-        self.answered(retries.Answer(frames=(*self._frames_sent, _DONE)))
         yield _DONE
 
     async def _record_for_stream(self) -> Refusal | None:
+        """Record the streamed call and keep its frames for a retry, in the shielded task: an
+        agent that leaves at this moment must not leave a recorded call without its answer (a
+        retry would then record it again)."""
         try:
             await self.record()
         except Refusal as refusal:
             return refusal
+        self.answered(retries.Answer(frames=(*self._frames_sent, _DONE)))
         return None
 
     async def after_stream(self, response: httpx.Response) -> None:
@@ -347,9 +350,8 @@ class _Call:
     def settle_if_left(self) -> None:
         """The request ended (an error, a cancellation) with the call unsettled: fail it in a
         task of its own, so the session's next call is not left waiting its turn."""
-        if not self.answer.done() and not self.settled:
-            self.answered(None)
         if not self.settled:
+            self.answered(None)  # a retry waiting on this call goes on as a new call now
             self.gateway.spawn(self.fail("GatewayError", "the gateway stopped serving the call"))
 
     def abandon(self, response: httpx.Response) -> None:
